@@ -1,0 +1,282 @@
+//! The `egressd` binary: command line, logging and wiring. Everything else lives in the
+//! `egressd` library.
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use egressd::agent::{RunConfig, run_manifests};
+use egressd::compile::{NodeConfig, compile, render_statuses};
+use egressd::dataplane::nft::{NftCli, NftSyncer};
+use egressd::source::manifests::ManifestSource;
+use ipnet::IpNet;
+
+/// Exit code for configuration errors (EX_USAGE), as linkerd2-proxy does.
+const EXIT_CONFIG: u8 = 64;
+/// Exit code for runtime failures.
+const EXIT_FAILURE: u8 = 1;
+
+/// egressd applies Kubernetes egress policy (EgressFirewall, EgressQoS, EgressIP,
+/// CloudPrivateIPConfig) to this node's kernel: one nftables table it owns, changed in
+/// atomic transactions.
+///
+/// Without a cluster it reads a directory of YAML manifests (`--manifests`), which is
+/// how demos, tests and static bare-metal hosts use it.
+#[derive(Debug, Parser)]
+#[command(name = "egressd", version, propagate_version = true)]
+struct Cli {
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Plain, env = "EGRESSD_LOG_FORMAT")]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Plain,
+    /// One JSON object per line.
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Apply the policy of a manifests directory and follow its changes (runs until
+    /// SIGTERM/SIGINT, which leave the dataplane in place).
+    Run(RunArgs),
+    /// Print the nft ruleset that would be applied and each object's status, touching
+    /// nothing.
+    Render(RenderArgs),
+    /// Print the CustomResourceDefinitions egressd reads (the upstream ones, verbatim).
+    Crds,
+    /// Remove everything egressd owns from the kernel (its nft table) and nothing else.
+    Cleanup(CleanupArgs),
+}
+
+#[derive(Debug, Args)]
+struct NodeArgs {
+    /// This node's name, as in the pods' `spec.nodeName`.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+    /// A pod network range (IPv4 or IPv6); repeat for several. Destinations inside it
+    /// are never filtered. Required.
+    #[arg(
+        long = "cluster-cidr",
+        env = "EGRESSD_CLUSTER_CIDRS",
+        value_delimiter = ',',
+        required = true
+    )]
+    cluster_cidrs: Vec<IpNet>,
+    /// A Service range (IPv4 or IPv6); repeat for several. Destinations inside it are
+    /// never filtered.
+    #[arg(
+        long = "service-cidr",
+        env = "EGRESSD_SERVICE_CIDRS",
+        value_delimiter = ','
+    )]
+    service_cidrs: Vec<IpNet>,
+    /// Name of the nft table (family inet) egressd owns.
+    #[arg(long, env = "EGRESSD_TABLE", default_value = "egressd", value_parser = parse_table_name)]
+    table: String,
+}
+
+impl NodeArgs {
+    fn config(&self) -> NodeConfig {
+        NodeConfig {
+            node_name: self.node_name.clone(),
+            cluster_cidrs: self.cluster_cidrs.clone(),
+            service_cidrs: self.service_cidrs.clone(),
+            table_name: self.table.clone(),
+        }
+    }
+}
+
+fn parse_table_name(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() <= 64
+        && s.starts_with(|c: char| c.is_ascii_alphabetic())
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err("a letter followed by letters, digits, '_' or '-'".into())
+    }
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// Directory of YAML manifests (EgressFirewall, EgressQoS, EgressIP,
+    /// CloudPrivateIPConfig, Namespace, Pod, Node), watched for changes.
+    #[arg(long, env = "EGRESSD_MANIFESTS")]
+    manifests: PathBuf,
+    #[command(flatten)]
+    node: NodeArgs,
+    /// The nft program.
+    #[arg(long, env = "EGRESSD_NFT", default_value = "nft")]
+    nft: PathBuf,
+    /// Quiet time after a change in the directory before it is applied (milliseconds).
+    #[arg(long, default_value_t = 100)]
+    debounce_ms: u64,
+    /// Re-read the directory this often even without change events (seconds).
+    #[arg(long, default_value_t = 60)]
+    resync_secs: u64,
+}
+
+#[derive(Debug, Args)]
+struct RenderArgs {
+    /// Directory of YAML manifests.
+    #[arg(long, env = "EGRESSD_MANIFESTS")]
+    manifests: PathBuf,
+    #[command(flatten)]
+    node: NodeArgs,
+}
+
+#[derive(Debug, Args)]
+struct CleanupArgs {
+    /// Name of the nft table egressd owns.
+    #[arg(long, env = "EGRESSD_TABLE", default_value = "egressd", value_parser = parse_table_name)]
+    table: String,
+    /// The nft program.
+    #[arg(long, env = "EGRESSD_NFT", default_value = "nft")]
+    nft: PathBuf,
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Plain => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(EXIT_CONFIG)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    init_tracing(cli.log_format);
+    match cli.command {
+        Command::Crds => {
+            print!("{}", egressd::api::crds::all_yaml());
+            ExitCode::SUCCESS
+        }
+        Command::Render(args) => render(&args),
+        Command::Cleanup(args) => {
+            let mut syncer = NftSyncer::new(NftCli::new(&args.nft));
+            match syncer.delete(&args.table) {
+                Ok(()) => {
+                    tracing::info!(table = %args.table, "removed egressd's nft table");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("egressd cleanup: {e}");
+                    ExitCode::from(EXIT_FAILURE)
+                }
+            }
+        }
+        Command::Run(args) => run(args),
+    }
+}
+
+fn render(args: &RenderArgs) -> ExitCode {
+    let mut source = ManifestSource::new(&args.manifests);
+    let report = match source.load() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("egressd render: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let desired = compile(source.view(), &args.node.config());
+    print!("{}", desired.table.render());
+    println!("# status");
+    print!("{}", render_statuses(&desired.statuses));
+    if !report.errors.is_empty() || !desired.warnings.is_empty() {
+        println!("# problems");
+        for e in &report.errors {
+            println!("{e}");
+        }
+        for w in &desired.warnings {
+            println!("{w}");
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+fn run(args: RunArgs) -> ExitCode {
+    if !args.manifests.is_dir() {
+        eprintln!(
+            "egressd run: --manifests {}: not a directory",
+            args.manifests.display()
+        );
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    let nft = NftCli::new(&args.nft);
+    match nft.version() {
+        Ok(v) => tracing::info!(nft = %v, "nft found"),
+        Err(e) => {
+            eprintln!("egressd run: {e} (install the nftables package)");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    }
+    let config = RunConfig {
+        manifests: args.manifests,
+        node: args.node.config(),
+        debounce: Duration::from_millis(args.debounce_ms),
+        resync: Duration::from_secs(args.resync_secs.max(1)),
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("egressd run: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    let result = runtime.block_on(run_manifests(
+        config,
+        NftSyncer::new(nft),
+        shutdown_signal(),
+    ));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("egressd run: {e}");
+            ExitCode::from(EXIT_FAILURE)
+        }
+    }
+}
+
+/// Completes on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers; stop with SIGKILL");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+}

@@ -1,0 +1,150 @@
+//! Wiring: source → view → compile → dataplane, in a loop, until shutdown.
+//!
+//! Guarantees of [`run_manifests`]:
+//! * Nothing is applied before the source has delivered a complete view (for the
+//!   manifests source: one full read of the directory). No transient "no policy" state.
+//! * Every change (debounced directory events, and a periodic resync that also catches
+//!   missed events) is recompiled and synced as a delta.
+//! * On shutdown the dataplane is left exactly as it is: policy keeps holding while the
+//!   agent restarts. `egressd cleanup` is the explicit way to remove it.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use crate::compile::{Desired, NodeConfig, ObjectStatus, Outcome, compile};
+use crate::dataplane::nft::{NftBackend, NftError, NftSyncer, SyncKind};
+use crate::source::manifests::{LoadReport, ManifestSource, SourceError, watch};
+
+/// Errors that stop the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The source failed as a whole.
+    #[error(transparent)]
+    Source(#[from] SourceError),
+}
+
+/// Settings of the manifests-mode agent.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    /// The manifests directory.
+    pub manifests: PathBuf,
+    /// This node.
+    pub node: NodeConfig,
+    /// Quiet time after a directory event before reloading.
+    pub debounce: Duration,
+    /// Periodic full reload and recompile.
+    pub resync: Duration,
+}
+
+/// Log a load report: each bad document at warn level, ignored kinds at debug.
+pub fn log_report(report: &LoadReport) {
+    for e in &report.errors {
+        tracing::warn!(error = %e, "manifest rejected");
+    }
+    for i in &report.ignored {
+        tracing::debug!(document = %i, "kind not used by egressd; ignored");
+    }
+}
+
+/// Compile and sync once; returns the statuses with kernel failures folded in.
+pub fn apply_once<B: NftBackend>(
+    source: &ManifestSource,
+    node: &NodeConfig,
+    syncer: &mut NftSyncer<B>,
+) -> (Desired, Result<SyncKind, NftError>) {
+    let started = std::time::Instant::now();
+    let mut desired = compile(source.view(), node);
+    let result = syncer.sync(&desired.table);
+    match &result {
+        Ok(kind) => tracing::info!(
+            sync = ?kind,
+            rules = desired.table.rule_count(),
+            elements = desired.table.element_count(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "dataplane in sync"
+        ),
+        Err(e) => {
+            tracing::error!(error = %e, "nft sync failed; will retry in full");
+            for s in &mut desired.statuses {
+                if s.outcome == Outcome::Applied {
+                    let reason = format!("kernel error: {e}");
+                    s.message = s.message.replace(
+                        "EgressFirewall Rules applied",
+                        &format!("EgressFirewall Rules not correctly applied: {reason}"),
+                    );
+                    s.outcome = Outcome::Failed(reason);
+                }
+            }
+        }
+    }
+    for w in &desired.warnings {
+        tracing::warn!(warning = %w, "cluster view");
+    }
+    (desired, result)
+}
+
+fn log_status_changes(old: &[ObjectStatus], new: &[ObjectStatus]) {
+    for s in new {
+        if old.iter().any(|o| o == s) {
+            continue;
+        }
+        match &s.outcome {
+            Outcome::Failed(_) => tracing::warn!(object = %s.key, status = %s.message, "status"),
+            _ => tracing::info!(object = %s.key, status = %s.message, "status"),
+        }
+    }
+}
+
+/// Run against a manifests directory until `shutdown` completes.
+pub async fn run_manifests<B: NftBackend>(
+    config: RunConfig,
+    mut syncer: NftSyncer<B>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), AgentError> {
+    let mut source = ManifestSource::new(&config.manifests);
+    let report = source.load()?;
+    log_report(&report);
+    tracing::info!(dir = %config.manifests.display(), objects = report.objects, errors = report.errors.len(), "manifests loaded");
+
+    let (tx, mut rx) = mpsc::channel(1);
+    let _watcher = watch(&config.manifests, config.debounce, config.debounce * 5, tx)?;
+
+    let (desired, mut last_result) =
+        tokio::task::block_in_place(|| apply_once(&source, &config.node, &mut syncer));
+    log_status_changes(&[], &desired.statuses);
+    let mut statuses = desired.statuses;
+
+    let mut resync = tokio::time::interval(config.resync);
+    resync.tick().await;
+    tokio::pin!(shutdown);
+    loop {
+        let forced = tokio::select! {
+            _ = &mut shutdown => break,
+            Some(()) = rx.recv() => false,
+            _ = resync.tick() => true,
+        };
+        let report = match source.load() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(error = %e, "manifests unreadable; keeping the current dataplane");
+                continue;
+            }
+        };
+        if report.changed || !report.errors.is_empty() {
+            log_report(&report);
+        }
+        if !report.changed && !forced && last_result.is_ok() {
+            continue;
+        }
+        let (desired, result) =
+            tokio::task::block_in_place(|| apply_once(&source, &config.node, &mut syncer));
+        log_status_changes(&statuses, &desired.statuses);
+        statuses = desired.statuses;
+        last_result = result;
+    }
+    tracing::info!("shutting down; the dataplane stays in place");
+    Ok(())
+}

@@ -1,0 +1,232 @@
+//! EgressFirewall → nft.
+//!
+//! Layout (see ARCHITECTURE.md, "Packet path"):
+//!
+//! * `firewall` (forward, priority filter) and `firewall-local` (input, priority filter):
+//!   replies pass (`ct direction reply`), cluster and service destinations pass, then
+//!   `ip saddr vmap @fw-pods-v4` / `ip6 saddr vmap @fw-pods-v6` jump to the pod's
+//!   namespace chain. Per-packet cost: two set lookups and one map lookup, whatever the
+//!   number of namespaces and pods.
+//! * `fw-<namespace>`: the namespace's rules in order; the first match accepts or
+//!   drops; no match returns to the base chain, whose policy is accept.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use super::{NodeConfig, ObjectStatus, Outcome};
+use crate::nft::{Chain, Hook, KeyType, Set, Table, chain_name};
+use crate::view::policy::{Action, FirewallPolicy, FirewallRule, Target};
+use crate::view::{ClusterView, PodInfo};
+
+/// The forward-hook base chain.
+pub const FIREWALL_CHAIN: &str = "firewall";
+/// The input-hook base chain (local pods → this node's own addresses).
+pub const FIREWALL_LOCAL_CHAIN: &str = "firewall-local";
+const CLUSTER_V4: &str = "cluster-v4";
+const CLUSTER_V6: &str = "cluster-v6";
+const PODS_V4: &str = "fw-pods-v4";
+const PODS_V6: &str = "fw-pods-v6";
+
+const APPLIED: &str = "EgressFirewall Rules applied";
+const NOT_APPLIED: &str = "EgressFirewall Rules not correctly applied";
+
+fn exempt_sets(node: &NodeConfig, table: &mut Table) {
+    let all: Vec<IpNet> = node
+        .cluster_cidrs
+        .iter()
+        .chain(&node.service_cidrs)
+        .map(IpNet::trunc)
+        .collect();
+    // Merge overlaps and duplicates: the kernel rejects overlapping interval elements.
+    let merged = IpNet::aggregate(&all);
+    let mut v4 = Set::new(KeyType::Ipv4, true);
+    let mut v6 = Set::new(KeyType::Ipv6, true);
+    for net in merged {
+        let set = if net.addr().is_ipv4() {
+            &mut v4
+        } else {
+            &mut v6
+        };
+        set.elements.insert(net.to_string(), String::new());
+    }
+    table.sets.insert(CLUSTER_V4.into(), v4);
+    table.sets.insert(CLUSTER_V6.into(), v6);
+}
+
+fn base_chain(hook: &'static str, local: bool) -> Chain {
+    let mut rules = vec!["ct direction reply accept".to_string()];
+    if local {
+        // Neighbour discovery to the node must never be filtered (ARP is not seen by
+        // inet hooks at all).
+        rules.push(
+            "icmpv6 type { nd-router-solicit, nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert, nd-redirect } accept"
+                .to_string(),
+        );
+    }
+    rules.push(format!("ip daddr @{CLUSTER_V4} accept"));
+    rules.push(format!("ip6 daddr @{CLUSTER_V6} accept"));
+    rules.push(format!("ip saddr vmap @{PODS_V4}"));
+    rules.push(format!("ip6 saddr vmap @{PODS_V6}"));
+    Chain {
+        hook: Some(Hook {
+            chain_type: "filter",
+            hook,
+            priority: "filter",
+        }),
+        rules,
+    }
+}
+
+fn ports_match(rule: &FirewallRule) -> String {
+    match (rule.ports.first(), rule.ports.len()) {
+        (None, _) => String::new(),
+        (Some((proto, port)), 1) => format!(" {} dport {port}", proto.nft()),
+        _ => {
+            let items: Vec<String> = rule
+                .ports
+                .iter()
+                .map(|(p, port)| format!("{} . {port}", p.nft()))
+                .collect();
+            format!(" meta l4proto . th dport {{ {} }}", items.join(", "))
+        }
+    }
+}
+
+fn addr_match(family: &str, addrs: &BTreeSet<IpNet>) -> String {
+    let items: Vec<String> = addrs
+        .iter()
+        .map(|n| {
+            if n.prefix_len() == n.max_prefix_len() {
+                n.addr().to_string()
+            } else {
+                n.to_string()
+            }
+        })
+        .collect();
+    if items.len() == 1 {
+        format!("{family} daddr {}", items[0])
+    } else {
+        format!("{family} daddr {{ {} }}", items.join(", "))
+    }
+}
+
+/// Compile one rule into nft statements (one per address family it touches). Returns
+/// an error for targets this version cannot enforce.
+fn rule_statements(
+    index: usize,
+    rule: &FirewallRule,
+    view: &ClusterView,
+) -> Result<Vec<String>, String> {
+    let targets: BTreeSet<IpNet> = match &rule.target {
+        Target::Cidr(net) => BTreeSet::from([*net]),
+        Target::Nodes(sel) => view
+            .nodes
+            .values()
+            .filter(|n| sel.matches(&n.labels))
+            .flat_map(|n| n.addresses.iter().map(|a| IpNet::from(*a)))
+            .collect(),
+        Target::Dns(name) => {
+            return Err(format!(
+                "spec.egress[{index}].to.dnsName: {name}: DNS names are not supported by this version of egressd"
+            ));
+        }
+    };
+    let verdict = match rule.action {
+        Action::Allow => "accept",
+        Action::Deny => "drop",
+    };
+    let ports = ports_match(rule);
+    let mut out = Vec::new();
+    for (family, v4) in [("ip", true), ("ip6", false)] {
+        let addrs: BTreeSet<IpNet> = targets
+            .iter()
+            .filter(|n| n.addr().is_ipv4() == v4)
+            .copied()
+            .collect();
+        if addrs.is_empty() {
+            continue;
+        }
+        out.push(format!(
+            "{}{ports} counter {verdict} comment \"egress[{index}]\"",
+            addr_match(family, &addrs)
+        ));
+    }
+    Ok(out)
+}
+
+fn namespace_chain(policy: &FirewallPolicy, view: &ClusterView) -> (Chain, Vec<String>) {
+    let mut chain = Chain::default();
+    let mut errors = Vec::new();
+    for (i, rule) in policy.rules.iter().enumerate() {
+        match rule_statements(i, rule, view) {
+            Ok(stmts) => chain.rules.extend(stmts),
+            Err(e) => errors.push(e),
+        }
+    }
+    (chain, errors)
+}
+
+pub(super) fn compile(
+    view: &ClusterView,
+    node: &NodeConfig,
+    owners: &BTreeMap<IpAddr, &PodInfo>,
+    table: &mut Table,
+    statuses: &mut Vec<ObjectStatus>,
+) {
+    exempt_sets(node, table);
+    let mut pods_v4 = Set::verdict_map(KeyType::Ipv4);
+    let mut pods_v6 = Set::verdict_map(KeyType::Ipv6);
+
+    // Local pods by namespace (by the pod-identity rule).
+    let mut local: BTreeMap<&str, Vec<IpAddr>> = BTreeMap::new();
+    for (ip, pod) in owners {
+        if pod.node.as_deref() == Some(node.node_name.as_str()) {
+            local.entry(pod.namespace.as_str()).or_default().push(*ip);
+        }
+    }
+
+    for (namespace, entry) in &view.firewalls {
+        let mut problems: Vec<String> = entry.error.iter().cloned().collect();
+        if let Some(policy) = &entry.policy {
+            let (chain, errors) = namespace_chain(policy, view);
+            problems.extend(errors);
+            if let Some(ips) = local.get(namespace.as_str()) {
+                let name = chain_name("fw", namespace);
+                for ip in ips {
+                    let map = if ip.is_ipv4() {
+                        &mut pods_v4
+                    } else {
+                        &mut pods_v6
+                    };
+                    map.elements.insert(ip.to_string(), format!("jump {name}"));
+                }
+                table.chains.insert(name, chain);
+            }
+        }
+        let (outcome, message) = if problems.is_empty() {
+            (Outcome::Applied, format!("{}: {APPLIED}", node.node_name))
+        } else {
+            let reason = problems.join("; ");
+            (
+                Outcome::Failed(reason.clone()),
+                format!("{}: {NOT_APPLIED}: {reason}", node.node_name),
+            )
+        };
+        statuses.push(ObjectStatus {
+            key: entry.key.clone(),
+            outcome,
+            message,
+        });
+    }
+
+    table.sets.insert(PODS_V4.into(), pods_v4);
+    table.sets.insert(PODS_V6.into(), pods_v6);
+    table
+        .chains
+        .insert(FIREWALL_CHAIN.into(), base_chain("forward", false));
+    table
+        .chains
+        .insert(FIREWALL_LOCAL_CHAIN.into(), base_chain("input", true));
+}

@@ -1,0 +1,135 @@
+//! The pure compile step: `(ClusterView, NodeConfig) -> Desired`.
+//!
+//! No I/O, no clock: the same inputs always give the same output, which the golden
+//! tests under `tests/golden/` pin down. Invalid objects compile to a status error and
+//! nothing else; their last good version (kept by the view) is what gets compiled.
+
+mod firewall;
+
+use ipnet::IpNet;
+
+use crate::api::{Kind, ObjectKey};
+use crate::nft::Table;
+use crate::view::ClusterView;
+
+pub use firewall::{FIREWALL_CHAIN, FIREWALL_LOCAL_CHAIN};
+
+/// What egressd knows about the node it runs on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeConfig {
+    /// This node's name (`spec.nodeName` of its pods).
+    pub node_name: String,
+    /// Pod network ranges (destinations inside the cluster are exempt from the firewall).
+    pub cluster_cidrs: Vec<IpNet>,
+    /// Service ranges (also exempt).
+    pub service_cidrs: Vec<IpNet>,
+    /// Name of the nft table egressd owns.
+    pub table_name: String,
+}
+
+/// The outcome for one object on this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Compiled into the desired state.
+    Applied,
+    /// Not (fully) applied; the reason names the field.
+    Failed(String),
+    /// Valid, but not acted on (name other than `default`).
+    Ignored(String),
+    /// Valid; this version of egressd does not act on this kind yet.
+    Validated,
+}
+
+/// The per-object status this node reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectStatus {
+    /// The object.
+    pub key: ObjectKey,
+    /// What happened.
+    pub outcome: Outcome,
+    /// The message in the reference's wording, as it would be written to the object.
+    pub message: String,
+}
+
+/// The desired dataplane state and the statuses that go with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Desired {
+    /// The nft table.
+    pub table: Table,
+    /// Per-object status, sorted by object key.
+    pub statuses: Vec<ObjectStatus>,
+    /// Problems that belong to no single object (pod IP clashes).
+    pub warnings: Vec<String>,
+}
+
+/// Compile the view for this node.
+pub fn compile(view: &ClusterView, node: &NodeConfig) -> Desired {
+    let mut table = Table::new(node.table_name.clone());
+    let mut statuses = Vec::new();
+    let mut warnings = Vec::new();
+
+    let (owners, clashes) = view.pod_ip_owners();
+    for c in &clashes {
+        warnings.push(format!(
+            "pod IP {} is claimed by {} and {}; {} keeps it",
+            c.ip,
+            c.winner,
+            c.losers.join(", "),
+            c.winner
+        ));
+    }
+
+    firewall::compile(view, node, &owners, &mut table, &mut statuses);
+
+    for (key, reason) in &view.ignored {
+        statuses.push(ObjectStatus {
+            key: key.clone(),
+            outcome: Outcome::Ignored(reason.clone()),
+            message: reason.clone(),
+        });
+    }
+    let validated = |key: &ObjectKey, error: &Option<String>| match error {
+        Some(e) => ObjectStatus {
+            key: key.clone(),
+            outcome: Outcome::Failed(e.clone()),
+            message: format!("{}: {e}", node.node_name),
+        },
+        None => ObjectStatus {
+            key: key.clone(),
+            outcome: Outcome::Validated,
+            message: format!(
+                "{}: valid; {} is not enforced by this version",
+                node.node_name, key.kind
+            ),
+        },
+    };
+    statuses.extend(view.qos.values().map(|e| validated(&e.key, &e.error)));
+    statuses.extend(
+        view.egress_ips
+            .values()
+            .map(|e| validated(&e.key, &e.error)),
+    );
+    statuses.extend(view.cloud_ips.values().map(|e| validated(&e.key, &e.error)));
+    statuses.sort_by(|a, b| a.key.cmp(&b.key));
+    debug_assert!(statuses.iter().all(|s| s.key.kind != Kind::Pod));
+    Desired {
+        table,
+        statuses,
+        warnings,
+    }
+}
+
+/// Render statuses as text, one object per line (`egressd render` / `egressd status`).
+pub fn render_statuses(statuses: &[ObjectStatus]) -> String {
+    let mut out = String::new();
+    for s in statuses {
+        let state = match &s.outcome {
+            Outcome::Applied => "applied",
+            Outcome::Failed(_) => "failed",
+            Outcome::Ignored(_) => "ignored",
+            Outcome::Validated => "validated",
+        };
+        out.push_str(&format!("{}\t{state}\t{}\n", s.key, s.message));
+    }
+    out
+}

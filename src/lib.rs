@@ -1,0 +1,18 @@
+//! egressd: a per-node agent that applies Kubernetes egress policy to the node's kernel.
+//!
+//! The pipeline, one module each (see ARCHITECTURE.md):
+//! [`api`] (wire types, CRDs, schema) → [`source`] (manifests directory, Kubernetes) →
+//! [`view`] (the cluster view: validated policy, pods, nodes) → [`compile`] (pure:
+//! view → desired dataplane state) → [`nft`] (the table model, rendering, diffs) →
+//! [`dataplane`] (drivers that make the kernel match) → [`status`] (per-object outcome),
+//! wired together by [`agent`].
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod agent;
+pub mod api;
+pub mod compile;
+pub mod dataplane;
+pub mod nft;
+pub mod source;
+pub mod view;

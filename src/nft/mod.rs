@@ -1,0 +1,193 @@
+//! egressd's own typed model of its nftables table, its rendering to nft syntax, and the
+//! difference between two versions of it as one atomic nft script.
+//!
+//! Rules are stored as nft statements built only from validated, typed values
+//! (addresses, ports, protocol keywords, chain names from [`chain_name`]); no user
+//! string reaches nft syntax unchecked.
+
+mod diff;
+mod render;
+
+use std::collections::BTreeMap;
+
+use sha2::{Digest, Sha256};
+
+pub use diff::diff;
+
+/// The address family of the table: `inet` covers IPv4 and IPv6 in one table.
+pub const FAMILY: &str = "inet";
+
+/// The key type of a set or map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyType {
+    /// `ipv4_addr`.
+    Ipv4,
+    /// `ipv6_addr`.
+    Ipv6,
+}
+
+impl KeyType {
+    fn nft(self) -> &'static str {
+        match self {
+            KeyType::Ipv4 => "ipv4_addr",
+            KeyType::Ipv6 => "ipv6_addr",
+        }
+    }
+}
+
+/// A named set (`value == None` for every element) or verdict map.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Set {
+    /// Key type.
+    pub key: KeyType,
+    /// `true` for a verdict map (`type K : verdict`).
+    pub verdict_map: bool,
+    /// `flags interval` (prefixes as elements).
+    pub interval: bool,
+    /// Elements: key → verdict (maps) or empty string (sets).
+    pub elements: BTreeMap<String, String>,
+}
+
+impl Set {
+    /// An empty plain set.
+    pub fn new(key: KeyType, interval: bool) -> Self {
+        Self {
+            key,
+            verdict_map: false,
+            interval,
+            elements: BTreeMap::new(),
+        }
+    }
+
+    /// An empty verdict map.
+    pub fn verdict_map(key: KeyType) -> Self {
+        Self {
+            key,
+            verdict_map: true,
+            interval: false,
+            elements: BTreeMap::new(),
+        }
+    }
+
+    fn declaration(&self) -> String {
+        let ty = if self.verdict_map {
+            format!("type {} : verdict;", self.key.nft())
+        } else {
+            format!("type {};", self.key.nft())
+        };
+        if self.interval {
+            format!("{ty} flags interval;")
+        } else {
+            ty
+        }
+    }
+
+    fn keyword(&self) -> &'static str {
+        if self.verdict_map { "map" } else { "set" }
+    }
+}
+
+/// A base chain's hook.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hook {
+    /// `filter`, `nat` or `route`.
+    pub chain_type: &'static str,
+    /// `prerouting`, `input`, `forward`, `output`, `postrouting`.
+    pub hook: &'static str,
+    /// Priority expression (`filter`, `mangle`, `srcnat - 1`, `dstnat + 10`).
+    pub priority: &'static str,
+}
+
+/// A chain: a base chain when `hook` is set (policy always accept: egressd never drops
+/// what it has no rule for).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Chain {
+    /// The hook, for base chains.
+    pub hook: Option<Hook>,
+    /// Rules in order, as nft statements.
+    pub rules: Vec<String>,
+}
+
+/// The whole table egressd owns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Table {
+    /// Table name (the agent owns exactly this table).
+    pub name: String,
+    /// Sets and maps by name.
+    pub sets: BTreeMap<String, Set>,
+    /// Chains by name.
+    pub chains: BTreeMap<String, Chain>,
+}
+
+impl Table {
+    /// An empty table.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            sets: BTreeMap::new(),
+            chains: BTreeMap::new(),
+        }
+    }
+
+    /// Number of rules in all chains.
+    pub fn rule_count(&self) -> usize {
+        self.chains.values().map(|c| c.rules.len()).sum()
+    }
+
+    /// Number of elements in all sets and maps.
+    pub fn element_count(&self) -> usize {
+        self.sets.values().map(|s| s.elements.len()).sum()
+    }
+
+    /// The whole table as an nft script block (what `egressd render` prints).
+    pub fn render(&self) -> String {
+        render::table_block(self)
+    }
+
+    /// A script that atomically replaces whatever table of this name exists with this
+    /// one (`add` makes the `delete` safe when none exists).
+    pub fn replace_script(&self) -> String {
+        format!(
+            "add table {FAMILY} {name}\ndelete table {FAMILY} {name}\n{}",
+            self.render(),
+            name = self.name
+        )
+    }
+
+    /// A script that removes the table if it exists.
+    pub fn delete_script(name: &str) -> String {
+        format!("add table {FAMILY} {name}\ndelete table {FAMILY} {name}\n")
+    }
+}
+
+/// A readable, nft-safe chain or set name `prefix-<id>` when `id` is a DNS label
+/// (namespace names are), else `prefix-h<hash>`.
+pub fn chain_name(prefix: &str, id: &str) -> String {
+    let readable = !id.is_empty()
+        && id.len() <= 63
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !id.starts_with('-')
+        && !id.ends_with('-');
+    if readable {
+        format!("{prefix}-{id}")
+    } else {
+        let digest = Sha256::digest(id.as_bytes());
+        let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        format!("{prefix}-h{hex}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chain_names_are_readable_or_hashed() {
+        assert_eq!(chain_name("fw", "team-a"), "fw-team-a");
+        let hashed = chain_name("fw", "Not A Label; drop");
+        assert!(hashed.starts_with("fw-h") && hashed.len() == 20, "{hashed}");
+        assert_ne!(chain_name("fw", "x.y"), chain_name("fw", "x_y"));
+    }
+}

@@ -1,0 +1,67 @@
+//! nft syntax for the table model.
+
+use std::fmt::Write;
+
+use super::{Chain, FAMILY, Set, Table};
+
+pub(super) fn elements(set: &Set, keys: impl Iterator<Item = String>) -> String {
+    let items: Vec<String> = keys
+        .map(|k| match set.elements.get(&k) {
+            Some(v) if set.verdict_map => format!("{k} : {v}"),
+            _ => k,
+        })
+        .collect();
+    items.join(", ")
+}
+
+fn set_block(out: &mut String, name: &str, set: &Set) {
+    let _ = writeln!(out, "\t{} {name} {{", set.keyword());
+    for part in set.declaration().split_inclusive(';') {
+        let _ = writeln!(out, "\t\t{}", part.trim());
+    }
+    if !set.elements.is_empty() {
+        let _ = writeln!(
+            out,
+            "\t\telements = {{ {} }}",
+            elements(set, set.elements.keys().cloned())
+        );
+    }
+    let _ = writeln!(out, "\t}}");
+}
+
+fn chain_block(out: &mut String, name: &str, chain: &Chain) {
+    let _ = writeln!(out, "\tchain {name} {{");
+    if let Some(h) = &chain.hook {
+        let _ = writeln!(
+            out,
+            "\t\ttype {} hook {} priority {}; policy accept;",
+            h.chain_type, h.hook, h.priority
+        );
+    }
+    for rule in &chain.rules {
+        let _ = writeln!(out, "\t\t{rule}");
+    }
+    let _ = writeln!(out, "\t}}");
+}
+
+/// The table as one block. Order matters to nft within one transaction: plain sets,
+/// then regular chains (jump targets), then verdict maps (which reference those chains),
+/// then base chains (which reference sets and maps).
+pub(super) fn table_block(table: &Table) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "table {FAMILY} {} {{", table.name);
+    for (name, set) in table.sets.iter().filter(|(_, s)| !s.verdict_map) {
+        set_block(&mut out, name, set);
+    }
+    for (name, chain) in table.chains.iter().filter(|(_, c)| c.hook.is_none()) {
+        chain_block(&mut out, name, chain);
+    }
+    for (name, set) in table.sets.iter().filter(|(_, s)| s.verdict_map) {
+        set_block(&mut out, name, set);
+    }
+    for (name, chain) in table.chains.iter().filter(|(_, c)| c.hook.is_some()) {
+        chain_block(&mut out, name, chain);
+    }
+    out.push_str("}\n");
+    out
+}

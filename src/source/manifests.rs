@@ -1,0 +1,292 @@
+//! The manifests source: every `*.yaml` / `*.yml` file of one directory, multi-document,
+//! holding the four custom resources plus Namespaces, Pods and Nodes.
+//!
+//! Guarantees:
+//! * A bad document gets an error naming the file, the document number (and its first
+//!   line) and the field; every other document still applies.
+//! * The previous good version of a rejected object stays in use (its error becomes the
+//!   object's status). A document that cannot even be read as YAML cannot be attributed
+//!   to an object, so every object its file held before is kept until the file is fixed.
+//! * Only the directory's own entries are read, following symlinks, so ConfigMap mounts
+//!   (`foo.yaml -> ..data/foo.yaml`, swapped atomically) and editors' rename-on-save work.
+//!   Hidden entries (`..data`, `.foo.yaml.swp`) are skipped.
+//!
+//! [`watch`] turns directory events into debounced reload signals.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use crate::api::parse::{Parsed, split_documents, yaml_to_value};
+use crate::api::{Object, ObjectKey, parse_document};
+use crate::view::ClusterView;
+
+/// Errors that stop the source as a whole (not a single bad document).
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// The directory cannot be listed.
+    #[error("cannot read manifests directory {path}: {source}")]
+    Directory {
+        /// The directory.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The directory cannot be watched.
+    #[error("cannot watch manifests directory {path}: {source}")]
+    Watch {
+        /// The directory.
+        path: PathBuf,
+        /// The watcher error.
+        #[source]
+        source: notify::Error,
+    },
+}
+
+/// One rejected document.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DocumentError {
+    /// The file.
+    pub file: PathBuf,
+    /// 1-based number of the document in the file (0 when the whole file failed).
+    pub document: usize,
+    /// 1-based line where the document starts.
+    pub line: usize,
+    /// The object, when known.
+    pub key: Option<ObjectKey>,
+    /// What is wrong, naming the field.
+    pub message: String,
+}
+
+impl std::fmt::Display for DocumentError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if self.document > 0 {
+            write!(f, ": document {} (line {})", self.document, self.line)?;
+        }
+        if let Some(k) = &self.key {
+            write!(f, ": {k}")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+/// What one load found.
+#[derive(Debug, Clone, Default)]
+pub struct LoadReport {
+    /// Rejected documents.
+    pub errors: Vec<DocumentError>,
+    /// Documents of kinds egressd does not read (`file: apiVersion/kind`).
+    pub ignored: Vec<String>,
+    /// Number of objects read.
+    pub objects: usize,
+    /// Whether the view changed.
+    pub changed: bool,
+}
+
+/// The manifests directory and the view built from it.
+#[derive(Debug)]
+pub struct ManifestSource {
+    dir: PathBuf,
+    view: ClusterView,
+    /// Which file each object in the view came from.
+    origins: BTreeMap<ObjectKey, PathBuf>,
+}
+
+fn is_manifest(path: &Path) -> bool {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    !name.starts_with('.') && (name.ends_with(".yaml") || name.ends_with(".yml"))
+}
+
+impl ManifestSource {
+    /// A source reading `dir`. Nothing is read until [`ManifestSource::load`].
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            view: ClusterView::default(),
+            origins: BTreeMap::new(),
+        }
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The current view.
+    pub fn view(&self) -> &ClusterView {
+        &self.view
+    }
+
+    /// The manifest files, sorted by name.
+    pub fn files(&self) -> Result<Vec<PathBuf>, SourceError> {
+        let entries = std::fs::read_dir(&self.dir).map_err(|source| SourceError::Directory {
+            path: self.dir.clone(),
+            source,
+        })?;
+        let mut files: Vec<PathBuf> = entries
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| is_manifest(p) && p.is_file())
+            .collect();
+        files.sort();
+        Ok(files)
+    }
+
+    /// Read the whole directory and bring the view up to date.
+    pub fn load(&mut self) -> Result<LoadReport, SourceError> {
+        let files = self.files()?;
+        let mut report = LoadReport::default();
+        let mut objects: BTreeMap<ObjectKey, (Object, PathBuf)> = BTreeMap::new();
+        let mut rejected: BTreeMap<ObjectKey, (String, PathBuf)> = BTreeMap::new();
+        let mut seen_at: BTreeMap<ObjectKey, String> = BTreeMap::new();
+        let mut unreadable_files: BTreeSet<PathBuf> = BTreeSet::new();
+
+        for file in &files {
+            let text = match std::fs::read_to_string(file) {
+                Ok(t) => t,
+                Err(e) => {
+                    report.errors.push(DocumentError {
+                        file: file.clone(),
+                        document: 0,
+                        line: 0,
+                        key: None,
+                        message: format!("cannot read file: {e}"),
+                    });
+                    unreadable_files.insert(file.clone());
+                    continue;
+                }
+            };
+            for (number, line, body) in split_documents(&text) {
+                let err = |key: Option<ObjectKey>, message: String| DocumentError {
+                    file: file.clone(),
+                    document: number,
+                    line,
+                    key,
+                    message,
+                };
+                let value = match yaml_to_value(&body) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        report.errors.push(err(None, e));
+                        unreadable_files.insert(file.clone());
+                        continue;
+                    }
+                };
+                let here = format!("{} document {number}", file.display());
+                match parse_document(&value, "default", true) {
+                    Ok(Parsed::Ignored { api_version, kind }) => {
+                        report.ignored.push(format!("{here}: {api_version}/{kind}"));
+                    }
+                    Ok(Parsed::Object(obj)) => {
+                        let key = obj.key();
+                        if let Some(first) = seen_at.get(&key) {
+                            report.errors.push(err(Some(key), format!("duplicate object: already defined in {first}; this copy is ignored")));
+                            continue;
+                        }
+                        seen_at.insert(key.clone(), here);
+                        objects.insert(key, (obj, file.clone()));
+                    }
+                    Err(e) => {
+                        let message = e.violations.join("; ");
+                        if let Some(key) = e.key.clone()
+                            && !seen_at.contains_key(&key)
+                        {
+                            seen_at.insert(key.clone(), here);
+                            // The status names where the bad version is, then the fields.
+                            let located = err(None, message.clone()).to_string();
+                            rejected.insert(key.clone(), (located, file.clone()));
+                        }
+                        report.errors.push(err(e.key, message));
+                    }
+                }
+            }
+        }
+
+        let before = self.view.clone();
+        // Objects that are gone: neither read nor rejected, and not from a file with an
+        // unreadable document (which might have held them).
+        let gone: Vec<ObjectKey> = self
+            .origins
+            .iter()
+            .filter(|(k, file)| {
+                !objects.contains_key(*k)
+                    && !rejected.contains_key(*k)
+                    && !unreadable_files.contains(*file)
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in gone {
+            self.view.remove(&key);
+            self.origins.remove(&key);
+        }
+        report.objects = objects.len();
+        for (key, (obj, file)) in objects {
+            self.view.upsert(&obj);
+            self.origins.insert(key, file);
+        }
+        for (key, (message, file)) in rejected {
+            self.view.reject(&key, message);
+            if key.kind.is_custom() {
+                self.origins.insert(key, file);
+            }
+        }
+        report.changed = self.view != before;
+        Ok(report)
+    }
+}
+
+/// Watch `dir` and send `()` on `tx` after each burst of changes, once `quiet` has
+/// passed without further events (at most `max_delay` after the first). The returned
+/// watcher must be kept alive.
+pub fn watch(
+    dir: &Path,
+    quiet: Duration,
+    max_delay: Duration,
+    tx: mpsc::Sender<()>,
+) -> Result<notify::RecommendedWatcher, SourceError> {
+    use notify::Watcher;
+    let (raw_tx, mut raw_rx) = mpsc::unbounded_channel::<()>();
+    let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+        if res.is_ok() {
+            let _ = raw_tx.send(());
+        }
+    })
+    .map_err(|source| SourceError::Watch {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    watcher
+        .watch(dir, notify::RecursiveMode::NonRecursive)
+        .map_err(|source| SourceError::Watch {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    tokio::spawn(async move {
+        while raw_rx.recv().await.is_some() {
+            let deadline = tokio::time::Instant::now() + max_delay;
+            loop {
+                match tokio::time::timeout_at(
+                    deadline.min(tokio::time::Instant::now() + quiet),
+                    raw_rx.recv(),
+                )
+                .await
+                {
+                    Ok(Some(())) => continue,
+                    Ok(None) => return,
+                    Err(_) => break,
+                }
+            }
+            if tx.send(()).await.is_err() {
+                return;
+            }
+        }
+    });
+    Ok(watcher)
+}

@@ -1,0 +1,421 @@
+//! The cluster view: every object this node needs, already validated into egressd's own
+//! types, plus the pod-identity rule every feature shares.
+//!
+//! Sources ([`crate::source`]) feed it with [`ClusterView::upsert`],
+//! [`ClusterView::remove`] and [`ClusterView::reject`]; the compile step reads it. A
+//! policy object that fails validation keeps its last good version here (so nothing
+//! already applied is lost) together with the error, which becomes its status.
+
+pub mod policy;
+pub mod selector;
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::str::FromStr;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+
+use crate::api::{Kind, Object, ObjectKey};
+use policy::{CloudPrivateIp, EgressIpPolicy, FirewallPolicy, PolicyError, QosPolicy};
+
+/// A policy object as the view holds it: the last version that validated, and the
+/// current problem, if any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry<T> {
+    /// The object's identity.
+    pub key: ObjectKey,
+    /// The last version that validated (what the dataplane uses).
+    pub policy: Option<T>,
+    /// Why the current version is not used, naming the field.
+    pub error: Option<String>,
+}
+
+/// A namespace's labels.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NamespaceInfo {
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// The fields of a pod egressd uses (and nothing else, to keep memory small).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodInfo {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// `spec.nodeName`.
+    pub node: Option<String>,
+    /// `spec.hostNetwork`.
+    pub host_network: bool,
+    /// `status.phase`.
+    pub phase: Option<String>,
+    /// `status.podIPs` (or `status.podIP`), parsed.
+    pub ips: Vec<IpAddr>,
+    /// Creation time, seconds since the epoch.
+    pub created: Option<i64>,
+}
+
+impl PodInfo {
+    /// The pod-identity rule: a pod counts when it is scheduled, not hostNetwork, not
+    /// finished (Succeeded/Failed) and has IPs.
+    pub fn counts(&self) -> bool {
+        self.node.as_deref().is_some_and(|n| !n.is_empty())
+            && !self.host_network
+            && !matches!(self.phase.as_deref(), Some("Succeeded" | "Failed"))
+            && !self.ips.is_empty()
+    }
+
+    /// Extract the fields egressd uses from a Pod.
+    pub fn from_pod(pod: &Pod) -> Self {
+        let spec = pod.spec.as_ref();
+        let status = pod.status.as_ref();
+        let mut ips: Vec<IpAddr> = status
+            .and_then(|s| s.pod_ips.as_ref())
+            .map(|v| {
+                v.iter()
+                    .filter_map(|p| IpAddr::from_str(&p.ip).ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if ips.is_empty()
+            && let Some(ip) = status
+                .and_then(|s| s.pod_ip.as_deref())
+                .and_then(|s| IpAddr::from_str(s).ok())
+        {
+            ips.push(ip);
+        }
+        ips.dedup();
+        Self {
+            namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            labels: pod.metadata.labels.clone().unwrap_or_default(),
+            node: spec.and_then(|s| s.node_name.clone()),
+            host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
+            phase: status.and_then(|s| s.phase.clone()),
+            ips,
+            created: pod
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0.as_second()),
+        }
+    }
+}
+
+/// The fields of a node egressd uses.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeInfo {
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// InternalIP and ExternalIP addresses.
+    pub addresses: Vec<IpAddr>,
+    /// Whether the Ready condition is True.
+    pub ready: bool,
+}
+
+impl NodeInfo {
+    /// Extract the fields egressd uses from a Node.
+    pub fn from_node(node: &Node) -> Self {
+        let status = node.status.as_ref();
+        let mut addresses: Vec<IpAddr> = status
+            .and_then(|s| s.addresses.as_ref())
+            .map(|v| {
+                v.iter()
+                    .filter(|a| a.type_ == "InternalIP" || a.type_ == "ExternalIP")
+                    .filter_map(|a| IpAddr::from_str(&a.address).ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        addresses.sort();
+        addresses.dedup();
+        let ready = status
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        Self {
+            labels: node.metadata.labels.clone().unwrap_or_default(),
+            addresses,
+            ready,
+        }
+    }
+}
+
+/// Two or more live pods claiming one IP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpClash {
+    /// The address.
+    pub ip: IpAddr,
+    /// The pod that keeps it (`namespace/name`).
+    pub winner: String,
+    /// The others (`namespace/name`).
+    pub losers: Vec<String>,
+}
+
+/// Everything the compile step needs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterView {
+    /// Namespaces by name.
+    pub namespaces: BTreeMap<String, NamespaceInfo>,
+    /// Pods by (namespace, name).
+    pub pods: BTreeMap<(String, String), PodInfo>,
+    /// Nodes by name.
+    pub nodes: BTreeMap<String, NodeInfo>,
+    /// EgressFirewalls by namespace (only the one named `default`).
+    pub firewalls: BTreeMap<String, Entry<FirewallPolicy>>,
+    /// EgressQoS by namespace (only the one named `default`).
+    pub qos: BTreeMap<String, Entry<QosPolicy>>,
+    /// EgressIPs by name.
+    pub egress_ips: BTreeMap<String, Entry<EgressIpPolicy>>,
+    /// CloudPrivateIPConfigs by name.
+    pub cloud_ips: BTreeMap<String, Entry<CloudPrivateIp>>,
+    /// Objects that are valid but not acted on, with the reason.
+    pub ignored: BTreeMap<ObjectKey, String>,
+}
+
+fn put<T>(
+    map: &mut BTreeMap<String, Entry<T>>,
+    id: String,
+    key: ObjectKey,
+    result: Result<T, String>,
+) {
+    let entry = map.entry(id).or_insert_with(|| Entry {
+        key: key.clone(),
+        policy: None,
+        error: None,
+    });
+    entry.key = key;
+    match result {
+        Ok(p) => {
+            entry.policy = Some(p);
+            entry.error = None;
+        }
+        Err(e) => entry.error = Some(e),
+    }
+}
+
+impl ClusterView {
+    /// Add or replace an object. A policy object that fails validation keeps its last
+    /// good version and records the error.
+    pub fn upsert(&mut self, object: &Object) {
+        let key = object.key();
+        self.ignored.remove(&key);
+        macro_rules! policy {
+            ($map:ident, $id:expr, $conv:expr) => {
+                match $conv {
+                    Err(PolicyError::Ignored(reason)) => {
+                        self.ignored.insert(key.clone(), reason);
+                    }
+                    Ok(p) => put(&mut self.$map, $id, key.clone(), Ok(p)),
+                    Err(PolicyError::Invalid(e)) => put(&mut self.$map, $id, key.clone(), Err(e)),
+                }
+            };
+        }
+        match object {
+            Object::EgressFirewall(o) => {
+                policy!(firewalls, key.namespace.clone(), policy::firewall_policy(o))
+            }
+            Object::EgressQoS(o) => policy!(qos, key.namespace.clone(), policy::qos_policy(o)),
+            Object::EgressIP(o) => {
+                policy!(egress_ips, key.name.clone(), policy::egress_ip_policy(o))
+            }
+            Object::CloudPrivateIPConfig(o) => {
+                policy!(cloud_ips, key.name.clone(), policy::cloud_private_ip(o))
+            }
+            Object::Namespace(ns) => {
+                let info = NamespaceInfo {
+                    labels: ns.metadata.labels.clone().unwrap_or_default(),
+                };
+                self.namespaces.insert(key.name, info);
+            }
+            Object::Pod(p) => {
+                self.pods
+                    .insert((key.namespace, key.name), PodInfo::from_pod(p));
+            }
+            Object::Node(n) => {
+                self.nodes.insert(key.name, NodeInfo::from_node(n));
+            }
+        }
+    }
+
+    /// Record that the current version of `key` was rejected before it could be decoded
+    /// (a schema error in a manifest). The last good version stays in use.
+    pub fn reject(&mut self, key: &ObjectKey, error: String) {
+        let id = match key.kind {
+            Kind::EgressFirewall | Kind::EgressQoS => key.namespace.clone(),
+            _ => key.name.clone(),
+        };
+        match key.kind {
+            Kind::EgressFirewall | Kind::EgressQoS if key.name != policy::SINGLETON_NAME => {
+                self.ignored.insert(key.clone(), error);
+            }
+            Kind::EgressFirewall => put(&mut self.firewalls, id, key.clone(), Err(error)),
+            Kind::EgressQoS => put(&mut self.qos, id, key.clone(), Err(error)),
+            Kind::EgressIP => put(&mut self.egress_ips, id, key.clone(), Err(error)),
+            Kind::CloudPrivateIPConfig => put(&mut self.cloud_ips, id, key.clone(), Err(error)),
+            // Core objects have no status; the source logs the error and keeps the
+            // previous version.
+            Kind::Namespace | Kind::Pod | Kind::Node => {}
+        }
+    }
+
+    /// Remove an object.
+    pub fn remove(&mut self, key: &ObjectKey) {
+        self.ignored.remove(key);
+        let same = |e: &ObjectKey| e == key;
+        match key.kind {
+            Kind::EgressFirewall => {
+                if self
+                    .firewalls
+                    .get(&key.namespace)
+                    .is_some_and(|e| same(&e.key))
+                {
+                    self.firewalls.remove(&key.namespace);
+                }
+            }
+            Kind::EgressQoS => {
+                if self.qos.get(&key.namespace).is_some_and(|e| same(&e.key)) {
+                    self.qos.remove(&key.namespace);
+                }
+            }
+            Kind::EgressIP => {
+                self.egress_ips.remove(&key.name);
+            }
+            Kind::CloudPrivateIPConfig => {
+                self.cloud_ips.remove(&key.name);
+            }
+            Kind::Namespace => {
+                self.namespaces.remove(&key.name);
+            }
+            Kind::Pod => {
+                self.pods.remove(&(key.namespace.clone(), key.name.clone()));
+            }
+            Kind::Node => {
+                self.nodes.remove(&key.name);
+            }
+        }
+    }
+
+    /// Every key of an object currently in the view (ignored objects included).
+    pub fn keys(&self) -> Vec<ObjectKey> {
+        let mut keys: Vec<ObjectKey> = self.ignored.keys().cloned().collect();
+        keys.extend(self.firewalls.values().map(|e| e.key.clone()));
+        keys.extend(self.qos.values().map(|e| e.key.clone()));
+        keys.extend(self.egress_ips.values().map(|e| e.key.clone()));
+        keys.extend(self.cloud_ips.values().map(|e| e.key.clone()));
+        keys.extend(
+            self.namespaces
+                .keys()
+                .map(|n| ObjectKey::new(Kind::Namespace, "", n.clone())),
+        );
+        keys.extend(
+            self.pods
+                .keys()
+                .map(|(ns, n)| ObjectKey::new(Kind::Pod, ns.clone(), n.clone())),
+        );
+        keys.extend(
+            self.nodes
+                .keys()
+                .map(|n| ObjectKey::new(Kind::Node, "", n.clone())),
+        );
+        keys
+    }
+
+    /// The owner of every pod IP, by the pod-identity rule: among pods that count, the
+    /// newest claim wins (an older pod still listing the IP is the stale one), ties go
+    /// to the smallest `namespace/name`. Clashes are returned for reporting.
+    pub fn pod_ip_owners(&self) -> (BTreeMap<IpAddr, &PodInfo>, Vec<IpClash>) {
+        let mut claims: BTreeMap<IpAddr, Vec<&PodInfo>> = BTreeMap::new();
+        for pod in self.pods.values().filter(|p| p.counts()) {
+            for ip in &pod.ips {
+                claims.entry(*ip).or_default().push(pod);
+            }
+        }
+        let mut owners = BTreeMap::new();
+        let mut clashes = Vec::new();
+        for (ip, mut pods) in claims {
+            pods.sort_by(|a, b| {
+                b.created
+                    .cmp(&a.created)
+                    .then_with(|| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)))
+            });
+            let winner = pods[0];
+            if pods.len() > 1 {
+                clashes.push(IpClash {
+                    ip,
+                    winner: format!("{}/{}", winner.namespace, winner.name),
+                    losers: pods[1..]
+                        .iter()
+                        .map(|p| format!("{}/{}", p.namespace, p.name))
+                        .collect(),
+                });
+            }
+            owners.insert(ip, winner);
+        }
+        (owners, clashes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(ns: &str, name: &str, node: Option<&str>, ips: &[&str], created: i64) -> PodInfo {
+        PodInfo {
+            namespace: ns.into(),
+            name: name.into(),
+            labels: BTreeMap::new(),
+            node: node.map(String::from),
+            host_network: false,
+            phase: Some("Running".into()),
+            ips: ips.iter().map(|s| s.parse().unwrap()).collect(),
+            created: Some(created),
+        }
+    }
+
+    #[test]
+    fn pod_identity_rule() {
+        let mut p = pod("a", "p", Some("n1"), &["198.18.1.2"], 1);
+        assert!(p.counts());
+        p.node = None;
+        assert!(!p.counts(), "unscheduled");
+        p.node = Some("n1".into());
+        p.host_network = true;
+        assert!(!p.counts(), "hostNetwork");
+        p.host_network = false;
+        p.phase = Some("Succeeded".into());
+        assert!(!p.counts(), "finished");
+        p.phase = Some("Failed".into());
+        assert!(!p.counts(), "failed");
+        p.phase = Some("Pending".into());
+        p.ips.clear();
+        assert!(!p.counts(), "no IPs");
+    }
+
+    #[test]
+    fn ip_clash_resolves_to_newest_then_name() {
+        let mut v = ClusterView::default();
+        for p in [
+            pod("a", "old", Some("n1"), &["198.18.1.2"], 1),
+            pod("b", "new", Some("n1"), &["198.18.1.2"], 5),
+            pod("c", "also-new", Some("n1"), &["198.18.1.2"], 5),
+            pod("d", "done", Some("n1"), &["198.18.1.3"], 9),
+        ] {
+            v.pods.insert((p.namespace.clone(), p.name.clone()), p);
+        }
+        v.pods.get_mut(&("d".into(), "done".into())).unwrap().phase = Some("Succeeded".into());
+        let (owners, clashes) = v.pod_ip_owners();
+        let ip: IpAddr = "198.18.1.2".parse().unwrap();
+        assert_eq!(owners[&ip].name, "new");
+        assert!(!owners.contains_key(&"198.18.1.3".parse::<IpAddr>().unwrap()));
+        assert_eq!(
+            clashes,
+            vec![IpClash {
+                ip,
+                winner: "b/new".into(),
+                losers: vec!["c/also-new".into(), "a/old".into()]
+            }]
+        );
+    }
+}

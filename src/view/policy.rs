@@ -1,0 +1,459 @@
+//! The controller layer: wire objects → validated policy egressd can act on.
+//!
+//! The apiserver stores more than the reference controller accepts (a `cidrSelector` of
+//! `1.2.3./32`, an egress IP with nine groups, a rule `type` of `Allowed` thanks to the
+//! CRD's loosely anchored pattern). These conversions reject such objects with the
+//! reference's wording where it has one, naming the field. egressd is stricter than the
+//! CRD where the CRD's patterns are loose: it accepts exactly `Allow`, `Deny`, `TCP`,
+//! `UDP` and `SCTP`.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv6Addr};
+use std::str::FromStr;
+
+use ipnet::IpNet;
+
+use super::selector::Selector;
+use crate::api::schema::parse_go_cidr;
+use crate::api::types::{CloudPrivateIPConfig, EgressFirewall, EgressIP, EgressQoS};
+
+/// The reference's limit on EgressFirewall rules per object.
+pub const MAX_FIREWALL_RULES: usize = 8000;
+/// The reference's limit on EgressQoS rules per object.
+pub const MAX_QOS_RULES: usize = 1000;
+/// The only object name the reference acts on for EgressFirewall and EgressQoS.
+pub const SINGLETON_NAME: &str = "default";
+
+/// Allow or deny.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Let the traffic through.
+    Allow,
+    /// Drop it.
+    Deny,
+}
+
+/// A transport protocol a port rule may name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Protocol {
+    /// TCP.
+    Tcp,
+    /// UDP.
+    Udp,
+    /// SCTP.
+    Sctp,
+}
+
+impl Protocol {
+    /// The nft keyword.
+    pub fn nft(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+            Protocol::Sctp => "sctp",
+        }
+    }
+}
+
+/// A DNS name of a rule: lowercase, absolute (trailing dot removed for display), maybe
+/// a one-label wildcard.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct DnsName {
+    /// The name without the `*.` prefix and without a trailing dot, lowercase.
+    pub base: String,
+    /// Whether it was `*.base`.
+    pub wildcard: bool,
+}
+
+impl std::fmt::Display for DnsName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.wildcard {
+            write!(f, "*.{}", self.base)
+        } else {
+            f.write_str(&self.base)
+        }
+    }
+}
+
+/// Where an EgressFirewall rule points.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// A canonical CIDR (host bits cleared).
+    Cidr(IpNet),
+    /// A DNS name.
+    Dns(DnsName),
+    /// The node IPs of nodes matching the selector.
+    Nodes(Selector),
+}
+
+/// One validated EgressFirewall rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FirewallRule {
+    /// Allow or deny.
+    pub action: Action,
+    /// The destination.
+    pub target: Target,
+    /// Protocol/port pairs, OR-ed; empty means all traffic.
+    pub ports: BTreeSet<(Protocol, u16)>,
+}
+
+/// The validated EgressFirewall of one namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FirewallPolicy {
+    /// The namespace it applies to.
+    pub namespace: String,
+    /// The rules, in order.
+    pub rules: Vec<FirewallRule>,
+}
+
+/// One validated EgressQoS rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QosRule {
+    /// The DSCP value, 0–63.
+    pub dscp: u8,
+    /// Destination; `None` = every destination.
+    pub dst: Option<IpNet>,
+    /// Pods of the namespace; `None` = all.
+    pub pods: Option<Selector>,
+}
+
+/// The validated EgressQoS of one namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QosPolicy {
+    /// The namespace.
+    pub namespace: String,
+    /// The rules, in order.
+    pub rules: Vec<QosRule>,
+}
+
+/// A validated EgressIP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EgressIpPolicy {
+    /// Object name.
+    pub name: String,
+    /// The egress addresses.
+    pub ips: Vec<IpAddr>,
+    /// Namespaces selected.
+    pub namespaces: Selector,
+    /// Pods selected in them.
+    pub pods: Selector,
+    /// Placement from `status.items`: (address, node).
+    pub placement: Vec<(IpAddr, String)>,
+    /// Creation time (seconds since the epoch) for tie-breaking, when known.
+    pub created: Option<i64>,
+}
+
+/// A validated CloudPrivateIPConfig.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CloudPrivateIp {
+    /// The IP named by the object.
+    pub ip: IpAddr,
+    /// The node requested in `spec.node`.
+    pub node: Option<String>,
+}
+
+/// Outcome of converting one object.
+pub type Conversion<T> = Result<T, PolicyError>;
+
+/// A conversion failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PolicyError {
+    /// The object is valid but not one egressd acts on (name is not `default`).
+    Ignored(String),
+    /// The object is invalid; the message names the field.
+    Invalid(String),
+}
+
+fn invalid<T>(msg: String) -> Conversion<T> {
+    Err(PolicyError::Invalid(msg))
+}
+
+fn parse_selector(
+    sel: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    path: &str,
+) -> Conversion<Selector> {
+    Selector::parse(sel, path).map_err(PolicyError::Invalid)
+}
+
+/// Parse a CIDR as the reference does (Go `net.ParseCIDR`) and clear host bits.
+pub fn canonical_cidr(s: &str) -> Option<IpNet> {
+    let (ip, len) = parse_go_cidr(s)?;
+    IpNet::new(ip, len).ok().map(|n| n.trunc())
+}
+
+/// Normalise a dnsName: lowercase, trailing dot dropped, `*.` split off.
+pub fn normalise_dns_name(s: &str) -> DnsName {
+    let lower = s.to_ascii_lowercase();
+    let trimmed = lower.strip_suffix('.').unwrap_or(&lower);
+    match trimmed.strip_prefix("*.") {
+        Some(base) => DnsName {
+            base: base.to_string(),
+            wildcard: true,
+        },
+        None => DnsName {
+            base: trimmed.to_string(),
+            wildcard: false,
+        },
+    }
+}
+
+/// Convert an EgressFirewall.
+pub fn firewall_policy(ef: &EgressFirewall) -> Conversion<FirewallPolicy> {
+    let namespace = ef.metadata.namespace.clone().unwrap_or_default();
+    let name = ef.metadata.name.as_deref().unwrap_or_default();
+    if name != SINGLETON_NAME {
+        return Err(PolicyError::Ignored(format!(
+            "EgressFirewall {namespace}/{name} ignored: only the object named \"default\" is used"
+        )));
+    }
+    let egress = &ef.spec.egress;
+    if egress.len() > MAX_FIREWALL_RULES {
+        return invalid(format!(
+            "egressFirewall for namespace {namespace} has too many rules, max allowed number is {MAX_FIREWALL_RULES}"
+        ));
+    }
+    let mut rules = Vec::with_capacity(egress.len());
+    for (i, rule) in egress.iter().enumerate() {
+        let path = format!("spec.egress[{i}]");
+        let action = match rule.rule_type.as_str() {
+            "Allow" => Action::Allow,
+            "Deny" => Action::Deny,
+            other => {
+                return invalid(format!(
+                    "{path}.type: Unsupported value: {other:?}: supported values: \"Allow\", \"Deny\""
+                ));
+            }
+        };
+        let to = &rule.to;
+        let set = [
+            to.cidr_selector.is_some(),
+            to.dns_name.is_some(),
+            to.node_selector.is_some(),
+        ];
+        if set.iter().filter(|b| **b).count() != 1 {
+            return invalid(format!(
+                "{path}.to: Invalid value: exactly one of cidrSelector, dnsName and nodeSelector must be set"
+            ));
+        }
+        let target = if let Some(cidr) = &to.cidr_selector {
+            match canonical_cidr(cidr) {
+                Some(net) => Target::Cidr(net),
+                None => {
+                    return invalid(format!(
+                        "{path}.to.cidrSelector: invalid CIDR address: {cidr}"
+                    ));
+                }
+            }
+        } else if let Some(dns) = &to.dns_name {
+            Target::Dns(normalise_dns_name(dns))
+        } else if let Some(sel) = &to.node_selector {
+            Target::Nodes(parse_selector(sel, &format!("{path}.to.nodeSelector"))?)
+        } else {
+            return invalid(format!("{path}.to: Required value"));
+        };
+        let mut ports = BTreeSet::new();
+        for (j, p) in rule.ports.iter().flatten().enumerate() {
+            let protocol = match p.protocol.as_str() {
+                "TCP" => Protocol::Tcp,
+                "UDP" => Protocol::Udp,
+                "SCTP" => Protocol::Sctp,
+                other => {
+                    return invalid(format!(
+                        "{path}.ports[{j}].protocol: Unsupported value: {other:?}: supported values: \"TCP\", \"UDP\", \"SCTP\""
+                    ));
+                }
+            };
+            let port = match u16::try_from(p.port) {
+                Ok(port) if port >= 1 => port,
+                _ => {
+                    return invalid(format!(
+                        "{path}.ports[{j}].port: Invalid value: {}: must be between 1 and 65535",
+                        p.port
+                    ));
+                }
+            };
+            ports.insert((protocol, port));
+        }
+        rules.push(FirewallRule {
+            action,
+            target,
+            ports,
+        });
+    }
+    Ok(FirewallPolicy { namespace, rules })
+}
+
+/// Convert an EgressQoS.
+pub fn qos_policy(q: &EgressQoS) -> Conversion<QosPolicy> {
+    let namespace = q.metadata.namespace.clone().unwrap_or_default();
+    let name = q.metadata.name.as_deref().unwrap_or_default();
+    if name != SINGLETON_NAME {
+        return Err(PolicyError::Ignored(format!(
+            "EgressQoS {namespace}/{name} ignored: only the object named \"default\" is used"
+        )));
+    }
+    let egress = &q.spec.egress;
+    if egress.len() > MAX_QOS_RULES {
+        return invalid(format!(
+            "cannot create EgressQoS with {} rules - maximum is {MAX_QOS_RULES}",
+            egress.len()
+        ));
+    }
+    let mut rules = Vec::with_capacity(egress.len());
+    for (i, rule) in egress.iter().enumerate() {
+        let path = format!("spec.egress[{i}]");
+        let dscp = match u8::try_from(rule.dscp) {
+            Ok(d) if d <= 63 => d,
+            _ => {
+                return invalid(format!(
+                    "{path}.dscp: Invalid value: {}: must be between 0 and 63",
+                    rule.dscp
+                ));
+            }
+        };
+        let dst = match &rule.dst_cidr {
+            None => None,
+            Some(s) => match canonical_cidr(s) {
+                Some(net) => Some(net),
+                None => {
+                    return invalid(format!(
+                        "{path}.dstCIDR: Invalid value: {s:?}: must be a CIDR"
+                    ));
+                }
+            },
+        };
+        let pods = match &rule.pod_selector {
+            None => None,
+            Some(sel) => Some(parse_selector(sel, &format!("{path}.podSelector"))?),
+        };
+        rules.push(QosRule { dscp, dst, pods });
+    }
+    Ok(QosPolicy { namespace, rules })
+}
+
+/// Convert an EgressIP.
+pub fn egress_ip_policy(e: &EgressIP) -> Conversion<EgressIpPolicy> {
+    let name = e.metadata.name.clone().unwrap_or_default();
+    let mut ips = Vec::new();
+    for ip in &e.spec.egress_ips {
+        match IpAddr::from_str(ip) {
+            Ok(addr) if !ips.contains(&addr) => ips.push(addr),
+            Ok(_) => {}
+            Err(_) => {
+                return invalid(format!(
+                    "spec.egressIPs: unable to parse provided EgressIP: {ip}, invalid"
+                ));
+            }
+        }
+    }
+    let namespaces = parse_selector(&e.spec.namespace_selector, "spec.namespaceSelector")?;
+    let pods = match &e.spec.pod_selector {
+        Some(sel) => parse_selector(sel, "spec.podSelector")?,
+        None => Selector::everything(),
+    };
+    let mut placement = Vec::new();
+    for (i, item) in e.status.iter().flat_map(|s| s.items.iter()).enumerate() {
+        let Ok(addr) = IpAddr::from_str(&item.egress_ip) else {
+            return invalid(format!(
+                "status.items[{i}].egressIP: unable to parse provided EgressIP: {}, invalid",
+                item.egress_ip
+            ));
+        };
+        if !ips.contains(&addr) {
+            return invalid(format!(
+                "status.items[{i}].egressIP: {addr} is not one of spec.egressIPs"
+            ));
+        }
+        placement.push((addr, item.node.clone()));
+    }
+    let created = e
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0.as_second());
+    Ok(EgressIpPolicy {
+        name,
+        ips,
+        namespaces,
+        pods,
+        placement,
+        created,
+    })
+}
+
+/// The IP a CloudPrivateIPConfig name stands for: dotted IPv4, or IPv6 fully expanded
+/// with dots in place of colons.
+pub fn cloud_private_ip_from_name(name: &str) -> Option<IpAddr> {
+    if let Ok(ip) = std::net::Ipv4Addr::from_str(name) {
+        return Some(IpAddr::V4(ip));
+    }
+    let groups: Vec<&str> = name.split('.').collect();
+    if groups.len() == 8 && groups.iter().all(|g| g.len() == 4) {
+        return Ipv6Addr::from_str(&groups.join(":")).ok().map(IpAddr::V6);
+    }
+    None
+}
+
+/// Convert a CloudPrivateIPConfig.
+pub fn cloud_private_ip(c: &CloudPrivateIPConfig) -> Conversion<CloudPrivateIp> {
+    let name = c.metadata.name.as_deref().unwrap_or_default();
+    let Some(ip) = cloud_private_ip_from_name(name) else {
+        return invalid(format!(
+            "metadata.name: Invalid value: {name:?}: must be an IPv4 address or a fully expanded IPv6 address with '.' for ':'"
+        ));
+    };
+    Ok(CloudPrivateIp {
+        ip,
+        node: c.spec.node.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cidrs_are_canonical() {
+        assert_eq!(
+            canonical_cidr("1.2.3.4/24").unwrap().to_string(),
+            "1.2.3.0/24"
+        );
+        assert_eq!(
+            canonical_cidr("2001:db8::1/32").unwrap().to_string(),
+            "2001:db8::/32"
+        );
+        assert!(canonical_cidr("1.2.3./32").is_none());
+    }
+
+    #[test]
+    fn dns_names_are_normalised() {
+        assert_eq!(
+            normalise_dns_name("WWW.Example.COM."),
+            DnsName {
+                base: "www.example.com".into(),
+                wildcard: false
+            }
+        );
+        assert_eq!(
+            normalise_dns_name("*.Example.com").to_string(),
+            "*.example.com"
+        );
+    }
+
+    #[test]
+    fn cloud_ip_names() {
+        assert_eq!(
+            cloud_private_ip_from_name("192.168.172.12")
+                .unwrap()
+                .to_string(),
+            "192.168.172.12"
+        );
+        assert_eq!(
+            cloud_private_ip_from_name("fc00.f853.0ccd.e793.0000.0000.0000.0054")
+                .unwrap()
+                .to_string(),
+            "fc00:f853:ccd:e793::54"
+        );
+        assert!(cloud_private_ip_from_name("fc00.f853.ccd.e793.0.0.0.54").is_none());
+    }
+}
