@@ -39,6 +39,27 @@ pub struct RunConfig {
     pub resync: Duration,
 }
 
+/// What `egressd render` prints for a manifests directory: the nft table that would be
+/// applied, each object's status, then any problems (rejected documents, pod IP clashes).
+pub fn render_manifests(dir: &std::path::Path, node: &NodeConfig) -> Result<String, SourceError> {
+    let mut source = ManifestSource::new(dir);
+    let report = source.load()?;
+    let desired = compile(source.view(), node);
+    let mut out = desired.table.render();
+    out.push_str("# status\n");
+    out.push_str(&crate::compile::render_statuses(&desired.statuses));
+    if !report.errors.is_empty() || !desired.warnings.is_empty() {
+        out.push_str("# problems\n");
+        for e in &report.errors {
+            out.push_str(&format!("{e}\n"));
+        }
+        for w in &desired.warnings {
+            out.push_str(&format!("{w}\n"));
+        }
+    }
+    Ok(out)
+}
+
 /// Log a load report: each bad document at warn level, ignored kinds at debug.
 pub fn log_report(report: &LoadReport) {
     for e in &report.errors {

@@ -1,16 +1,16 @@
 //! The `egressd` binary: command line, logging and wiring. Everything else lives in the
 //! `egressd` library.
 #![forbid(unsafe_code)]
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use egressd::agent::{RunConfig, run_manifests};
-use egressd::compile::{NodeConfig, compile, render_statuses};
+use egressd::agent::{RunConfig, render_manifests, run_manifests};
+use egressd::compile::NodeConfig;
 use egressd::dataplane::nft::{NftCli, NftSyncer};
-use egressd::source::manifests::ManifestSource;
 use ipnet::IpNet;
 
 /// Exit code for configuration errors (EX_USAGE), as linkerd2-proxy does.
@@ -194,28 +194,16 @@ fn main() -> ExitCode {
 }
 
 fn render(args: &RenderArgs) -> ExitCode {
-    let mut source = ManifestSource::new(&args.manifests);
-    let report = match source.load() {
-        Ok(r) => r,
+    match render_manifests(&args.manifests, &args.node.config()) {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("egressd render: {e}");
-            return ExitCode::from(EXIT_CONFIG);
-        }
-    };
-    let desired = compile(source.view(), &args.node.config());
-    print!("{}", desired.table.render());
-    println!("# status");
-    print!("{}", render_statuses(&desired.statuses));
-    if !report.errors.is_empty() || !desired.warnings.is_empty() {
-        println!("# problems");
-        for e in &report.errors {
-            println!("{e}");
-        }
-        for w in &desired.warnings {
-            println!("{w}");
+            ExitCode::from(EXIT_CONFIG)
         }
     }
-    ExitCode::SUCCESS
 }
 
 fn run(args: RunArgs) -> ExitCode {

@@ -74,6 +74,13 @@ pub fn check(metadata: Option<&Value>, name_must_be_subdomain: bool) -> Vec<Stri
         out.push("metadata.name: Required value: name or generateName is required".to_string());
         return out;
     };
+    if let Some(v) = meta.get("name").filter(|v| !v.is_string() && !v.is_null()) {
+        out.push(format!(
+            "metadata.name: Invalid value: {v}: must be a string (quote it: YAML reads \
+             y/n/yes/no/on/off and numbers as other types)"
+        ));
+        return out;
+    }
     match meta.get("name").and_then(Value::as_str) {
         None | Some("") => {
             out.push("metadata.name: Required value: name or generateName is required".to_string())

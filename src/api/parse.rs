@@ -176,9 +176,9 @@ pub fn parse_document(
     }
 
     fn decode<T: DeserializeOwned>(doc: Value, key: &Option<ObjectKey>) -> Result<T, ParseError> {
-        serde_json::from_value(doc).map_err(|e| ParseError {
+        serde_path_to_error::deserialize(doc).map_err(|e| ParseError {
             key: key.clone(),
-            violations: vec![format!("cannot decode: {e}")],
+            violations: vec![format!("{}: {}", e.path(), e.inner())],
         })
     }
     let object = match kind {
@@ -236,7 +236,14 @@ pub fn split_documents(text: &str) -> Vec<(usize, usize, String)> {
 
 /// Decode a YAML document's text to a JSON value.
 pub fn yaml_to_value(text: &str) -> Result<Value, String> {
-    serde_saphyr::from_str::<Value>(text).map_err(|e| format!("invalid YAML: {e}"))
+    let options = serde_saphyr::options! { with_snippet: false };
+    serde_saphyr::from_str_with_options::<Value>(text, options).map_err(|e| {
+        let message = e.to_string();
+        format!(
+            "invalid YAML: {}",
+            message.lines().next().unwrap_or_default()
+        )
+    })
 }
 
 #[cfg(test)]

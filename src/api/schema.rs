@@ -133,12 +133,9 @@ fn check(schema: &Value, value: &Value, path: &str, out: &mut Vec<SchemaViolatio
     let Some(schema) = schema.as_object() else {
         return;
     };
-    if value.is_null() {
-        if schema.get("nullable").and_then(Value::as_bool) == Some(true) {
-            return;
-        }
-        // The apiserver prunes/defaults explicit nulls of optional fields only when
-        // nullable; otherwise a null is a type error.
+    // A null is fine only where the schema says nullable; otherwise it is a type error.
+    if value.is_null() && schema.get("nullable").and_then(Value::as_bool) == Some(true) {
+        return;
     }
     if let Some(expected) = schema.get("type").and_then(Value::as_str)
         && !type_matches(expected, value)

@@ -290,3 +290,163 @@ pub fn watch(
     });
     Ok(watcher)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::Kind;
+
+    const GOOD: &str = "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {name: default, namespace: a}\nspec:\n  egress:\n  - type: Deny\n    to: {cidrSelector: 192.0.2.0/24}\n";
+    const SCHEMA_BAD: &str = "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {name: default, namespace: a}\nspec:\n  egress:\n  - type: deny\n    to: {cidrSelector: 192.0.2.0/24}\n";
+    const CONTROLLER_BAD: &str = "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {name: default, namespace: a}\nspec:\n  egress:\n  - type: Deny\n    to: {cidrSelector: 192.0.2.0/33}\n";
+    const POD: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: a}\nspec: {nodeName: node-1}\nstatus: {podIP: 198.18.0.5}\n";
+
+    fn rule_cidr(src: &ManifestSource) -> Option<String> {
+        let entry = src.view().firewalls.get("a")?;
+        let policy = entry.policy.as_ref()?;
+        Some(format!("{:?}", policy.rules[0].target))
+    }
+
+    #[test]
+    fn bad_versions_keep_the_last_good_one_and_name_the_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("fw.yaml");
+        std::fs::write(&file, format!("{GOOD}---\n{POD}")).unwrap();
+        let mut src = ManifestSource::new(dir.path());
+        let r = src.load().unwrap();
+        assert!(r.errors.is_empty() && r.changed && r.objects == 2);
+        let good = rule_cidr(&src).unwrap();
+
+        for bad in [SCHEMA_BAD, CONTROLLER_BAD] {
+            std::fs::write(&file, format!("{bad}---\n{POD}")).unwrap();
+            let r = src.load().unwrap();
+            assert_eq!(rule_cidr(&src).unwrap(), good, "last good version kept");
+            let entry = &src.view().firewalls["a"];
+            let err = entry.error.as_deref().unwrap();
+            assert!(err.contains("spec.egress[0]."), "{err}");
+            assert!(
+                src.view().pods.contains_key(&("a".into(), "p".into())),
+                "other documents still apply"
+            );
+            if bad == SCHEMA_BAD {
+                assert_eq!(r.errors.len(), 1);
+                assert_eq!(r.errors[0].document, 1);
+                assert!(r.errors[0].to_string().contains(
+                    "fw.yaml: document 1 (line 1): EgressFirewall a/default: spec.egress[0].type"
+                ));
+            }
+        }
+
+        std::fs::write(&file, format!("{GOOD}---\n{POD}")).unwrap();
+        src.load().unwrap();
+        assert!(
+            src.view().firewalls["a"].error.is_none(),
+            "fixed version clears the error"
+        );
+    }
+
+    #[test]
+    fn removed_objects_leave_the_view_but_unreadable_files_keep_theirs() {
+        let dir = tempfile::tempdir().unwrap();
+        let fw = dir.path().join("fw.yaml");
+        let pods = dir.path().join("pods.yml");
+        std::fs::write(&fw, GOOD).unwrap();
+        std::fs::write(&pods, POD).unwrap();
+        let mut src = ManifestSource::new(dir.path());
+        src.load().unwrap();
+        assert_eq!(src.view().pods.len(), 1);
+
+        // A document that is not YAML: its file's objects are kept.
+        std::fs::write(&pods, "kind: [unclosed\n").unwrap();
+        let r = src.load().unwrap();
+        assert_eq!(r.errors.len(), 1);
+        assert!(
+            r.errors[0].message.starts_with("invalid YAML"),
+            "{}",
+            r.errors[0].message
+        );
+        assert_eq!(src.view().pods.len(), 1);
+
+        std::fs::remove_file(&pods).unwrap();
+        let r = src.load().unwrap();
+        assert!(r.changed);
+        assert!(src.view().pods.is_empty());
+        assert!(src.view().firewalls.contains_key("a"));
+        std::fs::remove_file(&fw).unwrap();
+        src.load().unwrap();
+        assert!(src.view().firewalls.is_empty());
+    }
+
+    #[test]
+    fn configmap_style_symlink_swap_and_hidden_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir(d.join("..v1")).unwrap();
+        std::fs::write(d.join("..v1/fw.yaml"), GOOD).unwrap();
+        std::os::unix::fs::symlink("..v1", d.join("..data")).unwrap();
+        std::os::unix::fs::symlink("..data/fw.yaml", d.join("fw.yaml")).unwrap();
+        std::fs::write(d.join(".fw.yaml.swp"), "garbage").unwrap();
+        std::fs::write(d.join("notes.txt"), "garbage").unwrap();
+        let mut src = ManifestSource::new(d);
+        let r = src.load().unwrap();
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        let before = rule_cidr(&src).unwrap();
+        // Swap ..data atomically to a new version, as the kubelet does.
+        std::fs::create_dir(d.join("..v2")).unwrap();
+        std::fs::write(
+            d.join("..v2/fw.yaml"),
+            GOOD.replace("192.0.2.0/24", "198.51.100.0/24"),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("..v2", d.join("..data_tmp")).unwrap();
+        std::fs::rename(d.join("..data_tmp"), d.join("..data")).unwrap();
+        src.load().unwrap();
+        let after = rule_cidr(&src).unwrap();
+        assert_ne!(before, after);
+        assert!(after.contains("198.51.100.0/24"));
+    }
+
+    #[test]
+    fn missing_directory_is_an_error() {
+        let mut src = ManifestSource::new("/nonexistent/egressd-test");
+        assert!(matches!(src.load(), Err(SourceError::Directory { .. })));
+    }
+
+    #[test]
+    fn kinds_are_all_read() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("all.yaml"),
+            "apiVersion: v1\nkind: Namespace\nmetadata: {name: a, labels: {team: x}}\n---\napiVersion: v1\nkind: Node\nmetadata: {name: node-1}\n",
+        )
+        .unwrap();
+        let mut src = ManifestSource::new(dir.path());
+        src.load().unwrap();
+        let keys = src.view().keys();
+        assert!(
+            keys.iter()
+                .any(|k| k.kind == Kind::Namespace && k.name == "a")
+        );
+        assert!(
+            keys.iter()
+                .any(|k| k.kind == Kind::Node && k.name == "node-1")
+        );
+        assert_eq!(src.view().namespaces["a"].labels["team"], "x");
+    }
+
+    #[tokio::test]
+    async fn watch_signals_after_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, mut rx) = mpsc::channel(1);
+        let _w = watch(
+            dir.path(),
+            Duration::from_millis(50),
+            Duration::from_millis(250),
+            tx,
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("a.yaml"), GOOD).unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
+        assert_eq!(got.unwrap(), Some(()));
+    }
+}

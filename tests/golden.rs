@@ -1,0 +1,71 @@
+//! Golden files for the compile step: each `tests/golden/<case>/` holds a `manifests/`
+//! directory, an `args` file (`node-name:`, `cluster-cidr:`, `service-cidr:`) and
+//! `expected.txt`, exactly what `egressd render` prints for them.
+//!
+//! Regenerate after an intended change, then review the diff like code:
+//!
+//! ```sh
+//! EGRESSD_UPDATE_GOLDEN=1 cargo test --test golden
+//! ```
+
+use std::path::Path;
+
+use egressd::agent::render_manifests;
+use egressd::compile::NodeConfig;
+use ipnet::IpNet;
+
+fn node_config(args: &str) -> NodeConfig {
+    let mut node = NodeConfig {
+        node_name: String::new(),
+        cluster_cidrs: vec![],
+        service_cidrs: vec![],
+        table_name: "egressd".into(),
+    };
+    let cidrs =
+        |v: &str| -> Vec<IpNet> { v.split(',').map(|c| c.trim().parse().unwrap()).collect() };
+    for line in args.lines().filter(|l| !l.trim().is_empty()) {
+        let (k, v) = line.split_once(':').unwrap();
+        match k.trim() {
+            "node-name" => node.node_name = v.trim().to_string(),
+            "cluster-cidr" => node.cluster_cidrs = cidrs(v),
+            "service-cidr" => node.service_cidrs = cidrs(v),
+            other => panic!("unknown key {other} in args"),
+        }
+    }
+    node
+}
+
+#[test]
+fn rendered_output_matches_golden_files() {
+    let root = Path::new("tests/golden");
+    let update = std::env::var_os("EGRESSD_UPDATE_GOLDEN").is_some();
+    let mut cases: Vec<_> = std::fs::read_dir(root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .collect();
+    cases.sort();
+    assert!(cases.len() >= 3, "golden cases missing");
+    let mut failures = Vec::new();
+    for case in cases {
+        let args = std::fs::read_to_string(case.join("args")).unwrap();
+        let got = render_manifests(&case.join("manifests"), &node_config(&args)).unwrap();
+        let expected_path = case.join("expected.txt");
+        if update {
+            std::fs::write(&expected_path, &got).unwrap();
+            continue;
+        }
+        let expected = std::fs::read_to_string(&expected_path).unwrap_or_default();
+        if got != expected {
+            failures.push(format!(
+                "{}:\n--- expected\n{expected}\n+++ got\n{got}",
+                case.display()
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "golden mismatch (EGRESSD_UPDATE_GOLDEN=1 to regenerate):\n{}",
+        failures.join("\n")
+    );
+}
