@@ -1,0 +1,469 @@
+//! EgressFirewall enforced by a real egressd process on a node namespace, with pods and
+//! an external host in their own namespaces (root required).
+//!
+//! Topology (one per test, removed on drop):
+//!
+//! ```text
+//!  pod0 198.18.1.2/30 2001:db8:1:1::2/64 ──┐
+//!  pod1 198.18.1.6/30 2001:db8:1:2::2/64 ──┤ node (egressd)  eth-ext 203.0.113.1/24 ── ext 203.0.113.2/24
+//!  pod2 198.18.1.10/30 2001:db8:1:3::2/64 ─┘                 2001:db8:ff::1/64         2001:db8:ff::2/64
+//!                                                                                       192.0.2.10, 198.51.100.10,
+//!                                                                                       2001:db8:ff:1::10
+//! ```
+//! pod0 and pod1 are in namespace `team-a`, pod2 in `team-b`.
+
+mod netns;
+
+use std::net::UdpSocket;
+use std::path::Path;
+use std::time::Duration;
+
+use netns::{Agent, Netns, addr, require_root, serve, tcp, udp, veth, wait_for};
+
+const TCP_PORTS: [u16; 2] = [8080, 9090];
+const UDP_PORTS: [u16; 1] = [5353];
+
+struct Topology {
+    node: Netns,
+    pods: Vec<Netns>,
+    ext: Netns,
+    dir: tempfile::TempDir,
+}
+
+fn pod_v4(i: usize) -> String {
+    format!("198.18.1.{}", 4 * i + 2)
+}
+
+fn pod_v6(i: usize) -> String {
+    format!("2001:db8:1:{}::2", i + 1)
+}
+
+impl Topology {
+    fn new(pod_namespaces: &[&str]) -> Self {
+        require_root();
+        let node = Netns::new("node");
+        node.sysctl("net.ipv4.ip_forward", "1");
+        node.sysctl("net.ipv6.conf.all.forwarding", "1");
+        let ext = Netns::new("ext");
+        veth(&node, "eth-ext", &ext, "eth0");
+        addr(&node, "eth-ext", "203.0.113.1/24");
+        addr(&node, "eth-ext", "2001:db8:ff::1/64");
+        for a in [
+            "203.0.113.2/24",
+            "192.0.2.10/32",
+            "198.51.100.10/32",
+            "2001:db8:ff::2/64",
+            "2001:db8:ff:1::10/128",
+        ] {
+            addr(&ext, "eth0", a);
+        }
+        ext.ip(&["route", "add", "198.18.0.0/15", "via", "203.0.113.1"]);
+        ext.ip(&[
+            "-6",
+            "route",
+            "add",
+            "2001:db8:1::/48",
+            "via",
+            "2001:db8:ff::1",
+        ]);
+        node.ip(&["route", "add", "192.0.2.0/24", "via", "203.0.113.2"]);
+        node.ip(&["route", "add", "198.51.100.0/24", "via", "203.0.113.2"]);
+        node.ip(&[
+            "-6",
+            "route",
+            "add",
+            "2001:db8:ff:1::/64",
+            "via",
+            "2001:db8:ff::2",
+        ]);
+
+        let mut pods = Vec::new();
+        for i in 0..pod_namespaces.len() {
+            let pod = Netns::new(&format!("pod{i}"));
+            let dev = format!("vpod{i}");
+            veth(&node, &dev, &pod, "eth0");
+            addr(&node, &dev, &format!("198.18.1.{}/30", 4 * i + 1));
+            addr(&node, &dev, &format!("2001:db8:1:{}::1/64", i + 1));
+            addr(&pod, "eth0", &format!("{}/30", pod_v4(i)));
+            addr(&pod, "eth0", &format!("{}/64", pod_v6(i)));
+            pod.ip(&[
+                "route",
+                "add",
+                "default",
+                "via",
+                &format!("198.18.1.{}", 4 * i + 1),
+            ]);
+            pod.ip(&[
+                "-6",
+                "route",
+                "add",
+                "default",
+                "via",
+                &format!("2001:db8:1:{}::1", i + 1),
+            ]);
+            pods.push(pod);
+        }
+        serve(&ext, &TCP_PORTS, &UDP_PORTS);
+        serve(&node, &TCP_PORTS, &UDP_PORTS);
+        for p in &pods {
+            serve(p, &TCP_PORTS, &UDP_PORTS);
+        }
+
+        let dir = tempfile::tempdir().unwrap();
+        let mut cluster = String::from(
+            "apiVersion: v1\nkind: Node\nmetadata: {name: node-a}\nstatus:\n  addresses:\n  - {type: InternalIP, address: 203.0.113.1}\n",
+        );
+        for (i, ns) in pod_namespaces.iter().enumerate() {
+            cluster.push_str(&format!(
+                "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: pod{i}, namespace: {ns}}}\nspec: {{nodeName: node-a}}\n\
+                 status:\n  phase: Running\n  podIPs: [{{ip: {}}}, {{ip: \"{}\"}}]\n",
+                pod_v4(i),
+                pod_v6(i)
+            ));
+        }
+        std::fs::write(dir.path().join("cluster.yaml"), cluster).unwrap();
+        Self {
+            node,
+            pods,
+            ext,
+            dir,
+        }
+    }
+
+    fn manifests(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Write (atomically, as editors do) the EgressFirewall of `namespace`.
+    fn set_firewall(&self, namespace: &str, rules: &str) {
+        let body = format!(
+            "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {{name: default, namespace: {namespace}}}\nspec:\n  egress:\n{rules}"
+        );
+        let tmp = self.dir.path().join(format!(".{namespace}.tmp"));
+        std::fs::write(&tmp, body).unwrap();
+        std::fs::rename(
+            &tmp,
+            self.dir.path().join(format!("firewall-{namespace}.yaml")),
+        )
+        .unwrap();
+    }
+
+    fn remove_firewall(&self, namespace: &str) {
+        std::fs::remove_file(self.dir.path().join(format!("firewall-{namespace}.yaml"))).unwrap();
+    }
+
+    fn start_agent(&self, name: &str) -> Agent {
+        let dir = self.manifests().to_str().unwrap().to_string();
+        let agent = Agent::start(
+            &self.node,
+            &[
+                "run",
+                "--manifests",
+                &dir,
+                "--node-name",
+                "node-a",
+                "--cluster-cidr",
+                "198.18.0.0/16",
+                "--cluster-cidr",
+                "2001:db8:1::/48",
+                "--service-cidr",
+                "198.19.0.0/16",
+            ],
+            self.dir.path().join(format!("{name}.log")),
+        );
+        let in_sync = wait_for(Duration::from_secs(10), || {
+            agent.log_text().contains("dataplane in sync")
+        });
+        assert!(
+            in_sync.is_some(),
+            "egressd did not sync:\n{}",
+            agent.log_text()
+        );
+        agent
+    }
+}
+
+fn rule(kind: &str, to: &str, ports: &[(&str, u16)]) -> String {
+    let mut s = format!("  - type: {kind}\n    to: {{{to}}}\n");
+    if !ports.is_empty() {
+        s.push_str("    ports:\n");
+        for (proto, port) in ports {
+            s.push_str(&format!("    - {{protocol: {proto}, port: {port}}}\n"));
+        }
+    }
+    s
+}
+
+#[test]
+fn rules_allow_deny_by_cidr_port_and_order_v4_and_v6() {
+    let t = Topology::new(&["team-a", "team-a", "team-b"]);
+    let rules = [
+        rule("Allow", "cidrSelector: 192.0.2.0/24", &[("TCP", 8080)]),
+        rule("Allow", "cidrSelector: 198.51.100.10/32", &[("UDP", 5353)]),
+        rule("Deny", "cidrSelector: 192.0.2.10/32", &[]),
+        rule(
+            "Allow",
+            "cidrSelector: \"2001:db8:ff:1::/64\"",
+            &[("TCP", 8080), ("UDP", 5353)],
+        ),
+        rule("Deny", "cidrSelector: 0.0.0.0/0", &[]),
+        rule("Deny", "cidrSelector: \"::/0\"", &[]),
+    ]
+    .concat();
+    t.set_firewall("team-a", &rules);
+    let _agent = t.start_agent("agent");
+    let (p0, p1, p2) = (&t.pods[0], &t.pods[1], &t.pods[2]);
+
+    // Allow with a port: the allowed port passes, another port falls to the Deny below.
+    assert_eq!(
+        tcp(p0, "192.0.2.10", 8080).as_deref(),
+        Some("198.18.1.2"),
+        "allowed TCP port"
+    );
+    assert_eq!(
+        tcp(p0, "192.0.2.10", 9090),
+        None,
+        "other port: rule order → Deny 192.0.2.10"
+    );
+    // UDP port match, and protocol mismatch.
+    assert!(udp(p0, "198.51.100.10", 5353).is_some(), "allowed UDP port");
+    assert_eq!(
+        tcp(p0, "198.51.100.10", 8080),
+        None,
+        "TCP to a UDP-only allow → deny-all"
+    );
+    assert_eq!(
+        udp(p0, "192.0.2.10", 5353),
+        None,
+        "UDP not allowed by a TCP rule"
+    );
+    // Deny-all catches the rest.
+    assert_eq!(tcp(p0, "203.0.113.2", 8080), None, "deny-all v4");
+    // IPv6.
+    assert!(
+        tcp(p0, "2001:db8:ff:1::10", 8080).is_some(),
+        "allowed v6 TCP"
+    );
+    assert!(
+        udp(p0, "2001:db8:ff:1::10", 5353).is_some(),
+        "allowed v6 UDP"
+    );
+    assert_eq!(tcp(p0, "2001:db8:ff::2", 8080), None, "deny-all v6");
+    // Same namespace, another pod: same policy.
+    assert_eq!(tcp(p1, "203.0.113.2", 8080), None, "second pod of team-a");
+    // No EgressFirewall in team-b: default allow.
+    assert!(
+        tcp(p2, "203.0.113.2", 8080).is_some(),
+        "team-b allowed by default"
+    );
+    assert!(
+        tcp(p2, "2001:db8:ff::2", 8080).is_some(),
+        "team-b v6 allowed by default"
+    );
+    // Pod ↔ pod is inside the cluster: never filtered.
+    assert!(tcp(p0, &pod_v4(1), 8080).is_some(), "pod→pod v4");
+    assert!(tcp(p0, &pod_v6(2), 8080).is_some(), "pod→pod v6");
+    // Inbound connections to a pod under deny-all: replies pass.
+    assert_eq!(
+        tcp(&t.ext, &pod_v4(0), 8080).as_deref(),
+        Some("203.0.113.2"),
+        "inbound v4"
+    );
+    assert!(tcp(&t.ext, &pod_v6(0), 8080).is_some(), "inbound v6");
+    // The node's own address is outside the cluster: filtered in the input hook.
+    assert_eq!(
+        tcp(p0, "203.0.113.1", 8080),
+        None,
+        "pod → node address denied"
+    );
+    assert!(
+        tcp(p2, "203.0.113.1", 8080).is_some(),
+        "team-b → node address allowed"
+    );
+    // Neighbour discovery and ARP keep working under deny-all (the connections above
+    // needed them); the node still reaches the pod.
+    assert!(tcp(&t.node, &pod_v6(0), 8080).is_some(), "node → pod v6");
+}
+
+/// A socket created in `ns`, kept open so later packets belong to the same flow.
+fn udp_flow(ns: &Netns) -> UdpSocket {
+    ns.run(|| {
+        let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        s
+    })
+}
+
+fn flow_answers(s: &UdpSocket, to: &str) -> bool {
+    let _ = s.send_to(b"ping", to);
+    let mut buf = [0u8; 64];
+    s.recv_from(&mut buf).is_ok()
+}
+
+#[test]
+fn edits_reach_the_kernel_within_a_second_and_hit_existing_flows() {
+    let t = Topology::new(&["team-a"]);
+    t.set_firewall("team-a", &rule("Allow", "cidrSelector: 0.0.0.0/0", &[]));
+    let agent = t.start_agent("agent");
+    let p0 = &t.pods[0];
+    let flow = udp_flow(p0);
+    assert!(
+        flow_answers(&flow, "203.0.113.2:5353"),
+        "flow works before the edit"
+    );
+
+    t.set_firewall("team-a", &rule("Deny", "cidrSelector: 203.0.113.0/24", &[]));
+    let took = wait_for(Duration::from_secs(1), || {
+        !flow_answers(&flow, "203.0.113.2:5353")
+    });
+    assert!(
+        took.is_some(),
+        "Deny not applied to the existing flow within 1 s:\n{}",
+        agent.log_text()
+    );
+    assert!(
+        tcp(p0, "192.0.2.10", 8080).is_some(),
+        "other destinations unaffected"
+    );
+
+    // Deleting the EgressFirewall removes its policy.
+    t.remove_firewall("team-a");
+    let took = wait_for(Duration::from_secs(1), || {
+        flow_answers(&flow, "203.0.113.2:5353")
+    });
+    assert!(
+        took.is_some(),
+        "deletion not applied within 1 s:\n{}",
+        agent.log_text()
+    );
+    let table = t.node.exec(&["nft", "list", "table", "inet", "egressd"]);
+    assert!(
+        !table.contains("fw-team-a"),
+        "namespace chain left behind:\n{table}"
+    );
+
+    // A bad edit keeps the last good policy and reports the field.
+    t.set_firewall("team-a", &rule("Deny", "cidrSelector: 203.0.113.0/24", &[]));
+    assert!(
+        wait_for(Duration::from_secs(1), || !flow_answers(
+            &flow,
+            "203.0.113.2:5353"
+        ))
+        .is_some()
+    );
+    t.set_firewall("team-a", &rule("Deny", "cidrSelector: 203.0.113.0/33", &[]));
+    let reported = wait_for(Duration::from_secs(2), || {
+        agent
+            .log_text()
+            .contains("spec.egress[0].to.cidrSelector: invalid CIDR address: 203.0.113.0/33")
+    });
+    assert!(
+        reported.is_some(),
+        "bad edit not reported:\n{}",
+        agent.log_text()
+    );
+    assert!(
+        !flow_answers(&flow, "203.0.113.2:5353"),
+        "last good policy must stay applied"
+    );
+}
+
+#[test]
+fn restart_keeps_policy_with_no_window_and_cleanup_removes_only_our_table() {
+    let t = Topology::new(&["team-a"]);
+    t.set_firewall("team-a", &rule("Deny", "cidrSelector: 203.0.113.2/32", &[]));
+    // Somebody else's table in the node namespace: egressd must never touch it.
+    t.node.exec(&["nft", "add", "table", "inet", "other"]);
+    t.node.exec(&[
+        "nft",
+        "add",
+        "chain",
+        "inet",
+        "other",
+        "keep",
+        "{ type filter hook forward priority 10; policy accept; }",
+    ]);
+    t.node
+        .exec(&["nft", "add", "rule", "inet", "other", "keep", "counter"]);
+
+    let mut agent = t.start_agent("first");
+    let p0 = &t.pods[0];
+    assert_eq!(tcp(p0, "203.0.113.2", 8080), None);
+
+    // Probe the denied destination continuously through stop and restart.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let leaks = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let probes = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let prober = {
+        let (stop, leaks, probes) = (stop.clone(), leaks.clone(), probes.clone());
+        let flow = udp_flow(p0);
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                if flow_answers(&flow, "203.0.113.2:5353") {
+                    leaks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+                probes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        })
+    };
+    assert_eq!(
+        agent.stop(),
+        Some(0),
+        "SIGTERM exits 0:\n{}",
+        agent.log_text()
+    );
+    assert!(
+        t.node.has_table("egressd"),
+        "dataplane must stay after SIGTERM"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let second = t.start_agent("second");
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    prober.join().unwrap();
+    assert!(
+        probes.load(std::sync::atomic::Ordering::SeqCst) >= 3,
+        "prober did not run"
+    );
+    assert_eq!(
+        leaks.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "packets passed during restart"
+    );
+    assert_eq!(tcp(p0, "203.0.113.2", 8080), None, "policy after restart");
+    drop(second);
+
+    // cleanup: our table gone, the other table intact, traffic back to default.
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", &t.node.name])
+        .arg(netns::egressd_bin())
+        .arg("cleanup")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ruleset = t.node.nft_list();
+    assert!(!ruleset.contains("table inet egressd"), "{ruleset}");
+    assert!(
+        ruleset.contains("table inet other")
+            && ruleset.contains("chain keep")
+            && ruleset.contains("counter"),
+        "{ruleset}"
+    );
+    assert!(
+        tcp(p0, "203.0.113.2", 8080).is_some(),
+        "no policy after cleanup"
+    );
+    // cleanup twice is fine.
+    let again = std::process::Command::new("ip")
+        .args(["netns", "exec", &t.node.name])
+        .arg(netns::egressd_bin())
+        .arg("cleanup")
+        .status()
+        .unwrap();
+    assert!(again.success());
+}
