@@ -440,6 +440,71 @@ mod tests {
         );
     }
 
+    fn firewall(name: &str, rules: usize) -> EgressFirewall {
+        use crate::api::types::{
+            EgressFirewallDestination, EgressFirewallRule, EgressFirewallSpec,
+        };
+        let rule = EgressFirewallRule {
+            rule_type: "Deny".into(),
+            to: EgressFirewallDestination {
+                cidr_selector: Some("192.0.2.0/24".into()),
+                ..Default::default()
+            },
+            ports: None,
+        };
+        let mut ef = EgressFirewall::new(
+            name,
+            EgressFirewallSpec {
+                egress: vec![rule; rules],
+            },
+        );
+        ef.metadata.namespace = Some("team-a".into());
+        ef
+    }
+
+    #[test]
+    fn firewall_rule_limit_and_name() {
+        assert_eq!(
+            firewall_policy(&firewall("default", MAX_FIREWALL_RULES))
+                .unwrap()
+                .rules
+                .len(),
+            8000
+        );
+        assert_eq!(
+            firewall_policy(&firewall("default", MAX_FIREWALL_RULES + 1)),
+            Err(PolicyError::Invalid(
+                "egressFirewall for namespace team-a has too many rules, max allowed number is 8000".into()
+            ))
+        );
+        assert!(
+            matches!(firewall_policy(&firewall("other", 1)), Err(PolicyError::Ignored(m)) if m.contains("only the object named \"default\""))
+        );
+    }
+
+    #[test]
+    fn qos_rule_limit() {
+        use crate::api::types::{EgressQoSRule, EgressQoSSpec};
+        let rule = EgressQoSRule {
+            dscp: 10,
+            dst_cidr: None,
+            pod_selector: None,
+        };
+        let mut q = EgressQoS::new(
+            "default",
+            EgressQoSSpec {
+                egress: vec![rule; MAX_QOS_RULES + 1],
+            },
+        );
+        q.metadata.namespace = Some("a".into());
+        assert_eq!(
+            qos_policy(&q),
+            Err(PolicyError::Invalid(
+                "cannot create EgressQoS with 1001 rules - maximum is 1000".into()
+            ))
+        );
+    }
+
     #[test]
     fn cloud_ip_names() {
         assert_eq!(

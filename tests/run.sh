@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The test command (README.md): installs what the tests need on a fresh Debian machine,
+# then runs every test. Needs root: the netns tests create network namespaces and
+# nftables tables (only inside namespaces they create and remove).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+[ "$(id -u)" = 0 ] || { echo "tests/run.sh: needs root (network namespace tests)" >&2; exit 1; }
+missing=()
+command -v nft >/dev/null || missing+=(nftables)
+command -v ip >/dev/null || missing+=(iproute2)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "tests/run.sh: installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+cargo test --locked "$@"
