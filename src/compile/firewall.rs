@@ -218,6 +218,7 @@ pub(super) fn compile(
             key: entry.key.clone(),
             outcome,
             message,
+            condition: None,
         });
     }
 

@@ -5,6 +5,7 @@
 //! nothing else; their last good version (kept by the view) is what gets compiled.
 
 mod firewall;
+mod qos;
 
 use ipnet::IpNet;
 
@@ -13,6 +14,7 @@ use crate::nft::Table;
 use crate::view::ClusterView;
 
 pub use firewall::{FIREWALL_CHAIN, FIREWALL_LOCAL_CHAIN};
+pub use qos::QOS_CHAIN;
 
 /// What egressd knows about the node it runs on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +42,19 @@ pub enum Outcome {
     Validated,
 }
 
+/// A status condition as the reference writes it (EgressQoS `Ready-In-Zone-<node>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusCondition {
+    /// `type`.
+    pub type_: String,
+    /// `True` or `False`.
+    pub status: String,
+    /// `SetupSucceeded` / `SetupFailed`.
+    pub reason: String,
+    /// Human-readable message.
+    pub message: String,
+}
+
 /// The per-object status this node reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectStatus {
@@ -49,6 +64,8 @@ pub struct ObjectStatus {
     pub outcome: Outcome,
     /// The message in the reference's wording, as it would be written to the object.
     pub message: String,
+    /// The condition this node writes, for kinds that report conditions.
+    pub condition: Option<StatusCondition>,
 }
 
 /// The desired dataplane state and the statuses that go with it.
@@ -80,12 +97,14 @@ pub fn compile(view: &ClusterView, node: &NodeConfig) -> Desired {
     }
 
     firewall::compile(view, node, &owners, &mut table, &mut statuses);
+    qos::compile(view, node, &owners, &mut table, &mut statuses);
 
     for (key, reason) in &view.ignored {
         statuses.push(ObjectStatus {
             key: key.clone(),
             outcome: Outcome::Ignored(reason.clone()),
             message: reason.clone(),
+            condition: None,
         });
     }
     let validated = |key: &ObjectKey, error: &Option<String>| match error {
@@ -93,6 +112,7 @@ pub fn compile(view: &ClusterView, node: &NodeConfig) -> Desired {
             key: key.clone(),
             outcome: Outcome::Failed(e.clone()),
             message: format!("{}: {e}", node.node_name),
+            condition: None,
         },
         None => ObjectStatus {
             key: key.clone(),
@@ -101,9 +121,9 @@ pub fn compile(view: &ClusterView, node: &NodeConfig) -> Desired {
                 "{}: valid; {} is not enforced by this version",
                 node.node_name, key.kind
             ),
+            condition: None,
         },
     };
-    statuses.extend(view.qos.values().map(|e| validated(&e.key, &e.error)));
     statuses.extend(
         view.egress_ips
             .values()

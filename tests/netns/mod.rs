@@ -14,6 +14,7 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::path::Path;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -309,4 +310,292 @@ impl Drop for Agent {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+pub const TCP_PORTS: [u16; 2] = [8080, 9090];
+pub const UDP_PORTS: [u16; 1] = [5353];
+
+pub struct Topology {
+    pub node: Netns,
+    pub pods: Vec<Netns>,
+    pub ext: Netns,
+    pub dir: tempfile::TempDir,
+}
+
+pub fn pod_v4(i: usize) -> String {
+    format!("198.18.1.{}", 4 * i + 2)
+}
+
+pub fn pod_v6(i: usize) -> String {
+    format!("2001:db8:1:{}::2", i + 1)
+}
+
+/// One node namespace running egressd, pods behind it, an external host.
+///
+/// ```text
+///  pod i: 198.18.1.(4i+2)/30, 2001:db8:1:(i+1)::2/64 ── node (egressd) eth-ext 203.0.113.1/24, 2001:db8:ff::1/64
+///                                                       ── ext 203.0.113.2/24, 2001:db8:ff::2/64, 192.0.2.10,
+///                                                          198.51.100.10, 2001:db8:ff:1::10
+/// ```
+impl Topology {
+    /// Pods `i` in namespaces `pod_namespaces[i]`, unlabelled.
+    pub fn new(pod_namespaces: &[&str]) -> Self {
+        let pods: Vec<(&str, &str)> = pod_namespaces.iter().map(|ns| (*ns, "{}")).collect();
+        Self::with_pods(&pods)
+    }
+
+    /// Pods `(namespace, labels as YAML flow map)`; an empty namespace wires the pod
+    /// but does not declare it (see [`Topology::declare_pod`]).
+    pub fn with_pods(pod_defs: &[(&str, &str)]) -> Self {
+        require_root();
+        let node = Netns::new("node");
+        node.sysctl("net.ipv4.ip_forward", "1");
+        node.sysctl("net.ipv6.conf.all.forwarding", "1");
+        let ext = Netns::new("ext");
+        veth(&node, "eth-ext", &ext, "eth0");
+        addr(&node, "eth-ext", "203.0.113.1/24");
+        addr(&node, "eth-ext", "2001:db8:ff::1/64");
+        for a in [
+            "203.0.113.2/24",
+            "192.0.2.10/32",
+            "198.51.100.10/32",
+            "2001:db8:ff::2/64",
+            "2001:db8:ff:1::10/128",
+        ] {
+            addr(&ext, "eth0", a);
+        }
+        ext.ip(&["route", "add", "198.18.0.0/15", "via", "203.0.113.1"]);
+        ext.ip(&[
+            "-6",
+            "route",
+            "add",
+            "2001:db8:1::/48",
+            "via",
+            "2001:db8:ff::1",
+        ]);
+        node.ip(&["route", "add", "192.0.2.0/24", "via", "203.0.113.2"]);
+        node.ip(&["route", "add", "198.51.100.0/24", "via", "203.0.113.2"]);
+        node.ip(&[
+            "-6",
+            "route",
+            "add",
+            "2001:db8:ff:1::/64",
+            "via",
+            "2001:db8:ff::2",
+        ]);
+
+        let mut pods = Vec::new();
+        for i in 0..pod_defs.len() {
+            let pod = Netns::new(&format!("pod{i}"));
+            let dev = format!("vpod{i}");
+            veth(&node, &dev, &pod, "eth0");
+            addr(&node, &dev, &format!("198.18.1.{}/30", 4 * i + 1));
+            addr(&node, &dev, &format!("2001:db8:1:{}::1/64", i + 1));
+            addr(&pod, "eth0", &format!("{}/30", pod_v4(i)));
+            addr(&pod, "eth0", &format!("{}/64", pod_v6(i)));
+            pod.ip(&[
+                "route",
+                "add",
+                "default",
+                "via",
+                &format!("198.18.1.{}", 4 * i + 1),
+            ]);
+            pod.ip(&[
+                "-6",
+                "route",
+                "add",
+                "default",
+                "via",
+                &format!("2001:db8:1:{}::1", i + 1),
+            ]);
+            pods.push(pod);
+        }
+        serve(&ext, &TCP_PORTS, &UDP_PORTS);
+        serve(&node, &TCP_PORTS, &UDP_PORTS);
+        for p in &pods {
+            serve(p, &TCP_PORTS, &UDP_PORTS);
+        }
+
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = "apiVersion: v1\nkind: Node\nmetadata: {name: node-a}\nstatus:\n  addresses:\n  - {type: InternalIP, address: 203.0.113.1}\n";
+        std::fs::write(dir.path().join("cluster.yaml"), cluster).unwrap();
+        let t = Self {
+            node,
+            pods,
+            ext,
+            dir,
+        };
+        for (i, (ns, labels)) in pod_defs.iter().enumerate() {
+            if !ns.is_empty() {
+                t.declare_pod(i, ns, labels);
+            }
+        }
+        t
+    }
+
+    pub fn manifests(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Write (atomically) pod `i`'s manifest: namespace and labels.
+    pub fn declare_pod(&self, i: usize, namespace: &str, labels: &str) {
+        let body = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: pod{i}, namespace: {namespace}, labels: {labels}}}\nspec: {{nodeName: node-a}}\n\
+             status:\n  phase: Running\n  podIPs: [{{ip: {}}}, {{ip: \"{}\"}}]\n",
+            pod_v4(i),
+            pod_v6(i)
+        );
+        self.write_manifest(&format!("pod-{i}.yaml"), &body);
+    }
+
+    /// Write a manifest atomically (write + rename, as editors do).
+    pub fn write_manifest(&self, name: &str, body: &str) {
+        let tmp = self.dir.path().join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, body).unwrap();
+        std::fs::rename(&tmp, self.dir.path().join(name)).unwrap();
+    }
+
+    /// Remove a manifest.
+    pub fn remove_manifest(&self, name: &str) {
+        std::fs::remove_file(self.dir.path().join(name)).unwrap();
+    }
+
+    /// Write the EgressFirewall of `namespace`.
+    pub fn set_firewall(&self, namespace: &str, rules: &str) {
+        let body = format!(
+            "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {{name: default, namespace: {namespace}}}\nspec:\n  egress:\n{rules}"
+        );
+        self.write_manifest(&format!("firewall-{namespace}.yaml"), &body);
+    }
+
+    /// Remove the EgressFirewall of `namespace`.
+    pub fn remove_firewall(&self, namespace: &str) {
+        self.remove_manifest(&format!("firewall-{namespace}.yaml"));
+    }
+
+    pub fn start_agent(&self, name: &str) -> Agent {
+        let dir = self.manifests().to_str().unwrap().to_string();
+        let agent = Agent::start(
+            &self.node,
+            &[
+                "run",
+                "--manifests",
+                &dir,
+                "--node-name",
+                "node-a",
+                "--cluster-cidr",
+                "198.18.0.0/16",
+                "--cluster-cidr",
+                "2001:db8:1::/48",
+                "--service-cidr",
+                "198.19.0.0/16",
+            ],
+            self.dir.path().join(format!("{name}.log")),
+        );
+        let in_sync = wait_for(Duration::from_secs(10), || {
+            agent.log_text().contains("dataplane in sync")
+        });
+        assert!(
+            in_sync.is_some(),
+            "egressd did not sync:\n{}",
+            agent.log_text()
+        );
+        agent
+    }
+}
+
+/// Records the DSCP of UDP packets arriving in `ns` on each of `ports`: one nft counter
+/// per (port, family, DSCP value) in the namespace's own table (nft 1.0.6 cannot key a
+/// set by IPv6 DSCP, so counters it is).
+pub struct DscpObserver<'a> {
+    ns: &'a Netns,
+}
+
+impl<'a> DscpObserver<'a> {
+    pub fn install(ns: &'a Netns, ports: std::ops::RangeInclusive<u16>) -> Self {
+        let mut script = String::from(
+            "table inet dscpobs {\n chain in {\n  type filter hook input priority -300; policy accept;\n",
+        );
+        for port in ports {
+            for d in 0..64 {
+                script.push_str(&format!("  udp dport {port} ip dscp {d} counter\n  udp dport {port} ip6 dscp {d} counter\n"));
+            }
+        }
+        script.push_str(" }\n}\n");
+        let path = std::env::temp_dir().join(format!("dscpobs-{}.nft", ns.name));
+        std::fs::write(&path, script).unwrap();
+        ns.exec(&["nft", "-f", path.to_str().unwrap()]);
+        let _ = std::fs::remove_file(path);
+        Self { ns }
+    }
+
+    /// The DSCP values seen on `port` so far.
+    pub fn seen(&self, port: u16) -> Vec<u8> {
+        let text = self
+            .ns
+            .exec(&["nft", "list", "chain", "inet", "dscpobs", "in"]);
+        let mut out = Vec::new();
+        for line in text.lines().map(str::trim) {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            // udp dport P ip[6] dscp V counter packets N bytes B
+            if words.len() >= 9
+                && words[2] == port.to_string()
+                && words[7] == "packets"
+                && words[8] != "0"
+            {
+                let v = words[5];
+                let value = match v.strip_prefix("0x") {
+                    Some(hex) => u8::from_str_radix(hex, 16).unwrap(),
+                    None => dscp_name(v),
+                };
+                out.push(value);
+            }
+        }
+        out
+    }
+}
+
+fn dscp_name(name: &str) -> u8 {
+    match name {
+        "cs0" => 0,
+        "cs1" => 8,
+        "cs2" => 16,
+        "cs3" => 24,
+        "cs4" => 32,
+        "cs5" => 40,
+        "cs6" => 48,
+        "cs7" => 56,
+        "af11" => 10,
+        "af12" => 12,
+        "af13" => 14,
+        "af21" => 18,
+        "af22" => 20,
+        "af23" => 22,
+        "af31" => 26,
+        "af32" => 28,
+        "af33" => 30,
+        "af41" => 34,
+        "af42" => 36,
+        "af43" => 38,
+        "ef" => 46,
+        "va" => 44,
+        "le" => 1,
+        other => other
+            .parse()
+            .unwrap_or_else(|_| panic!("unknown dscp {other}")),
+    }
+}
+
+/// Send one UDP datagram from `ns` (no reply expected).
+pub fn udp_send(ns: &Netns, addr: &str, port: u16) {
+    let target: SocketAddr = SocketAddr::new(addr.parse().unwrap(), port);
+    ns.run(move || {
+        let bind = if target.is_ipv4() {
+            "0.0.0.0:0"
+        } else {
+            "[::]:0"
+        };
+        let s = UdpSocket::bind(bind).unwrap();
+        s.send_to(b"mark me", target).unwrap();
+    });
 }

@@ -1,0 +1,152 @@
+//! EgressQoS → nft: DSCP marks on local pods' traffic.
+//!
+//! * `qos` (forward, priority mangle): `ip saddr vmap @qos-pods-v4` /
+//!   `ip6 saddr vmap @qos-pods-v6` → `jump qos-<namespace>` for pods of this node in a
+//!   namespace with an EgressQoS. Cost per packet: one map lookup, whatever the number
+//!   of namespaces.
+//! * `qos-<namespace>`: one statement per rule and family, in order; the first match sets
+//!   the DSCP and returns, so later rules never override it; no match leaves it as is.
+//!   A rule with a `podSelector` matches `ip saddr @qos-<namespace>-<i>-v4` (and `-v6`),
+//!   named sets of the selected local pods, so pod and label changes touch elements only.
+//! * Every destination is marked, in-cluster ones included (the reference marks pod↔pod
+//!   traffic too). Pods on one bridge reach each other without the forward hook unless
+//!   `br_netfilter` is on: such traffic is then not marked.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use super::{NodeConfig, ObjectStatus, Outcome, StatusCondition};
+use crate::nft::{Chain, Hook, KeyType, Set, Table, chain_name};
+use crate::view::policy::QosRule;
+use crate::view::{ClusterView, PodInfo};
+
+/// The forward-hook base chain that marks.
+pub const QOS_CHAIN: &str = "qos";
+const PODS_V4: &str = "qos-pods-v4";
+const PODS_V6: &str = "qos-pods-v6";
+
+const APPLIED: &str = "EgressQoS Rules applied";
+const NOT_APPLIED: &str = "EgressQoS Rules not correctly applied";
+
+fn rule_statements(index: usize, rule: &QosRule, pod_sets: Option<(&str, &str)>) -> Vec<String> {
+    let mut out = Vec::new();
+    for (family, v4) in [("ip", true), ("ip6", false)] {
+        let dst = match rule.dst {
+            Some(net) if net.addr().is_ipv4() != v4 => continue,
+            Some(net) => format!(" {family} daddr {net}"),
+            None => String::new(),
+        };
+        let src = match pod_sets {
+            Some((s4, s6)) => format!(" {family} saddr @{}", if v4 { s4 } else { s6 }),
+            None => String::new(),
+        };
+        let nfproto = if v4 { "ipv4" } else { "ipv6" };
+        out.push(format!(
+            "meta nfproto {nfproto}{src}{dst} {family} dscp set {} counter return comment \"egress[{index}]\"",
+            rule.dscp
+        ));
+    }
+    out
+}
+
+pub(super) fn compile(
+    view: &ClusterView,
+    node: &NodeConfig,
+    owners: &BTreeMap<IpAddr, &PodInfo>,
+    table: &mut Table,
+    statuses: &mut Vec<ObjectStatus>,
+) {
+    let mut pods_v4 = Set::verdict_map(KeyType::Ipv4);
+    let mut pods_v6 = Set::verdict_map(KeyType::Ipv6);
+    let mut local: BTreeMap<&str, Vec<(IpAddr, &PodInfo)>> = BTreeMap::new();
+    for (ip, pod) in owners {
+        if pod.node.as_deref() == Some(node.node_name.as_str()) {
+            local
+                .entry(pod.namespace.as_str())
+                .or_default()
+                .push((*ip, pod));
+        }
+    }
+    let condition_type = format!("Ready-In-Zone-{}", node.node_name);
+
+    for (namespace, entry) in &view.qos {
+        if let (Some(policy), Some(pods)) = (&entry.policy, local.get(namespace.as_str())) {
+            let name = chain_name("qos", namespace);
+            let mut chain = Chain::default();
+            for (i, rule) in policy.rules.iter().enumerate() {
+                let sets = rule.pods.as_ref().map(|selector| {
+                    let (s4, s6) = (format!("{name}-{i}-v4"), format!("{name}-{i}-v6"));
+                    let mut set4 = Set::new(KeyType::Ipv4, false);
+                    let mut set6 = Set::new(KeyType::Ipv6, false);
+                    for (ip, _) in pods.iter().filter(|(_, p)| selector.matches(&p.labels)) {
+                        let set = if ip.is_ipv4() { &mut set4 } else { &mut set6 };
+                        set.elements.insert(ip.to_string(), String::new());
+                    }
+                    table.sets.insert(s4.clone(), set4);
+                    table.sets.insert(s6.clone(), set6);
+                    (s4, s6)
+                });
+                chain.rules.extend(rule_statements(
+                    i,
+                    rule,
+                    sets.as_ref().map(|(a, b)| (a.as_str(), b.as_str())),
+                ));
+            }
+            for (ip, _) in pods {
+                let map = if ip.is_ipv4() {
+                    &mut pods_v4
+                } else {
+                    &mut pods_v6
+                };
+                map.elements.insert(ip.to_string(), format!("jump {name}"));
+            }
+            table.chains.insert(name, chain);
+        }
+        let (outcome, condition) = match &entry.error {
+            None => (
+                Outcome::Applied,
+                StatusCondition {
+                    type_: condition_type.clone(),
+                    status: "True".into(),
+                    reason: "SetupSucceeded".into(),
+                    message: APPLIED.into(),
+                },
+            ),
+            Some(e) => (
+                Outcome::Failed(e.clone()),
+                StatusCondition {
+                    type_: condition_type.clone(),
+                    status: "False".into(),
+                    reason: "SetupFailed".into(),
+                    message: format!("{NOT_APPLIED}: {e}"),
+                },
+            ),
+        };
+        statuses.push(ObjectStatus {
+            key: entry.key.clone(),
+            outcome,
+            message: format!(
+                "{}={} {}: {}",
+                condition.type_, condition.status, condition.reason, condition.message
+            ),
+            condition: Some(condition),
+        });
+    }
+
+    table.sets.insert(PODS_V4.into(), pods_v4);
+    table.sets.insert(PODS_V6.into(), pods_v6);
+    table.chains.insert(
+        QOS_CHAIN.into(),
+        Chain {
+            hook: Some(Hook {
+                chain_type: "filter",
+                hook: "forward",
+                priority: "mangle",
+            }),
+            rules: vec![
+                format!("ip saddr vmap @{PODS_V4}"),
+                format!("ip6 saddr vmap @{PODS_V6}"),
+            ],
+        },
+    );
+}
