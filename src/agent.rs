@@ -37,6 +37,62 @@ pub struct RunConfig {
     pub debounce: Duration,
     /// Periodic full reload and recompile.
     pub resync: Duration,
+    /// Where the status file is written after every sync (`egressd status` reads it).
+    pub state_dir: Option<PathBuf>,
+}
+
+/// The file in the state directory holding the last statuses.
+pub const STATUS_FILE: &str = "status";
+
+/// The status report `egressd status` prints: a header line (node, time, sync
+/// outcome), one line per object, then problems.
+pub fn status_report(
+    node: &NodeConfig,
+    desired: &Desired,
+    sync: &Result<SyncKind, NftError>,
+    problems: &[String],
+) -> String {
+    let outcome = match sync {
+        Ok(_) => "dataplane in sync".to_string(),
+        Err(e) => format!("dataplane NOT in sync: {e}"),
+    };
+    let mut out = format!(
+        "# egressd on node {} at {}: {outcome}\n",
+        node.node_name,
+        jiff::Timestamp::now()
+            .round(jiff::Unit::Second)
+            .unwrap_or_else(|_| jiff::Timestamp::now())
+    );
+    out.push_str(&crate::compile::render_statuses(&desired.statuses));
+    if !problems.is_empty() || !desired.warnings.is_empty() {
+        out.push_str("# problems\n");
+        for p in problems.iter().chain(&desired.warnings) {
+            out.push_str(p);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// Write `text` to `dir/status` atomically (temporary file + rename).
+pub fn write_status(dir: &std::path::Path, text: &str) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(".status.tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, dir.join(STATUS_FILE))
+}
+
+fn publish(
+    config: &RunConfig,
+    desired: &Desired,
+    sync: &Result<SyncKind, NftError>,
+    report: &LoadReport,
+) {
+    let Some(dir) = &config.state_dir else { return };
+    let problems: Vec<String> = report.errors.iter().map(ToString::to_string).collect();
+    if let Err(e) = write_status(dir, &status_report(&config.node, desired, sync, &problems)) {
+        tracing::warn!(dir = %dir.display(), error = %e, "cannot write the status file");
+    }
 }
 
 /// What `egressd render` prints for a manifests directory: the nft table that would be
@@ -136,6 +192,7 @@ pub async fn run_manifests<B: NftBackend>(
     let (desired, mut last_result) =
         tokio::task::block_in_place(|| apply_once(&source, &config.node, &mut syncer));
     log_status_changes(&[], &desired.statuses);
+    publish(&config, &desired, &last_result, &report);
     let mut statuses = desired.statuses;
 
     let mut resync = tokio::time::interval(config.resync);
@@ -163,6 +220,7 @@ pub async fn run_manifests<B: NftBackend>(
         let (desired, result) =
             tokio::task::block_in_place(|| apply_once(&source, &config.node, &mut syncer));
         log_status_changes(&statuses, &desired.statuses);
+        publish(&config, &desired, &result, &report);
         statuses = desired.statuses;
         last_result = result;
     }

@@ -116,6 +116,31 @@ fn rules_allow_deny_by_cidr_port_and_order_v4_and_v6() {
         tcp(p2, "203.0.113.1", 8080).is_some(),
         "team-b → node address allowed"
     );
+    // The running agent's status, as `egressd status` shows it.
+    let status = std::process::Command::new(netns::egressd_bin())
+        .args([
+            "status",
+            "--state-dir",
+            t.dir.path().join("state").to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    assert!(
+        text.starts_with("# egressd on node node-a at ") && text.contains(": dataplane in sync"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "EgressFirewall team-a/default\tapplied\tnode-a: EgressFirewall Rules applied"
+        ),
+        "{text}"
+    );
     // Neighbour discovery and ARP keep working under deny-all (the connections above
     // needed them); the node still reaches the pod.
     assert!(tcp(&t.node, &pod_v6(0), 8080).is_some(), "node → pod v6");

@@ -126,6 +126,17 @@ fn dscp_marks_follow_rules_pods_labels_edits_and_deletion_v4_and_v6() {
         "another namespace untouched (v6)"
     );
 
+    let status = std::process::Command::new(netns::egressd_bin())
+        .args([
+            "status",
+            "--state-dir",
+            t.dir.path().join("state").to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(text.contains("EgressQoS media/default\tapplied\tReady-In-Zone-node-a=True SetupSucceeded: EgressQoS Rules applied"), "{text}");
+
     // A pod created after the EgressQoS.
     t.declare_pod(3, "media", "{app: encoder}");
     assert_eq!(

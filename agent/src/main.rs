@@ -54,7 +54,20 @@ enum Command {
     Crds,
     /// Remove everything egressd owns from the kernel (its nft table) and nothing else.
     Cleanup(CleanupArgs),
+    /// Print each object's status as the running agent last applied it (read from its
+    /// state directory), with kernel errors and rejected manifests.
+    Status(StatusArgs),
 }
+
+#[derive(Debug, Args)]
+struct StatusArgs {
+    /// The running agent's state directory.
+    #[arg(long, env = "EGRESSD_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
+    state_dir: PathBuf,
+}
+
+/// Where `run` writes its status file by default.
+const DEFAULT_STATE_DIR: &str = "/run/egressd";
 
 #[derive(Debug, Args)]
 struct NodeArgs {
@@ -124,6 +137,9 @@ struct RunArgs {
     /// Re-read the directory this often even without change events (seconds).
     #[arg(long, default_value_t = 60)]
     resync_secs: u64,
+    /// Directory for the status file `egressd status` reads.
+    #[arg(long, env = "EGRESSD_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
+    state_dir: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -190,6 +206,23 @@ fn main() -> ExitCode {
             }
         }
         Command::Run(args) => run(args),
+        Command::Status(args) => {
+            let path = args.state_dir.join(egressd::agent::STATUS_FILE);
+            match std::fs::read_to_string(&path) {
+                Ok(text) => {
+                    print!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!(
+                        "egressd status: cannot read {}: {e} (is `egressd run` running with --state-dir {}?)",
+                        path.display(),
+                        args.state_dir.display()
+                    );
+                    ExitCode::from(EXIT_FAILURE)
+                }
+            }
+        }
     }
 }
 
@@ -227,6 +260,7 @@ fn run(args: RunArgs) -> ExitCode {
         node: args.node.config(),
         debounce: Duration::from_millis(args.debounce_ms),
         resync: Duration::from_secs(args.resync_secs.max(1)),
+        state_dir: Some(args.state_dir),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -153,3 +153,88 @@ pub fn render_statuses(statuses: &[ObjectStatus]) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::parse::{Parsed, parse_document, yaml_to_value};
+
+    fn view(docs: &str) -> ClusterView {
+        let mut v = ClusterView::default();
+        for (_, _, text) in crate::api::parse::split_documents(docs) {
+            let Ok(Parsed::Object(o)) =
+                parse_document(&yaml_to_value(&text).unwrap(), "default", true)
+            else {
+                panic!("bad test document: {text}");
+            };
+            v.upsert(&o);
+        }
+        v
+    }
+
+    fn node() -> NodeConfig {
+        NodeConfig {
+            node_name: "n1".into(),
+            cluster_cidrs: vec!["198.18.0.0/16".parse().unwrap()],
+            service_cidrs: vec![],
+            table_name: "egressd".into(),
+        }
+    }
+
+    const POLICY: &str = "apiVersion: k8s.ovn.org/v1\nkind: EgressQoS\nmetadata: {name: default, namespace: a}\nspec:\n  egress:\n  - dscp: 46\n    podSelector: {matchLabels: {app: web}}\n---\napiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {name: default, namespace: a}\nspec:\n  egress:\n  - {type: Deny, to: {cidrSelector: 192.0.2.0/24}}\n";
+
+    fn pod(name: &str, ip: &str, app: &str) -> String {
+        format!(
+            "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: a, labels: {{app: {app}}}}}\nspec: {{nodeName: n1}}\nstatus: {{podIP: {ip}}}\n"
+        )
+    }
+
+    fn script(before: &str, after: &str) -> String {
+        let old = compile(&view(before), &node()).table;
+        let new = compile(&view(after), &node()).table;
+        crate::nft::diff(&old, &new).unwrap_or_default()
+    }
+
+    #[test]
+    fn a_new_pod_is_element_additions_only() {
+        let before = format!("{POLICY}{}", pod("p1", "198.18.1.1", "web"));
+        let after = format!("{before}{}", pod("p2", "198.18.1.2", "web"));
+        assert_eq!(
+            script(&before, &after),
+            "add element inet egressd fw-pods-v4 { 198.18.1.2 : jump fw-a }\n\
+             add element inet egressd qos-a-0-v4 { 198.18.1.2 }\n\
+             add element inet egressd qos-pods-v4 { 198.18.1.2 : jump qos-a }\n"
+        );
+    }
+
+    #[test]
+    fn a_label_change_is_one_element_removal() {
+        let before = format!(
+            "{POLICY}{}{}",
+            pod("p1", "198.18.1.1", "web"),
+            pod("p2", "198.18.1.2", "web")
+        );
+        let after = format!(
+            "{POLICY}{}{}",
+            pod("p1", "198.18.1.1", "web"),
+            pod("p2", "198.18.1.2", "db")
+        );
+        assert_eq!(
+            script(&before, &after),
+            "delete element inet egressd qos-a-0-v4 { 198.18.1.2 }\n"
+        );
+    }
+
+    #[test]
+    fn compile_is_deterministic() {
+        let docs = format!(
+            "{POLICY}{}{}",
+            pod("p1", "198.18.1.1", "web"),
+            pod("p2", "198.18.1.2", "db")
+        );
+        assert_eq!(
+            compile(&view(&docs), &node()),
+            compile(&view(&docs), &node())
+        );
+    }
+}

@@ -489,6 +489,8 @@ impl Topology {
                 "2001:db8:1::/48",
                 "--service-cidr",
                 "198.19.0.0/16",
+                "--state-dir",
+                self.dir.path().join("state").to_str().unwrap(),
             ],
             self.dir.path().join(format!("{name}.log")),
         );
