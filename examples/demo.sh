@@ -52,6 +52,9 @@ link() { # link NS_A IF_A NS_B IF_B
   ip link add "$P-a" type veth peer name "$P-b"
   ip link set "$P-a" netns "$1" name "$2"
   ip link set "$P-b" netns "$3" name "$4"
+  # no duplicate address detection: it delays IPv6 neighbour discovery by ~1 s
+  ip netns exec "$1" sysctl -qw "net.ipv6.conf.$2.accept_dad=0"
+  ip netns exec "$3" sysctl -qw "net.ipv6.conf.$4.accept_dad=0"
   ip -n "$1" link set "$2" up
   ip -n "$3" link set "$4" up
 }

@@ -14,8 +14,15 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::compile::{Desired, NodeConfig, ObjectStatus, Outcome, compile};
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use futures::StreamExt;
+
+use crate::compile::{Desired, NodeConfig, ObjectStatus, Outcome, compile, dns_names};
 use crate::dataplane::nft::{NftBackend, NftError, NftSyncer, SyncKind};
+use crate::dns::resolver::DnsResolver;
+use crate::dns::{DnsAnswers, DnsTracker, FAST_RETRIES};
 use crate::source::manifests::{LoadReport, ManifestSource, SourceError, watch};
 
 /// Errors that stop the agent.
@@ -39,6 +46,82 @@ pub struct RunConfig {
     pub resync: Duration,
     /// Where the status file is written after every sync (`egressd status` reads it).
     pub state_dir: Option<PathBuf>,
+    /// DNS servers for dnsName rules; empty = the name servers of /etc/resolv.conf.
+    pub dns_servers: Vec<IpAddr>,
+    /// Timeout of one DNS query.
+    pub dns_timeout: Duration,
+}
+
+/// How many names are resolved at once.
+const DNS_CONCURRENCY: usize = 64;
+
+/// Resolve every name due now. Returns whether any name's addresses changed, and the
+/// names attempted (whose kernel timeouts are then refreshed).
+async fn resolve_due(
+    resolver: &DnsResolver,
+    tracker: &mut DnsTracker,
+    families: crate::dns::resolver::Families,
+) -> (bool, Vec<String>) {
+    let due = tracker.due(tokio::time::Instant::now().into_std());
+    if due.is_empty() {
+        return (false, due);
+    }
+    let results: Vec<(String, Result<crate::dns::Resolved, String>)> = futures::stream::iter(due.clone())
+        .map(|name| async move {
+            let r = resolver.resolve(&name, families).await;
+            (name, r)
+        })
+        .buffer_unordered(DNS_CONCURRENCY)
+        .collect()
+        .await;
+    let now = tokio::time::Instant::now().into_std();
+    let mut changed = false;
+    for (name, result) in results {
+        if let Err(e) = &result {
+            let failures = tracker.state(&name).map_or(0, |s| s.failures) + 1;
+            if failures == 1 || failures == FAST_RETRIES + 1 {
+                tracing::warn!(name = %name, failures, error = %e, "DNS resolution failed; keeping the last good addresses");
+            } else {
+                tracing::debug!(name = %name, failures, error = %e, "DNS resolution failed");
+            }
+        } else if tracker.state(&name).is_some_and(|s| s.failures > 0) {
+            tracing::info!(name = %name, "DNS resolution recovered");
+        }
+        let addrs = result.as_ref().map(|r| r.addresses.len()).unwrap_or_default();
+        if tracker.record(&name, result, now) {
+            tracing::info!(name = %name, addresses = addrs, "DNS addresses changed");
+            changed = true;
+        }
+    }
+    (changed, due)
+}
+
+/// The timeout sets of `names` (both families).
+fn dns_set_names(names: &[String]) -> Vec<String> {
+    names
+        .iter()
+        .flat_map(|n| {
+            let base = n.strip_suffix('.').unwrap_or(n);
+            [crate::nft::set_name("dns4", base), crate::nft::set_name("dns6", base)]
+        })
+        .collect()
+}
+
+/// Names that have never resolved, with the reason (for the status problems).
+fn dns_problems(tracker: &DnsTracker, names: &BTreeSet<String>) -> Vec<String> {
+    names
+        .iter()
+        .filter_map(|n| {
+            let s = tracker.state(n)?;
+            match (&s.last, &s.last_error) {
+                (None, Some(e)) => Some(format!("dnsName {n}: no addresses yet: {e}")),
+                (Some(_), Some(e)) => {
+                    Some(format!("dnsName {n}: resolution failing ({e}); keeping the last good addresses"))
+                }
+                _ => None,
+            }
+        })
+        .collect()
 }
 
 /// The file in the state directory holding the last statuses.
@@ -59,9 +142,7 @@ pub fn status_report(
     let mut out = format!(
         "# egressd on node {} at {}: {outcome}\n",
         node.node_name,
-        jiff::Timestamp::now()
-            .round(jiff::Unit::Second)
-            .unwrap_or_else(|_| jiff::Timestamp::now())
+        jiff::Timestamp::now().round(jiff::Unit::Second).unwrap_or_else(|_| jiff::Timestamp::now())
     );
     out.push_str(&crate::compile::render_statuses(&desired.statuses));
     if !problems.is_empty() || !desired.warnings.is_empty() {
@@ -87,9 +168,11 @@ fn publish(
     desired: &Desired,
     sync: &Result<SyncKind, NftError>,
     report: &LoadReport,
+    dns: &[String],
 ) {
     let Some(dir) = &config.state_dir else { return };
-    let problems: Vec<String> = report.errors.iter().map(ToString::to_string).collect();
+    let mut problems: Vec<String> = report.errors.iter().map(ToString::to_string).collect();
+    problems.extend(dns.iter().cloned());
     if let Err(e) = write_status(dir, &status_report(&config.node, desired, sync, &problems)) {
         tracing::warn!(dir = %dir.display(), error = %e, "cannot write the status file");
     }
@@ -100,7 +183,7 @@ fn publish(
 pub fn render_manifests(dir: &std::path::Path, node: &NodeConfig) -> Result<String, SourceError> {
     let mut source = ManifestSource::new(dir);
     let report = source.load()?;
-    let desired = compile(source.view(), node);
+    let desired = compile(source.view(), node, &crate::dns::DnsAnswers::new());
     let mut out = desired.table.render();
     out.push_str("# status\n");
     out.push_str(&crate::compile::render_statuses(&desired.statuses));
@@ -130,10 +213,11 @@ pub fn log_report(report: &LoadReport) {
 pub fn apply_once<B: NftBackend>(
     source: &ManifestSource,
     node: &NodeConfig,
+    dns: &DnsAnswers,
     syncer: &mut NftSyncer<B>,
 ) -> (Desired, Result<SyncKind, NftError>) {
     let started = std::time::Instant::now();
-    let mut desired = compile(source.view(), node);
+    let mut desired = compile(source.view(), node, dns);
     let result = syncer.sync(&desired.table);
     match &result {
         Ok(kind) => tracing::info!(
@@ -182,47 +266,107 @@ pub async fn run_manifests<B: NftBackend>(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), AgentError> {
     let mut source = ManifestSource::new(&config.manifests);
-    let report = source.load()?;
+    let mut report = source.load()?;
     log_report(&report);
     tracing::info!(dir = %config.manifests.display(), objects = report.objects, errors = report.errors.len(), "manifests loaded");
 
     let (tx, mut rx) = mpsc::channel(1);
     let _watcher = watch(&config.manifests, config.debounce, config.debounce * 5, tx)?;
 
-    let (desired, mut last_result) =
-        tokio::task::block_in_place(|| apply_once(&source, &config.node, &mut syncer));
+    let families = config.node.families();
+    let resolver = match DnsResolver::new(&config.dns_servers, config.dns_timeout) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            tracing::error!(error = %e, "dnsName rules cannot be resolved");
+            None
+        }
+    };
+    let mut tracker = DnsTracker::new();
+    let mut names = dns_names(source.view());
+    tracker.set_names(&names, tokio::time::Instant::now().into_std());
+    // Resolve before the first apply so Allow rules by name hold their addresses from
+    // the start (each query is bounded by the DNS timeout).
+    if let Some(r) = &resolver {
+        resolve_due(r, &mut tracker, families).await;
+    }
+
+    let apply = |source: &ManifestSource, tracker: &DnsTracker, syncer: &mut NftSyncer<B>| {
+        let answers = tracker.answers();
+        tokio::task::block_in_place(|| apply_once(source, &config.node, &answers, syncer))
+    };
+    let (mut desired, mut last_result) = apply(&source, &tracker, &mut syncer);
     log_status_changes(&[], &desired.statuses);
-    publish(&config, &desired, &last_result, &report);
-    let mut statuses = desired.statuses;
+    let mut problems = dns_problems(&tracker, &names);
+    publish(&config, &desired, &last_result, &report, &problems);
 
     let mut resync = tokio::time::interval(config.resync);
     resync.tick().await;
     tokio::pin!(shutdown);
     loop {
-        let forced = tokio::select! {
+        let dns_wake = tracker
+            .next_due()
+            .filter(|_| resolver.is_some())
+            .map(tokio::time::Instant::from_std)
+            .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
+        enum Wake {
+            Files { forced: bool },
+            Dns,
+        }
+        let wake = tokio::select! {
             _ = &mut shutdown => break,
-            Some(()) = rx.recv() => false,
-            _ = resync.tick() => true,
+            Some(()) = rx.recv() => Wake::Files { forced: false },
+            _ = resync.tick() => Wake::Files { forced: true },
+            _ = tokio::time::sleep_until(dns_wake) => Wake::Dns,
         };
-        let report = match source.load() {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::error!(error = %e, "manifests unreadable; keeping the current dataplane");
-                continue;
+        // A failed sync is retried at every wake.
+        let mut changed = last_result.is_err();
+        let mut attempted = Vec::new();
+        match wake {
+            Wake::Files { forced } => {
+                report = match source.load() {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::error!(error = %e, "manifests unreadable; keeping the current dataplane");
+                        continue;
+                    }
+                };
+                if report.changed || !report.errors.is_empty() {
+                    log_report(&report);
+                }
+                changed |= report.changed || forced;
+                names = dns_names(source.view());
+                tracker.set_names(&names, tokio::time::Instant::now().into_std());
+                // New names are due at once: resolve them before applying.
+                if let Some(r) = &resolver {
+                    let (c, a) = resolve_due(r, &mut tracker, families).await;
+                    changed |= c;
+                    attempted = a;
+                }
             }
-        };
-        if report.changed || !report.errors.is_empty() {
-            log_report(&report);
+            Wake::Dns => {
+                if let Some(r) = &resolver {
+                    let (c, a) = resolve_due(r, &mut tracker, families).await;
+                    changed |= c;
+                    attempted = a;
+                }
+            }
         }
-        if !report.changed && !forced && last_result.is_ok() {
-            continue;
+        let now_problems = dns_problems(&tracker, &names);
+        if changed {
+            let (next, result) = apply(&source, &tracker, &mut syncer);
+            log_status_changes(&desired.statuses, &next.statuses);
+            desired = next;
+            last_result = result;
         }
-        let (desired, result) =
-            tokio::task::block_in_place(|| apply_once(&source, &config.node, &mut syncer));
-        log_status_changes(&statuses, &desired.statuses);
-        publish(&config, &desired, &result, &report);
-        statuses = desired.statuses;
-        last_result = result;
+        if changed || now_problems != problems {
+            problems = now_problems;
+            publish(&config, &desired, &last_result, &report, &problems);
+        }
+        if !attempted.is_empty()
+            && let Err(e) = tokio::task::block_in_place(|| syncer.refresh_timeouts(&dns_set_names(&attempted)))
+        {
+            tracing::warn!(error = %e, "refreshing DNS element timeouts failed; next sync replaces the table");
+        }
     }
     tracing::info!("shutting down; the dataplane stays in place");
     Ok(())

@@ -8,15 +8,13 @@
 //! wired together by [`agent`].
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
-#![cfg_attr(
-    not(test),
-    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
-)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 pub mod agent;
 pub mod api;
 pub mod compile;
 pub mod dataplane;
+pub mod dns;
 pub mod nft;
 pub mod source;
 pub mod view;

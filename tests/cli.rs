@@ -3,10 +3,7 @@
 use std::process::Command;
 
 fn egressd(args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_egressd"))
-        .args(args)
-        .output()
-        .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_egressd")).args(args).output().unwrap();
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -21,26 +18,11 @@ fn missing_or_invalid_cluster_cidr_exits_64_with_a_clear_message() {
     let (code, _, err) = egressd(&["render", "--manifests", d, "--node-name", "n1"]);
     assert_eq!(code, Some(64), "{err}");
     assert!(err.contains("--cluster-cidr"), "{err}");
-    let (code, _, err) = egressd(&[
-        "render",
-        "--manifests",
-        d,
-        "--node-name",
-        "n1",
-        "--cluster-cidr",
-        "198.18.0.0/33",
-    ]);
+    let (code, _, err) = egressd(&["render", "--manifests", d, "--node-name", "n1", "--cluster-cidr", "198.18.0.0/33"]);
     assert_eq!(code, Some(64), "{err}");
     assert!(err.contains("198.18.0.0/33"), "{err}");
-    let (code, _, err) = egressd(&[
-        "run",
-        "--manifests",
-        "/nonexistent",
-        "--node-name",
-        "n1",
-        "--cluster-cidr",
-        "198.18.0.0/16",
-    ]);
+    let (code, _, err) =
+        egressd(&["run", "--manifests", "/nonexistent", "--node-name", "n1", "--cluster-cidr", "198.18.0.0/16"]);
     assert_eq!(code, Some(64), "{err}");
     assert!(err.contains("not a directory"), "{err}");
 }
@@ -54,10 +36,7 @@ fn help_describes_every_command() {
     }
     let (code, out, _) = egressd(&["run", "--help"]);
     assert_eq!(code, Some(0));
-    assert!(
-        out.contains("NODE_NAME") && out.contains("EGRESSD_CLUSTER_CIDRS"),
-        "{out}"
-    );
+    assert!(out.contains("NODE_NAME") && out.contains("EGRESSD_CLUSTER_CIDRS"), "{out}");
 }
 
 #[test]
@@ -91,14 +70,7 @@ fn render_touches_nothing_and_env_fallbacks_work() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.contains("elements = { 2001:db8:1::/48 }"), "{text}");
-    assert!(
-        text.contains("EgressFirewall a/default\tapplied\tnode-x: EgressFirewall Rules applied"),
-        "{text}"
-    );
+    assert!(text.contains("EgressFirewall a/default\tapplied\tnode-x: EgressFirewall Rules applied"), "{text}");
 }

@@ -9,9 +9,7 @@ use egressd::api::{Object, parse_document};
 use egressd::view::policy::{self, PolicyError};
 
 fn corpus(dir: &str) -> Vec<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/conformance")
-        .join(dir);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance").join(dir);
     let mut files: Vec<PathBuf> = std::fs::read_dir(&root)
         .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
         .map(|e| e.unwrap().path())
@@ -72,40 +70,26 @@ fn every_valid_object_is_accepted_by_both_layers() {
 fn expected_rejection(file: &str) -> &'static str {
     match file {
         "cloudprivateipconfig-missing-spec" => "spec: Required value",
-        "cloudprivateipconfig-name-ipv6-colons" => {
-            "metadata.name: Invalid value: \"fc00:f853:ccd:e793::54\""
-        }
+        "cloudprivateipconfig-name-ipv6-colons" => "metadata.name: Invalid value: \"fc00:f853:ccd:e793::54\"",
         "cloudprivateipconfig-name-ipv6-not-expanded" => "metadata.name",
         "cloudprivateipconfig-name-not-an-ip" => "metadata.name: Invalid value",
         "cloudprivateipconfig-readme-status-under-spec" => "unknown field \"spec.status\"",
-        "egressfirewall-cidrselector-malformed" => {
-            "spec.egress[0].to.cidrSelector: invalid CIDR address: 1.2.3./32"
-        }
+        "egressfirewall-cidrselector-malformed" => "spec.egress[0].to.cidrSelector: invalid CIDR address: 1.2.3./32",
         "egressfirewall-dnsname-double-wildcard" => ".to.dnsName in body should match",
         "egressfirewall-name-not-default" => "metadata.name in body should match '^default$'",
-        "egressfirewall-ocp-docs-port-without-protocol" => {
-            "spec.egress[0].ports[1].protocol: Required value"
-        }
+        "egressfirewall-ocp-docs-port-without-protocol" => "spec.egress[0].ports[1].protocol: Required value",
         "egressfirewall-port-0" => ".port in body should be greater than or equal to 1",
         "egressfirewall-port-65536" => ".port in body should be less than or equal to 65535",
         "egressfirewall-protocol-icmp" => ".protocol in body should match '^TCP|UDP|SCTP$'",
-        "egressfirewall-protocol-lowercase-tcp" => {
-            ".protocol in body should match '^TCP|UDP|SCTP$'"
-        }
-        "egressfirewall-to-cidr-and-dnsname" => {
-            "spec.egress[0].to: Too many: 2: must have at most 1 items"
-        }
-        "egressfirewall-to-cidr-and-nodeselector" => {
-            "spec.egress[0].to: Too many: 2: must have at most 1 items"
-        }
+        "egressfirewall-protocol-lowercase-tcp" => ".protocol in body should match '^TCP|UDP|SCTP$'",
+        "egressfirewall-to-cidr-and-dnsname" => "spec.egress[0].to: Too many: 2: must have at most 1 items",
+        "egressfirewall-to-cidr-and-nodeselector" => "spec.egress[0].to: Too many: 2: must have at most 1 items",
         "egressfirewall-to-empty" => "spec.egress[0].to in body should have at least 1 properties",
         "egressfirewall-type-lowercase-allow" => ".type in body should match '^Allow|Deny$'",
         "egressip-create-with-mark-annotation" => {
             "EgressIP resources cannot be created with the \"k8s.ovn.org/egressip-mark\" annotation"
         }
-        "egressip-invalid-ip" => {
-            "unable to parse provided EgressIP: 0:0:0:0:0:feff:c0a8:8e32:5, invalid"
-        }
+        "egressip-invalid-ip" => "unable to parse provided EgressIP: 0:0:0:0:0:feff:c0a8:8e32:5, invalid",
         "egressip-missing-namespaceselector" => "spec.namespaceSelector: Required value",
         "egressip-status-without-items" => "status.items: Required value",
         "egressqos-dscp-64" => "spec.egress[0].dscp in body should be less than or equal to 63",
@@ -126,8 +110,7 @@ fn every_invalid_object_is_rejected_by_its_layer_naming_the_field() {
         let expected = expected_rejection(&file);
         let message = if layer.starts_with("controller") {
             // The API server stores it: the schema layer must accept, the policy refuse.
-            let object =
-                parse(&path).unwrap_or_else(|e| panic!("{file}: schema layer rejected: {e}"));
+            let object = parse(&path).unwrap_or_else(|e| panic!("{file}: schema layer rejected: {e}"));
             policy(&object).expect_err(&file)
         } else {
             assert!(
@@ -141,10 +124,7 @@ fn every_invalid_object_is_rejected_by_its_layer_naming_the_field() {
                 Err(e) => e,
             }
         };
-        assert!(
-            message.contains(expected),
-            "{file}: expected {expected:?} in {message:?}"
-        );
+        assert!(message.contains(expected), "{file}: expected {expected:?} in {message:?}");
     }
 }
 
@@ -179,33 +159,15 @@ fn edge_objects_are_stored_and_egressd_is_strict_where_the_crd_is_loose() {
 fn embedded_crds_are_the_upstream_crds() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance/crds");
     let pairs = [
-        (
-            "ovn-kubernetes/k8s.ovn.org_egressfirewalls.yaml",
-            egressd::api::Kind::EgressFirewall,
-        ),
-        (
-            "ovn-kubernetes/k8s.ovn.org_egressips.yaml",
-            egressd::api::Kind::EgressIP,
-        ),
-        (
-            "ovn-kubernetes/k8s.ovn.org_egressqoses.yaml",
-            egressd::api::Kind::EgressQoS,
-        ),
-        (
-            "openshift-api/001_cloudprivateipconfigs.crd.yaml",
-            egressd::api::Kind::CloudPrivateIPConfig,
-        ),
+        ("ovn-kubernetes/k8s.ovn.org_egressfirewalls.yaml", egressd::api::Kind::EgressFirewall),
+        ("ovn-kubernetes/k8s.ovn.org_egressips.yaml", egressd::api::Kind::EgressIP),
+        ("ovn-kubernetes/k8s.ovn.org_egressqoses.yaml", egressd::api::Kind::EgressQoS),
+        ("openshift-api/001_cloudprivateipconfigs.crd.yaml", egressd::api::Kind::CloudPrivateIPConfig),
     ];
     for (file, kind) in pairs {
         let upstream = std::fs::read_to_string(root.join(file)).unwrap();
-        let embedded = egressd::api::crds::CRDS
-            .iter()
-            .find(|c| c.kind == kind)
-            .unwrap();
-        assert_eq!(
-            embedded.yaml, upstream,
-            "{file} differs from the embedded CRD"
-        );
+        let embedded = egressd::api::crds::CRDS.iter().find(|c| c.kind == kind).unwrap();
+        assert_eq!(embedded.yaml, upstream, "{file} differs from the embedded CRD");
     }
 }
 

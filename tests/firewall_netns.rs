@@ -37,11 +37,7 @@ fn rules_allow_deny_by_cidr_port_and_order_v4_and_v6() {
         rule("Allow", "cidrSelector: 192.0.2.0/24", &[("TCP", 8080)]),
         rule("Allow", "cidrSelector: 198.51.100.10/32", &[("UDP", 5353)]),
         rule("Deny", "cidrSelector: 192.0.2.10/32", &[]),
-        rule(
-            "Allow",
-            "cidrSelector: \"2001:db8:ff:1::/64\"",
-            &[("TCP", 8080), ("UDP", 5353)],
-        ),
+        rule("Allow", "cidrSelector: \"2001:db8:ff:1::/64\"", &[("TCP", 8080), ("UDP", 5353)]),
         rule("Deny", "cidrSelector: 0.0.0.0/0", &[]),
         rule("Deny", "cidrSelector: \"::/0\"", &[]),
     ]
@@ -51,96 +47,41 @@ fn rules_allow_deny_by_cidr_port_and_order_v4_and_v6() {
     let (p0, p1, p2) = (&t.pods[0], &t.pods[1], &t.pods[2]);
 
     // Allow with a port: the allowed port passes, another port falls to the Deny below.
-    assert_eq!(
-        tcp(p0, "192.0.2.10", 8080).as_deref(),
-        Some("198.18.1.2"),
-        "allowed TCP port"
-    );
-    assert_eq!(
-        tcp(p0, "192.0.2.10", 9090),
-        None,
-        "other port: rule order → Deny 192.0.2.10"
-    );
+    assert_eq!(tcp(p0, "192.0.2.10", 8080).as_deref(), Some("198.18.1.2"), "allowed TCP port");
+    assert_eq!(tcp(p0, "192.0.2.10", 9090), None, "other port: rule order → Deny 192.0.2.10");
     // UDP port match, and protocol mismatch.
     assert!(udp(p0, "198.51.100.10", 5353).is_some(), "allowed UDP port");
-    assert_eq!(
-        tcp(p0, "198.51.100.10", 8080),
-        None,
-        "TCP to a UDP-only allow → deny-all"
-    );
-    assert_eq!(
-        udp(p0, "192.0.2.10", 5353),
-        None,
-        "UDP not allowed by a TCP rule"
-    );
+    assert_eq!(tcp(p0, "198.51.100.10", 8080), None, "TCP to a UDP-only allow → deny-all");
+    assert_eq!(udp(p0, "192.0.2.10", 5353), None, "UDP not allowed by a TCP rule");
     // Deny-all catches the rest.
     assert_eq!(tcp(p0, "203.0.113.2", 8080), None, "deny-all v4");
     // IPv6.
-    assert!(
-        tcp(p0, "2001:db8:ff:1::10", 8080).is_some(),
-        "allowed v6 TCP"
-    );
-    assert!(
-        udp(p0, "2001:db8:ff:1::10", 5353).is_some(),
-        "allowed v6 UDP"
-    );
+    assert!(tcp(p0, "2001:db8:ff:1::10", 8080).is_some(), "allowed v6 TCP");
+    assert!(udp(p0, "2001:db8:ff:1::10", 5353).is_some(), "allowed v6 UDP");
     assert_eq!(tcp(p0, "2001:db8:ff::2", 8080), None, "deny-all v6");
     // Same namespace, another pod: same policy.
     assert_eq!(tcp(p1, "203.0.113.2", 8080), None, "second pod of team-a");
     // No EgressFirewall in team-b: default allow.
-    assert!(
-        tcp(p2, "203.0.113.2", 8080).is_some(),
-        "team-b allowed by default"
-    );
-    assert!(
-        tcp(p2, "2001:db8:ff::2", 8080).is_some(),
-        "team-b v6 allowed by default"
-    );
+    assert!(tcp(p2, "203.0.113.2", 8080).is_some(), "team-b allowed by default");
+    assert!(tcp(p2, "2001:db8:ff::2", 8080).is_some(), "team-b v6 allowed by default");
     // Pod ↔ pod is inside the cluster: never filtered.
     assert!(tcp(p0, &pod_v4(1), 8080).is_some(), "pod→pod v4");
     assert!(tcp(p0, &pod_v6(2), 8080).is_some(), "pod→pod v6");
     // Inbound connections to a pod under deny-all: replies pass.
-    assert_eq!(
-        tcp(&t.ext, &pod_v4(0), 8080).as_deref(),
-        Some("203.0.113.2"),
-        "inbound v4"
-    );
+    assert_eq!(tcp(&t.ext, &pod_v4(0), 8080).as_deref(), Some("203.0.113.2"), "inbound v4");
     assert!(tcp(&t.ext, &pod_v6(0), 8080).is_some(), "inbound v6");
     // The node's own address is outside the cluster: filtered in the input hook.
-    assert_eq!(
-        tcp(p0, "203.0.113.1", 8080),
-        None,
-        "pod → node address denied"
-    );
-    assert!(
-        tcp(p2, "203.0.113.1", 8080).is_some(),
-        "team-b → node address allowed"
-    );
+    assert_eq!(tcp(p0, "203.0.113.1", 8080), None, "pod → node address denied");
+    assert!(tcp(p2, "203.0.113.1", 8080).is_some(), "team-b → node address allowed");
     // The running agent's status, as `egressd status` shows it.
     let status = std::process::Command::new(netns::egressd_bin())
-        .args([
-            "status",
-            "--state-dir",
-            t.dir.path().join("state").to_str().unwrap(),
-        ])
+        .args(["status", "--state-dir", t.dir.path().join("state").to_str().unwrap()])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&status.stdout);
-    assert!(
-        status.status.success(),
-        "{}",
-        String::from_utf8_lossy(&status.stderr)
-    );
-    assert!(
-        text.starts_with("# egressd on node node-a at ") && text.contains(": dataplane in sync"),
-        "{text}"
-    );
-    assert!(
-        text.contains(
-            "EgressFirewall team-a/default\tapplied\tnode-a: EgressFirewall Rules applied"
-        ),
-        "{text}"
-    );
+    assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
+    assert!(text.starts_with("# egressd on node node-a at ") && text.contains(": dataplane in sync"), "{text}");
+    assert!(text.contains("EgressFirewall team-a/default\tapplied\tnode-a: EgressFirewall Rules applied"), "{text}");
     // Neighbour discovery and ARP keep working under deny-all (the connections above
     // needed them); the node still reaches the pod.
     assert!(tcp(&t.node, &pod_v6(0), 8080).is_some(), "node → pod v6");
@@ -150,8 +91,7 @@ fn rules_allow_deny_by_cidr_port_and_order_v4_and_v6() {
 fn udp_flow(ns: &Netns) -> UdpSocket {
     ns.run(|| {
         let s = UdpSocket::bind("0.0.0.0:0").unwrap();
-        s.set_read_timeout(Some(Duration::from_millis(300)))
-            .unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
         s
     })
 }
@@ -169,65 +109,29 @@ fn edits_reach_the_kernel_within_a_second_and_hit_existing_flows() {
     let agent = t.start_agent("agent");
     let p0 = &t.pods[0];
     let flow = udp_flow(p0);
-    assert!(
-        flow_answers(&flow, "203.0.113.2:5353"),
-        "flow works before the edit"
-    );
+    assert!(flow_answers(&flow, "203.0.113.2:5353"), "flow works before the edit");
 
     t.set_firewall("team-a", &rule("Deny", "cidrSelector: 203.0.113.0/24", &[]));
-    let took = wait_for(Duration::from_secs(1), || {
-        !flow_answers(&flow, "203.0.113.2:5353")
-    });
-    assert!(
-        took.is_some(),
-        "Deny not applied to the existing flow within 1 s:\n{}",
-        agent.log_text()
-    );
-    assert!(
-        tcp(p0, "192.0.2.10", 8080).is_some(),
-        "other destinations unaffected"
-    );
+    let took = wait_for(Duration::from_secs(1), || !flow_answers(&flow, "203.0.113.2:5353"));
+    assert!(took.is_some(), "Deny not applied to the existing flow within 1 s:\n{}", agent.log_text());
+    assert!(tcp(p0, "192.0.2.10", 8080).is_some(), "other destinations unaffected");
 
     // Deleting the EgressFirewall removes its policy.
     t.remove_firewall("team-a");
-    let took = wait_for(Duration::from_secs(1), || {
-        flow_answers(&flow, "203.0.113.2:5353")
-    });
-    assert!(
-        took.is_some(),
-        "deletion not applied within 1 s:\n{}",
-        agent.log_text()
-    );
+    let took = wait_for(Duration::from_secs(1), || flow_answers(&flow, "203.0.113.2:5353"));
+    assert!(took.is_some(), "deletion not applied within 1 s:\n{}", agent.log_text());
     let table = t.node.exec(&["nft", "list", "table", "inet", "egressd"]);
-    assert!(
-        !table.contains("fw-team-a"),
-        "namespace chain left behind:\n{table}"
-    );
+    assert!(!table.contains("fw-team-a"), "namespace chain left behind:\n{table}");
 
     // A bad edit keeps the last good policy and reports the field.
     t.set_firewall("team-a", &rule("Deny", "cidrSelector: 203.0.113.0/24", &[]));
-    assert!(
-        wait_for(Duration::from_secs(1), || !flow_answers(
-            &flow,
-            "203.0.113.2:5353"
-        ))
-        .is_some()
-    );
+    assert!(wait_for(Duration::from_secs(1), || !flow_answers(&flow, "203.0.113.2:5353")).is_some());
     t.set_firewall("team-a", &rule("Deny", "cidrSelector: 203.0.113.0/33", &[]));
     let reported = wait_for(Duration::from_secs(2), || {
-        agent
-            .log_text()
-            .contains("spec.egress[0].to.cidrSelector: invalid CIDR address: 203.0.113.0/33")
+        agent.log_text().contains("spec.egress[0].to.cidrSelector: invalid CIDR address: 203.0.113.0/33")
     });
-    assert!(
-        reported.is_some(),
-        "bad edit not reported:\n{}",
-        agent.log_text()
-    );
-    assert!(
-        !flow_answers(&flow, "203.0.113.2:5353"),
-        "last good policy must stay applied"
-    );
+    assert!(reported.is_some(), "bad edit not reported:\n{}", agent.log_text());
+    assert!(!flow_answers(&flow, "203.0.113.2:5353"), "last good policy must stay applied");
 }
 
 #[test]
@@ -245,8 +149,7 @@ fn restart_keeps_policy_with_no_window_and_cleanup_removes_only_our_table() {
         "keep",
         "{ type filter hook forward priority 10; policy accept; }",
     ]);
-    t.node
-        .exec(&["nft", "add", "rule", "inet", "other", "keep", "counter"]);
+    t.node.exec(&["nft", "add", "rule", "inet", "other", "keep", "counter"]);
 
     let mut agent = t.start_agent("first");
     let p0 = &t.pods[0];
@@ -268,30 +171,15 @@ fn restart_keeps_policy_with_no_window_and_cleanup_removes_only_our_table() {
             }
         })
     };
-    assert_eq!(
-        agent.stop(),
-        Some(0),
-        "SIGTERM exits 0:\n{}",
-        agent.log_text()
-    );
-    assert!(
-        t.node.has_table("egressd"),
-        "dataplane must stay after SIGTERM"
-    );
+    assert_eq!(agent.stop(), Some(0), "SIGTERM exits 0:\n{}", agent.log_text());
+    assert!(t.node.has_table("egressd"), "dataplane must stay after SIGTERM");
     std::thread::sleep(Duration::from_millis(500));
     let second = t.start_agent("second");
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     prober.join().unwrap();
-    assert!(
-        probes.load(std::sync::atomic::Ordering::SeqCst) >= 3,
-        "prober did not run"
-    );
-    assert_eq!(
-        leaks.load(std::sync::atomic::Ordering::SeqCst),
-        0,
-        "packets passed during restart"
-    );
+    assert!(probes.load(std::sync::atomic::Ordering::SeqCst) >= 3, "prober did not run");
+    assert_eq!(leaks.load(std::sync::atomic::Ordering::SeqCst), 0, "packets passed during restart");
     assert_eq!(tcp(p0, "203.0.113.2", 8080), None, "policy after restart");
     drop(second);
 
@@ -302,23 +190,14 @@ fn restart_keeps_policy_with_no_window_and_cleanup_removes_only_our_table() {
         .arg("cleanup")
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let ruleset = t.node.nft_list();
     assert!(!ruleset.contains("table inet egressd"), "{ruleset}");
     assert!(
-        ruleset.contains("table inet other")
-            && ruleset.contains("chain keep")
-            && ruleset.contains("counter"),
+        ruleset.contains("table inet other") && ruleset.contains("chain keep") && ruleset.contains("counter"),
         "{ruleset}"
     );
-    assert!(
-        tcp(p0, "203.0.113.2", 8080).is_some(),
-        "no policy after cleanup"
-    );
+    assert!(tcp(p0, "203.0.113.2", 8080).is_some(), "no policy after cleanup");
     // cleanup twice is fine.
     let again = std::process::Command::new("ip")
         .args(["netns", "exec", &t.node.name])

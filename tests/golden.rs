@@ -20,9 +20,9 @@ fn node_config(args: &str) -> NodeConfig {
         cluster_cidrs: vec![],
         service_cidrs: vec![],
         table_name: "egressd".into(),
+        dns_grace: egressd::compile::DEFAULT_DNS_GRACE,
     };
-    let cidrs =
-        |v: &str| -> Vec<IpNet> { v.split(',').map(|c| c.trim().parse().unwrap()).collect() };
+    let cidrs = |v: &str| -> Vec<IpNet> { v.split(',').map(|c| c.trim().parse().unwrap()).collect() };
     for line in args.lines().filter(|l| !l.trim().is_empty()) {
         let (k, v) = line.split_once(':').unwrap();
         match k.trim() {
@@ -39,11 +39,8 @@ fn node_config(args: &str) -> NodeConfig {
 fn rendered_output_matches_golden_files() {
     let root = Path::new("tests/golden");
     let update = std::env::var_os("EGRESSD_UPDATE_GOLDEN").is_some();
-    let mut cases: Vec<_> = std::fs::read_dir(root)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.is_dir())
-        .collect();
+    let mut cases: Vec<_> =
+        std::fs::read_dir(root).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
     cases.sort();
     assert!(cases.len() >= 3, "golden cases missing");
     let mut failures = Vec::new();
@@ -57,15 +54,8 @@ fn rendered_output_matches_golden_files() {
         }
         let expected = std::fs::read_to_string(&expected_path).unwrap_or_default();
         if got != expected {
-            failures.push(format!(
-                "{}:\n--- expected\n{expected}\n+++ got\n{got}",
-                case.display()
-            ));
+            failures.push(format!("{}:\n--- expected\n{expected}\n+++ got\n{got}", case.display()));
         }
     }
-    assert!(
-        failures.is_empty(),
-        "golden mismatch (EGRESSD_UPDATE_GOLDEN=1 to regenerate):\n{}",
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "golden mismatch (EGRESSD_UPDATE_GOLDEN=1 to regenerate):\n{}", failures.join("\n"));
 }

@@ -33,14 +33,7 @@ fn probe(t: &Topology, obs: &DscpObserver, port: &mut u16, pod: usize, addr: &st
 }
 
 /// Probe until the receiver sees `want` (the agent applies edits asynchronously).
-fn eventually(
-    t: &Topology,
-    obs: &DscpObserver,
-    port: &mut u16,
-    pod: usize,
-    addr: &str,
-    want: u8,
-) -> Vec<u8> {
+fn eventually(t: &Topology, obs: &DscpObserver, port: &mut u16, pod: usize, addr: &str, want: u8) -> Vec<u8> {
     let mut last = Vec::new();
     for _ in 0..10 {
         last = probe(t, obs, port, pod, addr);
@@ -55,31 +48,11 @@ fn eventually(
 #[test]
 fn dscp_marks_follow_rules_pods_labels_edits_and_deletion_v4_and_v6() {
     // pod0 web, pod1 encoder (media); pod2 in another namespace; pod3 declared later.
-    let t = Topology::with_pods(&[
-        ("media", "{app: web}"),
-        ("media", "{app: encoder}"),
-        ("other", "{app: web}"),
-        ("", ""),
-    ]);
+    let t =
+        Topology::with_pods(&[("media", "{app: web}"), ("media", "{app: encoder}"), ("other", "{app: web}"), ("", "")]);
     t.node.exec(&["nft", "add", "table", "ip", "cni"]);
-    t.node.exec(&[
-        "nft",
-        "add",
-        "chain",
-        "ip",
-        "cni",
-        "post",
-        "{ type nat hook postrouting priority srcnat; }",
-    ]);
-    t.node.exec(&[
-        "nft",
-        "add",
-        "rule",
-        "ip",
-        "cni",
-        "post",
-        "ip saddr 198.18.0.0/16 oifname eth-ext masquerade",
-    ]);
+    t.node.exec(&["nft", "add", "chain", "ip", "cni", "post", "{ type nat hook postrouting priority srcnat; }"]);
+    t.node.exec(&["nft", "add", "rule", "ip", "cni", "post", "ip saddr 198.18.0.0/16 oifname eth-ext masquerade"]);
     let obs = DscpObserver::install(&t.ext, 7000..=7080);
     let mut port = 7000;
     let agent = t.start_agent("agent");
@@ -89,88 +62,41 @@ fn dscp_marks_follow_rules_pods_labels_edits_and_deletion_v4_and_v6() {
 
     // EgressQoS created after the pods.
     t.write_manifest("qos.yaml", &qos(RULES));
-    assert_eq!(
-        eventually(&t, &obs, &mut port, 0, EXT4, 46),
-        vec![46],
-        "dstCIDR + podSelector:\n{}",
-        agent.log_text()
-    );
-    assert_eq!(
-        probe(&t, &obs, &mut port, 0, OTHER4),
-        vec![0],
-        "no rule matches: unchanged"
-    );
-    assert_eq!(
-        probe(&t, &obs, &mut port, 1, EXT4),
-        vec![10],
-        "selector mismatch on rule 0 → rule 2"
-    );
-    assert_eq!(
-        probe(&t, &obs, &mut port, 0, EXT6),
-        vec![30],
-        "IPv6 dstCIDR rule"
-    );
-    assert_eq!(
-        probe(&t, &obs, &mut port, 1, EXT6),
-        vec![30],
-        "rule order: rule 1 before rule 2"
-    );
-    assert_eq!(
-        probe(&t, &obs, &mut port, 2, EXT4),
-        vec![0],
-        "another namespace untouched"
-    );
-    assert_eq!(
-        probe(&t, &obs, &mut port, 2, EXT6),
-        vec![0],
-        "another namespace untouched (v6)"
-    );
+    assert_eq!(eventually(&t, &obs, &mut port, 0, EXT4, 46), vec![46], "dstCIDR + podSelector:\n{}", agent.log_text());
+    assert_eq!(probe(&t, &obs, &mut port, 0, OTHER4), vec![0], "no rule matches: unchanged");
+    assert_eq!(probe(&t, &obs, &mut port, 1, EXT4), vec![10], "selector mismatch on rule 0 → rule 2");
+    assert_eq!(probe(&t, &obs, &mut port, 0, EXT6), vec![30], "IPv6 dstCIDR rule");
+    assert_eq!(probe(&t, &obs, &mut port, 1, EXT6), vec![30], "rule order: rule 1 before rule 2");
+    assert_eq!(probe(&t, &obs, &mut port, 2, EXT4), vec![0], "another namespace untouched");
+    assert_eq!(probe(&t, &obs, &mut port, 2, EXT6), vec![0], "another namespace untouched (v6)");
 
     let status = std::process::Command::new(netns::egressd_bin())
-        .args([
-            "status",
-            "--state-dir",
-            t.dir.path().join("state").to_str().unwrap(),
-        ])
+        .args(["status", "--state-dir", t.dir.path().join("state").to_str().unwrap()])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&status.stdout);
-    assert!(text.contains("EgressQoS media/default\tapplied\tReady-In-Zone-node-a=True SetupSucceeded: EgressQoS Rules applied"), "{text}");
+    assert!(
+        text.contains(
+            "EgressQoS media/default\tapplied\tReady-In-Zone-node-a=True SetupSucceeded: EgressQoS Rules applied"
+        ),
+        "{text}"
+    );
 
     // A pod created after the EgressQoS.
     t.declare_pod(3, "media", "{app: encoder}");
-    assert_eq!(
-        eventually(&t, &obs, &mut port, 3, EXT4, 10),
-        vec![10],
-        "new pod marked"
-    );
+    assert_eq!(eventually(&t, &obs, &mut port, 3, EXT4, 10), vec![10], "new pod marked");
 
     // A label change moves a pod between rules.
     t.declare_pod(0, "media", "{app: encoder}");
-    assert_eq!(
-        eventually(&t, &obs, &mut port, 0, EXT4, 10),
-        vec![10],
-        "relabelled pod follows rule 2"
-    );
+    assert_eq!(eventually(&t, &obs, &mut port, 0, EXT4, 10), vec![10], "relabelled pod follows rule 2");
 
     // An edit.
     t.write_manifest("qos.yaml", &qos(&RULES.replace("dscp: 10", "dscp: 12")));
-    assert_eq!(
-        eventually(&t, &obs, &mut port, 1, EXT4, 12),
-        vec![12],
-        "edited value"
-    );
+    assert_eq!(eventually(&t, &obs, &mut port, 1, EXT4, 12), vec![12], "edited value");
 
     // Deletion restores 0.
     t.remove_manifest("qos.yaml");
-    assert_eq!(
-        eventually(&t, &obs, &mut port, 1, EXT4, 0),
-        vec![0],
-        "deleted EgressQoS stops marking"
-    );
-    assert!(
-        !t.node.nft_list().contains("qos-media"),
-        "namespace chain removed"
-    );
+    assert_eq!(eventually(&t, &obs, &mut port, 1, EXT4, 0), vec![0], "deleted EgressQoS stops marking");
+    assert!(!t.node.nft_list().contains("qos-media"), "namespace chain removed");
     let _ = pod_v4;
 }

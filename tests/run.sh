@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 missing=()
 command -v nft >/dev/null || missing+=(nftables)
 command -v ip >/dev/null || missing+=(iproute2)
+command -v dnsmasq >/dev/null || missing+=(dnsmasq-base)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "tests/run.sh: installing ${missing[*]}"
   apt-get update -qq

@@ -76,24 +76,19 @@ struct NodeArgs {
     node_name: String,
     /// A pod network range (IPv4 or IPv6); repeat for several. Destinations inside it
     /// are never filtered. Required.
-    #[arg(
-        long = "cluster-cidr",
-        env = "EGRESSD_CLUSTER_CIDRS",
-        value_delimiter = ',',
-        required = true
-    )]
+    #[arg(long = "cluster-cidr", env = "EGRESSD_CLUSTER_CIDRS", value_delimiter = ',', required = true)]
     cluster_cidrs: Vec<IpNet>,
     /// A Service range (IPv4 or IPv6); repeat for several. Destinations inside it are
     /// never filtered.
-    #[arg(
-        long = "service-cidr",
-        env = "EGRESSD_SERVICE_CIDRS",
-        value_delimiter = ','
-    )]
+    #[arg(long = "service-cidr", env = "EGRESSD_SERVICE_CIDRS", value_delimiter = ',')]
     service_cidrs: Vec<IpNet>,
     /// Name of the nft table (family inet) egressd owns.
     #[arg(long, env = "EGRESSD_TABLE", default_value = "egressd", value_parser = parse_table_name)]
     table: String,
+    /// Seconds added to a resolved address's TTL for its kernel-side timeout: if egressd
+    /// is gone that long past the TTL, the address leaves the kernel by itself.
+    #[arg(long, env = "EGRESSD_DNS_GRACE_SECS", default_value_t = 300)]
+    dns_grace_secs: u64,
 }
 
 impl NodeArgs {
@@ -103,6 +98,7 @@ impl NodeArgs {
             cluster_cidrs: self.cluster_cidrs.clone(),
             service_cidrs: self.service_cidrs.clone(),
             table_name: self.table.clone(),
+            dns_grace: Duration::from_secs(self.dns_grace_secs),
         }
     }
 }
@@ -111,13 +107,8 @@ fn parse_table_name(s: &str) -> Result<String, String> {
     let ok = !s.is_empty()
         && s.len() <= 64
         && s.starts_with(|c: char| c.is_ascii_alphabetic())
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-    if ok {
-        Ok(s.to_string())
-    } else {
-        Err("a letter followed by letters, digits, '_' or '-'".into())
-    }
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if ok { Ok(s.to_string()) } else { Err("a letter followed by letters, digits, '_' or '-'".into()) }
 }
 
 #[derive(Debug, Args)]
@@ -140,6 +131,13 @@ struct RunArgs {
     /// Directory for the status file `egressd status` reads.
     #[arg(long, env = "EGRESSD_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
     state_dir: PathBuf,
+    /// DNS server for dnsName rules (repeatable); default: the name servers of
+    /// /etc/resolv.conf (never its search domains).
+    #[arg(long = "dns-server", env = "EGRESSD_DNS_SERVERS", value_delimiter = ',')]
+    dns_servers: Vec<std::net::IpAddr>,
+    /// Timeout of one DNS query (milliseconds).
+    #[arg(long, default_value_t = 2000)]
+    dns_timeout_ms: u64,
 }
 
 #[derive(Debug, Args)]
@@ -164,9 +162,7 @@ struct CleanupArgs {
 fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match format {
         LogFormat::Plain => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -178,11 +174,7 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::from(EXIT_CONFIG)
-            } else {
-                ExitCode::SUCCESS
-            };
+            return if e.use_stderr() { ExitCode::from(EXIT_CONFIG) } else { ExitCode::SUCCESS };
         }
     };
     init_tracing(cli.log_format);
@@ -241,10 +233,7 @@ fn render(args: &RenderArgs) -> ExitCode {
 
 fn run(args: RunArgs) -> ExitCode {
     if !args.manifests.is_dir() {
-        eprintln!(
-            "egressd run: --manifests {}: not a directory",
-            args.manifests.display()
-        );
+        eprintln!("egressd run: --manifests {}: not a directory", args.manifests.display());
         return ExitCode::from(EXIT_CONFIG);
     }
     let nft = NftCli::new(&args.nft);
@@ -261,23 +250,17 @@ fn run(args: RunArgs) -> ExitCode {
         debounce: Duration::from_millis(args.debounce_ms),
         resync: Duration::from_secs(args.resync_secs.max(1)),
         state_dir: Some(args.state_dir),
+        dns_servers: args.dns_servers,
+        dns_timeout: Duration::from_millis(args.dns_timeout_ms.max(1)),
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("egressd run: cannot start the runtime: {e}");
             return ExitCode::from(EXIT_FAILURE);
         }
     };
-    let result = runtime.block_on(run_manifests(
-        config,
-        NftSyncer::new(nft),
-        shutdown_signal(),
-    ));
+    let result = runtime.block_on(run_manifests(config, NftSyncer::new(nft), shutdown_signal()));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -290,10 +273,7 @@ fn run(args: RunArgs) -> ExitCode {
 /// Completes on SIGTERM or SIGINT.
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
         tracing::error!("cannot install signal handlers; stop with SIGKILL");
         return std::future::pending().await;
     };

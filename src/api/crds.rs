@@ -75,18 +75,12 @@ pub fn document(kind: Kind) -> &'static Value {
             })
             .collect()
     });
-    parsed
-        .iter()
-        .find(|(k, _)| *k == kind)
-        .map(|(_, v)| v)
-        .unwrap_or(&Value::Null)
+    parsed.iter().find(|(k, _)| *k == kind).map(|(_, v)| v).unwrap_or(&Value::Null)
 }
 
 /// The `openAPIV3Schema` of the served version (`v1`) of `kind`.
 pub fn schema(kind: Kind) -> &'static Value {
-    document(kind)
-        .pointer("/spec/versions/0/schema/openAPIV3Schema")
-        .unwrap_or(&Value::Null)
+    document(kind).pointer("/spec/versions/0/schema/openAPIV3Schema").unwrap_or(&Value::Null)
 }
 
 #[cfg(test)]
@@ -101,11 +95,7 @@ mod tests {
             assert_eq!(doc["spec"]["names"]["kind"], crd.kind.as_str());
             assert_eq!(doc["spec"]["group"], crd.kind.group());
             assert_eq!(doc["spec"]["names"]["plural"], crd.kind.plural());
-            let scope = if crd.kind.namespaced() {
-                "Namespaced"
-            } else {
-                "Cluster"
-            };
+            let scope = if crd.kind.namespaced() { "Namespaced" } else { "Cluster" };
             assert_eq!(doc["spec"]["scope"], scope);
             assert!(schema(crd.kind).is_object());
         }
@@ -113,11 +103,7 @@ mod tests {
 
     #[test]
     fn status_subresources_match_the_reference() {
-        let has_status = |k: Kind| {
-            document(k)
-                .pointer("/spec/versions/0/subresources/status")
-                .is_some()
-        };
+        let has_status = |k: Kind| document(k).pointer("/spec/versions/0/subresources/status").is_some();
         assert!(has_status(Kind::EgressFirewall));
         assert!(has_status(Kind::EgressQoS));
         assert!(has_status(Kind::CloudPrivateIPConfig));
@@ -129,18 +115,12 @@ mod tests {
         let ef = schema(Kind::EgressFirewall);
         let rule = &ef["properties"]["spec"]["properties"]["egress"]["items"];
         assert_eq!(rule["properties"]["type"]["pattern"], "^Allow|Deny$");
-        assert_eq!(
-            rule["properties"]["ports"]["items"]["properties"]["protocol"]["pattern"],
-            "^TCP|UDP|SCTP$"
-        );
+        assert_eq!(rule["properties"]["ports"]["items"]["properties"]["protocol"]["pattern"], "^TCP|UDP|SCTP$");
         assert_eq!(
             rule["properties"]["to"]["properties"]["dnsName"]["pattern"],
             r"^(\*\.)?([A-Za-z0-9-]+\.)*[A-Za-z0-9-]+\.?$"
         );
-        assert_eq!(
-            ef["properties"]["metadata"]["properties"]["name"]["pattern"],
-            "^default$"
-        );
+        assert_eq!(ef["properties"]["metadata"]["properties"]["name"]["pattern"], "^default$");
         let cpic = schema(Kind::CloudPrivateIPConfig);
         assert_eq!(
             cpic["properties"]["metadata"]["properties"]["name"]["anyOf"][1]["pattern"],
@@ -148,11 +128,7 @@ mod tests {
         );
         // No CEL: the test apiserver is 1.20.
         for crd in &CRDS {
-            assert!(
-                !crd.yaml.contains("x-kubernetes-validations"),
-                "{}",
-                crd.file_name
-            );
+            assert!(!crd.yaml.contains("x-kubernetes-validations"), "{}", crd.file_name);
         }
     }
 }

@@ -6,8 +6,7 @@ use std::sync::OnceLock;
 use regex::Regex;
 use serde_json::Value;
 
-const DNS1123_SUBDOMAIN: &str =
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+const DNS1123_SUBDOMAIN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
 const DNS1123_LABEL: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
 const QUALIFIED_NAME: &str = r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$";
 const LABEL_VALUE: &str = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$";
@@ -40,9 +39,7 @@ pub fn label_key_error(key: &str) -> Option<String> {
     if let Some(p) = prefix
         && (p.is_empty() || !is_dns1123_subdomain(p))
     {
-        return Some(format!(
-            "prefix part of {key:?} must be a DNS-1123 subdomain"
-        ));
+        return Some(format!("prefix part of {key:?} must be a DNS-1123 subdomain"));
     }
     if name.is_empty() || name.len() > 63 || !re(&R, QUALIFIED_NAME).is_match(name) {
         return Some(format!(
@@ -82,9 +79,7 @@ pub fn check(metadata: Option<&Value>, name_must_be_subdomain: bool) -> Vec<Stri
         return out;
     }
     match meta.get("name").and_then(Value::as_str) {
-        None | Some("") => {
-            out.push("metadata.name: Required value: name or generateName is required".to_string())
-        }
+        None | Some("") => out.push("metadata.name: Required value: name or generateName is required".to_string()),
         Some(name) if name_must_be_subdomain && !is_dns1123_subdomain(name) => out.push(format!(
             "metadata.name: Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist \
              of lower case alphanumeric characters, '-' or '.', and must start and end with an \
@@ -127,9 +122,7 @@ mod tests {
     #[test]
     fn names() {
         assert!(is_dns1123_subdomain("192.168.172.12"));
-        assert!(is_dns1123_subdomain(
-            "fc00.f853.0ccd.e793.0000.0000.0000.0054"
-        ));
+        assert!(is_dns1123_subdomain("fc00.f853.0ccd.e793.0000.0000.0000.0054"));
         assert!(!is_dns1123_subdomain("fc00:f853::54"));
         assert!(!is_dns1123_subdomain("Not_An_IP"));
         assert!(is_dns1123_label("egress-firewall-policy-8412"));

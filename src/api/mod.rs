@@ -80,10 +80,7 @@ impl Kind {
 
     /// Whether this is one of the four custom resources (validated against a CRD).
     pub fn is_custom(self) -> bool {
-        matches!(
-            self,
-            Kind::EgressFirewall | Kind::EgressIP | Kind::EgressQoS | Kind::CloudPrivateIPConfig
-        )
+        matches!(self, Kind::EgressFirewall | Kind::EgressIP | Kind::EgressQoS | Kind::CloudPrivateIPConfig)
     }
 
     /// Look a kind up by `apiVersion` and `kind`.
@@ -122,11 +119,7 @@ pub struct ObjectKey {
 impl ObjectKey {
     /// A key for a namespaced or cluster-scoped object.
     pub fn new(kind: Kind, namespace: impl Into<String>, name: impl Into<String>) -> Self {
-        Self {
-            kind,
-            namespace: namespace.into(),
-            name: name.into(),
-        }
+        Self { kind, namespace: namespace.into(), name: name.into() }
     }
 }
 

@@ -36,15 +36,8 @@ pub enum Object {
 impl Object {
     /// The object's identity.
     pub fn key(&self) -> ObjectKey {
-        fn k(
-            kind: Kind,
-            m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-        ) -> ObjectKey {
-            let ns = if kind.namespaced() {
-                m.namespace.clone().unwrap_or_default()
-            } else {
-                String::new()
-            };
+        fn k(kind: Kind, m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> ObjectKey {
+            let ns = if kind.namespaced() { m.namespace.clone().unwrap_or_default() } else { String::new() };
             ObjectKey::new(kind, ns, m.name.clone().unwrap_or_default())
         }
         match self {
@@ -92,17 +85,10 @@ pub const EGRESSIP_MARK_ANNOTATION: &str = "k8s.ovn.org/egressip-mark";
 /// kinds (as `kubectl apply` does). With `as_created_by_user`, the admission policies
 /// that guard user-created objects apply too (manifests are created by users; objects
 /// read back from an API server are not).
-pub fn parse_document(
-    doc: &Value,
-    default_namespace: &str,
-    as_created_by_user: bool,
-) -> Result<Parsed, ParseError> {
+pub fn parse_document(doc: &Value, default_namespace: &str, as_created_by_user: bool) -> Result<Parsed, ParseError> {
     let fail = |key: Option<ObjectKey>, violations: Vec<String>| ParseError { key, violations };
     let Some(map) = doc.as_object() else {
-        return Err(fail(
-            None,
-            vec!["document is not a mapping (expected a Kubernetes object)".into()],
-        ));
+        return Err(fail(None, vec!["document is not a mapping (expected a Kubernetes object)".into()]));
     };
     let api_version = map.get("apiVersion").and_then(Value::as_str);
     let kind_name = map.get("kind").and_then(Value::as_str);
@@ -117,10 +103,7 @@ pub fn parse_document(
         return Err(fail(None, v));
     };
     let Some(kind) = Kind::from_type(api_version, kind_name) else {
-        return Ok(Parsed::Ignored {
-            api_version: api_version.into(),
-            kind: kind_name.into(),
-        });
+        return Ok(Parsed::Ignored { api_version: api_version.into(), kind: kind_name.into() });
     };
 
     let mut doc = doc.clone();
@@ -128,19 +111,11 @@ pub fn parse_document(
         && let Some(meta) = doc.get_mut("metadata").and_then(Value::as_object_mut)
         && !meta.contains_key("namespace")
     {
-        meta.insert(
-            "namespace".into(),
-            Value::String(default_namespace.to_string()),
-        );
+        meta.insert("namespace".into(), Value::String(default_namespace.to_string()));
     }
-    let name = doc
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
+    let name = doc.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
     let namespace = if kind.namespaced() {
-        doc.pointer("/metadata/namespace")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
+        doc.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or_default()
     } else {
         ""
     };
@@ -148,16 +123,10 @@ pub fn parse_document(
 
     let mut violations = meta::check(doc.get("metadata"), kind.is_custom() || kind == Kind::Node);
     if kind == Kind::Namespace && !name.is_empty() && !meta::is_dns1123_label(name) {
-        violations.push(format!(
-            "metadata.name: Invalid value: {name:?}: a namespace name must be a DNS-1123 label"
-        ));
+        violations.push(format!("metadata.name: Invalid value: {name:?}: a namespace name must be a DNS-1123 label"));
     }
     if kind.is_custom() {
-        violations.extend(
-            schema::validate(crds::schema(kind), &doc)
-                .into_iter()
-                .map(|v| v.message),
-        );
+        violations.extend(schema::validate(crds::schema(kind), &doc).into_iter().map(|v| v.message));
     }
     if as_created_by_user
         && kind == Kind::EgressIP
@@ -176,10 +145,8 @@ pub fn parse_document(
     }
 
     fn decode<T: DeserializeOwned>(doc: Value, key: &Option<ObjectKey>) -> Result<T, ParseError> {
-        serde_path_to_error::deserialize(doc).map_err(|e| ParseError {
-            key: key.clone(),
-            violations: vec![format!("{}: {}", e.path(), e.inner())],
-        })
+        serde_path_to_error::deserialize(doc)
+            .map_err(|e| ParseError { key: key.clone(), violations: vec![format!("{}: {}", e.path(), e.inner())] })
     }
     let object = match kind {
         Kind::EgressFirewall => Object::EgressFirewall(decode(doc, &key)?),
@@ -211,10 +178,8 @@ pub fn split_documents(text: &str) -> Vec<(usize, usize, String)> {
         *has_content = false;
     };
     for (i, line) in text.lines().enumerate() {
-        let is_separator = line == "---"
-            || line
-                .strip_prefix("---")
-                .is_some_and(|rest| rest.starts_with([' ', '\t', '#']));
+        let is_separator =
+            line == "---" || line.strip_prefix("---").is_some_and(|rest| rest.starts_with([' ', '\t', '#']));
         if is_separator {
             flush(&mut current, &mut has_content, start_line);
             start_line = i + 2;
@@ -239,10 +204,7 @@ pub fn yaml_to_value(text: &str) -> Result<Value, String> {
     let options = serde_saphyr::options! { with_snippet: false };
     serde_saphyr::from_str_with_options::<Value>(text, options).map_err(|e| {
         let message = e.to_string();
-        format!(
-            "invalid YAML: {}",
-            message.lines().next().unwrap_or_default()
-        )
+        format!("invalid YAML: {}", message.lines().next().unwrap_or_default())
     })
 }
 
@@ -253,39 +215,21 @@ mod tests {
     #[test]
     fn splits_like_kubectl() {
         let docs = split_documents("# header\n---\na: 1\n--- # two\nb: 2\n---\n\n---\nc: 3\n");
-        let bodies: Vec<_> = docs
-            .iter()
-            .map(|(n, l, t)| (*n, *l, t.trim().to_string()))
-            .collect();
-        assert_eq!(
-            bodies,
-            vec![
-                (1, 3, "a: 1".into()),
-                (2, 5, "b: 2".into()),
-                (3, 9, "c: 3".into())
-            ]
-        );
+        let bodies: Vec<_> = docs.iter().map(|(n, l, t)| (*n, *l, t.trim().to_string())).collect();
+        assert_eq!(bodies, vec![(1, 3, "a: 1".into()), (2, 5, "b: 2".into()), (3, 9, "c: 3".into())]);
     }
 
     #[test]
     fn unknown_kinds_are_ignored_not_errors() {
         let v = serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"}});
-        assert!(matches!(
-            parse_document(&v, "default", true),
-            Ok(Parsed::Ignored { .. })
-        ));
+        assert!(matches!(parse_document(&v, "default", true), Ok(Parsed::Ignored { .. })));
     }
 
     #[test]
     fn missing_namespace_defaults() {
         let v = serde_json::json!({"apiVersion": "k8s.ovn.org/v1", "kind": "EgressFirewall",
             "metadata": {"name": "default"}, "spec": {"egress": []}});
-        let Ok(Parsed::Object(o)) = parse_document(&v, "team-a", true) else {
-            panic!()
-        };
-        assert_eq!(
-            o.key(),
-            ObjectKey::new(Kind::EgressFirewall, "team-a", "default")
-        );
+        let Ok(Parsed::Object(o)) = parse_document(&v, "team-a", true) else { panic!() };
+        assert_eq!(o.key(), ObjectKey::new(Kind::EgressFirewall, "team-a", "default"));
     }
 }

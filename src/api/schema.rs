@@ -45,11 +45,7 @@ pub fn validate(schema: &Value, value: &Value) -> Vec<SchemaViolation> {
 }
 
 fn child(path: &str, key: &str) -> String {
-    if path.is_empty() {
-        key.to_string()
-    } else {
-        format!("{path}.{key}")
-    }
+    if path.is_empty() { key.to_string() } else { format!("{path}.{key}") }
 }
 
 fn show(value: &Value) -> String {
@@ -62,10 +58,7 @@ fn show(value: &Value) -> String {
 fn invalid(out: &mut Vec<SchemaViolation>, path: &str, value: &Value, detail: String) {
     out.push(SchemaViolation {
         path: path.to_string(),
-        message: format!(
-            "{path}: Invalid value: {}: {path} in body {detail}",
-            show(value)
-        ),
+        message: format!("{path}: Invalid value: {}: {path} in body {detail}", show(value)),
     });
 }
 
@@ -123,8 +116,7 @@ fn is_rfc3339(s: &str) -> bool {
     // Infallible: a constant pattern, exercised by the tests.
     #[allow(clippy::expect_used)]
     let re = RE.get_or_init(|| {
-        Regex::new(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
-            .expect("constant regex")
+        Regex::new(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$").expect("constant regex")
     });
     re.is_match(s)
 }
@@ -156,11 +148,7 @@ fn check(schema: &Value, value: &Value, path: &str, out: &mut Vec<SchemaViolatio
         let list: Vec<String> = options.iter().map(show).collect();
         out.push(SchemaViolation {
             path: path.to_string(),
-            message: format!(
-                "{path}: Unsupported value: {}: supported values: {}",
-                show(value),
-                list.join(", ")
-            ),
+            message: format!("{path}: Unsupported value: {}: supported values: {}", show(value), list.join(", ")),
         });
     }
     if let Some(any_of) = schema.get("anyOf").and_then(Value::as_array) {
@@ -202,12 +190,7 @@ fn check_string(
     if let Some(format) = schema.get("format").and_then(Value::as_str)
         && !format_ok(format, s)
     {
-        invalid(
-            out,
-            path,
-            value,
-            format!("must be of type {format}: {}", show(value)),
-        );
+        invalid(out, path, value, format!("must be of type {format}: {}", show(value)));
     }
 }
 
@@ -240,22 +223,12 @@ fn check_number(
     if let Some(max) = schema.get("maximum").and_then(Value::as_f64)
         && v > max
     {
-        invalid(
-            out,
-            path,
-            value,
-            format!("should be less than or equal to {max}"),
-        );
+        invalid(out, path, value, format!("should be less than or equal to {max}"));
     }
     if let Some(min) = schema.get("minimum").and_then(Value::as_f64)
         && v < min
     {
-        invalid(
-            out,
-            path,
-            value,
-            format!("should be greater than or equal to {min}"),
-        );
+        invalid(out, path, value, format!("should be greater than or equal to {min}"));
     }
     let range = match schema.get("format").and_then(Value::as_str) {
         Some("int32") => Some((f64::from(i32::MIN), f64::from(i32::MAX))),
@@ -280,21 +253,13 @@ fn check_array(
     {
         out.push(SchemaViolation {
             path: path.to_string(),
-            message: format!(
-                "{path}: Too many: {}: must have at most {max} items",
-                items.len()
-            ),
+            message: format!("{path}: Too many: {}: must have at most {max} items", items.len()),
         });
     }
     if let Some(min) = schema.get("minItems").and_then(Value::as_u64)
         && (items.len() as u64) < min
     {
-        invalid(
-            out,
-            path,
-            value,
-            format!("should have at least {min} items"),
-        );
+        invalid(out, path, value, format!("should have at least {min} items"));
     }
     if let Some(item_schema) = schema.get("items") {
         for (i, item) in items.iter().enumerate() {
@@ -319,9 +284,7 @@ fn check_array(
                 .map(|k| k.iter().filter_map(Value::as_str).collect())
                 .unwrap_or_default();
             let key_of = |item: &Value| -> Vec<Value> {
-                keys.iter()
-                    .map(|k| item.get(k).cloned().unwrap_or(Value::Null))
-                    .collect()
+                keys.iter().map(|k| item.get(k).cloned().unwrap_or(Value::Null)).collect()
             };
             for (i, item) in items.iter().enumerate() {
                 let key = key_of(item);
@@ -331,11 +294,7 @@ fn check_array(
                         path: format!("{path}[{i}]"),
                         message: format!(
                             "{path}[{i}]: Duplicate value: map[{}]",
-                            keys.iter()
-                                .zip(shown)
-                                .map(|(k, v)| format!("{k}:{v}"))
-                                .collect::<Vec<_>>()
-                                .join(" ")
+                            keys.iter().zip(shown).map(|(k, v)| format!("{k}:{v}")).collect::<Vec<_>>().join(" ")
                         ),
                     });
                 }
@@ -356,10 +315,7 @@ fn check_object(
         for key in required.iter().filter_map(Value::as_str) {
             if !map.contains_key(key) {
                 let p = child(path, key);
-                out.push(SchemaViolation {
-                    message: format!("{p}: Required value"),
-                    path: p,
-                });
+                out.push(SchemaViolation { message: format!("{p}: Required value"), path: p });
             }
         }
     }
@@ -368,26 +324,15 @@ fn check_object(
     {
         out.push(SchemaViolation {
             path: path.to_string(),
-            message: format!(
-                "{path}: Too many: {}: must have at most {max} items",
-                map.len()
-            ),
+            message: format!("{path}: Too many: {}: must have at most {max} items", map.len()),
         });
     }
     if let Some(min) = schema.get("minProperties").and_then(Value::as_u64)
         && (map.len() as u64) < min
     {
-        invalid(
-            out,
-            path,
-            value,
-            format!("should have at least {min} properties"),
-        );
+        invalid(out, path, value, format!("should have at least {min} properties"));
     }
-    let preserve = schema
-        .get("x-kubernetes-preserve-unknown-fields")
-        .and_then(Value::as_bool)
-        == Some(true);
+    let preserve = schema.get("x-kubernetes-preserve-unknown-fields").and_then(Value::as_bool) == Some(true);
     let properties = schema.get("properties").and_then(Value::as_object);
     let additional = schema.get("additionalProperties");
     let is_metadata_root = path == "metadata";
@@ -397,14 +342,8 @@ fn check_object(
             check(prop, field, &p, out);
         } else if let Some(extra) = additional.filter(|a| a.is_object()) {
             check(extra, field, &p, out);
-        } else if !preserve
-            && !is_metadata_root
-            && (properties.is_some() || additional == Some(&Value::Bool(false)))
-        {
-            out.push(SchemaViolation {
-                message: format!("unknown field \"{p}\""),
-                path: p,
-            });
+        } else if !preserve && !is_metadata_root && (properties.is_some() || additional == Some(&Value::Bool(false))) {
+            out.push(SchemaViolation { message: format!("unknown field \"{p}\""), path: p });
         }
     }
 }
@@ -436,29 +375,22 @@ mod tests {
     }
 
     fn messages(v: Value) -> Vec<String> {
-        validate(&schema(), &v)
-            .into_iter()
-            .map(|e| e.message)
-            .collect()
+        validate(&schema(), &v).into_iter().map(|e| e.message).collect()
     }
 
     #[test]
     fn accepts_a_valid_object() {
         assert!(
-            messages(
-                json!({"spec": {"port": 80, "proto": "TCP", "cidr": "1.2.3.4/24",
-            "to": {"a": "x"}, "msgs": ["a", "b"], "labels": {"k": "v"}}})
-            )
+            messages(json!({"spec": {"port": 80, "proto": "TCP", "cidr": "1.2.3.4/24",
+            "to": {"a": "x"}, "msgs": ["a", "b"], "labels": {"k": "v"}}}))
             .is_empty()
         );
     }
 
     #[test]
     fn reports_each_violation_with_its_path() {
-        let got = messages(
-            json!({"spec": {"port": 65536, "proto": "tcp", "cidr": "1.2.3.4/42",
-            "to": {"a": "x", "b": "y"}, "msgs": ["a", "a"], "extra": 1}}),
-        );
+        let got = messages(json!({"spec": {"port": 65536, "proto": "tcp", "cidr": "1.2.3.4/42",
+            "to": {"a": "x", "b": "y"}, "msgs": ["a", "a"], "extra": 1}}));
         assert_eq!(
             got,
             vec![
@@ -492,15 +424,9 @@ mod tests {
     fn go_cidr_parsing() {
         assert!(parse_go_cidr("1.2.3.4/24").is_some());
         assert!(parse_go_cidr("2001:db8::/32").is_some());
-        for bad in [
-            "1.2.3.256/32",
-            "1.2.3.4/42",
-            "abc&!ABC/24",
-            "2001:::::::7334/158",
-            "1.2.3.4",
-            "1.2.3./32",
-            "1.2.3.4/+8",
-        ] {
+        for bad in
+            ["1.2.3.256/32", "1.2.3.4/42", "abc&!ABC/24", "2001:::::::7334/158", "1.2.3.4", "1.2.3./32", "1.2.3.4/+8"]
+        {
             assert!(parse_go_cidr(bad).is_none(), "{bad}");
         }
     }

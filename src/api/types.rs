@@ -116,13 +116,7 @@ pub struct EgressQoSStatus {
 
 /// EgressIP spec: which pods leave with which source addresses.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq)]
-#[kube(
-    group = "k8s.ovn.org",
-    version = "v1",
-    kind = "EgressIP",
-    status = "EgressIPStatus",
-    schema = "disabled"
-)]
+#[kube(group = "k8s.ovn.org", version = "v1", kind = "EgressIP", status = "EgressIPStatus", schema = "disabled")]
 #[serde(rename_all = "camelCase")]
 pub struct EgressIPSpec {
     /// The egress addresses (IPv4 and/or IPv6, as strings: the CRD has no format).

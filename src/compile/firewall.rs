@@ -16,9 +16,59 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use super::{NodeConfig, ObjectStatus, Outcome};
-use crate::nft::{Chain, Hook, KeyType, Set, Table, chain_name};
-use crate::view::policy::{Action, FirewallPolicy, FirewallRule, Target};
+use crate::dns::{DnsAnswers, FLOOR};
+use crate::nft::{Chain, Hook, KeyType, Set, Table, chain_name, set_name};
+use crate::view::policy::{Action, DnsName, FirewallPolicy, FirewallRule, Target};
 use crate::view::{ClusterView, PodInfo};
+
+/// What rule compilation reads besides the rule.
+struct Ctx<'a> {
+    view: &'a ClusterView,
+    node: &'a NodeConfig,
+    dns: &'a DnsAnswers,
+    /// Cluster and Service ranges: resolved addresses inside them are dropped.
+    exempt: Vec<IpNet>,
+}
+
+/// The absolute name egressd resolves for a (non-wildcard) rule name.
+pub fn absolute(name: &DnsName) -> String {
+    format!("{}.", name.base)
+}
+
+/// Every DNS name the firewall policies of `view` use (resolved once each, whichever
+/// rules and namespaces share it). Wildcards are not resolvable and not included.
+pub fn dns_names(view: &ClusterView) -> BTreeSet<String> {
+    view.firewalls
+        .values()
+        .filter_map(|e| e.policy.as_ref())
+        .flat_map(|p| p.rules.iter())
+        .filter_map(|r| match &r.target {
+            Target::Dns(name) if !name.wildcard => Some(absolute(name)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The timeout sets holding a name's addresses (created once per name).
+fn dns_sets(ctx: &Ctx, name: &DnsName, table: &mut Table) -> (String, String) {
+    let (s4, s6) = (set_name("dns4", &name.base), set_name("dns6", &name.base));
+    if !table.sets.contains_key(&s4) {
+        let mut v4 = Set::with_timeout(KeyType::Ipv4);
+        let mut v6 = Set::with_timeout(KeyType::Ipv6);
+        if let Some(resolved) = ctx.dns.get(&absolute(name)) {
+            // Kernel-side expiry: the agent refreshes these while it runs; if it is gone
+            // for long, stale addresses leave by themselves.
+            let timeout = resolved.ttl.max(FLOOR) + ctx.node.dns_grace;
+            for ip in resolved.addresses.iter().filter(|ip| !ctx.exempt.iter().any(|n| n.contains(*ip))) {
+                let set = if ip.is_ipv4() { &mut v4 } else { &mut v6 };
+                set.elements.insert(ip.to_string(), format!("timeout {}s", timeout.as_secs()));
+            }
+        }
+        table.sets.insert(s4.clone(), v4);
+        table.sets.insert(s6.clone(), v6);
+    }
+    (s4, s6)
+}
 
 /// The forward-hook base chain.
 pub const FIREWALL_CHAIN: &str = "firewall";
@@ -32,27 +82,20 @@ const PODS_V6: &str = "fw-pods-v6";
 const APPLIED: &str = "EgressFirewall Rules applied";
 const NOT_APPLIED: &str = "EgressFirewall Rules not correctly applied";
 
-fn exempt_sets(node: &NodeConfig, table: &mut Table) {
-    let all: Vec<IpNet> = node
-        .cluster_cidrs
-        .iter()
-        .chain(&node.service_cidrs)
-        .map(IpNet::trunc)
-        .collect();
+fn exempt_sets(node: &NodeConfig, table: &mut Table) -> Vec<IpNet> {
+    let all: Vec<IpNet> = node.cluster_cidrs.iter().chain(&node.service_cidrs).map(IpNet::trunc).collect();
     // Merge overlaps and duplicates: the kernel rejects overlapping interval elements.
     let merged = IpNet::aggregate(&all);
+    let exempt = merged.clone();
     let mut v4 = Set::new(KeyType::Ipv4, true);
     let mut v6 = Set::new(KeyType::Ipv6, true);
     for net in merged {
-        let set = if net.addr().is_ipv4() {
-            &mut v4
-        } else {
-            &mut v6
-        };
+        let set = if net.addr().is_ipv4() { &mut v4 } else { &mut v6 };
         set.elements.insert(net.to_string(), String::new());
     }
     table.sets.insert(CLUSTER_V4.into(), v4);
     table.sets.insert(CLUSTER_V6.into(), v6);
+    exempt
 }
 
 fn base_chain(hook: &'static str, local: bool) -> Chain {
@@ -69,14 +112,7 @@ fn base_chain(hook: &'static str, local: bool) -> Chain {
     rules.push(format!("ip6 daddr @{CLUSTER_V6} accept"));
     rules.push(format!("ip saddr vmap @{PODS_V4}"));
     rules.push(format!("ip6 saddr vmap @{PODS_V6}"));
-    Chain {
-        hook: Some(Hook {
-            chain_type: "filter",
-            hook,
-            priority: "filter",
-        }),
-        rules,
-    }
+    Chain { hook: Some(Hook { chain_type: "filter", hook, priority: "filter" }), rules }
 }
 
 fn ports_match(rule: &FirewallRule) -> String {
@@ -84,11 +120,7 @@ fn ports_match(rule: &FirewallRule) -> String {
         (None, _) => String::new(),
         (Some((proto, port)), 1) => format!(" {} dport {port}", proto.nft()),
         _ => {
-            let items: Vec<String> = rule
-                .ports
-                .iter()
-                .map(|(p, port)| format!("{} . {port}", p.nft()))
-                .collect();
+            let items: Vec<String> = rule.ports.iter().map(|(p, port)| format!("{} . {port}", p.nft())).collect();
             format!(" meta l4proto . th dport {{ {} }}", items.join(", "))
         }
     }
@@ -97,13 +129,7 @@ fn ports_match(rule: &FirewallRule) -> String {
 fn addr_match(family: &str, addrs: &BTreeSet<IpNet>) -> String {
     let items: Vec<String> = addrs
         .iter()
-        .map(|n| {
-            if n.prefix_len() == n.max_prefix_len() {
-                n.addr().to_string()
-            } else {
-                n.to_string()
-            }
-        })
+        .map(|n| if n.prefix_len() == n.max_prefix_len() { n.addr().to_string() } else { n.to_string() })
         .collect();
     if items.len() == 1 {
         format!("{family} daddr {}", items[0])
@@ -114,53 +140,50 @@ fn addr_match(family: &str, addrs: &BTreeSet<IpNet>) -> String {
 
 /// Compile one rule into nft statements (one per address family it touches). Returns
 /// an error for targets this version cannot enforce.
-fn rule_statements(
-    index: usize,
-    rule: &FirewallRule,
-    view: &ClusterView,
-) -> Result<Vec<String>, String> {
-    let targets: BTreeSet<IpNet> = match &rule.target {
-        Target::Cidr(net) => BTreeSet::from([*net]),
-        Target::Nodes(sel) => view
-            .nodes
-            .values()
-            .filter(|n| sel.matches(&n.labels))
-            .flat_map(|n| n.addresses.iter().map(|a| IpNet::from(*a)))
-            .collect(),
-        Target::Dns(name) => {
-            return Err(format!(
-                "spec.egress[{index}].to.dnsName: {name}: DNS names are not supported by this version of egressd"
-            ));
-        }
-    };
+fn rule_statements(index: usize, rule: &FirewallRule, ctx: &Ctx, table: &mut Table) -> Result<Vec<String>, String> {
     let verdict = match rule.action {
         Action::Allow => "accept",
         Action::Deny => "drop",
     };
     let ports = ports_match(rule);
+    let tail = format!("{ports} counter {verdict} comment \"egress[{index}]\"");
+    let targets: BTreeSet<IpNet> = match &rule.target {
+        Target::Cidr(net) => BTreeSet::from([*net]),
+        Target::Nodes(sel) => ctx
+            .view
+            .nodes
+            .values()
+            .filter(|n| sel.matches(&n.labels))
+            .flat_map(|n| n.addresses.iter().map(|a| IpNet::from(*a)))
+            .collect(),
+        Target::Dns(name) if name.wildcard => {
+            return Err(format!(
+                "spec.egress[{index}].to.dnsName: {name}: wildcard DNS names are not supported by this version of egressd"
+            ));
+        }
+        Target::Dns(name) => {
+            // Both families always reference their set, so address changes are element
+            // updates and never change a rule.
+            let (s4, s6) = dns_sets(ctx, name, table);
+            return Ok(vec![format!("ip daddr @{s4}{tail}"), format!("ip6 daddr @{s6}{tail}")]);
+        }
+    };
     let mut out = Vec::new();
     for (family, v4) in [("ip", true), ("ip6", false)] {
-        let addrs: BTreeSet<IpNet> = targets
-            .iter()
-            .filter(|n| n.addr().is_ipv4() == v4)
-            .copied()
-            .collect();
+        let addrs: BTreeSet<IpNet> = targets.iter().filter(|n| n.addr().is_ipv4() == v4).copied().collect();
         if addrs.is_empty() {
             continue;
         }
-        out.push(format!(
-            "{}{ports} counter {verdict} comment \"egress[{index}]\"",
-            addr_match(family, &addrs)
-        ));
+        out.push(format!("{}{tail}", addr_match(family, &addrs)));
     }
     Ok(out)
 }
 
-fn namespace_chain(policy: &FirewallPolicy, view: &ClusterView) -> (Chain, Vec<String>) {
+fn namespace_chain(policy: &FirewallPolicy, ctx: &Ctx, table: &mut Table) -> (Chain, Vec<String>) {
     let mut chain = Chain::default();
     let mut errors = Vec::new();
     for (i, rule) in policy.rules.iter().enumerate() {
-        match rule_statements(i, rule, view) {
+        match rule_statements(i, rule, ctx, table) {
             Ok(stmts) => chain.rules.extend(stmts),
             Err(e) => errors.push(e),
         }
@@ -171,11 +194,13 @@ fn namespace_chain(policy: &FirewallPolicy, view: &ClusterView) -> (Chain, Vec<S
 pub(super) fn compile(
     view: &ClusterView,
     node: &NodeConfig,
+    dns: &DnsAnswers,
     owners: &BTreeMap<IpAddr, &PodInfo>,
     table: &mut Table,
     statuses: &mut Vec<ObjectStatus>,
 ) {
-    exempt_sets(node, table);
+    let exempt = exempt_sets(node, table);
+    let ctx = Ctx { view, node, dns, exempt };
     let mut pods_v4 = Set::verdict_map(KeyType::Ipv4);
     let mut pods_v6 = Set::verdict_map(KeyType::Ipv6);
 
@@ -190,16 +215,12 @@ pub(super) fn compile(
     for (namespace, entry) in &view.firewalls {
         let mut problems: Vec<String> = entry.error.iter().cloned().collect();
         if let Some(policy) = &entry.policy {
-            let (chain, errors) = namespace_chain(policy, view);
+            let (chain, errors) = namespace_chain(policy, &ctx, table);
             problems.extend(errors);
             if let Some(ips) = local.get(namespace.as_str()) {
                 let name = chain_name("fw", namespace);
                 for ip in ips {
-                    let map = if ip.is_ipv4() {
-                        &mut pods_v4
-                    } else {
-                        &mut pods_v6
-                    };
+                    let map = if ip.is_ipv4() { &mut pods_v4 } else { &mut pods_v6 };
                     map.elements.insert(ip.to_string(), format!("jump {name}"));
                 }
                 table.chains.insert(name, chain);
@@ -209,25 +230,13 @@ pub(super) fn compile(
             (Outcome::Applied, format!("{}: {APPLIED}", node.node_name))
         } else {
             let reason = problems.join("; ");
-            (
-                Outcome::Failed(reason.clone()),
-                format!("{}: {NOT_APPLIED}: {reason}", node.node_name),
-            )
+            (Outcome::Failed(reason.clone()), format!("{}: {NOT_APPLIED}: {reason}", node.node_name))
         };
-        statuses.push(ObjectStatus {
-            key: entry.key.clone(),
-            outcome,
-            message,
-            condition: None,
-        });
+        statuses.push(ObjectStatus { key: entry.key.clone(), outcome, message, condition: None });
     }
 
     table.sets.insert(PODS_V4.into(), pods_v4);
     table.sets.insert(PODS_V6.into(), pods_v6);
-    table
-        .chains
-        .insert(FIREWALL_CHAIN.into(), base_chain("forward", false));
-    table
-        .chains
-        .insert(FIREWALL_LOCAL_CHAIN.into(), base_chain("input", true));
+    table.chains.insert(FIREWALL_CHAIN.into(), base_chain("forward", false));
+    table.chains.insert(FIREWALL_LOCAL_CHAIN.into(), base_chain("input", true));
 }

@@ -10,10 +10,11 @@ mod qos;
 use ipnet::IpNet;
 
 use crate::api::{Kind, ObjectKey};
+use crate::dns::DnsAnswers;
 use crate::nft::Table;
 use crate::view::ClusterView;
 
-pub use firewall::{FIREWALL_CHAIN, FIREWALL_LOCAL_CHAIN};
+pub use firewall::{FIREWALL_CHAIN, FIREWALL_LOCAL_CHAIN, dns_names};
 pub use qos::QOS_CHAIN;
 
 /// What egressd knows about the node it runs on.
@@ -27,7 +28,23 @@ pub struct NodeConfig {
     pub service_cidrs: Vec<IpNet>,
     /// Name of the nft table egressd owns.
     pub table_name: String,
+    /// Added to a resolved address's lifetime for its kernel-side timeout.
+    pub dns_grace: std::time::Duration,
 }
+
+impl NodeConfig {
+    /// The DNS record families to ask for: A when an IPv4 cluster range is configured,
+    /// AAAA when an IPv6 one is.
+    pub fn families(&self) -> crate::dns::resolver::Families {
+        crate::dns::resolver::Families {
+            v4: self.cluster_cidrs.iter().any(|n| n.addr().is_ipv4()),
+            v6: self.cluster_cidrs.iter().any(|n| n.addr().is_ipv6()),
+        }
+    }
+}
+
+/// The default [`NodeConfig::dns_grace`].
+pub const DEFAULT_DNS_GRACE: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// The outcome for one object on this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,8 +96,8 @@ pub struct Desired {
     pub warnings: Vec<String>,
 }
 
-/// Compile the view for this node.
-pub fn compile(view: &ClusterView, node: &NodeConfig) -> Desired {
+/// Compile the view for this node, with the current addresses of DNS names.
+pub fn compile(view: &ClusterView, node: &NodeConfig, dns: &DnsAnswers) -> Desired {
     let mut table = Table::new(node.table_name.clone());
     let mut statuses = Vec::new();
     let mut warnings = Vec::new();
@@ -96,7 +113,7 @@ pub fn compile(view: &ClusterView, node: &NodeConfig) -> Desired {
         ));
     }
 
-    firewall::compile(view, node, &owners, &mut table, &mut statuses);
+    firewall::compile(view, node, dns, &owners, &mut table, &mut statuses);
     qos::compile(view, node, &owners, &mut table, &mut statuses);
 
     for (key, reason) in &view.ignored {
@@ -117,26 +134,15 @@ pub fn compile(view: &ClusterView, node: &NodeConfig) -> Desired {
         None => ObjectStatus {
             key: key.clone(),
             outcome: Outcome::Validated,
-            message: format!(
-                "{}: valid; {} is not enforced by this version",
-                node.node_name, key.kind
-            ),
+            message: format!("{}: valid; {} is not enforced by this version", node.node_name, key.kind),
             condition: None,
         },
     };
-    statuses.extend(
-        view.egress_ips
-            .values()
-            .map(|e| validated(&e.key, &e.error)),
-    );
+    statuses.extend(view.egress_ips.values().map(|e| validated(&e.key, &e.error)));
     statuses.extend(view.cloud_ips.values().map(|e| validated(&e.key, &e.error)));
     statuses.sort_by(|a, b| a.key.cmp(&b.key));
     debug_assert!(statuses.iter().all(|s| s.key.kind != Kind::Pod));
-    Desired {
-        table,
-        statuses,
-        warnings,
-    }
+    Desired { table, statuses, warnings }
 }
 
 /// Render statuses as text, one object per line (`egressd render` / `egressd status`).
@@ -162,9 +168,7 @@ mod tests {
     fn view(docs: &str) -> ClusterView {
         let mut v = ClusterView::default();
         for (_, _, text) in crate::api::parse::split_documents(docs) {
-            let Ok(Parsed::Object(o)) =
-                parse_document(&yaml_to_value(&text).unwrap(), "default", true)
-            else {
+            let Ok(Parsed::Object(o)) = parse_document(&yaml_to_value(&text).unwrap(), "default", true) else {
                 panic!("bad test document: {text}");
             };
             v.upsert(&o);
@@ -178,6 +182,7 @@ mod tests {
             cluster_cidrs: vec!["198.18.0.0/16".parse().unwrap()],
             service_cidrs: vec![],
             table_name: "egressd".into(),
+            dns_grace: DEFAULT_DNS_GRACE,
         }
     }
 
@@ -190,8 +195,8 @@ mod tests {
     }
 
     fn script(before: &str, after: &str) -> String {
-        let old = compile(&view(before), &node()).table;
-        let new = compile(&view(after), &node()).table;
+        let old = compile(&view(before), &node(), &DnsAnswers::new()).table;
+        let new = compile(&view(after), &node(), &DnsAnswers::new()).table;
         crate::nft::diff(&old, &new).unwrap_or_default()
     }
 
@@ -209,32 +214,53 @@ mod tests {
 
     #[test]
     fn a_label_change_is_one_element_removal() {
-        let before = format!(
-            "{POLICY}{}{}",
-            pod("p1", "198.18.1.1", "web"),
-            pod("p2", "198.18.1.2", "web")
-        );
-        let after = format!(
-            "{POLICY}{}{}",
-            pod("p1", "198.18.1.1", "web"),
-            pod("p2", "198.18.1.2", "db")
-        );
-        assert_eq!(
-            script(&before, &after),
-            "delete element inet egressd qos-a-0-v4 { 198.18.1.2 }\n"
-        );
+        let before = format!("{POLICY}{}{}", pod("p1", "198.18.1.1", "web"), pod("p2", "198.18.1.2", "web"));
+        let after = format!("{POLICY}{}{}", pod("p1", "198.18.1.1", "web"), pod("p2", "198.18.1.2", "db"));
+        assert_eq!(script(&before, &after), "delete element inet egressd qos-a-0-v4 { 198.18.1.2 }\n");
     }
 
     #[test]
     fn compile_is_deterministic() {
-        let docs = format!(
-            "{POLICY}{}{}",
-            pod("p1", "198.18.1.1", "web"),
-            pod("p2", "198.18.1.2", "db")
-        );
+        let docs = format!("{POLICY}{}{}", pod("p1", "198.18.1.1", "web"), pod("p2", "198.18.1.2", "db"));
+        let dns = DnsAnswers::new();
+        assert_eq!(compile(&view(&docs), &node(), &dns), compile(&view(&docs), &node(), &dns));
+    }
+
+    const DNS_POLICY: &str = "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {name: default, namespace: a}\nspec:\n  egress:\n  - {type: Allow, to: {dnsName: api.example.com}}\n  - {type: Deny, to: {cidrSelector: 0.0.0.0/0}}\n";
+
+    fn answers(ips: &[&str], ttl: u64) -> DnsAnswers {
+        let resolved = crate::dns::Resolved {
+            addresses: ips.iter().map(|s| s.parse().unwrap()).collect(),
+            ttl: std::time::Duration::from_secs(ttl),
+        };
+        DnsAnswers::from([("api.example.com.".to_string(), resolved)])
+    }
+
+    #[test]
+    fn dns_addresses_are_timeout_elements_without_cluster_addresses() {
+        let docs = format!("{DNS_POLICY}{}", pod("p1", "198.18.1.1", "web"));
+        let desired = compile(&view(&docs), &node(), &answers(&["192.0.2.7", "198.18.9.9", "2001:db8::7"], 2));
+        let v4 = &desired.table.sets["dns4-api.example.com"];
+        assert!(v4.timeout);
+        // TTL 2 → floor 5 s, plus the 300 s grace; the in-cluster 198.18.9.9 is dropped.
         assert_eq!(
-            compile(&view(&docs), &node()),
-            compile(&view(&docs), &node())
+            v4.elements.iter().collect::<Vec<_>>(),
+            vec![(&"192.0.2.7".to_string(), &"timeout 305s".to_string())]
+        );
+        assert_eq!(desired.table.sets["dns6-api.example.com"].elements.len(), 1);
+        assert_eq!(dns_names(&view(&docs)).into_iter().collect::<Vec<_>>(), vec!["api.example.com.".to_string()]);
+    }
+
+    #[test]
+    fn dns_changes_touch_elements_only() {
+        let docs = format!("{DNS_POLICY}{}", pod("p1", "198.18.1.1", "web"));
+        let v = view(&docs);
+        let old = compile(&v, &node(), &answers(&["192.0.2.7"], 60)).table;
+        let new = compile(&v, &node(), &answers(&["192.0.2.8"], 60)).table;
+        assert_eq!(
+            crate::nft::diff(&old, &new).unwrap(),
+            "delete element inet egressd dns4-api.example.com { 192.0.2.7 }\n\
+             add element inet egressd dns4-api.example.com { 192.0.2.8 timeout 360s }\n"
         );
     }
 }

@@ -61,10 +61,7 @@ pub(super) fn compile(
     let mut local: BTreeMap<&str, Vec<(IpAddr, &PodInfo)>> = BTreeMap::new();
     for (ip, pod) in owners {
         if pod.node.as_deref() == Some(node.node_name.as_str()) {
-            local
-                .entry(pod.namespace.as_str())
-                .or_default()
-                .push((*ip, pod));
+            local.entry(pod.namespace.as_str()).or_default().push((*ip, pod));
         }
     }
     let condition_type = format!("Ready-In-Zone-{}", node.node_name);
@@ -86,18 +83,10 @@ pub(super) fn compile(
                     table.sets.insert(s6.clone(), set6);
                     (s4, s6)
                 });
-                chain.rules.extend(rule_statements(
-                    i,
-                    rule,
-                    sets.as_ref().map(|(a, b)| (a.as_str(), b.as_str())),
-                ));
+                chain.rules.extend(rule_statements(i, rule, sets.as_ref().map(|(a, b)| (a.as_str(), b.as_str()))));
             }
             for (ip, _) in pods {
-                let map = if ip.is_ipv4() {
-                    &mut pods_v4
-                } else {
-                    &mut pods_v6
-                };
+                let map = if ip.is_ipv4() { &mut pods_v4 } else { &mut pods_v6 };
                 map.elements.insert(ip.to_string(), format!("jump {name}"));
             }
             table.chains.insert(name, chain);
@@ -125,10 +114,7 @@ pub(super) fn compile(
         statuses.push(ObjectStatus {
             key: entry.key.clone(),
             outcome,
-            message: format!(
-                "{}={} {}: {}",
-                condition.type_, condition.status, condition.reason, condition.message
-            ),
+            message: format!("{}={} {}: {}", condition.type_, condition.status, condition.reason, condition.message),
             condition: Some(condition),
         });
     }
@@ -138,15 +124,8 @@ pub(super) fn compile(
     table.chains.insert(
         QOS_CHAIN.into(),
         Chain {
-            hook: Some(Hook {
-                chain_type: "filter",
-                hook: "forward",
-                priority: "mangle",
-            }),
-            rules: vec![
-                format!("ip saddr vmap @{PODS_V4}"),
-                format!("ip6 saddr vmap @{PODS_V6}"),
-            ],
+            hook: Some(Hook { chain_type: "filter", hook: "forward", priority: "mangle" }),
+            rules: vec![format!("ip saddr vmap @{PODS_V4}"), format!("ip6 saddr vmap @{PODS_V6}")],
         },
     );
 }

@@ -58,9 +58,7 @@ pub struct NftCli {
 impl NftCli {
     /// Use `program` (usually `nft`).
     pub fn new(program: impl Into<PathBuf>) -> Self {
-        Self {
-            program: program.into(),
-        }
+        Self { program: program.into() }
     }
 
     /// `nft --version`, to check nft is usable.
@@ -68,20 +66,15 @@ impl NftCli {
         let out = Command::new(&self.program)
             .arg("--version")
             .output()
-            .map_err(|e| NftError::Spawn {
-                program: self.program.display().to_string(),
-                message: e.to_string(),
-            })?;
+            .map_err(|e| NftError::Spawn { program: self.program.display().to_string(), message: e.to_string() })?;
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     }
 }
 
 impl NftBackend for NftCli {
     fn apply(&mut self, script: &str) -> Result<(), NftError> {
-        let spawn_err = |e: std::io::Error| NftError::Spawn {
-            program: self.program.display().to_string(),
-            message: e.to_string(),
-        };
+        let spawn_err =
+            |e: std::io::Error| NftError::Spawn { program: self.program.display().to_string(), message: e.to_string() };
         let mut child = Command::new(&self.program)
             .args(["-f", "-"])
             .stdin(Stdio::piped())
@@ -96,9 +89,7 @@ impl NftBackend for NftCli {
         if out.status.success() {
             Ok(())
         } else {
-            Err(NftError::Rejected {
-                message: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-            })
+            Err(NftError::Rejected { message: String::from_utf8_lossy(&out.stderr).trim().to_string() })
         }
     }
 }
@@ -118,9 +109,7 @@ impl NftBackend for RecordingBackend {
         self.scripts.push(script.to_string());
         if self.fail_next > 0 {
             self.fail_next -= 1;
-            return Err(NftError::Rejected {
-                message: "Error: injected failure".into(),
-            });
+            return Err(NftError::Rejected { message: "Error: injected failure".into() });
         }
         Ok(())
     }
@@ -147,10 +136,7 @@ pub struct NftSyncer<B> {
 impl<B: NftBackend> NftSyncer<B> {
     /// A syncer that has applied nothing yet (its first sync is a full replace).
     pub fn new(backend: B) -> Self {
-        Self {
-            backend,
-            applied: None,
-        }
+        Self { backend, applied: None }
     }
 
     /// The backend (tests inspect the recording backend).
@@ -195,6 +181,35 @@ impl<B: NftBackend> NftSyncer<B> {
         Ok(SyncKind::Full)
     }
 
+    /// Re-add every element of the named timeout sets as applied, which restarts their
+    /// kernel timeouts (re-adding an existing element updates its timeout). Sets that
+    /// are not applied, have no timeout or no elements are skipped. On failure the next
+    /// sync is a full replace.
+    pub fn refresh_timeouts(&mut self, sets: &[String]) -> Result<bool, NftError> {
+        let Some(applied) = &self.applied else { return Ok(false) };
+        let mut script = String::new();
+        for name in sets {
+            let Some(set) = applied.sets.get(name).filter(|s| s.timeout && !s.elements.is_empty()) else {
+                continue;
+            };
+            let items: Vec<String> = set.elements.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            script.push_str(&format!(
+                "add element {} {} {name} {{ {} }}\n",
+                crate::nft::FAMILY,
+                applied.name,
+                items.join(", ")
+            ));
+        }
+        if script.is_empty() {
+            return Ok(false);
+        }
+        if let Err(e) = self.backend.apply(&script) {
+            self.applied = None;
+            return Err(e);
+        }
+        Ok(true)
+    }
+
     /// Remove the table (and everything in it). Safe when it does not exist.
     pub fn delete(&mut self, table_name: &str) -> Result<(), NftError> {
         self.backend.apply(&Table::delete_script(table_name))?;
@@ -215,13 +230,7 @@ mod tests {
             s.elements.insert(format!("198.18.0.{i}"), String::new());
         }
         t.sets.insert("s".into(), s);
-        t.chains.insert(
-            "c".into(),
-            Chain {
-                hook: None,
-                rules: vec!["counter accept".into()],
-            },
-        );
+        t.chains.insert("c".into(), Chain { hook: None, rules: vec!["counter accept".into()] });
         t
     }
 
@@ -233,9 +242,7 @@ mod tests {
         assert_eq!(s.sync(&table(2)).unwrap(), SyncKind::Unchanged);
         let scripts = &s.backend().scripts;
         assert_eq!(scripts.len(), 2);
-        assert!(scripts[0].starts_with(
-            "add table inet egressd\ndelete table inet egressd\ntable inet egressd {"
-        ));
+        assert!(scripts[0].starts_with("add table inet egressd\ndelete table inet egressd\ntable inet egressd {"));
         assert_eq!(scripts[1], "add element inet egressd s { 198.18.0.1 }\n");
     }
 
@@ -255,10 +262,7 @@ mod tests {
         let mut s = NftSyncer::new(RecordingBackend::default());
         s.backend_mut().fail_next = 1;
         let err = s.sync(&table(1)).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "nft rejected the transaction: Error: injected failure"
-        );
+        assert_eq!(err.to_string(), "nft rejected the transaction: Error: injected failure");
         assert!(s.applied().is_none());
         assert_eq!(s.sync(&table(1)).unwrap(), SyncKind::Full);
     }

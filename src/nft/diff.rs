@@ -21,18 +21,12 @@ pub fn diff(old: &Table, new: &Table) -> Option<String> {
     let t = format!("{FAMILY} {}", new.name);
     let structural_change = old.name != new.name
         || old.sets.iter().any(|(n, s)| {
-            new.sets.get(n).is_some_and(|ns| {
-                ns.key != s.key || ns.verdict_map != s.verdict_map || ns.interval != s.interval
-            })
+            new.sets
+                .get(n)
+                .is_some_and(|ns| ns.key != s.key || ns.verdict_map != s.verdict_map || ns.interval != s.interval)
         })
-        || old
-            .chains
-            .iter()
-            .any(|(n, c)| new.chains.get(n).is_some_and(|nc| nc.hook != c.hook))
-        || new
-            .chains
-            .iter()
-            .any(|(n, c)| c.hook.is_some() && !old.chains.contains_key(n));
+        || old.chains.iter().any(|(n, c)| new.chains.get(n).is_some_and(|nc| nc.hook != c.hook))
+        || new.chains.iter().any(|(n, c)| c.hook.is_some() && !old.chains.contains_key(n));
     if structural_change {
         return Some(new.replace_script());
     }
@@ -44,12 +38,7 @@ pub fn diff(old: &Table, new: &Table) -> Option<String> {
     }
     // 2. New sets and maps.
     for (name, set) in new.sets.iter().filter(|(n, _)| !old.sets.contains_key(*n)) {
-        let _ = writeln!(
-            out,
-            "add {} {t} {name} {{ {} }}",
-            set.keyword(),
-            set.declaration()
-        );
+        let _ = writeln!(out, "add {} {t} {name} {{ {} }}", set.keyword(), set.declaration());
     }
     // 3. Rules of new or changed regular chains.
     for (name, chain) in new.chains.iter().filter(|(_, c)| c.hook.is_none()) {
@@ -69,10 +58,16 @@ pub fn diff(old: &Table, new: &Table) -> Option<String> {
         let Some(before) = old.sets.get(name) else {
             continue;
         };
+        // In a timeout set a changed value is a new timeout: re-adding refreshes it, so
+        // only elements that are gone are deleted (an element may also have expired in
+        // the kernel already, where a delete would fail).
         let gone: Vec<String> = before
             .elements
             .iter()
-            .filter(|(k, v)| set.elements.get(*k) != Some(v))
+            .filter(|(k, v)| match set.elements.get(*k) {
+                None => true,
+                Some(new) => !set.timeout && new != *v,
+            })
             .map(|(k, _)| k.clone())
             .collect();
         if !gone.is_empty() {
@@ -88,11 +83,7 @@ pub fn diff(old: &Table, new: &Table) -> Option<String> {
             .map(|(k, _)| k.clone())
             .collect();
         if !added.is_empty() {
-            let _ = writeln!(
-                out,
-                "add element {t} {name} {{ {} }}",
-                elements(set, added.into_iter())
-            );
+            let _ = writeln!(out, "add element {t} {name} {{ {} }}", elements(set, added.into_iter()));
         }
     }
     // 5. Changed base chains.
@@ -107,11 +98,7 @@ pub fn diff(old: &Table, new: &Table) -> Option<String> {
     }
     // 6. Chains and sets that are gone. Chains may still jump to each other, so flush
     //    them all before deleting any.
-    let gone_chains: Vec<&String> = old
-        .chains
-        .keys()
-        .filter(|n| !new.chains.contains_key(*n))
-        .collect();
+    let gone_chains: Vec<&String> = old.chains.keys().filter(|n| !new.chains.contains_key(*n)).collect();
     for name in &gone_chains {
         let _ = writeln!(out, "flush chain {t} {name}");
     }
@@ -134,21 +121,11 @@ mod tests {
         let mut m = Set::verdict_map(KeyType::Ipv4);
         m.elements.insert("198.18.1.2".into(), "jump fw-a".into());
         t.sets.insert("fw-pods-v4".into(), m);
-        t.chains.insert(
-            "fw-a".into(),
-            Chain {
-                hook: None,
-                rules: vec!["ip daddr 192.0.2.0/24 counter drop".into()],
-            },
-        );
+        t.chains.insert("fw-a".into(), Chain { hook: None, rules: vec!["ip daddr 192.0.2.0/24 counter drop".into()] });
         t.chains.insert(
             "firewall".into(),
             Chain {
-                hook: Some(Hook {
-                    chain_type: "filter",
-                    hook: "forward",
-                    priority: "filter",
-                }),
+                hook: Some(Hook { chain_type: "filter", hook: "forward", priority: "filter" }),
                 rules: vec!["ip saddr vmap @fw-pods-v4".into()],
             },
         );
@@ -164,15 +141,8 @@ mod tests {
     fn element_change_touches_only_elements() {
         let old = table();
         let mut new = table();
-        new.sets
-            .get_mut("fw-pods-v4")
-            .unwrap()
-            .elements
-            .insert("198.18.1.3".into(), "jump fw-a".into());
-        assert_eq!(
-            diff(&old, &new).unwrap(),
-            "add element inet egressd fw-pods-v4 { 198.18.1.3 : jump fw-a }\n"
-        );
+        new.sets.get_mut("fw-pods-v4").unwrap().elements.insert("198.18.1.3".into(), "jump fw-a".into());
+        assert_eq!(diff(&old, &new).unwrap(), "add element inet egressd fw-pods-v4 { 198.18.1.3 : jump fw-a }\n");
     }
 
     #[test]
@@ -180,18 +150,8 @@ mod tests {
         let old = table();
         let mut new = table();
         new.chains.remove("fw-a");
-        new.chains.insert(
-            "fw-b".into(),
-            Chain {
-                hook: None,
-                rules: vec!["counter accept".into()],
-            },
-        );
-        new.sets
-            .get_mut("fw-pods-v4")
-            .unwrap()
-            .elements
-            .insert("198.18.1.2".into(), "jump fw-b".into());
+        new.chains.insert("fw-b".into(), Chain { hook: None, rules: vec!["counter accept".into()] });
+        new.sets.get_mut("fw-pods-v4").unwrap().elements.insert("198.18.1.2".into(), "jump fw-b".into());
         assert_eq!(
             diff(&old, &new).unwrap(),
             "add chain inet egressd fw-b\n\
@@ -204,20 +164,28 @@ mod tests {
     }
 
     #[test]
+    fn timeout_sets_refresh_by_re_adding() {
+        let mut old = table();
+        let mut s = Set::with_timeout(KeyType::Ipv4);
+        s.elements.insert("192.0.2.1".into(), "timeout 305s".into());
+        s.elements.insert("192.0.2.2".into(), "timeout 305s".into());
+        old.sets.insert("dns4-a".into(), s);
+        let mut new = old.clone();
+        let set = new.sets.get_mut("dns4-a").unwrap();
+        set.elements.insert("192.0.2.1".into(), "timeout 310s".into());
+        set.elements.remove("192.0.2.2");
+        assert_eq!(
+            diff(&old, &new).unwrap(),
+            "delete element inet egressd dns4-a { 192.0.2.2 }\n\
+             add element inet egressd dns4-a { 192.0.2.1 timeout 310s }\n"
+        );
+    }
+
+    #[test]
     fn hook_change_falls_back_to_full_replace() {
         let old = table();
         let mut new = table();
-        new.chains
-            .get_mut("firewall")
-            .unwrap()
-            .hook
-            .as_mut()
-            .unwrap()
-            .priority = "mangle";
-        assert!(
-            diff(&old, &new)
-                .unwrap()
-                .starts_with("add table inet egressd\ndelete table inet egressd\n")
-        );
+        new.chains.get_mut("firewall").unwrap().hook.as_mut().unwrap().priority = "mangle";
+        assert!(diff(&old, &new).unwrap().starts_with("add table inet egressd\ndelete table inet egressd\n"));
     }
 }

@@ -44,29 +44,27 @@ pub struct Set {
     pub verdict_map: bool,
     /// `flags interval` (prefixes as elements).
     pub interval: bool,
-    /// Elements: key → verdict (maps) or empty string (sets).
+    /// `flags timeout`: elements carry `timeout <n>s` and leave the kernel by themselves
+    /// unless refreshed.
+    pub timeout: bool,
+    /// Elements: key → verdict (maps), `timeout <n>s` (timeout sets) or empty string.
     pub elements: BTreeMap<String, String>,
 }
 
 impl Set {
     /// An empty plain set.
     pub fn new(key: KeyType, interval: bool) -> Self {
-        Self {
-            key,
-            verdict_map: false,
-            interval,
-            elements: BTreeMap::new(),
-        }
+        Self { key, verdict_map: false, interval, timeout: false, elements: BTreeMap::new() }
+    }
+
+    /// An empty set whose elements time out.
+    pub fn with_timeout(key: KeyType) -> Self {
+        Self { key, verdict_map: false, interval: false, timeout: true, elements: BTreeMap::new() }
     }
 
     /// An empty verdict map.
     pub fn verdict_map(key: KeyType) -> Self {
-        Self {
-            key,
-            verdict_map: true,
-            interval: false,
-            elements: BTreeMap::new(),
-        }
+        Self { key, verdict_map: true, interval: false, timeout: false, elements: BTreeMap::new() }
     }
 
     fn declaration(&self) -> String {
@@ -75,10 +73,11 @@ impl Set {
         } else {
             format!("type {};", self.key.nft())
         };
-        if self.interval {
-            format!("{ty} flags interval;")
-        } else {
-            ty
+        match (self.interval, self.timeout) {
+            (true, true) => format!("{ty} flags interval,timeout;"),
+            (true, false) => format!("{ty} flags interval;"),
+            (false, true) => format!("{ty} flags timeout;"),
+            (false, false) => ty,
         }
     }
 
@@ -122,11 +121,7 @@ pub struct Table {
 impl Table {
     /// An empty table.
     pub fn new(name: impl Into<String>) -> Self {
-        Self {
-            name: name.into(),
-            sets: BTreeMap::new(),
-            chains: BTreeMap::new(),
-        }
+        Self { name: name.into(), sets: BTreeMap::new(), chains: BTreeMap::new() }
     }
 
     /// Number of rules in all chains.
@@ -147,11 +142,7 @@ impl Table {
     /// A script that atomically replaces whatever table of this name exists with this
     /// one (`add` makes the `delete` safe when none exists).
     pub fn replace_script(&self) -> String {
-        format!(
-            "add table {FAMILY} {name}\ndelete table {FAMILY} {name}\n{}",
-            self.render(),
-            name = self.name
-        )
+        format!("add table {FAMILY} {name}\ndelete table {FAMILY} {name}\n{}", self.render(), name = self.name)
     }
 
     /// A script that removes the table if it exists.
@@ -165,9 +156,7 @@ impl Table {
 pub fn chain_name(prefix: &str, id: &str) -> String {
     let readable = !id.is_empty()
         && id.len() <= 63
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !id.starts_with('-')
         && !id.ends_with('-');
     if readable {
@@ -177,6 +166,16 @@ pub fn chain_name(prefix: &str, id: &str) -> String {
         let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
         format!("{prefix}-h{hex}")
     }
+}
+
+/// A readable set name `prefix-<name>` for a DNS name (lowercase letters, digits, `-`
+/// and `.` are valid in nft identifiers), else `prefix-h<hash>`.
+pub fn set_name(prefix: &str, name: &str) -> String {
+    let readable = !name.is_empty()
+        && name.len() <= 200
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric());
+    if readable { format!("{prefix}-{name}") } else { chain_name(prefix, &format!("\u{0}{name}")) }
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ pub(super) fn elements(set: &Set, keys: impl Iterator<Item = String>) -> String 
     let items: Vec<String> = keys
         .map(|k| match set.elements.get(&k) {
             Some(v) if set.verdict_map => format!("{k} : {v}"),
+            Some(v) if !v.is_empty() => format!("{k} {v}"),
             _ => k,
         })
         .collect();
@@ -20,11 +21,7 @@ fn set_block(out: &mut String, name: &str, set: &Set) {
         let _ = writeln!(out, "\t\t{}", part.trim());
     }
     if !set.elements.is_empty() {
-        let _ = writeln!(
-            out,
-            "\t\telements = {{ {} }}",
-            elements(set, set.elements.keys().cloned())
-        );
+        let _ = writeln!(out, "\t\telements = {{ {} }}", elements(set, set.elements.keys().cloned()));
     }
     let _ = writeln!(out, "\t}}");
 }
@@ -32,11 +29,7 @@ fn set_block(out: &mut String, name: &str, set: &Set) {
 fn chain_block(out: &mut String, name: &str, chain: &Chain) {
     let _ = writeln!(out, "\tchain {name} {{");
     if let Some(h) = &chain.hook {
-        let _ = writeln!(
-            out,
-            "\t\ttype {} hook {} priority {}; policy accept;",
-            h.chain_type, h.hook, h.priority
-        );
+        let _ = writeln!(out, "\t\ttype {} hook {} priority {}; policy accept;", h.chain_type, h.hook, h.priority);
     }
     for rule in &chain.rules {
         let _ = writeln!(out, "\t\t{rule}");

@@ -97,21 +97,14 @@ pub struct ManifestSource {
 }
 
 fn is_manifest(path: &Path) -> bool {
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or_default();
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
     !name.starts_with('.') && (name.ends_with(".yaml") || name.ends_with(".yml"))
 }
 
 impl ManifestSource {
     /// A source reading `dir`. Nothing is read until [`ManifestSource::load`].
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self {
-            dir: dir.into(),
-            view: ClusterView::default(),
-            origins: BTreeMap::new(),
-        }
+        Self { dir: dir.into(), view: ClusterView::default(), origins: BTreeMap::new() }
     }
 
     /// The directory.
@@ -126,15 +119,10 @@ impl ManifestSource {
 
     /// The manifest files, sorted by name.
     pub fn files(&self) -> Result<Vec<PathBuf>, SourceError> {
-        let entries = std::fs::read_dir(&self.dir).map_err(|source| SourceError::Directory {
-            path: self.dir.clone(),
-            source,
-        })?;
-        let mut files: Vec<PathBuf> = entries
-            .filter_map(Result::ok)
-            .map(|e| e.path())
-            .filter(|p| is_manifest(p) && p.is_file())
-            .collect();
+        let entries =
+            std::fs::read_dir(&self.dir).map_err(|source| SourceError::Directory { path: self.dir.clone(), source })?;
+        let mut files: Vec<PathBuf> =
+            entries.filter_map(Result::ok).map(|e| e.path()).filter(|p| is_manifest(p) && p.is_file()).collect();
         files.sort();
         Ok(files)
     }
@@ -187,7 +175,10 @@ impl ManifestSource {
                     Ok(Parsed::Object(obj)) => {
                         let key = obj.key();
                         if let Some(first) = seen_at.get(&key) {
-                            report.errors.push(err(Some(key), format!("duplicate object: already defined in {first}; this copy is ignored")));
+                            report.errors.push(err(
+                                Some(key),
+                                format!("duplicate object: already defined in {first}; this copy is ignored"),
+                            ));
                             continue;
                         }
                         seen_at.insert(key.clone(), here);
@@ -216,9 +207,7 @@ impl ManifestSource {
             .origins
             .iter()
             .filter(|(k, file)| {
-                !objects.contains_key(*k)
-                    && !rejected.contains_key(*k)
-                    && !unreadable_files.contains(*file)
+                !objects.contains_key(*k) && !rejected.contains_key(*k) && !unreadable_files.contains(*file)
             })
             .map(|(k, _)| k.clone())
             .collect();
@@ -258,26 +247,15 @@ pub fn watch(
             let _ = raw_tx.send(());
         }
     })
-    .map_err(|source| SourceError::Watch {
-        path: dir.to_path_buf(),
-        source,
-    })?;
+    .map_err(|source| SourceError::Watch { path: dir.to_path_buf(), source })?;
     watcher
         .watch(dir, notify::RecursiveMode::NonRecursive)
-        .map_err(|source| SourceError::Watch {
-            path: dir.to_path_buf(),
-            source,
-        })?;
+        .map_err(|source| SourceError::Watch { path: dir.to_path_buf(), source })?;
     tokio::spawn(async move {
         while raw_rx.recv().await.is_some() {
             let deadline = tokio::time::Instant::now() + max_delay;
             loop {
-                match tokio::time::timeout_at(
-                    deadline.min(tokio::time::Instant::now() + quiet),
-                    raw_rx.recv(),
-                )
-                .await
-                {
+                match tokio::time::timeout_at(deadline.min(tokio::time::Instant::now() + quiet), raw_rx.recv()).await {
                     Ok(Some(())) => continue,
                     Ok(None) => return,
                     Err(_) => break,
@@ -324,25 +302,21 @@ mod tests {
             let entry = &src.view().firewalls["a"];
             let err = entry.error.as_deref().unwrap();
             assert!(err.contains("spec.egress[0]."), "{err}");
-            assert!(
-                src.view().pods.contains_key(&("a".into(), "p".into())),
-                "other documents still apply"
-            );
+            assert!(src.view().pods.contains_key(&("a".into(), "p".into())), "other documents still apply");
             if bad == SCHEMA_BAD {
                 assert_eq!(r.errors.len(), 1);
                 assert_eq!(r.errors[0].document, 1);
-                assert!(r.errors[0].to_string().contains(
-                    "fw.yaml: document 1 (line 1): EgressFirewall a/default: spec.egress[0].type"
-                ));
+                assert!(
+                    r.errors[0]
+                        .to_string()
+                        .contains("fw.yaml: document 1 (line 1): EgressFirewall a/default: spec.egress[0].type")
+                );
             }
         }
 
         std::fs::write(&file, format!("{GOOD}---\n{POD}")).unwrap();
         src.load().unwrap();
-        assert!(
-            src.view().firewalls["a"].error.is_none(),
-            "fixed version clears the error"
-        );
+        assert!(src.view().firewalls["a"].error.is_none(), "fixed version clears the error");
     }
 
     #[test]
@@ -360,11 +334,7 @@ mod tests {
         std::fs::write(&pods, "kind: [unclosed\n").unwrap();
         let r = src.load().unwrap();
         assert_eq!(r.errors.len(), 1);
-        assert!(
-            r.errors[0].message.starts_with("invalid YAML"),
-            "{}",
-            r.errors[0].message
-        );
+        assert!(r.errors[0].message.starts_with("invalid YAML"), "{}", r.errors[0].message);
         assert_eq!(src.view().pods.len(), 1);
 
         std::fs::remove_file(&pods).unwrap();
@@ -393,11 +363,7 @@ mod tests {
         let before = rule_cidr(&src).unwrap();
         // Swap ..data atomically to a new version, as the kubelet does.
         std::fs::create_dir(d.join("..v2")).unwrap();
-        std::fs::write(
-            d.join("..v2/fw.yaml"),
-            GOOD.replace("192.0.2.0/24", "198.51.100.0/24"),
-        )
-        .unwrap();
+        std::fs::write(d.join("..v2/fw.yaml"), GOOD.replace("192.0.2.0/24", "198.51.100.0/24")).unwrap();
         std::os::unix::fs::symlink("..v2", d.join("..data_tmp")).unwrap();
         std::fs::rename(d.join("..data_tmp"), d.join("..data")).unwrap();
         src.load().unwrap();
@@ -423,14 +389,8 @@ mod tests {
         let mut src = ManifestSource::new(dir.path());
         src.load().unwrap();
         let keys = src.view().keys();
-        assert!(
-            keys.iter()
-                .any(|k| k.kind == Kind::Namespace && k.name == "a")
-        );
-        assert!(
-            keys.iter()
-                .any(|k| k.kind == Kind::Node && k.name == "node-1")
-        );
+        assert!(keys.iter().any(|k| k.kind == Kind::Namespace && k.name == "a"));
+        assert!(keys.iter().any(|k| k.kind == Kind::Node && k.name == "node-1"));
         assert_eq!(src.view().namespaces["a"].labels["team"], "x");
     }
 
@@ -438,13 +398,7 @@ mod tests {
     async fn watch_signals_after_changes() {
         let dir = tempfile::tempdir().unwrap();
         let (tx, mut rx) = mpsc::channel(1);
-        let _w = watch(
-            dir.path(),
-            Duration::from_millis(50),
-            Duration::from_millis(250),
-            tx,
-        )
-        .unwrap();
+        let _w = watch(dir.path(), Duration::from_millis(50), Duration::from_millis(250), tx).unwrap();
         std::fs::write(dir.path().join("a.yaml"), GOOD).unwrap();
         let got = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
         assert_eq!(got.unwrap(), Some(()));

@@ -74,16 +74,10 @@ impl PodInfo {
         let status = pod.status.as_ref();
         let mut ips: Vec<IpAddr> = status
             .and_then(|s| s.pod_ips.as_ref())
-            .map(|v| {
-                v.iter()
-                    .filter_map(|p| IpAddr::from_str(&p.ip).ok())
-                    .collect()
-            })
+            .map(|v| v.iter().filter_map(|p| IpAddr::from_str(&p.ip).ok()).collect())
             .unwrap_or_default();
         if ips.is_empty()
-            && let Some(ip) = status
-                .and_then(|s| s.pod_ip.as_deref())
-                .and_then(|s| IpAddr::from_str(s).ok())
+            && let Some(ip) = status.and_then(|s| s.pod_ip.as_deref()).and_then(|s| IpAddr::from_str(s).ok())
         {
             ips.push(ip);
         }
@@ -96,11 +90,7 @@ impl PodInfo {
             host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
             phase: status.and_then(|s| s.phase.clone()),
             ips,
-            created: pod
-                .metadata
-                .creation_timestamp
-                .as_ref()
-                .map(|t| t.0.as_second()),
+            created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0.as_second()),
         }
     }
 }
@@ -134,11 +124,7 @@ impl NodeInfo {
         let ready = status
             .and_then(|s| s.conditions.as_ref())
             .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-        Self {
-            labels: node.metadata.labels.clone().unwrap_or_default(),
-            addresses,
-            ready,
-        }
+        Self { labels: node.metadata.labels.clone().unwrap_or_default(), addresses, ready }
     }
 }
 
@@ -174,17 +160,8 @@ pub struct ClusterView {
     pub ignored: BTreeMap<ObjectKey, String>,
 }
 
-fn put<T>(
-    map: &mut BTreeMap<String, Entry<T>>,
-    id: String,
-    key: ObjectKey,
-    result: Result<T, String>,
-) {
-    let entry = map.entry(id).or_insert_with(|| Entry {
-        key: key.clone(),
-        policy: None,
-        error: None,
-    });
+fn put<T>(map: &mut BTreeMap<String, Entry<T>>, id: String, key: ObjectKey, result: Result<T, String>) {
+    let entry = map.entry(id).or_insert_with(|| Entry { key: key.clone(), policy: None, error: None });
     entry.key = key;
     match result {
         Ok(p) => {
@@ -224,14 +201,11 @@ impl ClusterView {
                 policy!(cloud_ips, key.name.clone(), policy::cloud_private_ip(o))
             }
             Object::Namespace(ns) => {
-                let info = NamespaceInfo {
-                    labels: ns.metadata.labels.clone().unwrap_or_default(),
-                };
+                let info = NamespaceInfo { labels: ns.metadata.labels.clone().unwrap_or_default() };
                 self.namespaces.insert(key.name, info);
             }
             Object::Pod(p) => {
-                self.pods
-                    .insert((key.namespace, key.name), PodInfo::from_pod(p));
+                self.pods.insert((key.namespace, key.name), PodInfo::from_pod(p));
             }
             Object::Node(n) => {
                 self.nodes.insert(key.name, NodeInfo::from_node(n));
@@ -266,11 +240,7 @@ impl ClusterView {
         let same = |e: &ObjectKey| e == key;
         match key.kind {
             Kind::EgressFirewall => {
-                if self
-                    .firewalls
-                    .get(&key.namespace)
-                    .is_some_and(|e| same(&e.key))
-                {
+                if self.firewalls.get(&key.namespace).is_some_and(|e| same(&e.key)) {
                     self.firewalls.remove(&key.namespace);
                 }
             }
@@ -304,21 +274,9 @@ impl ClusterView {
         keys.extend(self.qos.values().map(|e| e.key.clone()));
         keys.extend(self.egress_ips.values().map(|e| e.key.clone()));
         keys.extend(self.cloud_ips.values().map(|e| e.key.clone()));
-        keys.extend(
-            self.namespaces
-                .keys()
-                .map(|n| ObjectKey::new(Kind::Namespace, "", n.clone())),
-        );
-        keys.extend(
-            self.pods
-                .keys()
-                .map(|(ns, n)| ObjectKey::new(Kind::Pod, ns.clone(), n.clone())),
-        );
-        keys.extend(
-            self.nodes
-                .keys()
-                .map(|n| ObjectKey::new(Kind::Node, "", n.clone())),
-        );
+        keys.extend(self.namespaces.keys().map(|n| ObjectKey::new(Kind::Namespace, "", n.clone())));
+        keys.extend(self.pods.keys().map(|(ns, n)| ObjectKey::new(Kind::Pod, ns.clone(), n.clone())));
+        keys.extend(self.nodes.keys().map(|n| ObjectKey::new(Kind::Node, "", n.clone())));
         keys
     }
 
@@ -336,19 +294,14 @@ impl ClusterView {
         let mut clashes = Vec::new();
         for (ip, mut pods) in claims {
             pods.sort_by(|a, b| {
-                b.created
-                    .cmp(&a.created)
-                    .then_with(|| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)))
+                b.created.cmp(&a.created).then_with(|| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)))
             });
             let winner = pods[0];
             if pods.len() > 1 {
                 clashes.push(IpClash {
                     ip,
                     winner: format!("{}/{}", winner.namespace, winner.name),
-                    losers: pods[1..]
-                        .iter()
-                        .map(|p| format!("{}/{}", p.namespace, p.name))
-                        .collect(),
+                    losers: pods[1..].iter().map(|p| format!("{}/{}", p.namespace, p.name)).collect(),
                 });
             }
             owners.insert(ip, winner);
@@ -411,11 +364,7 @@ mod tests {
         assert!(!owners.contains_key(&"198.18.1.3".parse::<IpAddr>().unwrap()));
         assert_eq!(
             clashes,
-            vec![IpClash {
-                ip,
-                winner: "b/new".into(),
-                losers: vec!["c/also-new".into(), "a/old".into()]
-            }]
+            vec![IpClash { ip, winner: "b/new".into(), losers: vec!["c/also-new".into(), "a/old".into()] }]
         );
     }
 }

@@ -67,11 +67,7 @@ pub struct DnsName {
 
 impl std::fmt::Display for DnsName {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.wildcard {
-            write!(f, "*.{}", self.base)
-        } else {
-            f.write_str(&self.base)
-        }
+        if self.wildcard { write!(f, "*.{}", self.base) } else { f.write_str(&self.base) }
     }
 }
 
@@ -186,14 +182,8 @@ pub fn normalise_dns_name(s: &str) -> DnsName {
     let lower = s.to_ascii_lowercase();
     let trimmed = lower.strip_suffix('.').unwrap_or(&lower);
     match trimmed.strip_prefix("*.") {
-        Some(base) => DnsName {
-            base: base.to_string(),
-            wildcard: true,
-        },
-        None => DnsName {
-            base: trimmed.to_string(),
-            wildcard: false,
-        },
+        Some(base) => DnsName { base: base.to_string(), wildcard: true },
+        None => DnsName { base: trimmed.to_string(), wildcard: false },
     }
 }
 
@@ -225,11 +215,7 @@ pub fn firewall_policy(ef: &EgressFirewall) -> Conversion<FirewallPolicy> {
             }
         };
         let to = &rule.to;
-        let set = [
-            to.cidr_selector.is_some(),
-            to.dns_name.is_some(),
-            to.node_selector.is_some(),
-        ];
+        let set = [to.cidr_selector.is_some(), to.dns_name.is_some(), to.node_selector.is_some()];
         if set.iter().filter(|b| **b).count() != 1 {
             return invalid(format!(
                 "{path}.to: Invalid value: exactly one of cidrSelector, dnsName and nodeSelector must be set"
@@ -239,9 +225,7 @@ pub fn firewall_policy(ef: &EgressFirewall) -> Conversion<FirewallPolicy> {
             match canonical_cidr(cidr) {
                 Some(net) => Target::Cidr(net),
                 None => {
-                    return invalid(format!(
-                        "{path}.to.cidrSelector: invalid CIDR address: {cidr}"
-                    ));
+                    return invalid(format!("{path}.to.cidrSelector: invalid CIDR address: {cidr}"));
                 }
             }
         } else if let Some(dns) = &to.dns_name {
@@ -274,11 +258,7 @@ pub fn firewall_policy(ef: &EgressFirewall) -> Conversion<FirewallPolicy> {
             };
             ports.insert((protocol, port));
         }
-        rules.push(FirewallRule {
-            action,
-            target,
-            ports,
-        });
+        rules.push(FirewallRule { action, target, ports });
     }
     Ok(FirewallPolicy { namespace, rules })
 }
@@ -294,10 +274,7 @@ pub fn qos_policy(q: &EgressQoS) -> Conversion<QosPolicy> {
     }
     let egress = &q.spec.egress;
     if egress.len() > MAX_QOS_RULES {
-        return invalid(format!(
-            "cannot create EgressQoS with {} rules - maximum is {MAX_QOS_RULES}",
-            egress.len()
-        ));
+        return invalid(format!("cannot create EgressQoS with {} rules - maximum is {MAX_QOS_RULES}", egress.len()));
     }
     let mut rules = Vec::with_capacity(egress.len());
     for (i, rule) in egress.iter().enumerate() {
@@ -305,10 +282,7 @@ pub fn qos_policy(q: &EgressQoS) -> Conversion<QosPolicy> {
         let dscp = match u8::try_from(rule.dscp) {
             Ok(d) if d <= 63 => d,
             _ => {
-                return invalid(format!(
-                    "{path}.dscp: Invalid value: {}: must be between 0 and 63",
-                    rule.dscp
-                ));
+                return invalid(format!("{path}.dscp: Invalid value: {}: must be between 0 and 63", rule.dscp));
             }
         };
         let dst = match &rule.dst_cidr {
@@ -316,9 +290,7 @@ pub fn qos_policy(q: &EgressQoS) -> Conversion<QosPolicy> {
             Some(s) => match canonical_cidr(s) {
                 Some(net) => Some(net),
                 None => {
-                    return invalid(format!(
-                        "{path}.dstCIDR: Invalid value: {s:?}: must be a CIDR"
-                    ));
+                    return invalid(format!("{path}.dstCIDR: Invalid value: {s:?}: must be a CIDR"));
                 }
             },
         };
@@ -340,9 +312,7 @@ pub fn egress_ip_policy(e: &EgressIP) -> Conversion<EgressIpPolicy> {
             Ok(addr) if !ips.contains(&addr) => ips.push(addr),
             Ok(_) => {}
             Err(_) => {
-                return invalid(format!(
-                    "spec.egressIPs: unable to parse provided EgressIP: {ip}, invalid"
-                ));
+                return invalid(format!("spec.egressIPs: unable to parse provided EgressIP: {ip}, invalid"));
             }
         }
     }
@@ -360,25 +330,12 @@ pub fn egress_ip_policy(e: &EgressIP) -> Conversion<EgressIpPolicy> {
             ));
         };
         if !ips.contains(&addr) {
-            return invalid(format!(
-                "status.items[{i}].egressIP: {addr} is not one of spec.egressIPs"
-            ));
+            return invalid(format!("status.items[{i}].egressIP: {addr} is not one of spec.egressIPs"));
         }
         placement.push((addr, item.node.clone()));
     }
-    let created = e
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .map(|t| t.0.as_second());
-    Ok(EgressIpPolicy {
-        name,
-        ips,
-        namespaces,
-        pods,
-        placement,
-        created,
-    })
+    let created = e.metadata.creation_timestamp.as_ref().map(|t| t.0.as_second());
+    Ok(EgressIpPolicy { name, ips, namespaces, pods, placement, created })
 }
 
 /// The IP a CloudPrivateIPConfig name stands for: dotted IPv4, or IPv6 fully expanded
@@ -402,10 +359,7 @@ pub fn cloud_private_ip(c: &CloudPrivateIPConfig) -> Conversion<CloudPrivateIp> 
             "metadata.name: Invalid value: {name:?}: must be an IPv4 address or a fully expanded IPv6 address with '.' for ':'"
         ));
     };
-    Ok(CloudPrivateIp {
-        ip,
-        node: c.spec.node.clone(),
-    })
+    Ok(CloudPrivateIp { ip, node: c.spec.node.clone() })
 }
 
 #[cfg(test)]
@@ -414,63 +368,32 @@ mod tests {
 
     #[test]
     fn cidrs_are_canonical() {
-        assert_eq!(
-            canonical_cidr("1.2.3.4/24").unwrap().to_string(),
-            "1.2.3.0/24"
-        );
-        assert_eq!(
-            canonical_cidr("2001:db8::1/32").unwrap().to_string(),
-            "2001:db8::/32"
-        );
+        assert_eq!(canonical_cidr("1.2.3.4/24").unwrap().to_string(), "1.2.3.0/24");
+        assert_eq!(canonical_cidr("2001:db8::1/32").unwrap().to_string(), "2001:db8::/32");
         assert!(canonical_cidr("1.2.3./32").is_none());
     }
 
     #[test]
     fn dns_names_are_normalised() {
-        assert_eq!(
-            normalise_dns_name("WWW.Example.COM."),
-            DnsName {
-                base: "www.example.com".into(),
-                wildcard: false
-            }
-        );
-        assert_eq!(
-            normalise_dns_name("*.Example.com").to_string(),
-            "*.example.com"
-        );
+        assert_eq!(normalise_dns_name("WWW.Example.COM."), DnsName { base: "www.example.com".into(), wildcard: false });
+        assert_eq!(normalise_dns_name("*.Example.com").to_string(), "*.example.com");
     }
 
     fn firewall(name: &str, rules: usize) -> EgressFirewall {
-        use crate::api::types::{
-            EgressFirewallDestination, EgressFirewallRule, EgressFirewallSpec,
-        };
+        use crate::api::types::{EgressFirewallDestination, EgressFirewallRule, EgressFirewallSpec};
         let rule = EgressFirewallRule {
             rule_type: "Deny".into(),
-            to: EgressFirewallDestination {
-                cidr_selector: Some("192.0.2.0/24".into()),
-                ..Default::default()
-            },
+            to: EgressFirewallDestination { cidr_selector: Some("192.0.2.0/24".into()), ..Default::default() },
             ports: None,
         };
-        let mut ef = EgressFirewall::new(
-            name,
-            EgressFirewallSpec {
-                egress: vec![rule; rules],
-            },
-        );
+        let mut ef = EgressFirewall::new(name, EgressFirewallSpec { egress: vec![rule; rules] });
         ef.metadata.namespace = Some("team-a".into());
         ef
     }
 
     #[test]
     fn firewall_rule_limit_and_name() {
-        assert_eq!(
-            firewall_policy(&firewall("default", MAX_FIREWALL_RULES))
-                .unwrap()
-                .rules
-                .len(),
-            8000
-        );
+        assert_eq!(firewall_policy(&firewall("default", MAX_FIREWALL_RULES)).unwrap().rules.len(), 8000);
         assert_eq!(
             firewall_policy(&firewall("default", MAX_FIREWALL_RULES + 1)),
             Err(PolicyError::Invalid(
@@ -485,38 +408,20 @@ mod tests {
     #[test]
     fn qos_rule_limit() {
         use crate::api::types::{EgressQoSRule, EgressQoSSpec};
-        let rule = EgressQoSRule {
-            dscp: 10,
-            dst_cidr: None,
-            pod_selector: None,
-        };
-        let mut q = EgressQoS::new(
-            "default",
-            EgressQoSSpec {
-                egress: vec![rule; MAX_QOS_RULES + 1],
-            },
-        );
+        let rule = EgressQoSRule { dscp: 10, dst_cidr: None, pod_selector: None };
+        let mut q = EgressQoS::new("default", EgressQoSSpec { egress: vec![rule; MAX_QOS_RULES + 1] });
         q.metadata.namespace = Some("a".into());
         assert_eq!(
             qos_policy(&q),
-            Err(PolicyError::Invalid(
-                "cannot create EgressQoS with 1001 rules - maximum is 1000".into()
-            ))
+            Err(PolicyError::Invalid("cannot create EgressQoS with 1001 rules - maximum is 1000".into()))
         );
     }
 
     #[test]
     fn cloud_ip_names() {
+        assert_eq!(cloud_private_ip_from_name("192.168.172.12").unwrap().to_string(), "192.168.172.12");
         assert_eq!(
-            cloud_private_ip_from_name("192.168.172.12")
-                .unwrap()
-                .to_string(),
-            "192.168.172.12"
-        );
-        assert_eq!(
-            cloud_private_ip_from_name("fc00.f853.0ccd.e793.0000.0000.0000.0054")
-                .unwrap()
-                .to_string(),
+            cloud_private_ip_from_name("fc00.f853.0ccd.e793.0000.0000.0000.0054").unwrap().to_string(),
             "fc00:f853:ccd:e793::54"
         );
         assert!(cloud_private_ip_from_name("fc00.f853.ccd.e793.0.0.0.54").is_none());

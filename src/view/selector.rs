@@ -112,10 +112,7 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }
 
     fn expr(key: &str, op: &str, values: Option<Vec<&str>>) -> LabelSelectorRequirement {
@@ -140,44 +137,20 @@ mod tests {
         let s = Selector::parse(&sel, "spec.podSelector").unwrap();
         assert!(s.matches(&labels(&[("app", "web"), ("env", "prod"), ("team", "a")])));
         assert!(!s.matches(&labels(&[("app", "web"), ("env", "dev"), ("team", "a")])));
-        assert!(!s.matches(&labels(&[
-            ("app", "web"),
-            ("env", "prod"),
-            ("team", "a"),
-            ("tier", "db")
-        ])));
+        assert!(!s.matches(&labels(&[("app", "web"), ("env", "prod"), ("team", "a"), ("tier", "db")])));
         assert!(!s.matches(&labels(&[("app", "web"), ("env", "prod")])));
-        assert!(!s.matches(&labels(&[
-            ("app", "web"),
-            ("env", "prod"),
-            ("team", "a"),
-            ("legacy", "")
-        ])));
+        assert!(!s.matches(&labels(&[("app", "web"), ("env", "prod"), ("team", "a"), ("legacy", "")])));
         assert!(Selector::everything().matches(&labels(&[])));
     }
 
     #[test]
     fn reference_validation() {
-        let bad = |e| LabelSelector {
-            match_expressions: Some(vec![e]),
-            ..Default::default()
-        };
+        let bad = |e| LabelSelector { match_expressions: Some(vec![e]), ..Default::default() };
         let err = Selector::parse(&bad(expr("a", "In", None)), "spec.x").unwrap_err();
-        assert!(
-            err.starts_with("spec.x.matchExpressions[0].values: Required value"),
-            "{err}"
-        );
-        let err =
-            Selector::parse(&bad(expr("a", "Exists", Some(vec!["v"]))), "spec.x").unwrap_err();
-        assert!(
-            err.starts_with("spec.x.matchExpressions[0].values: Forbidden"),
-            "{err}"
-        );
-        let err =
-            Selector::parse(&bad(expr("a", "Equals", Some(vec!["v"]))), "spec.x").unwrap_err();
-        assert!(
-            err.contains("operator: Unsupported value: \"Equals\""),
-            "{err}"
-        );
+        assert!(err.starts_with("spec.x.matchExpressions[0].values: Required value"), "{err}");
+        let err = Selector::parse(&bad(expr("a", "Exists", Some(vec!["v"]))), "spec.x").unwrap_err();
+        assert!(err.starts_with("spec.x.matchExpressions[0].values: Forbidden"), "{err}");
+        let err = Selector::parse(&bad(expr("a", "Equals", Some(vec!["v"]))), "spec.x").unwrap_err();
+        assert!(err.contains("operator: Unsupported value: \"Equals\""), "{err}");
     }
 }

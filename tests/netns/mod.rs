@@ -24,36 +24,18 @@ static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
 /// Fail the test unless it runs as root with `ip` and `nft` available.
 pub fn require_root() {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "netns tests need root (run the README's test command as root)"
-    );
+    assert!(nix::unistd::geteuid().is_root(), "netns tests need root (run the README's test command as root)");
     for tool in ["ip", "nft"] {
-        let ok = Command::new(tool)
-            .arg("-V")
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false)
-            || Command::new(tool)
-                .arg("--version")
-                .output()
-                .map(|o| o.status.success())
-                .unwrap_or(false);
+        let ok = Command::new(tool).arg("-V").output().map(|o| o.status.success()).unwrap_or(false)
+            || Command::new(tool).arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
         assert!(ok, "`{tool}` not found: install iproute2 and nftables");
     }
 }
 
 /// Run a command, panicking with its stderr on failure.
 pub fn sh(args: &[&str]) -> String {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    assert!(out.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -89,11 +71,7 @@ impl Netns {
 
     /// `ip netns exec NAME ARGS...`, returning success and combined output.
     pub fn try_exec(&self, args: &[&str]) -> (bool, String) {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.name])
-            .args(args)
-            .output()
-            .unwrap();
+        let out = Command::new("ip").args(["netns", "exec", &self.name]).args(args).output().unwrap();
         let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
         text.push_str(&String::from_utf8_lossy(&out.stderr));
         (out.status.success(), text)
@@ -129,9 +107,7 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
     }
 }
 
@@ -140,15 +116,13 @@ pub fn veth(ns_a: &Netns, if_a: &str, ns_b: &Netns, if_b: &str) {
     let n = COUNTER.fetch_add(1, Ordering::SeqCst);
     let tmp_a = format!("egdv{}a{n}", std::process::id() % 100000);
     let tmp_b = format!("egdv{}b{n}", std::process::id() % 100000);
-    sh(&[
-        "ip", "link", "add", &tmp_a, "type", "veth", "peer", "name", &tmp_b,
-    ]);
-    sh(&[
-        "ip", "link", "set", &tmp_a, "netns", &ns_a.name, "name", if_a,
-    ]);
-    sh(&[
-        "ip", "link", "set", &tmp_b, "netns", &ns_b.name, "name", if_b,
-    ]);
+    sh(&["ip", "link", "add", &tmp_a, "type", "veth", "peer", "name", &tmp_b]);
+    sh(&["ip", "link", "set", &tmp_a, "netns", &ns_a.name, "name", if_a]);
+    sh(&["ip", "link", "set", &tmp_b, "netns", &ns_b.name, "name", if_b]);
+    // No duplicate address detection on test links: a tentative link-local address
+    // delays neighbour discovery by a second or more.
+    ns_a.sysctl(&format!("net.ipv6.conf.{if_a}.accept_dad"), "0");
+    ns_b.sysctl(&format!("net.ipv6.conf.{if_b}.accept_dad"), "0");
     ns_a.ip(&["link", "set", if_a, "up"]);
     ns_b.ip(&["link", "set", if_b, "up"]);
 }
@@ -167,29 +141,16 @@ pub fn addr(ns: &Netns, dev: &str, cidr: &str) {
 pub fn serve(ns: &Netns, tcp_ports: &[u16], udp_ports: &[u16]) {
     let tcp: Vec<TcpListener> = {
         let ports = tcp_ports.to_vec();
-        ns.run(move || {
-            ports
-                .iter()
-                .map(|p| TcpListener::bind(("::", *p)).expect("bind tcp"))
-                .collect()
-        })
+        ns.run(move || ports.iter().map(|p| TcpListener::bind(("::", *p)).expect("bind tcp")).collect())
     };
     let udp: Vec<UdpSocket> = {
         let ports = udp_ports.to_vec();
-        ns.run(move || {
-            ports
-                .iter()
-                .map(|p| UdpSocket::bind(("::", *p)).expect("bind udp"))
-                .collect()
-        })
+        ns.run(move || ports.iter().map(|p| UdpSocket::bind(("::", *p)).expect("bind udp")).collect())
     };
     for l in tcp {
         std::thread::spawn(move || {
             for mut s in l.incoming().flatten() {
-                let peer = s
-                    .peer_addr()
-                    .map(|a| a.ip().to_canonical().to_string())
-                    .unwrap_or_default();
+                let peer = s.peer_addr().map(|a| a.ip().to_canonical().to_string()).unwrap_or_default();
                 let _ = s.write_all(peer.as_bytes());
             }
         });
@@ -220,11 +181,7 @@ pub fn tcp(ns: &Netns, addr: &str, port: u16) -> Option<String> {
 pub fn udp(ns: &Netns, addr: &str, port: u16) -> Option<String> {
     let target: SocketAddr = SocketAddr::new(addr.parse().unwrap(), port);
     ns.run(move || {
-        let bind: SocketAddr = if target.is_ipv4() {
-            "0.0.0.0:0".parse().unwrap()
-        } else {
-            "[::]:0".parse().unwrap()
-        };
+        let bind: SocketAddr = if target.is_ipv4() { "0.0.0.0:0".parse().unwrap() } else { "[::]:0".parse().unwrap() };
         let s = UdpSocket::bind(bind).ok()?;
         s.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
         s.send_to(b"ping", target).ok()?;
@@ -270,10 +227,7 @@ impl Agent {
             .stderr(file)
             .spawn()
             .unwrap();
-        Self {
-            child: Some(child),
-            log,
-        }
+        Self { child: Some(child), log }
     }
 
     /// The process id (egressd's own: `ip netns exec` execs in place).
@@ -355,34 +309,14 @@ impl Topology {
         veth(&node, "eth-ext", &ext, "eth0");
         addr(&node, "eth-ext", "203.0.113.1/24");
         addr(&node, "eth-ext", "2001:db8:ff::1/64");
-        for a in [
-            "203.0.113.2/24",
-            "192.0.2.10/32",
-            "198.51.100.10/32",
-            "2001:db8:ff::2/64",
-            "2001:db8:ff:1::10/128",
-        ] {
+        for a in ["203.0.113.2/24", "192.0.2.10/32", "198.51.100.10/32", "2001:db8:ff::2/64", "2001:db8:ff:1::10/128"] {
             addr(&ext, "eth0", a);
         }
         ext.ip(&["route", "add", "198.18.0.0/15", "via", "203.0.113.1"]);
-        ext.ip(&[
-            "-6",
-            "route",
-            "add",
-            "2001:db8:1::/48",
-            "via",
-            "2001:db8:ff::1",
-        ]);
+        ext.ip(&["-6", "route", "add", "2001:db8:1::/48", "via", "2001:db8:ff::1"]);
         node.ip(&["route", "add", "192.0.2.0/24", "via", "203.0.113.2"]);
         node.ip(&["route", "add", "198.51.100.0/24", "via", "203.0.113.2"]);
-        node.ip(&[
-            "-6",
-            "route",
-            "add",
-            "2001:db8:ff:1::/64",
-            "via",
-            "2001:db8:ff::2",
-        ]);
+        node.ip(&["-6", "route", "add", "2001:db8:ff:1::/64", "via", "2001:db8:ff::2"]);
 
         let mut pods = Vec::new();
         for i in 0..pod_defs.len() {
@@ -393,21 +327,8 @@ impl Topology {
             addr(&node, &dev, &format!("2001:db8:1:{}::1/64", i + 1));
             addr(&pod, "eth0", &format!("{}/30", pod_v4(i)));
             addr(&pod, "eth0", &format!("{}/64", pod_v6(i)));
-            pod.ip(&[
-                "route",
-                "add",
-                "default",
-                "via",
-                &format!("198.18.1.{}", 4 * i + 1),
-            ]);
-            pod.ip(&[
-                "-6",
-                "route",
-                "add",
-                "default",
-                "via",
-                &format!("2001:db8:1:{}::1", i + 1),
-            ]);
+            pod.ip(&["route", "add", "default", "via", &format!("198.18.1.{}", 4 * i + 1)]);
+            pod.ip(&["-6", "route", "add", "default", "via", &format!("2001:db8:1:{}::1", i + 1)]);
             pods.push(pod);
         }
         serve(&ext, &TCP_PORTS, &UDP_PORTS);
@@ -419,12 +340,7 @@ impl Topology {
         let dir = tempfile::tempdir().unwrap();
         let cluster = "apiVersion: v1\nkind: Node\nmetadata: {name: node-a}\nstatus:\n  addresses:\n  - {type: InternalIP, address: 203.0.113.1}\n";
         std::fs::write(dir.path().join("cluster.yaml"), cluster).unwrap();
-        let t = Self {
-            node,
-            pods,
-            ext,
-            dir,
-        };
+        let t = Self { node, pods, ext, dir };
         for (i, (ns, labels)) in pod_defs.iter().enumerate() {
             if !ns.is_empty() {
                 t.declare_pod(i, ns, labels);
@@ -474,34 +390,32 @@ impl Topology {
     }
 
     pub fn start_agent(&self, name: &str) -> Agent {
+        self.start_agent_with(name, &[])
+    }
+
+    /// Start egressd on the node with extra arguments; waits for its first sync.
+    pub fn start_agent_with(&self, name: &str, extra: &[&str]) -> Agent {
         let dir = self.manifests().to_str().unwrap().to_string();
-        let agent = Agent::start(
-            &self.node,
-            &[
-                "run",
-                "--manifests",
-                &dir,
-                "--node-name",
-                "node-a",
-                "--cluster-cidr",
-                "198.18.0.0/16",
-                "--cluster-cidr",
-                "2001:db8:1::/48",
-                "--service-cidr",
-                "198.19.0.0/16",
-                "--state-dir",
-                self.dir.path().join("state").to_str().unwrap(),
-            ],
-            self.dir.path().join(format!("{name}.log")),
-        );
-        let in_sync = wait_for(Duration::from_secs(10), || {
-            agent.log_text().contains("dataplane in sync")
-        });
-        assert!(
-            in_sync.is_some(),
-            "egressd did not sync:\n{}",
-            agent.log_text()
-        );
+        let state = self.dir.path().join("state").to_str().unwrap().to_string();
+        let mut args: Vec<&str> = vec![
+            "run",
+            "--manifests",
+            &dir,
+            "--node-name",
+            "node-a",
+            "--cluster-cidr",
+            "198.18.0.0/16",
+            "--cluster-cidr",
+            "2001:db8:1::/48",
+            "--service-cidr",
+            "198.19.0.0/16",
+            "--state-dir",
+            &state,
+        ];
+        args.extend_from_slice(extra);
+        let agent = Agent::start(&self.node, &args, self.dir.path().join(format!("{name}.log")));
+        let in_sync = wait_for(Duration::from_secs(10), || agent.log_text().contains("dataplane in sync"));
+        assert!(in_sync.is_some(), "egressd did not sync:\n{}", agent.log_text());
         agent
     }
 }
@@ -515,12 +429,13 @@ pub struct DscpObserver<'a> {
 
 impl<'a> DscpObserver<'a> {
     pub fn install(ns: &'a Netns, ports: std::ops::RangeInclusive<u16>) -> Self {
-        let mut script = String::from(
-            "table inet dscpobs {\n chain in {\n  type filter hook input priority -300; policy accept;\n",
-        );
+        let mut script =
+            String::from("table inet dscpobs {\n chain in {\n  type filter hook input priority -300; policy accept;\n");
         for port in ports {
             for d in 0..64 {
-                script.push_str(&format!("  udp dport {port} ip dscp {d} counter\n  udp dport {port} ip6 dscp {d} counter\n"));
+                script.push_str(&format!(
+                    "  udp dport {port} ip dscp {d} counter\n  udp dport {port} ip6 dscp {d} counter\n"
+                ));
             }
         }
         script.push_str(" }\n}\n");
@@ -533,18 +448,12 @@ impl<'a> DscpObserver<'a> {
 
     /// The DSCP values seen on `port` so far.
     pub fn seen(&self, port: u16) -> Vec<u8> {
-        let text = self
-            .ns
-            .exec(&["nft", "list", "chain", "inet", "dscpobs", "in"]);
+        let text = self.ns.exec(&["nft", "list", "chain", "inet", "dscpobs", "in"]);
         let mut out = Vec::new();
         for line in text.lines().map(str::trim) {
             let words: Vec<&str> = line.split_whitespace().collect();
             // udp dport P ip[6] dscp V counter packets N bytes B
-            if words.len() >= 9
-                && words[2] == port.to_string()
-                && words[7] == "packets"
-                && words[8] != "0"
-            {
+            if words.len() >= 9 && words[2] == port.to_string() && words[7] == "packets" && words[8] != "0" {
                 let v = words[5];
                 let value = match v.strip_prefix("0x") {
                     Some(hex) => u8::from_str_radix(hex, 16).unwrap(),
@@ -582,9 +491,7 @@ fn dscp_name(name: &str) -> u8 {
         "ef" => 46,
         "va" => 44,
         "le" => 1,
-        other => other
-            .parse()
-            .unwrap_or_else(|_| panic!("unknown dscp {other}")),
+        other => other.parse().unwrap_or_else(|_| panic!("unknown dscp {other}")),
     }
 }
 
@@ -592,12 +499,59 @@ fn dscp_name(name: &str) -> u8 {
 pub fn udp_send(ns: &Netns, addr: &str, port: u16) {
     let target: SocketAddr = SocketAddr::new(addr.parse().unwrap(), port);
     ns.run(move || {
-        let bind = if target.is_ipv4() {
-            "0.0.0.0:0"
-        } else {
-            "[::]:0"
-        };
+        let bind = if target.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
         let s = UdpSocket::bind(bind).unwrap();
         s.send_to(b"mark me", target).unwrap();
     });
+}
+
+/// A dnsmasq serving `hosts` (an /etc/hosts-style file it re-reads on SIGHUP) on
+/// `listen`:53 in `ns`, answers with TTL `ttl`. Stopped by its own PID on drop.
+pub struct Dnsmasq {
+    child: Option<Child>,
+    pub hosts: PathBuf,
+}
+
+impl Dnsmasq {
+    pub fn start(ns: &Netns, listen: &str, hosts: PathBuf, ttl: u32) -> Self {
+        let child = Command::new("ip")
+            .args(["netns", "exec", &ns.name, "dnsmasq", "--keep-in-foreground", "--no-resolv", "--no-hosts"])
+            .arg(format!("--addn-hosts={}", hosts.display()))
+            .arg(format!("--local-ttl={ttl}"))
+            .arg(format!("--listen-address={listen}"))
+            .args(["--bind-interfaces", "--port=53", "--user=root", "--conf-file=/dev/null", "--pid-file="])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("dnsmasq (install dnsmasq-base)");
+        let d = Self { child: Some(child), hosts };
+        let ready =
+            wait_for(Duration::from_secs(5), || ns.try_exec(&["ss", "-lun"]).1.contains(&format!("{listen}:53")));
+        assert!(ready.is_some(), "dnsmasq did not start");
+        d
+    }
+
+    /// Replace the hosts file and make dnsmasq re-read it.
+    pub fn set_hosts(&self, text: &str) {
+        std::fs::write(&self.hosts, text).unwrap();
+        if let Some(c) = &self.child {
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::Signal::SIGHUP)
+                .unwrap();
+        }
+    }
+
+    /// Stop the server (its PID, not a wrapper's).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::Signal::SIGTERM);
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Dnsmasq {
+    fn drop(&mut self) {
+        self.stop();
+    }
 }

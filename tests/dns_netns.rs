@@ -1,0 +1,95 @@
+//! EgressFirewall dnsName and nodeSelector rules against a real DNS server (dnsmasq,
+//! which egressd does not control) in the external host's namespace (root required).
+
+mod netns;
+
+use std::time::Duration;
+
+use netns::{Dnsmasq, Topology, tcp, wait_for};
+
+const DNS: &str = "203.0.113.2";
+
+fn firewall() -> String {
+    [
+        "  - type: Allow\n    to: {dnsName: API.Example.COM}\n    ports: [{protocol: TCP, port: 8080}]\n",
+        "  - type: Deny\n    to: {cidrSelector: 0.0.0.0/0}\n",
+        "  - type: Deny\n    to: {cidrSelector: \"::/0\"}\n",
+    ]
+    .concat()
+}
+
+#[test]
+fn dns_rules_follow_answers_keep_last_good_and_expire_in_the_kernel() {
+    let t = Topology::new(&["team-a"]);
+    let hosts = t.dir.path().join("hosts");
+    std::fs::write(&hosts, "192.0.2.10 api.example.com\n2001:db8:ff:1::10 api.example.com\n").unwrap();
+    let mut dns = Dnsmasq::start(&t.ext, DNS, hosts, 1);
+    t.set_firewall("team-a", &firewall());
+    let agent = t.start_agent_with("agent", &["--dns-server", DNS, "--dns-grace-secs", "30"]);
+    let p0 = &t.pods[0];
+
+    // Resolved before the first apply: allowed by (upper-case) name, v4 and v6.
+    assert!(tcp(p0, "192.0.2.10", 8080).is_some(), "allowed by name (v4):\n{}", agent.log_text());
+    assert!(tcp(p0, "2001:db8:ff:1::10", 8080).is_some(), "allowed by name (v6):\n{}", t.node.nft_list());
+    assert_eq!(tcp(p0, "198.51.100.10", 8080), None, "other addresses denied");
+    assert_eq!(tcp(p0, "192.0.2.10", 9090), None, "other ports denied");
+    let table = t.node.exec(&["nft", "list", "set", "inet", "egressd", "dns4-api.example.com"]);
+    assert!(
+        table.contains("192.0.2.10 timeout 35s expires"),
+        "kernel-side timeout (TTL 1 → 5 s floor + 30 s grace):\n{table}"
+    );
+
+    // The answer changes: the new address is allowed within TTL + floor.
+    dns.set_hosts("198.51.100.10 api.example.com\n2001:db8:ff:1::10 api.example.com\n");
+    let took = wait_for(Duration::from_secs(8), || tcp(p0, "198.51.100.10", 8080).is_some());
+    assert!(took.is_some(), "new address not allowed within TTL + floor:\n{}", agent.log_text());
+    assert_eq!(tcp(p0, "192.0.2.10", 8080), None, "old address no longer allowed");
+
+    // Server down: the last good addresses stay (and their kernel timeouts are refreshed).
+    dns.stop();
+    let failed = wait_for(Duration::from_secs(20), || agent.log_text().contains("DNS resolution failed"));
+    assert!(failed.is_some(), "{}", agent.log_text());
+    assert!(tcp(p0, "198.51.100.10", 8080).is_some(), "last good address kept while the server is down");
+    let status = std::process::Command::new(netns::egressd_bin())
+        .args(["status", "--state-dir", t.dir.path().join("state").to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(text.contains("EgressFirewall team-a/default\tapplied"), "{text}");
+    assert!(text.contains("dnsName api.example.com.: resolution failing"), "{text}");
+}
+
+#[test]
+fn node_selector_rules_follow_node_labels_and_addresses() {
+    let t = Topology::new(&["team-a"]);
+    let node = |labels: &str, addrs: &[&str]| {
+        let list: Vec<String> = addrs.iter().map(|a| format!("  - {{type: InternalIP, address: \"{a}\"}}\n")).collect();
+        t.write_manifest(
+            "node-db.yaml",
+            &format!(
+                "apiVersion: v1\nkind: Node\nmetadata: {{name: node-db, labels: {labels}}}\nstatus:\n  addresses:\n{}",
+                list.concat()
+            ),
+        );
+    };
+    node("{role: db}", &["192.0.2.10"]);
+    t.set_firewall(
+        "team-a",
+        "  - type: Allow\n    to: {nodeSelector: {matchLabels: {role: db}}}\n    ports: [{protocol: TCP, port: 8080}]\n  - type: Deny\n    to: {cidrSelector: 0.0.0.0/0}\n  - type: Deny\n    to: {cidrSelector: \"::/0\"}\n",
+    );
+    let agent = t.start_agent("agent");
+    let p0 = &t.pods[0];
+    assert!(tcp(p0, "192.0.2.10", 8080).is_some(), "selected node's address allowed:\n{}", agent.log_text());
+    assert_eq!(tcp(p0, "198.51.100.10", 8080), None);
+
+    node("{role: web}", &["192.0.2.10"]);
+    assert!(wait_for(Duration::from_secs(1), || tcp(p0, "192.0.2.10", 8080).is_none()).is_some(), "label change");
+
+    node("{role: db}", &["198.51.100.10", "2001:db8:ff:1::10"]);
+    assert!(wait_for(Duration::from_secs(1), || tcp(p0, "198.51.100.10", 8080).is_some()).is_some(), "address change");
+    assert_eq!(tcp(p0, "192.0.2.10", 8080), None, "old address removed");
+    assert!(tcp(p0, "2001:db8:ff:1::10", 8080).is_some(), "IPv6 node address");
+
+    t.remove_manifest("node-db.yaml");
+    assert!(wait_for(Duration::from_secs(1), || tcp(p0, "198.51.100.10", 8080).is_none()).is_some(), "node deleted");
+}
