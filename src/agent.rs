@@ -1,6 +1,6 @@
 //! Wiring: source → view → compile → dataplane, in a loop, until shutdown.
 //!
-//! Guarantees of [`run_manifests`]:
+//! Guarantees of [`run`]:
 //! * Nothing is applied before the source has delivered a complete view (for the
 //!   manifests source: one full read of the directory). No transient "no policy" state.
 //! * Every change (debounced directory events, and a periodic resync that also catches
@@ -24,6 +24,7 @@ use crate::dataplane::nft::{NftBackend, NftError, NftSyncer, SyncKind};
 use crate::dns::resolver::DnsResolver;
 use crate::dns::{DnsAnswers, DnsTracker, FAST_RETRIES};
 use crate::source::manifests::{LoadReport, ManifestSource, SourceError, watch};
+use crate::view::ClusterView;
 
 /// Errors that stop the agent.
 #[derive(Debug, thiserror::Error)]
@@ -31,19 +32,16 @@ pub enum AgentError {
     /// The source failed as a whole.
     #[error(transparent)]
     Source(#[from] SourceError),
+    /// The Kubernetes client could not be set up.
+    #[error("kubernetes: {0}")]
+    Kube(String),
 }
 
-/// Settings of the manifests-mode agent.
+/// Settings of the agent loop.
 #[derive(Debug, Clone)]
 pub struct RunConfig {
-    /// The manifests directory.
-    pub manifests: PathBuf,
     /// This node.
     pub node: NodeConfig,
-    /// Quiet time after a directory event before reloading.
-    pub debounce: Duration,
-    /// Periodic full reload and recompile.
-    pub resync: Duration,
     /// Where the status file is written after every sync (`egressd status` reads it).
     pub state_dir: Option<PathBuf>,
     /// DNS servers for dnsName rules; empty = the name servers of /etc/resolv.conf.
@@ -163,17 +161,9 @@ pub fn write_status(dir: &std::path::Path, text: &str) -> std::io::Result<()> {
     std::fs::rename(&tmp, dir.join(STATUS_FILE))
 }
 
-fn publish(
-    config: &RunConfig,
-    desired: &Desired,
-    sync: &Result<SyncKind, NftError>,
-    report: &LoadReport,
-    dns: &[String],
-) {
+fn publish(config: &RunConfig, desired: &Desired, sync: &Result<SyncKind, NftError>, problems: &[String]) {
     let Some(dir) = &config.state_dir else { return };
-    let mut problems: Vec<String> = report.errors.iter().map(ToString::to_string).collect();
-    problems.extend(dns.iter().cloned());
-    if let Err(e) = write_status(dir, &status_report(&config.node, desired, sync, &problems)) {
+    if let Err(e) = write_status(dir, &status_report(&config.node, desired, sync, problems)) {
         tracing::warn!(dir = %dir.display(), error = %e, "cannot write the status file");
     }
 }
@@ -211,13 +201,13 @@ pub fn log_report(report: &LoadReport) {
 
 /// Compile and sync once; returns the statuses with kernel failures folded in.
 pub fn apply_once<B: NftBackend>(
-    source: &ManifestSource,
+    view: &ClusterView,
     node: &NodeConfig,
     dns: &DnsAnswers,
     syncer: &mut NftSyncer<B>,
 ) -> (Desired, Result<SyncKind, NftError>) {
     let started = std::time::Instant::now();
-    let mut desired = compile(source.view(), node, dns);
+    let mut desired = compile(view, node, dns);
     let result = syncer.sync(&desired.table);
     match &result {
         Ok(kind) => tracing::info!(
@@ -259,20 +249,94 @@ fn log_status_changes(old: &[ObjectStatus], new: &[ObjectStatus]) {
     }
 }
 
-/// Run against a manifests directory until `shutdown` completes.
-pub async fn run_manifests<B: NftBackend>(
+/// Where the view comes from, for the agent loop.
+#[allow(async_fn_in_trait)]
+pub trait ViewSource {
+    /// The current view.
+    fn view(&self) -> &ClusterView;
+    /// Problems to report in the status file (rejected documents, watch errors).
+    fn problems(&self) -> Vec<String>;
+    /// Wait for the next change. `Ok(true)`: the view (may have) changed and must be
+    /// recompiled; `Ok(false)`: nothing to do.
+    async fn next_change(&mut self) -> bool;
+}
+
+/// The manifests directory as a [`ViewSource`]: directory events (debounced) and a
+/// periodic re-read.
+pub struct ManifestsView {
+    source: ManifestSource,
+    report: LoadReport,
+    events: mpsc::Receiver<()>,
+    resync: tokio::time::Interval,
+    _watcher: notify::RecommendedWatcher,
+}
+
+impl ManifestsView {
+    /// Read `dir` once (fails when it is unreadable) and start watching it.
+    pub async fn open(dir: &std::path::Path, debounce: Duration, resync: Duration) -> Result<Self, AgentError> {
+        let mut source = ManifestSource::new(dir);
+        let report = source.load()?;
+        log_report(&report);
+        tracing::info!(dir = %dir.display(), objects = report.objects, errors = report.errors.len(), "manifests loaded");
+        let (tx, events) = mpsc::channel(1);
+        let watcher = watch(dir, debounce, debounce * 5, tx)?;
+        let mut resync = tokio::time::interval(resync);
+        resync.tick().await;
+        Ok(Self { source, report, events, resync, _watcher: watcher })
+    }
+}
+
+impl ViewSource for ManifestsView {
+    fn view(&self) -> &ClusterView {
+        self.source.view()
+    }
+
+    fn problems(&self) -> Vec<String> {
+        self.report.errors.iter().map(ToString::to_string).collect()
+    }
+
+    async fn next_change(&mut self) -> bool {
+        let forced = tokio::select! {
+            Some(()) = self.events.recv() => false,
+            _ = self.resync.tick() => true,
+        };
+        match self.source.load() {
+            Ok(report) => {
+                if report.changed || !report.errors.is_empty() {
+                    log_report(&report);
+                }
+                let changed = report.changed || forced;
+                self.report = report;
+                changed
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "manifests unreadable; keeping the current dataplane");
+                false
+            }
+        }
+    }
+}
+
+/// Receives each compiled state after it was applied (the Kubernetes status writer).
+pub trait StatusSink {
+    /// `desired` was just applied (or failed to apply: its statuses say so).
+    fn applied(&mut self, view: &ClusterView, desired: &Desired);
+}
+
+/// No sink (manifests mode: the status file is all).
+impl StatusSink for () {
+    fn applied(&mut self, _: &ClusterView, _: &Desired) {}
+}
+
+/// Run until `shutdown` completes: resolve DNS names, compile, sync, report; again on
+/// every change of the source and whenever a DNS name falls due.
+pub async fn run<S: ViewSource, B: NftBackend, K: StatusSink>(
     config: RunConfig,
+    mut source: S,
     mut syncer: NftSyncer<B>,
+    mut sink: K,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), AgentError> {
-    let mut source = ManifestSource::new(&config.manifests);
-    let mut report = source.load()?;
-    log_report(&report);
-    tracing::info!(dir = %config.manifests.display(), objects = report.objects, errors = report.errors.len(), "manifests loaded");
-
-    let (tx, mut rx) = mpsc::channel(1);
-    let _watcher = watch(&config.manifests, config.debounce, config.debounce * 5, tx)?;
-
     let families = config.node.families();
     let resolver = match DnsResolver::new(&config.dns_servers, config.dns_timeout) {
         Ok(r) => Some(r),
@@ -290,17 +354,16 @@ pub async fn run_manifests<B: NftBackend>(
         resolve_due(r, &mut tracker, families).await;
     }
 
-    let apply = |source: &ManifestSource, tracker: &DnsTracker, syncer: &mut NftSyncer<B>| {
+    let apply = |view: &ClusterView, tracker: &DnsTracker, syncer: &mut NftSyncer<B>| {
         let answers = tracker.answers();
-        tokio::task::block_in_place(|| apply_once(source, &config.node, &answers, syncer))
+        tokio::task::block_in_place(|| apply_once(view, &config.node, &answers, syncer))
     };
-    let (mut desired, mut last_result) = apply(&source, &tracker, &mut syncer);
+    let (mut desired, mut last_result) = apply(source.view(), &tracker, &mut syncer);
     log_status_changes(&[], &desired.statuses);
-    let mut problems = dns_problems(&tracker, &names);
-    publish(&config, &desired, &last_result, &report, &problems);
+    sink.applied(source.view(), &desired);
+    let mut problems = [source.problems(), dns_problems(&tracker, &names)].concat();
+    publish(&config, &desired, &last_result, &problems);
 
-    let mut resync = tokio::time::interval(config.resync);
-    resync.tick().await;
     tokio::pin!(shutdown);
     loop {
         let dns_wake = tracker
@@ -308,59 +371,37 @@ pub async fn run_manifests<B: NftBackend>(
             .filter(|_| resolver.is_some())
             .map(tokio::time::Instant::from_std)
             .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
-        enum Wake {
-            Files { forced: bool },
-            Dns,
-        }
-        let wake = tokio::select! {
-            _ = &mut shutdown => break,
-            Some(()) = rx.recv() => Wake::Files { forced: false },
-            _ = resync.tick() => Wake::Files { forced: true },
-            _ = tokio::time::sleep_until(dns_wake) => Wake::Dns,
-        };
         // A failed sync is retried at every wake.
         let mut changed = last_result.is_err();
-        let mut attempted = Vec::new();
-        match wake {
-            Wake::Files { forced } => {
-                report = match source.load() {
-                    Ok(r) => r,
-                    Err(e) => {
-                        tracing::error!(error = %e, "manifests unreadable; keeping the current dataplane");
-                        continue;
-                    }
-                };
-                if report.changed || !report.errors.is_empty() {
-                    log_report(&report);
-                }
-                changed |= report.changed || forced;
-                names = dns_names(source.view());
-                tracker.set_names(&names, tokio::time::Instant::now().into_std());
-                // New names are due at once: resolve them before applying.
-                if let Some(r) = &resolver {
-                    let (c, a) = resolve_due(r, &mut tracker, families).await;
-                    changed |= c;
-                    attempted = a;
+        tokio::select! {
+            _ = &mut shutdown => break,
+            c = source.next_change() => {
+                changed |= c;
+                if c {
+                    names = dns_names(source.view());
+                    tracker.set_names(&names, tokio::time::Instant::now().into_std());
                 }
             }
-            Wake::Dns => {
-                if let Some(r) = &resolver {
-                    let (c, a) = resolve_due(r, &mut tracker, families).await;
-                    changed |= c;
-                    attempted = a;
-                }
-            }
+            _ = tokio::time::sleep_until(dns_wake) => {}
         }
-        let now_problems = dns_problems(&tracker, &names);
+        // New names are due at once; due names are resolved before applying.
+        let mut attempted = Vec::new();
+        if let Some(r) = &resolver {
+            let (c, a) = resolve_due(r, &mut tracker, families).await;
+            changed |= c;
+            attempted = a;
+        }
+        let now_problems = [source.problems(), dns_problems(&tracker, &names)].concat();
         if changed {
-            let (next, result) = apply(&source, &tracker, &mut syncer);
+            let (next, result) = apply(source.view(), &tracker, &mut syncer);
             log_status_changes(&desired.statuses, &next.statuses);
             desired = next;
             last_result = result;
+            sink.applied(source.view(), &desired);
         }
         if changed || now_problems != problems {
             problems = now_problems;
-            publish(&config, &desired, &last_result, &report, &problems);
+            publish(&config, &desired, &last_result, &problems);
         }
         if !attempted.is_empty()
             && let Err(e) = tokio::task::block_in_place(|| syncer.refresh_timeouts(&dns_set_names(&attempted)))

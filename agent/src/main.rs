@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use egressd::agent::{RunConfig, render_manifests, run_manifests};
+use egressd::agent::{ManifestsView, RunConfig, render_manifests};
 use egressd::compile::NodeConfig;
 use egressd::dataplane::nft::{NftCli, NftSyncer};
 use ipnet::IpNet;
@@ -245,10 +245,7 @@ fn run(args: RunArgs) -> ExitCode {
         }
     }
     let config = RunConfig {
-        manifests: args.manifests,
         node: args.node.config(),
-        debounce: Duration::from_millis(args.debounce_ms),
-        resync: Duration::from_secs(args.resync_secs.max(1)),
         state_dir: Some(args.state_dir),
         dns_servers: args.dns_servers,
         dns_timeout: Duration::from_millis(args.dns_timeout_ms.max(1)),
@@ -260,7 +257,12 @@ fn run(args: RunArgs) -> ExitCode {
             return ExitCode::from(EXIT_FAILURE);
         }
     };
-    let result = runtime.block_on(run_manifests(config, NftSyncer::new(nft), shutdown_signal()));
+    let debounce = Duration::from_millis(args.debounce_ms);
+    let resync = Duration::from_secs(args.resync_secs.max(1));
+    let result = runtime.block_on(async {
+        let source = ManifestsView::open(&args.manifests, debounce, resync).await?;
+        egressd::agent::run(config, source, NftSyncer::new(nft), (), shutdown_signal()).await
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -4,4 +4,5 @@
 //! * [`manifests`]: a directory of YAML files (the embedded default: demos, tests,
 //!   static hosts), watched for changes.
 
+pub mod kube;
 pub mod manifests;

@@ -1,0 +1,320 @@
+//! The Kubernetes source: watches of the four custom resources, Nodes, Namespaces and
+//! Pods (kube-runtime watchers with the default backoff), feeding the same
+//! [`ClusterView`] as the manifests source.
+//!
+//! Guarantees:
+//! * [`KubeSource::wait_synced`] returns once every kind has been listed completely: the
+//!   agent applies nothing before that.
+//! * Custom resources are watched as dynamic objects and run through the same parser as
+//!   manifests ([`crate::api::parse_document`]), so a malformed object is reported (its
+//!   last good version kept) and never stops the watch.
+//! * A re-list (after a 410 Gone, an API server restart or an outage) replaces that kind's
+//!   objects: what was deleted meanwhile disappears at the end of the re-list. While the
+//!   API is unreachable the view, and so the dataplane, stays as it is.
+//! * Pods are reduced to the fields egressd uses as they arrive.
+//!
+//! The observed `status` of EgressFirewall and EgressQoS objects is kept too, so the status
+//! writer only writes what differs from what the API already has.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use crate::api::parse::Parsed;
+use crate::api::{Kind, Object, ObjectKey, parse_document};
+use crate::view::ClusterView;
+
+/// What a watcher reports.
+#[derive(Debug)]
+pub enum KubeMsg {
+    /// A (re-)list of `kind` starts.
+    Init(Kind),
+    /// An object was added or changed (or listed, during a re-list).
+    Apply {
+        /// The object's kind and name.
+        key: ObjectKey,
+        /// The decoded object, or why it was rejected.
+        object: Result<Box<Object>, String>,
+        /// Its `status` as stored, for the status writer.
+        status: Option<Value>,
+    },
+    /// An object was deleted.
+    Delete(ObjectKey),
+    /// The (re-)list of `kind` is complete.
+    InitDone(Kind),
+    /// The watch failed (it retries with backoff).
+    Error(Kind, String),
+}
+
+/// The kinds watched.
+pub const KINDS: [Kind; 7] = [
+    Kind::Namespace,
+    Kind::Node,
+    Kind::Pod,
+    Kind::EgressFirewall,
+    Kind::EgressQoS,
+    Kind::EgressIP,
+    Kind::CloudPrivateIPConfig,
+];
+
+/// The dynamic API resource of a custom resource kind.
+pub fn api_resource(kind: Kind) -> ApiResource {
+    let gvk = GroupVersionKind::gvk(kind.group(), "v1", kind.as_str());
+    ApiResource::from_gvk_with_plural(&gvk, kind.plural())
+}
+
+fn key_of(kind: Kind, meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> ObjectKey {
+    let ns = if kind.namespaced() { meta.namespace.clone().unwrap_or_default() } else { String::new() };
+    ObjectKey::new(kind, ns, meta.name.clone().unwrap_or_default())
+}
+
+fn custom(kind: Kind, obj: DynamicObject) -> KubeMsg {
+    let key = key_of(kind, &obj.metadata);
+    let mut value = match serde_json::to_value(&obj) {
+        Ok(v) => v,
+        Err(e) => return KubeMsg::Apply { key, object: Err(format!("cannot encode: {e}")), status: None },
+    };
+    if let Some(map) = value.as_object_mut() {
+        map.insert("apiVersion".into(), Value::String(kind.api_version().into()));
+        map.insert("kind".into(), Value::String(kind.as_str().into()));
+        // Server-managed metadata is not part of the CRD schema; drop what the strict
+        // unknown-field check would not know.
+    }
+    let status = value.get("status").cloned();
+    let object = match parse_document(&value, "", false) {
+        Ok(Parsed::Object(o)) => Ok(Box::new(o)),
+        Ok(Parsed::Ignored { kind, .. }) => Err(format!("unexpected kind {kind}")),
+        Err(e) => Err(e.violations.join("; ")),
+    };
+    KubeMsg::Apply { key, object, status }
+}
+
+async fn forward<K, F>(kind: Kind, api: Api<K>, tx: mpsc::Sender<KubeMsg>, convert: F)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    F: Fn(K) -> KubeMsg,
+    K: kube::ResourceExt,
+{
+    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    futures::pin_mut!(stream);
+    while let Some(event) = stream.next().await {
+        let msg = match event {
+            Ok(Event::Init) => KubeMsg::Init(kind),
+            Ok(Event::InitDone) => KubeMsg::InitDone(kind),
+            Ok(Event::Apply(o) | Event::InitApply(o)) => convert(o),
+            Ok(Event::Delete(o)) => KubeMsg::Delete(key_of(kind, o.meta())),
+            Err(e) => KubeMsg::Error(kind, e.to_string()),
+        };
+        if tx.send(msg).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Start one watcher task per kind; messages arrive on the returned channel.
+pub fn start_watches(client: &Client) -> mpsc::Receiver<KubeMsg> {
+    let (tx, rx) = mpsc::channel(1024);
+    tokio::spawn(forward(Kind::Namespace, Api::<Namespace>::all(client.clone()), tx.clone(), |o| KubeMsg::Apply {
+        key: key_of(Kind::Namespace, &o.metadata),
+        object: Ok(Box::new(Object::Namespace(o))),
+        status: None,
+    }));
+    tokio::spawn(forward(Kind::Node, Api::<Node>::all(client.clone()), tx.clone(), |o| KubeMsg::Apply {
+        key: key_of(Kind::Node, &o.metadata),
+        object: Ok(Box::new(Object::Node(o))),
+        status: None,
+    }));
+    tokio::spawn(forward(Kind::Pod, Api::<Pod>::all(client.clone()), tx.clone(), |o| KubeMsg::Apply {
+        key: key_of(Kind::Pod, &o.metadata),
+        object: Ok(Box::new(Object::Pod(o))),
+        status: None,
+    }));
+    for kind in [Kind::EgressFirewall, Kind::EgressQoS, Kind::EgressIP, Kind::CloudPrivateIPConfig] {
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &api_resource(kind));
+        tokio::spawn(forward(kind, api, tx.clone(), move |o| custom(kind, o)));
+    }
+    rx
+}
+
+/// The view built from the watches.
+#[derive(Debug, Default)]
+pub struct KubeSource {
+    view: ClusterView,
+    /// Keys seen during a running re-list, per kind.
+    relisting: BTreeMap<Kind, BTreeSet<ObjectKey>>,
+    /// Every key currently in the view, per kind.
+    present: BTreeMap<Kind, BTreeSet<ObjectKey>>,
+    /// Kinds listed completely at least once.
+    synced: BTreeSet<Kind>,
+    /// Stored `status` of EgressFirewall / EgressQoS objects.
+    observed: BTreeMap<ObjectKey, Value>,
+    /// Current watch errors by kind.
+    errors: BTreeMap<Kind, String>,
+    /// Objects rejected by the parser, with the reason.
+    rejected: BTreeMap<ObjectKey, String>,
+}
+
+impl KubeSource {
+    /// An empty source.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The view.
+    pub fn view(&self) -> &ClusterView {
+        &self.view
+    }
+
+    /// Whether every kind has been listed completely.
+    pub fn synced(&self) -> bool {
+        KINDS.iter().all(|k| self.synced.contains(k))
+    }
+
+    /// The stored `status` of an object.
+    pub fn observed_status(&self, key: &ObjectKey) -> Option<&Value> {
+        self.observed.get(key)
+    }
+
+    /// Watch errors and rejected objects, for the status file.
+    pub fn problems(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.errors.iter().map(|(k, e)| format!("watch {k}: {e}")).collect();
+        out.extend(self.rejected.iter().map(|(k, e)| format!("{k}: {e}")));
+        out
+    }
+
+    /// Apply one message. Returns whether the view (or an observed status) changed.
+    pub fn handle(&mut self, msg: KubeMsg) -> bool {
+        match msg {
+            KubeMsg::Init(kind) => {
+                self.relisting.insert(kind, BTreeSet::new());
+                false
+            }
+            KubeMsg::Apply { key, object, status } => {
+                self.errors.remove(&key.kind);
+                if let Some(seen) = self.relisting.get_mut(&key.kind) {
+                    seen.insert(key.clone());
+                }
+                self.present.entry(key.kind).or_default().insert(key.clone());
+                let before = self.view.clone();
+                let status_changed = match status {
+                    Some(s) if matches!(key.kind, Kind::EgressFirewall | Kind::EgressQoS) => {
+                        self.observed.insert(key.clone(), s.clone()) != Some(s)
+                    }
+                    _ => false,
+                };
+                match object {
+                    Ok(o) => {
+                        self.rejected.remove(&key);
+                        self.view.upsert(&o);
+                    }
+                    Err(e) => {
+                        tracing::warn!(object = %key, error = %e, "object rejected");
+                        self.rejected.insert(key.clone(), e.clone());
+                        self.view.reject(&key, e);
+                    }
+                }
+                status_changed || self.view != before
+            }
+            KubeMsg::Delete(key) => {
+                self.remove(&key);
+                true
+            }
+            KubeMsg::InitDone(kind) => {
+                let seen = self.relisting.remove(&kind).unwrap_or_default();
+                let gone: Vec<ObjectKey> =
+                    self.present.get(&kind).map(|p| p.difference(&seen).cloned().collect()).unwrap_or_default();
+                for key in &gone {
+                    self.remove(key);
+                }
+                let first = self.synced.insert(kind);
+                tracing::debug!(kind = %kind, removed = gone.len(), "list complete");
+                first || !gone.is_empty()
+            }
+            KubeMsg::Error(kind, e) => {
+                if self.errors.insert(kind, e.clone()).is_none() {
+                    tracing::warn!(kind = %kind, error = %e, "watch failed; retrying, dataplane unchanged");
+                }
+                false
+            }
+        }
+    }
+
+    fn remove(&mut self, key: &ObjectKey) {
+        self.view.remove(key);
+        self.observed.remove(key);
+        self.rejected.remove(key);
+        if let Some(p) = self.present.get_mut(&key.kind) {
+            p.remove(key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ns(name: &str) -> KubeMsg {
+        let mut n = Namespace::default();
+        n.metadata.name = Some(name.into());
+        KubeMsg::Apply {
+            key: ObjectKey::new(Kind::Namespace, "", name),
+            object: Ok(Object::Namespace(n)),
+            status: None,
+        }
+    }
+
+    #[test]
+    fn synced_only_after_every_kind_listed() {
+        let mut s = KubeSource::new();
+        for k in KINDS {
+            assert!(!s.synced());
+            s.handle(KubeMsg::Init(k));
+            s.handle(KubeMsg::InitDone(k));
+        }
+        assert!(s.synced());
+    }
+
+    #[test]
+    fn a_relist_removes_what_was_deleted_while_away() {
+        let mut s = KubeSource::new();
+        s.handle(KubeMsg::Init(Kind::Namespace));
+        s.handle(ns("a"));
+        s.handle(ns("b"));
+        s.handle(KubeMsg::InitDone(Kind::Namespace));
+        assert_eq!(s.view().namespaces.len(), 2);
+        // 410 Gone → re-list: only "a" is still there.
+        s.handle(KubeMsg::Init(Kind::Namespace));
+        s.handle(ns("a"));
+        assert_eq!(s.view().namespaces.len(), 2, "nothing removed before the re-list completes");
+        assert!(s.handle(KubeMsg::InitDone(Kind::Namespace)));
+        assert_eq!(s.view().namespaces.keys().collect::<Vec<_>>(), vec!["a"]);
+    }
+
+    #[test]
+    fn malformed_custom_resources_are_reported_and_keep_their_last_good_version() {
+        let mut s = KubeSource::new();
+        let good: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "k8s.ovn.org/v1", "kind": "EgressFirewall",
+            "metadata": {"name": "default", "namespace": "a", "resourceVersion": "7", "uid": "x", "managedFields": []},
+            "spec": {"egress": [{"type": "Deny", "to": {"cidrSelector": "192.0.2.0/24"}}]},
+            "status": {"messages": ["n1: EgressFirewall Rules applied"]}
+        }))
+        .unwrap();
+        s.handle(custom(Kind::EgressFirewall, good.clone()));
+        assert!(s.view().firewalls["a"].policy.is_some());
+        assert!(s.observed_status(&ObjectKey::new(Kind::EgressFirewall, "a", "default")).is_some());
+        let mut bad = good;
+        bad.data["spec"]["egress"][0]["to"]["cidrSelector"] = serde_json::json!("1.2.3./32");
+        s.handle(custom(Kind::EgressFirewall, bad));
+        let entry = &s.view().firewalls["a"];
+        assert!(entry.policy.is_some(), "last good kept");
+        assert!(entry.error.as_deref().unwrap().contains("invalid CIDR address: 1.2.3./32"));
+    }
+}
