@@ -265,7 +265,7 @@ mod tests {
         n.metadata.name = Some(name.into());
         KubeMsg::Apply {
             key: ObjectKey::new(Kind::Namespace, "", name),
-            object: Ok(Object::Namespace(n)),
+            object: Ok(Box::new(Object::Namespace(n))),
             status: None,
         }
     }
