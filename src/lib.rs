@@ -17,4 +17,5 @@ pub mod dataplane;
 pub mod dns;
 pub mod nft;
 pub mod source;
+pub mod status;
 pub mod view;

@@ -16,4 +16,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+command -v kubectl >/dev/null || { echo "tests/run.sh: kubectl is required (the machine image ships it)" >&2; exit 1; }
+# The test kube-apiserver (built once from Debian's kubernetes source, ~10 min, then
+# cached in /var/cache/egressd-kube) and etcd.
+tests/kube/build-apiserver.sh >/dev/null
+
 cargo test --locked "$@"

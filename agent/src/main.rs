@@ -8,9 +8,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use egressd::agent::{ManifestsView, RunConfig, render_manifests};
+use egressd::agent::{AgentError, ManifestsView, RunConfig, render_manifests};
 use egressd::compile::NodeConfig;
 use egressd::dataplane::nft::{NftCli, NftSyncer};
+use egressd::source::kube::KubeView;
+use egressd::status::lease::{Leadership, LeaseConfig};
+use egressd::status::writer::KubeStatusWriter;
 use ipnet::IpNet;
 
 /// Exit code for configuration errors (EX_USAGE), as linkerd2-proxy does.
@@ -114,9 +117,26 @@ fn parse_table_name(s: &str) -> Result<String, String> {
 #[derive(Debug, Args)]
 struct RunArgs {
     /// Directory of YAML manifests (EgressFirewall, EgressQoS, EgressIP,
-    /// CloudPrivateIPConfig, Namespace, Pod, Node), watched for changes.
-    #[arg(long, env = "EGRESSD_MANIFESTS")]
-    manifests: PathBuf,
+    /// CloudPrivateIPConfig, Namespace, Pod, Node), watched for changes. Without it,
+    /// egressd follows a Kubernetes cluster (`--kubeconfig`, or in-cluster config).
+    #[arg(long, env = "EGRESSD_MANIFESTS", conflicts_with = "kubeconfig")]
+    manifests: Option<PathBuf>,
+    /// Kubeconfig file for the Kubernetes source; default: the in-cluster service
+    /// account (as in the DaemonSet).
+    #[arg(long, env = "EGRESSD_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Namespace of the leader Lease (cluster-wide work: status aggregation).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "egressd")]
+    lease_namespace: String,
+    /// Name of the leader Lease.
+    #[arg(long, default_value = "egressd-leader")]
+    lease_name: String,
+    /// Seconds a leader lease stays valid without renewal.
+    #[arg(long, default_value_t = 15)]
+    lease_duration_secs: u64,
+    /// Seconds between lease renewals (and attempts by the others).
+    #[arg(long, default_value_t = 5)]
+    lease_renew_secs: u64,
     #[command(flatten)]
     node: NodeArgs,
     /// The nft program.
@@ -232,8 +252,14 @@ fn render(args: &RenderArgs) -> ExitCode {
 }
 
 fn run(args: RunArgs) -> ExitCode {
-    if !args.manifests.is_dir() {
-        eprintln!("egressd run: --manifests {}: not a directory", args.manifests.display());
+    if let Some(dir) = &args.manifests
+        && !dir.is_dir()
+    {
+        eprintln!("egressd run: --manifests {}: not a directory", dir.display());
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    if args.manifests.is_none() && args.kubeconfig.is_none() && std::env::var_os("KUBERNETES_SERVICE_HOST").is_none() {
+        eprintln!("egressd run: give --manifests DIR or --kubeconfig PATH (or run in a pod for the in-cluster config)");
         return ExitCode::from(EXIT_CONFIG);
     }
     let nft = NftCli::new(&args.nft);
@@ -246,8 +272,8 @@ fn run(args: RunArgs) -> ExitCode {
     }
     let config = RunConfig {
         node: args.node.config(),
-        state_dir: Some(args.state_dir),
-        dns_servers: args.dns_servers,
+        state_dir: Some(args.state_dir.clone()),
+        dns_servers: args.dns_servers.clone(),
         dns_timeout: Duration::from_millis(args.dns_timeout_ms.max(1)),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
@@ -257,14 +283,39 @@ fn run(args: RunArgs) -> ExitCode {
             return ExitCode::from(EXIT_FAILURE);
         }
     };
-    let debounce = Duration::from_millis(args.debounce_ms);
-    let resync = Duration::from_secs(args.resync_secs.max(1));
     let result = runtime.block_on(async {
-        let source = ManifestsView::open(&args.manifests, debounce, resync).await?;
-        egressd::agent::run(config, source, NftSyncer::new(nft), (), shutdown_signal()).await
+        let syncer = NftSyncer::new(nft);
+        if let Some(dir) = &args.manifests {
+            let debounce = Duration::from_millis(args.debounce_ms);
+            let resync = Duration::from_secs(args.resync_secs.max(1));
+            let source = ManifestsView::open(dir, debounce, resync).await?;
+            return egressd::agent::run(config, source, syncer, (), shutdown_signal()).await;
+        }
+        let client = egressd::source::kube::client(args.kubeconfig.as_deref()).await.map_err(AgentError::Kube)?;
+        let leadership = Leadership::default();
+        let lease = LeaseConfig {
+            namespace: args.lease_namespace.clone(),
+            name: args.lease_name.clone(),
+            identity: args.node.node_name.clone(),
+            duration: Duration::from_secs(args.lease_duration_secs.max(1)),
+            renew_every: Duration::from_secs(args.lease_renew_secs.max(1)),
+        };
+        tokio::spawn(egressd::status::lease::run(client.clone(), lease, leadership.clone()));
+        let shutdown = shutdown_signal();
+        tokio::pin!(shutdown);
+        let view = tokio::select! {
+            v = KubeView::start(&client) => v,
+            _ = &mut shutdown => return Ok(()),
+        };
+        let writer = KubeStatusWriter::start(client, args.node.node_name.clone(), leadership);
+        egressd::agent::run(config, view, syncer, writer, shutdown).await
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(AgentError::Kube(e)) => {
+            eprintln!("egressd run: {e}");
+            ExitCode::from(EXIT_CONFIG)
+        }
         Err(e) => {
             eprintln!("egressd run: {e}");
             ExitCode::from(EXIT_FAILURE)

@@ -64,6 +64,20 @@ pub const KINDS: [Kind; 7] = [
     Kind::CloudPrivateIPConfig,
 ];
 
+/// A client from a kubeconfig file, or the in-cluster configuration when `None`.
+pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client, String> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| format!("{}: {e}", path.display()))?
+        }
+        None => kube::Config::incluster().map_err(|e| format!("in-cluster configuration: {e}"))?,
+    };
+    Client::try_from(config).map_err(|e| e.to_string())
+}
+
 /// The dynamic API resource of a custom resource kind.
 pub fn api_resource(kind: Kind) -> ApiResource {
     let gvk = GroupVersionKind::gvk(kind.group(), "v1", kind.as_str());
@@ -153,12 +167,61 @@ pub struct KubeSource {
     present: BTreeMap<Kind, BTreeSet<ObjectKey>>,
     /// Kinds listed completely at least once.
     synced: BTreeSet<Kind>,
-    /// Stored `status` of EgressFirewall / EgressQoS objects.
-    observed: BTreeMap<ObjectKey, Value>,
     /// Current watch errors by kind.
     errors: BTreeMap<Kind, String>,
     /// Objects rejected by the parser, with the reason.
     rejected: BTreeMap<ObjectKey, String>,
+}
+
+/// The Kubernetes watches as a [`crate::agent::ViewSource`].
+pub struct KubeView {
+    source: KubeSource,
+    rx: mpsc::Receiver<KubeMsg>,
+}
+
+impl KubeView {
+    /// Start the watches and wait until every kind is listed (the agent applies nothing
+    /// before that). Logs progress while the API server is unreachable.
+    pub async fn start(client: &Client) -> Self {
+        let mut view = Self { source: KubeSource::new(), rx: start_watches(client) };
+        while !view.source.synced() {
+            match view.rx.recv().await {
+                Some(msg) => {
+                    view.source.handle(msg);
+                }
+                None => break,
+            }
+        }
+        tracing::info!(
+            pods = view.source.view().pods.len(),
+            nodes = view.source.view().nodes.len(),
+            "initial lists complete"
+        );
+        view
+    }
+}
+
+impl crate::agent::ViewSource for KubeView {
+    fn view(&self) -> &ClusterView {
+        self.source.view()
+    }
+
+    fn problems(&self) -> Vec<String> {
+        self.source.problems()
+    }
+
+    async fn next_change(&mut self) -> bool {
+        let Some(first) = self.rx.recv().await else {
+            return std::future::pending().await;
+        };
+        let mut changed = self.source.handle(first);
+        // Coalesce a burst (a re-list, a rollout) into one recompile.
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(50);
+        while let Ok(Some(msg)) = tokio::time::timeout_at(deadline, self.rx.recv()).await {
+            changed |= self.source.handle(msg);
+        }
+        changed
+    }
 }
 
 impl KubeSource {
@@ -179,7 +242,7 @@ impl KubeSource {
 
     /// The stored `status` of an object.
     pub fn observed_status(&self, key: &ObjectKey) -> Option<&Value> {
-        self.observed.get(key)
+        self.view.api_status.get(key)
     }
 
     /// Watch errors and rejected objects, for the status file.
@@ -203,12 +266,9 @@ impl KubeSource {
                 }
                 self.present.entry(key.kind).or_default().insert(key.clone());
                 let before = self.view.clone();
-                let status_changed = match status {
-                    Some(s) if matches!(key.kind, Kind::EgressFirewall | Kind::EgressQoS) => {
-                        self.observed.insert(key.clone(), s.clone()) != Some(s)
-                    }
-                    _ => false,
-                };
+                if let Some(s) = status.filter(|_| matches!(key.kind, Kind::EgressFirewall | Kind::EgressQoS)) {
+                    self.view.api_status.insert(key.clone(), s);
+                }
                 match object {
                     Ok(o) => {
                         self.rejected.remove(&key);
@@ -220,7 +280,7 @@ impl KubeSource {
                         self.view.reject(&key, e);
                     }
                 }
-                status_changed || self.view != before
+                self.view != before
             }
             KubeMsg::Delete(key) => {
                 self.remove(&key);
@@ -248,7 +308,6 @@ impl KubeSource {
 
     fn remove(&mut self, key: &ObjectKey) {
         self.view.remove(key);
-        self.observed.remove(key);
         self.rejected.remove(key);
         if let Some(p) = self.present.get_mut(&key.kind) {
             p.remove(key);

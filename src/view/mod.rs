@@ -158,6 +158,9 @@ pub struct ClusterView {
     pub cloud_ips: BTreeMap<String, Entry<CloudPrivateIp>>,
     /// Objects that are valid but not acted on, with the reason.
     pub ignored: BTreeMap<ObjectKey, String>,
+    /// The `status` the API server stores for EgressFirewall and EgressQoS objects
+    /// (Kubernetes source only), so status writers write only what differs.
+    pub api_status: BTreeMap<ObjectKey, serde_json::Value>,
 }
 
 fn put<T>(map: &mut BTreeMap<String, Entry<T>>, id: String, key: ObjectKey, result: Result<T, String>) {
@@ -237,6 +240,7 @@ impl ClusterView {
     /// Remove an object.
     pub fn remove(&mut self, key: &ObjectKey) {
         self.ignored.remove(key);
+        self.api_status.remove(key);
         let same = |e: &ObjectKey| e == key;
         match key.kind {
             Kind::EgressFirewall => {

@@ -10,11 +10,29 @@
 # system:serviceaccount:egressd:egressd (bound only to the RBAC in daemonset/).
 # DIR/kubeconfig-admin and DIR/kubeconfig-egressd are ready-made kubeconfigs. There is
 # no controller-manager, scheduler or kubelet.
+#
+#   BIND        address kube-apiserver listens on (default 127.0.0.1)
+#   KUBE_HOST   address written into kubeconfig-egressd (default: BIND, or 127.0.0.1)
 set -euo pipefail
 cmd=$1 dir=$2 port=${3:-}
 here=$(cd "$(dirname "$0")" && pwd)
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+start_apiserver() { # DIR: start kube-apiserver with the saved arguments, record its PID
+  mapfile -t args <"$1/apiserver.args"
+  "$(cat "$1/apiserver.bin")" "${args[@]}" >>"$1/apiserver.log" 2>&1 &
+  echo $! >"$1/apiserver.pid"
+}
+
+wait_ready() { # DIR
+  for _ in $(seq 300); do
+    if kubectl --kubeconfig "$1/kubeconfig-admin" get --raw /readyz >/dev/null 2>&1; then return 0; fi
+    kill -0 "$(cat "$1/apiserver.pid")" 2>/dev/null || { tail -20 "$1/apiserver.log" >&2; return 1; }
+    sleep 0.2
+  done
+  echo "apiserver.sh: kube-apiserver not ready" >&2; tail -20 "$1/apiserver.log" >&2; return 1
+}
 
 case "$cmd" in
 start)
@@ -31,30 +49,45 @@ start)
     --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" --initial-cluster "default=http://127.0.0.1:$peer_port" \
     >"$dir/etcd.log" 2>&1 &
   etcd_pid=$!
-  "$bin" --etcd-servers "http://127.0.0.1:$etcd_port" --bind-address 127.0.0.1 --secure-port "$port" \
-    --cert-dir "$dir/certs" --token-auth-file "$dir/tokens.csv" --authorization-mode RBAC \
-    --service-account-key-file "$dir/sa.key" --service-account-signing-key-file "$dir/sa.key" \
-    --service-account-issuer https://egressd.test --service-cluster-ip-range 198.19.0.0/16 \
-    --disable-admission-plugins ServiceAccount --allow-privileged=true --insecure-port 0 \
-    --enable-priority-and-fairness=false \
-    >"$dir/apiserver.log" 2>&1 &
-  api_pid=$!
+  bind=${BIND:-127.0.0.1}
+  host=${KUBE_HOST:-$bind}; [ "$host" = 0.0.0.0 ] && host=127.0.0.1
+  cat >"$dir/apiserver.args" <<ARGS
+--etcd-servers=http://127.0.0.1:$etcd_port
+--bind-address=$bind
+--secure-port=$port
+--cert-dir=$dir/certs
+--token-auth-file=$dir/tokens.csv
+--authorization-mode=RBAC
+--service-account-key-file=$dir/sa.key
+--service-account-signing-key-file=$dir/sa.key
+--service-account-issuer=https://egressd.test
+--service-cluster-ip-range=198.19.0.0/16
+--disable-admission-plugins=ServiceAccount
+--enable-priority-and-fairness=false
+ARGS
+  # In a namespace without a default route the apiserver cannot guess its address.
+  [ "$host" != 127.0.0.1 ] && echo "--advertise-address=$host" >>"$dir/apiserver.args"
+  echo "$bin" >"$dir/apiserver.bin"
+  start_apiserver "$dir"
+  api_pid=$(cat "$dir/apiserver.pid")
   cat >"$dir/env" <<ENV
 KUBE_URL=https://127.0.0.1:$port
 ADMIN_TOKEN=$admin
 EGRESSD_TOKEN=$agent
 ETCD_URL=http://127.0.0.1:$etcd_port
+PORT=$port
 ETCD_PID=$etcd_pid
 APISERVER_PID=$api_pid
 ENV
   for who in admin egressd; do
-    token=$admin; [ "$who" = egressd ] && token=$agent
+    token=$admin server=127.0.0.1
+    [ "$who" = egressd ] && token=$agent server=$host
     cat >"$dir/kubeconfig-$who" <<KC
 apiVersion: v1
 kind: Config
 clusters:
 - name: test
-  cluster: {server: "https://127.0.0.1:$port", insecure-skip-tls-verify: true}
+  cluster: {server: "https://$server:$port", insecure-skip-tls-verify: true}
 users:
 - name: $who
   user: {token: "$token"}
@@ -64,18 +97,45 @@ contexts:
 current-context: test
 KC
   done
-  for _ in $(seq 300); do
-    if kubectl --kubeconfig "$dir/kubeconfig-admin" get --raw /readyz >/dev/null 2>&1; then exit 0; fi
-    kill -0 "$api_pid" 2>/dev/null || { tail -20 "$dir/apiserver.log" >&2; exit 1; }
-    sleep 0.2
-  done
-  echo "apiserver.sh: kube-apiserver not ready" >&2; tail -20 "$dir/apiserver.log" >&2; exit 1
+  wait_ready "$dir"
+  ;;
+restart-apiserver)
+  # Stop kube-apiserver (etcd keeps running) and start it again on the same port.
+  pid=$(cat "$dir/apiserver.pid")
+  kill "$pid" 2>/dev/null || true
+  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  [ "${4:-}" = "--down-seconds" ] && sleep "${5:-0}"
+  start_apiserver "$dir"
+  wait_ready "$dir"
+  ;;
+stop-apiserver)
+  pid=$(cat "$dir/apiserver.pid"); kill "$pid" 2>/dev/null || true
+  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  ;;
+start-apiserver)
+  start_apiserver "$dir"; wait_ready "$dir"
+  ;;
+compact)
+  # Compact etcd to its current revision: older resourceVersions answer 410 Gone.
+  # shellcheck disable=SC1091
+  . "$dir/env"
+  python3 - "$ETCD_URL" <<'PY'
+import json, sys, urllib.request
+url = sys.argv[1]
+def post(path, body):
+    req = urllib.request.Request(url + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    return json.load(urllib.request.urlopen(req))
+rev = int(post("/v3/kv/range", {"key": "AA=="})["header"]["revision"])
+post("/v3/kv/compaction", {"revision": rev, "physical": True})
+print(rev)
+PY
   ;;
 stop)
   # shellcheck disable=SC1091
   . "$dir/env"
-  kill "$APISERVER_PID" "$ETCD_PID" 2>/dev/null || true
-  for _ in $(seq 50); do kill -0 "$APISERVER_PID" 2>/dev/null || kill -0 "$ETCD_PID" 2>/dev/null || break; sleep 0.1; done
+  api=$(cat "$dir/apiserver.pid" 2>/dev/null || echo "$APISERVER_PID")
+  kill "$api" "$ETCD_PID" 2>/dev/null || true
+  for _ in $(seq 50); do kill -0 "$api" 2>/dev/null || kill -0 "$ETCD_PID" 2>/dev/null || break; sleep 0.1; done
   ;;
-*) echo "usage: $0 start|stop DIR [PORT]" >&2; exit 2 ;;
+*) echo "usage: $0 start|stop|restart-apiserver|stop-apiserver|start-apiserver|compact DIR [PORT]" >&2; exit 2 ;;
 esac

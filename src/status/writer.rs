@@ -1,0 +1,343 @@
+//! The Kubernetes status writer.
+//!
+//! Per node (every agent):
+//! * EgressFirewall: `status.messages` gets `<node>: EgressFirewall Rules applied` (or
+//!   `... not correctly applied: <reason>`), by server-side apply with field manager
+//!   `egressd-<node>`; `messages` is a list-type set, so each node owns its own entry.
+//! * EgressQoS: condition `Ready-In-Zone-<node>` (list-type map keyed by `type`),
+//!   `lastTransitionTime` kept while the condition's status stays the same.
+//!
+//! Leader only ([`super::lease::Leadership`], checked right before each write):
+//! * aggregate `status.status`: `... Rules applied` once every Ready node reports success
+//!   (egressd runs on every node, as a DaemonSet with tolerations for all), `... Rules
+//!   not correctly applied` as soon as one reports a failure;
+//! * entries of nodes that no longer exist are removed (applying an empty list as that
+//!   node's field manager);
+//! * an Event (type Warning) for every rejected object, once per distinct error.
+//!
+//! Writes happen only when the object's stored status differs from what would be written
+//! (a restart does not rewrite every object), are coalesced (the latest state wins) and
+//! paced. On a CRD without a status subresource, the main resource is patched instead.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use kube::Client;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use super::lease::Leadership;
+use crate::agent::StatusSink;
+use crate::api::{Kind, ObjectKey};
+use crate::compile::{Desired, Outcome};
+use crate::source::kube::api_resource;
+use crate::view::ClusterView;
+
+const EF_APPLIED: &str = "EgressFirewall Rules applied";
+const EF_NOT_APPLIED: &str = "EgressFirewall Rules not correctly applied";
+const QOS_APPLIED: &str = "EgressQoS Rules applied";
+const QOS_NOT_APPLIED: &str = "EgressQoS Rules not correctly applied";
+
+/// One server-side apply of a status.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatusWrite {
+    /// The object.
+    pub key: ObjectKey,
+    /// The field manager.
+    pub manager: String,
+    /// The `status` to apply.
+    pub status: Value,
+}
+
+struct Snapshot {
+    view: ClusterView,
+    desired: Desired,
+}
+
+/// Sends each applied state to the writer task.
+pub struct KubeStatusWriter {
+    tx: watch::Sender<Option<Arc<Snapshot>>>,
+}
+
+impl KubeStatusWriter {
+    /// Start the writer task for node `node`.
+    pub fn start(client: Client, node: String, leadership: Leadership) -> Self {
+        let (tx, rx) = watch::channel(None);
+        tokio::spawn(writer_task(client, node, leadership, rx));
+        Self { tx }
+    }
+}
+
+impl StatusSink for KubeStatusWriter {
+    fn applied(&mut self, view: &ClusterView, desired: &Desired) {
+        let _ = self.tx.send(Some(Arc::new(Snapshot { view: view.clone(), desired: desired.clone() })));
+    }
+}
+
+fn manager(node: &str) -> String {
+    format!("egressd-{node}")
+}
+
+fn messages(api_status: Option<&Value>) -> Vec<String> {
+    api_status
+        .and_then(|s| s.get("messages"))
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).map(String::from).collect())
+        .unwrap_or_default()
+}
+
+fn conditions(api_status: Option<&Value>) -> Vec<Value> {
+    api_status.and_then(|s| s.get("conditions")).and_then(Value::as_array).cloned().unwrap_or_default()
+}
+
+/// What this node writes: its own EgressFirewall message and EgressQoS condition, where
+/// the stored status differs.
+pub fn node_writes(node: &str, view: &ClusterView, desired: &Desired, now: &str) -> Vec<StatusWrite> {
+    let mut out = Vec::new();
+    for s in &desired.statuses {
+        let stored = view.api_status.get(&s.key);
+        match s.key.kind {
+            Kind::EgressFirewall if !matches!(s.outcome, Outcome::Ignored(_)) => {
+                if !messages(stored).contains(&s.message) {
+                    out.push(StatusWrite {
+                        key: s.key.clone(),
+                        manager: manager(node),
+                        status: json!({ "messages": [s.message] }),
+                    });
+                }
+            }
+            Kind::EgressQoS => {
+                let Some(c) = &s.condition else { continue };
+                let existing = conditions(stored).into_iter().find(|v| v["type"] == c.type_.as_str());
+                let same = existing.as_ref().is_some_and(|v| {
+                    v["status"] == c.status.as_str()
+                        && v["reason"] == c.reason.as_str()
+                        && v["message"] == c.message.as_str()
+                });
+                if same {
+                    continue;
+                }
+                let since = existing
+                    .as_ref()
+                    .filter(|v| v["status"] == c.status.as_str())
+                    .and_then(|v| v["lastTransitionTime"].as_str().map(String::from))
+                    .unwrap_or_else(|| now.to_string());
+                out.push(StatusWrite {
+                    key: s.key.clone(),
+                    manager: manager(node),
+                    status: json!({ "conditions": [{
+                        "type": c.type_, "status": c.status, "reason": c.reason,
+                        "message": c.message, "lastTransitionTime": since,
+                    }] }),
+                });
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+fn node_of(message: &str) -> Option<&str> {
+    message.split_once(": ").map(|(n, _)| n)
+}
+
+/// What the leader writes: aggregates and removal of deleted nodes' entries.
+pub fn leader_writes(view: &ClusterView) -> Vec<StatusWrite> {
+    let mut out = Vec::new();
+    let ready: BTreeSet<&str> = view.nodes.iter().filter(|(_, n)| n.ready).map(|(n, _)| n.as_str()).collect();
+    let exists = |n: &str| view.nodes.contains_key(n);
+    for entry in view.firewalls.values() {
+        let stored = view.api_status.get(&entry.key);
+        let msgs = messages(stored);
+        let mut gone: BTreeSet<&str> = BTreeSet::new();
+        for m in &msgs {
+            if let Some(n) = node_of(m).filter(|n| !exists(n)) {
+                gone.insert(n);
+            }
+        }
+        for n in gone {
+            out.push(StatusWrite { key: entry.key.clone(), manager: manager(n), status: json!({ "messages": [] }) });
+        }
+        let live: Vec<&String> = msgs.iter().filter(|m| node_of(m).is_some_and(exists)).collect();
+        let reported: BTreeSet<&str> = live.iter().filter_map(|m| node_of(m)).collect();
+        let aggregate = if live.iter().any(|m| m.contains(EF_NOT_APPLIED)) {
+            Some(EF_NOT_APPLIED)
+        } else if !ready.is_empty() && ready.iter().all(|n| reported.contains(n)) {
+            Some(EF_APPLIED)
+        } else {
+            None
+        };
+        if let Some(a) = aggregate
+            && stored.and_then(|s| s.get("status")).and_then(Value::as_str) != Some(a)
+        {
+            out.push(StatusWrite {
+                key: entry.key.clone(),
+                manager: "egressd-leader".into(),
+                status: json!({ "status": a }),
+            });
+        }
+    }
+    for entry in view.qos.values() {
+        let stored = view.api_status.get(&entry.key);
+        let conds = conditions(stored);
+        let zone = |c: &Value| c["type"].as_str().and_then(|t| t.strip_prefix("Ready-In-Zone-")).map(String::from);
+        let mut reported = BTreeSet::new();
+        let mut failed = false;
+        for c in &conds {
+            let Some(n) = zone(c) else { continue };
+            if !exists(&n) {
+                out.push(StatusWrite {
+                    key: entry.key.clone(),
+                    manager: manager(&n),
+                    status: json!({ "conditions": [] }),
+                });
+                continue;
+            }
+            failed |= c["status"] == "False";
+            reported.insert(n);
+        }
+        let aggregate = if failed {
+            Some(QOS_NOT_APPLIED)
+        } else if !ready.is_empty() && ready.iter().all(|n| reported.contains(*n)) {
+            Some(QOS_APPLIED)
+        } else {
+            None
+        };
+        if let Some(a) = aggregate
+            && stored.and_then(|s| s.get("status")).and_then(Value::as_str) != Some(a)
+        {
+            out.push(StatusWrite {
+                key: entry.key.clone(),
+                manager: "egressd-leader".into(),
+                status: json!({ "status": a }),
+            });
+        }
+    }
+    out
+}
+
+/// Rejected objects (leader only): (object, error).
+fn rejections(view: &ClusterView) -> Vec<(ObjectKey, String)> {
+    let mut out: Vec<(ObjectKey, String)> = Vec::new();
+    out.extend(view.firewalls.values().filter_map(|e| e.error.clone().map(|m| (e.key.clone(), m))));
+    out.extend(view.qos.values().filter_map(|e| e.error.clone().map(|m| (e.key.clone(), m))));
+    out.extend(view.egress_ips.values().filter_map(|e| e.error.clone().map(|m| (e.key.clone(), m))));
+    out.extend(view.cloud_ips.values().filter_map(|e| e.error.clone().map(|m| (e.key.clone(), m))));
+    out
+}
+
+async fn apply_status(client: &Client, w: &StatusWrite) -> Result<(), kube::Error> {
+    let ar = api_resource(w.key.kind);
+    let api: Api<DynamicObject> = if w.key.kind.namespaced() {
+        Api::namespaced_with(client.clone(), &w.key.namespace, &ar)
+    } else {
+        Api::all_with(client.clone(), &ar)
+    };
+    let mut metadata = json!({ "name": w.key.name });
+    if w.key.kind.namespaced() {
+        metadata["namespace"] = json!(w.key.namespace);
+    }
+    let body = json!({
+        "apiVersion": w.key.kind.api_version(), "kind": w.key.kind.as_str(),
+        "metadata": metadata, "status": w.status,
+    });
+    let pp = PatchParams::apply(&w.manager).force();
+    match api.patch_status(&w.key.name, &pp, &Patch::Apply(&body)).await {
+        Ok(_) => Ok(()),
+        // No status subresource on this cluster's CRD: status is part of the object.
+        Err(kube::Error::Api(e)) if e.code == 404 => api.patch(&w.key.name, &pp, &Patch::Apply(&body)).await.map(drop),
+        Err(e) => Err(e),
+    }
+}
+
+async fn emit_event(client: &Client, node: &str, key: &ObjectKey, message: &str) -> Result<(), kube::Error> {
+    let ns = if key.namespace.is_empty() { "default" } else { key.namespace.as_str() };
+    let now = jiff::Timestamp::now();
+    let event = Event {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{}.", key.name)),
+            namespace: Some(ns.into()),
+            ..Default::default()
+        },
+        involved_object: ObjectReference {
+            api_version: Some(key.kind.api_version().into()),
+            kind: Some(key.kind.as_str().into()),
+            name: Some(key.name.clone()),
+            namespace: (!key.namespace.is_empty()).then(|| key.namespace.clone()),
+            ..Default::default()
+        },
+        reason: Some(format!("Invalid{}", key.kind)),
+        message: Some(message.chars().take(1024).collect()),
+        type_: Some("Warning".into()),
+        source: Some(EventSource { component: Some("egressd".into()), host: Some(node.into()) }),
+        first_timestamp: Some(Time(now)),
+        last_timestamp: Some(Time(now)),
+        event_time: Some(MicroTime(now)),
+        reporting_component: Some("egressd".into()),
+        reporting_instance: Some(node.into()),
+        action: Some("Validate".into()),
+        count: Some(1),
+        ..Default::default()
+    };
+    Api::<Event>::namespaced(client.clone(), ns).create(&PostParams::default(), &event).await.map(drop)
+}
+
+async fn writer_task(
+    client: Client,
+    node: String,
+    leadership: Leadership,
+    mut rx: watch::Receiver<Option<Arc<Snapshot>>>,
+) {
+    // (object, manager) → status last written successfully.
+    let mut written: BTreeMap<(ObjectKey, String), Value> = BTreeMap::new();
+    let mut evented: BTreeMap<ObjectKey, String> = BTreeMap::new();
+    let mut recheck = tokio::time::interval(Duration::from_secs(5));
+    loop {
+        tokio::select! {
+            r = rx.changed() => if r.is_err() { return },
+            _ = recheck.tick() => {}
+        }
+        let Some(snap) = rx.borrow_and_update().clone() else { continue };
+        let now =
+            jiff::Timestamp::now().round(jiff::Unit::Second).unwrap_or_else(|_| jiff::Timestamp::now()).to_string();
+        let mut writes = node_writes(&node, &snap.view, &snap.desired, &now);
+        if leadership.is_leader() {
+            writes.extend(leader_writes(&snap.view));
+        }
+        for w in writes {
+            let id = (w.key.clone(), w.manager.clone());
+            if written.get(&id) == Some(&w.status) {
+                continue;
+            }
+            if w.manager != manager(&node) && !leadership.is_leader() {
+                continue;
+            }
+            match apply_status(&client, &w).await {
+                Ok(()) => {
+                    tracing::debug!(object = %w.key, manager = %w.manager, "status written");
+                    written.insert(id, w.status);
+                }
+                Err(e) => tracing::warn!(object = %w.key, error = %e, "status write failed; will retry"),
+            }
+        }
+        if leadership.is_leader() {
+            for (key, error) in rejections(&snap.view) {
+                if evented.get(&key) == Some(&error) {
+                    continue;
+                }
+                match emit_event(&client, &node, &key, &error).await {
+                    Ok(()) => {
+                        evented.insert(key, error);
+                    }
+                    Err(e) => tracing::warn!(object = %key, error = %e, "event not recorded"),
+                }
+            }
+        }
+        // Pace writes: at most one batch per 200 ms; later states replace earlier ones.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

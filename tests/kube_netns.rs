@@ -1,0 +1,307 @@
+//! The Kubernetes source against a real kube-apiserver (1.20, built from Debian's source
+//! package by tests/kube/build-apiserver.sh) with etcd, in its own network namespace,
+//! reached by egressd in the node namespace over a veth. egressd authenticates as
+//! system:serviceaccount:egressd:egressd, bound only to daemonset/rbac.yaml, so these
+//! tests also prove that RBAC is enough. Root required.
+
+mod netns;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use netns::{Agent, Netns, Topology, addr, tcp, veth, wait_for};
+
+const API_ADDR: &str = "198.18.254.2";
+
+/// etcd + kube-apiserver in `ns`; stopped (by their PIDs) on drop.
+struct ApiServer<'a> {
+    ns: &'a Netns,
+    dir: PathBuf,
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kube/apiserver.sh")
+}
+
+impl<'a> ApiServer<'a> {
+    fn start(ns: &'a Netns, dir: PathBuf) -> Self {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &ns.name, "env", "BIND=0.0.0.0", &format!("KUBE_HOST={API_ADDR}")])
+            .arg(script())
+            .arg("start")
+            .arg(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let server = Self { ns, dir };
+        assert!(out.status.success(), "apiserver did not start: {}", String::from_utf8_lossy(&out.stderr));
+        server
+    }
+
+    fn script(&self, cmd: &str) {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.ns.name])
+            .arg(script())
+            .arg(cmd)
+            .arg(&self.dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{cmd}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// `kubectl` as admin, with `stdin` as input.
+    fn kubectl(&self, args: &[&str], stdin: &str) -> (bool, String) {
+        use std::io::Write;
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &self.ns.name, "kubectl", "--kubeconfig"])
+            .arg(self.dir.join("kubeconfig-admin"))
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.push_str(&String::from_utf8_lossy(&out.stderr));
+        (out.status.success(), text)
+    }
+
+    fn apply(&self, yaml: &str) {
+        let (ok, out) = self.kubectl(&["apply", "-f", "-"], yaml);
+        assert!(ok, "kubectl apply: {out}\n{yaml}");
+    }
+
+    fn get(&self, args: &[&str]) -> String {
+        self.kubectl(&[&["get"], args].concat(), "").1
+    }
+
+    fn patch_status(&self, kind: &str, name: &str, ns: Option<&str>, patch: &str) {
+        let mut args = vec!["patch", kind, name, "--subresource=status", "--type=merge", "-p", patch];
+        if let Some(ns) = ns {
+            args.extend(["-n", ns]);
+        }
+        let (ok, out) = self.kubectl(&args, "");
+        assert!(ok, "patch status: {out}");
+    }
+
+    fn kubeconfig_egressd(&self) -> String {
+        self.dir.join("kubeconfig-egressd").to_str().unwrap().to_string()
+    }
+}
+
+impl Drop for ApiServer<'_> {
+    fn drop(&mut self) {
+        let _ =
+            Command::new("ip").args(["netns", "exec", &self.ns.name]).arg(script()).arg("stop").arg(&self.dir).status();
+    }
+}
+
+/// A node object for `name` with `ip`, Ready.
+fn node(api: &ApiServer, name: &str, ip: &str, ready: bool) {
+    api.apply(&format!("apiVersion: v1\nkind: Node\nmetadata: {{name: {name}}}\n"));
+    let status = if ready { "True" } else { "False" };
+    api.patch_status(
+        "node",
+        name,
+        None,
+        &format!(
+            r#"{{"status":{{"addresses":[{{"type":"InternalIP","address":"{ip}"}}],"conditions":[{{"type":"Ready","status":"{status}","reason":"Test","message":"test","lastHeartbeatTime":"2026-01-01T00:00:00Z","lastTransitionTime":"2026-01-01T00:00:00Z"}}]}}}}"#
+        ),
+    );
+}
+
+fn pod(api: &ApiServer, ns: &str, name: &str, node: &str, v4: &str, v6: &str) {
+    api.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  nodeName: {node}\n  containers: [{{name: c, image: example.invalid/c}}]\n"
+    ));
+    api.patch_status(
+        "pod",
+        name,
+        Some(ns),
+        &format!(r#"{{"status":{{"phase":"Running","podIP":"{v4}","podIPs":[{{"ip":"{v4}"}},{{"ip":"{v6}"}}]}}}}"#),
+    );
+}
+
+fn firewall(api: &ApiServer, ns: &str, rules: &str) {
+    api.apply(&format!(
+        "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {{name: default, namespace: {ns}}}\nspec:\n  egress:\n{rules}"
+    ));
+}
+
+/// A cluster: the topology's node and pod, plus an API server namespace on a veth.
+fn cluster(t: &Topology) -> (Netns, PathBuf) {
+    let api_ns = Netns::new("api");
+    veth(&t.node, "eth-api", &api_ns, "eth0");
+    addr(&t.node, "eth-api", "198.18.254.1/24");
+    addr(&api_ns, "eth0", &format!("{API_ADDR}/24"));
+    (api_ns, t.dir.path().join("kube"))
+}
+
+fn setup(api: &ApiServer) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for f in ["daemonset/crds/crds.yaml", "daemonset/rbac.yaml"] {
+        api.apply(&std::fs::read_to_string(root.join(f)).unwrap());
+    }
+    // CRDs take a moment to be served.
+    let served = wait_for(Duration::from_secs(10), || api.kubectl(&["get", "egressfirewalls", "-A"], "").0);
+    assert!(served.is_some(), "CRDs not served");
+    api.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: team-a}\n");
+}
+
+fn start_agent(t: &Topology, api: &ApiServer, node: &str, table: &str) -> Agent {
+    let state = t.dir.path().join(format!("state-{node}"));
+    let agent = Agent::start(
+        &t.node,
+        &[
+            "run",
+            "--kubeconfig",
+            &api.kubeconfig_egressd(),
+            "--node-name",
+            node,
+            "--table",
+            table,
+            "--cluster-cidr",
+            "198.18.0.0/16",
+            "--cluster-cidr",
+            "2001:db8:1::/48",
+            "--lease-duration-secs",
+            "3",
+            "--lease-renew-secs",
+            "1",
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
+        t.dir.path().join(format!("{node}.log")),
+    );
+    let synced = wait_for(Duration::from_secs(30), || agent.log_text().contains("dataplane in sync"));
+    assert!(synced.is_some(), "egressd did not sync:\n{}", agent.log_text());
+    agent
+}
+
+fn signal(agent: &Agent, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(agent.pid() as i32), sig).unwrap();
+}
+
+#[test]
+fn follows_the_cluster_writes_statuses_and_survives_restarts_and_410() {
+    // One pod netns, declared to the API (not as a manifest) below.
+    let t = Topology::with_pods(&[("", "")]);
+    let (api_ns, dir) = cluster(&t);
+    let api = ApiServer::start(&api_ns, dir);
+    setup(&api);
+    node(&api, "node-a", "198.18.254.1", true);
+    pod(&api, "team-a", "pod0", "node-a", "198.18.1.2", "2001:db8:1:1::2");
+    firewall(&api, "team-a", "  - {type: Deny, to: {cidrSelector: 203.0.113.0/24}}\n");
+
+    let agent = start_agent(&t, &api, "node-a", "egressd");
+    let p0 = &t.pods[0];
+    assert_eq!(tcp(p0, "203.0.113.2", 8080), None, "policy from the API applied:\n{}", agent.log_text());
+    assert!(tcp(p0, "192.0.2.10", 8080).is_some());
+
+    // Per-node message (server-side apply as egressd-node-a) and the leader's aggregate.
+    let status = wait_for(Duration::from_secs(15), || {
+        let s = api.get(&["egressfirewall", "default", "-n", "team-a", "-o", "jsonpath={.status}"]);
+        s.contains("node-a: EgressFirewall Rules applied") && s.contains(r#""status":"EgressFirewall Rules applied""#)
+    });
+    assert!(
+        status.is_some(),
+        "status not written:\n{}\n{}",
+        api.get(&["egressfirewall", "-A", "-o", "yaml"]),
+        agent.log_text()
+    );
+    let managers = api.get(&[
+        "egressfirewall",
+        "default",
+        "-n",
+        "team-a",
+        "-o",
+        "jsonpath={.metadata.managedFields[*].manager}",
+        "--show-managed-fields",
+    ]);
+    assert!(managers.contains("egressd-node-a") && managers.contains("egressd-leader"), "{managers}");
+
+    // An edit reaches the kernel.
+    firewall(&api, "team-a", "  - {type: Deny, to: {cidrSelector: 192.0.2.0/24}}\n");
+    assert!(wait_for(Duration::from_secs(5), || tcp(p0, "192.0.2.10", 8080).is_none()).is_some(), "edit not followed");
+    assert!(tcp(p0, "203.0.113.2", 8080).is_some());
+
+    // An invalid object: status and an Event name the field; the last good policy stays.
+    firewall(&api, "team-a", "  - {type: Deny, to: {cidrSelector: 192.0.2.0/33}}\n");
+    let reported = wait_for(Duration::from_secs(15), || {
+        api.get(&["egressfirewall", "default", "-n", "team-a", "-o", "jsonpath={.status.messages}"])
+            .contains("node-a: EgressFirewall Rules not correctly applied: spec.egress[0].to.cidrSelector: invalid CIDR address: 192.0.2.0/33")
+    });
+    assert!(reported.is_some(), "{}", agent.log_text());
+    assert!(tcp(p0, "192.0.2.10", 8080).is_none(), "last good policy kept");
+    let event = wait_for(Duration::from_secs(10), || {
+        api.get(&["events", "-n", "team-a", "-o", "jsonpath={.items[*].reason}"]).contains("InvalidEgressFirewall")
+    });
+    assert!(event.is_some(), "no Event for the rejected object");
+
+    // API server down: the dataplane stays; back up: changes flow again.
+    api.script("stop-apiserver");
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(tcp(p0, "192.0.2.10", 8080).is_none(), "policy kept while the API is away");
+    api.script("start-apiserver");
+    firewall(&api, "team-a", "  - {type: Deny, to: {cidrSelector: 198.51.100.0/24}}\n");
+    let back = wait_for(Duration::from_secs(30), || tcp(p0, "192.0.2.10", 8080).is_some());
+    assert!(back.is_some(), "not following after the API server restart:\n{}", agent.log_text());
+
+    // 410 Gone: changes while egressd's watch is down, etcd compacted, then resume.
+    signal(&agent, nix::sys::signal::Signal::SIGSTOP);
+    api.script("stop-apiserver");
+    api.script("start-apiserver");
+    let (ok, out) = api.kubectl(&["delete", "egressfirewall", "default", "-n", "team-a"], "");
+    assert!(ok, "{out}");
+    api.script("compact");
+    signal(&agent, nix::sys::signal::Signal::SIGCONT);
+    let relisted = wait_for(Duration::from_secs(40), || tcp(p0, "198.51.100.10", 8080).is_some());
+    assert!(relisted.is_some(), "deletion missed across the 410 re-list:\n{}", agent.log_text());
+    let log = agent.log_text();
+    assert!(log.contains("410") || log.contains("too old resource version"), "no 410 seen:\n{log}");
+    assert!(!t.node.nft_list().contains("fw-team-a"), "namespace chain left behind");
+
+    // EgressQoS conditions.
+    api.apply("apiVersion: k8s.ovn.org/v1\nkind: EgressQoS\nmetadata: {name: default, namespace: team-a}\nspec:\n  egress:\n  - {dscp: 46}\n");
+    let qos = wait_for(Duration::from_secs(15), || {
+        let s = api.get(&["egressqos", "default", "-n", "team-a", "-o", "jsonpath={.status}"]);
+        s.contains("Ready-In-Zone-node-a") && s.contains("SetupSucceeded") && s.contains("EgressQoS Rules applied")
+    });
+    assert!(qos.is_some(), "{}", api.get(&["egressqos", "-A", "-o", "yaml"]));
+}
+
+#[test]
+fn leader_lease_fails_over_when_the_leader_dies() {
+    let t = Topology::with_pods(&[]);
+    let (api_ns, dir) = cluster(&t);
+    let api = ApiServer::start(&api_ns, dir);
+    setup(&api);
+    node(&api, "node-a", "198.18.254.1", true);
+    node(&api, "node-b", "198.18.254.3", true);
+    let mut a = start_agent(&t, &api, "node-a", "egressd-a");
+    let holder = || api.get(&["lease", "egressd-leader", "-n", "egressd", "-o", "jsonpath={.spec.holderIdentity}"]);
+    assert!(wait_for(Duration::from_secs(10), || holder() == "node-a").is_some(), "node-a never led: {}", holder());
+    let b = start_agent(&t, &api, "node-b", "egressd-b");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(holder(), "node-a", "node-b must not take a valid lease");
+
+    // The leader dies without releasing the lease; its node goes NotReady.
+    signal(&a, nix::sys::signal::Signal::SIGKILL);
+    let _ = a.stop();
+    node(&api, "node-a", "198.18.254.1", false);
+    let took_over = wait_for(Duration::from_secs(15), || holder() == "node-b");
+    assert!(took_over.is_some(), "no failover:\n{}", b.log_text());
+    assert!(b.log_text().contains("acquired the leader lease"));
+
+    // Leader work goes on: the aggregate of a new object is written by node-b.
+    firewall(&api, "team-a", "  - {type: Deny, to: {cidrSelector: 203.0.113.0/24}}\n");
+    let aggregate = wait_for(Duration::from_secs(15), || {
+        api.get(&["egressfirewall", "default", "-n", "team-a", "-o", "jsonpath={.status.status}"])
+            == "EgressFirewall Rules applied"
+    });
+    assert!(aggregate.is_some(), "{}\n{}", api.get(&["egressfirewall", "-A", "-o", "yaml"]), b.log_text());
+}
