@@ -101,14 +101,14 @@ pub fn node_writes(node: &str, view: &ClusterView, desired: &Desired, now: &str)
     for s in &desired.statuses {
         let stored = view.api_status.get(&s.key);
         match s.key.kind {
-            Kind::EgressFirewall if !matches!(s.outcome, Outcome::Ignored(_)) => {
-                if !messages(stored).contains(&s.message) {
-                    out.push(StatusWrite {
-                        key: s.key.clone(),
-                        manager: manager(node),
-                        status: json!({ "messages": [s.message] }),
-                    });
-                }
+            Kind::EgressFirewall
+                if !matches!(s.outcome, Outcome::Ignored(_)) && !messages(stored).contains(&s.message) =>
+            {
+                out.push(StatusWrite {
+                    key: s.key.clone(),
+                    manager: manager(node),
+                    status: json!({ "messages": [s.message] }),
+                });
             }
             Kind::EgressQoS => {
                 let Some(c) = &s.condition else { continue };
