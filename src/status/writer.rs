@@ -341,3 +341,110 @@ async fn writer_task(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compile::{ObjectStatus, StatusCondition};
+    use crate::nft::Table;
+    use crate::view::{Entry, NodeInfo};
+
+    fn key() -> ObjectKey {
+        ObjectKey::new(Kind::EgressFirewall, "a", "default")
+    }
+
+    fn view(nodes: &[(&str, bool)], stored: Option<Value>) -> ClusterView {
+        let mut v = ClusterView::default();
+        for (n, ready) in nodes {
+            v.nodes.insert(n.to_string(), NodeInfo { ready: *ready, ..Default::default() });
+        }
+        v.firewalls.insert("a".into(), Entry { key: key(), policy: None, error: None });
+        if let Some(s) = stored {
+            v.api_status.insert(key(), s);
+        }
+        v
+    }
+
+    fn desired(message: &str) -> Desired {
+        Desired {
+            table: Table::new("egressd"),
+            statuses: vec![ObjectStatus {
+                key: key(),
+                outcome: Outcome::Applied,
+                message: message.into(),
+                condition: None,
+            }],
+            warnings: vec![],
+        }
+    }
+
+    #[test]
+    fn a_node_writes_only_what_the_api_does_not_have() {
+        let msg = "n1: EgressFirewall Rules applied";
+        let w = node_writes("n1", &view(&[("n1", true)], None), &desired(msg), "t");
+        assert_eq!(
+            w,
+            vec![StatusWrite { key: key(), manager: "egressd-n1".into(), status: json!({"messages": [msg]}) }]
+        );
+        let stored = json!({"messages": [msg]});
+        assert!(
+            node_writes("n1", &view(&[("n1", true)], Some(stored)), &desired(msg), "t").is_empty(),
+            "restart rewrites nothing"
+        );
+    }
+
+    #[test]
+    fn aggregate_waits_for_every_ready_node_and_fails_on_any_failure() {
+        let ok = |n: &str| format!("{n}: EgressFirewall Rules applied");
+        let one = json!({"messages": [ok("n1")]});
+        assert!(
+            leader_writes(&view(&[("n1", true), ("n2", true)], Some(one.clone()))).is_empty(),
+            "n2 has not reported"
+        );
+        // n2 is not Ready: n1's report is enough.
+        let w = leader_writes(&view(&[("n1", true), ("n2", false)], Some(one)));
+        assert_eq!(w[0].status, json!({"status": EF_APPLIED}));
+        let bad = json!({"messages": [ok("n1"), "n2: EgressFirewall Rules not correctly applied: x"]});
+        let w = leader_writes(&view(&[("n1", true), ("n2", true)], Some(bad)));
+        assert_eq!(w[0].status, json!({"status": EF_NOT_APPLIED}));
+    }
+
+    #[test]
+    fn a_deleted_nodes_entry_is_removed_by_its_own_field_manager() {
+        let stored = json!({"messages": ["gone: EgressFirewall Rules applied", "n1: EgressFirewall Rules applied"], "status": EF_APPLIED});
+        let w = leader_writes(&view(&[("n1", true)], Some(stored)));
+        assert_eq!(
+            w,
+            vec![StatusWrite { key: key(), manager: "egressd-gone".into(), status: json!({"messages": []}) }]
+        );
+    }
+
+    #[test]
+    fn qos_condition_keeps_its_transition_time_while_unchanged() {
+        let qkey = ObjectKey::new(Kind::EgressQoS, "a", "default");
+        let mut v = ClusterView::default();
+        v.api_status.insert(
+            qkey.clone(),
+            json!({"conditions": [{"type": "Ready-In-Zone-n1", "status": "True", "reason": "SetupSucceeded", "message": "old", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}),
+        );
+        let cond = StatusCondition {
+            type_: "Ready-In-Zone-n1".into(),
+            status: "True".into(),
+            reason: "SetupSucceeded".into(),
+            message: "EgressQoS Rules applied".into(),
+        };
+        let d = Desired {
+            table: Table::new("egressd"),
+            statuses: vec![ObjectStatus {
+                key: qkey,
+                outcome: Outcome::Applied,
+                message: String::new(),
+                condition: Some(cond),
+            }],
+            warnings: vec![],
+        };
+        let w = node_writes("n1", &v, &d, "2026-11-22T00:00:00Z");
+        assert_eq!(w[0].status["conditions"][0]["lastTransitionTime"], "2026-01-01T00:00:00Z");
+        assert_eq!(w[0].status["conditions"][0]["message"], "EgressQoS Rules applied");
+    }
+}
