@@ -48,10 +48,43 @@ pub struct RunConfig {
     pub dns_servers: Vec<IpAddr>,
     /// Timeout of one DNS query.
     pub dns_timeout: Duration,
+    /// Metrics and readiness.
+    pub telemetry: std::sync::Arc<crate::telemetry::Telemetry>,
+}
+
+fn record_sync(
+    t: &crate::telemetry::Telemetry,
+    view: &ClusterView,
+    desired: &Desired,
+    result: &Result<SyncKind, NftError>,
+    elapsed: Duration,
+) {
+    use crate::telemetry::metrics::{SyncLabels, SyncType};
+    let m = &t.metrics;
+    match result {
+        Ok(kind) => {
+            let r#type = if *kind == SyncKind::Full { SyncType::Full } else { SyncType::Partial };
+            if *kind != SyncKind::Unchanged {
+                m.sync_duration.get_or_create(&SyncLabels { r#type }).observe(elapsed.as_secs_f64());
+            }
+            m.last_sync_timestamp.set(jiff::Timestamp::now().as_second());
+            t.health.set_synced(true);
+        }
+        Err(_) => {
+            m.sync_failures.inc();
+            t.health.set_synced(false);
+        }
+    }
+    m.rules.set(i64::try_from(desired.table.rule_count()).unwrap_or(i64::MAX));
+    m.elements.set(i64::try_from(desired.table.element_count()).unwrap_or(i64::MAX));
+    m.observe_view(view);
 }
 
 /// How many names are resolved at once.
 const DNS_CONCURRENCY: usize = 64;
+/// Names due within this window are resolved together (slightly early), so that one
+/// round — and one nft transaction refreshing their timeouts — serves them all.
+const DNS_BATCH_WINDOW: Duration = Duration::from_secs(1);
 
 /// Resolve every name due now. Returns whether any name's addresses changed, and the
 /// names attempted (whose kernel timeouts are then refreshed).
@@ -59,8 +92,10 @@ async fn resolve_due(
     resolver: &DnsResolver,
     tracker: &mut DnsTracker,
     families: crate::dns::resolver::Families,
+    metrics: &crate::telemetry::metrics::Metrics,
 ) -> (bool, Vec<String>) {
-    let due = tracker.due(tokio::time::Instant::now().into_std());
+    use crate::telemetry::metrics::{DnsLabels, DnsResult};
+    let due = tracker.due(tokio::time::Instant::now().into_std() + DNS_BATCH_WINDOW);
     if due.is_empty() {
         return (false, due);
     }
@@ -75,6 +110,8 @@ async fn resolve_due(
     let now = tokio::time::Instant::now().into_std();
     let mut changed = false;
     for (name, result) in results {
+        let r = if result.is_ok() { DnsResult::Ok } else { DnsResult::Error };
+        metrics.dns_lookups.get_or_create(&DnsLabels { result: r }).inc();
         if let Err(e) = &result {
             let failures = tracker.state(&name).map_or(0, |s| s.failures) + 1;
             if failures == 1 || failures == FAST_RETRIES + 1 {
@@ -350,13 +387,18 @@ pub async fn run<S: ViewSource, B: NftBackend, K: StatusSink>(
     tracker.set_names(&names, tokio::time::Instant::now().into_std());
     // Resolve before the first apply so Allow rules by name hold their addresses from
     // the start (each query is bounded by the DNS timeout).
+    let telemetry = config.telemetry.clone();
     if let Some(r) = &resolver {
-        resolve_due(r, &mut tracker, families).await;
+        resolve_due(r, &mut tracker, families, &telemetry.metrics).await;
     }
 
     let apply = |view: &ClusterView, tracker: &DnsTracker, syncer: &mut NftSyncer<B>| {
         let answers = tracker.answers();
-        tokio::task::block_in_place(|| apply_once(view, &config.node, &answers, syncer))
+        let started = std::time::Instant::now();
+        let (desired, result) = tokio::task::block_in_place(|| apply_once(view, &config.node, &answers, syncer));
+        record_sync(&telemetry, view, &desired, &result, started.elapsed());
+        telemetry.metrics.dns_names.set(i64::try_from(tracker.len()).unwrap_or(i64::MAX));
+        (desired, result)
     };
     let (mut desired, mut last_result) = apply(source.view(), &tracker, &mut syncer);
     log_status_changes(&[], &desired.statuses);
@@ -387,7 +429,7 @@ pub async fn run<S: ViewSource, B: NftBackend, K: StatusSink>(
         // New names are due at once; due names are resolved before applying.
         let mut attempted = Vec::new();
         if let Some(r) = &resolver {
-            let (c, a) = resolve_due(r, &mut tracker, families).await;
+            let (c, a) = resolve_due(r, &mut tracker, families, &config.telemetry.metrics).await;
             changed |= c;
             attempted = a;
         }

@@ -18,4 +18,5 @@ pub mod dns;
 pub mod nft;
 pub mod source;
 pub mod status;
+pub mod telemetry;
 pub mod view;

@@ -154,6 +154,8 @@ fn setup(api: &ApiServer) {
 
 fn start_agent(t: &Topology, api: &ApiServer, node: &str, table: &str) -> Agent {
     let state = t.dir.path().join(format!("state-{node}"));
+    // Agents sharing the namespace need their own health port.
+    let health = format!("127.0.0.1:{}", 9780 + node.bytes().last().map_or(0, u16::from) % 16);
     let agent = Agent::start(
         &t.node,
         &[
@@ -174,6 +176,8 @@ fn start_agent(t: &Topology, api: &ApiServer, node: &str, table: &str) -> Agent 
             "1",
             "--state-dir",
             state.to_str().unwrap(),
+            "--health-addr",
+            &health,
         ],
         t.dir.path().join(format!("{node}.log")),
     );

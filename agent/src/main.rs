@@ -14,6 +14,7 @@ use egressd::dataplane::nft::{NftCli, NftSyncer};
 use egressd::source::kube::KubeView;
 use egressd::status::lease::{Leadership, LeaseConfig};
 use egressd::status::writer::KubeStatusWriter;
+use egressd::telemetry::Telemetry;
 use ipnet::IpNet;
 
 /// Exit code for configuration errors (EX_USAGE), as linkerd2-proxy does.
@@ -49,7 +50,7 @@ enum LogFormat {
 enum Command {
     /// Apply the policy of a manifests directory and follow its changes (runs until
     /// SIGTERM/SIGINT, which leave the dataplane in place).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the nft ruleset that would be applied and each object's status, touching
     /// nothing.
     Render(RenderArgs),
@@ -158,6 +159,13 @@ struct RunArgs {
     /// Timeout of one DNS query (milliseconds).
     #[arg(long, default_value_t = 2000)]
     dns_timeout_ms: u64,
+    /// Address of the health listener (/healthz, /readyz, /metrics).
+    #[arg(long, env = "EGRESSD_HEALTH_ADDR", default_value = "127.0.0.1:9780")]
+    health_addr: std::net::SocketAddr,
+    /// Set the sysctls egressd needs (ip_forward, IPv6 forwarding) instead of only
+    /// reporting them in /readyz and the log.
+    #[arg(long, env = "EGRESSD_MANAGE_SYSCTLS")]
+    manage_sysctls: bool,
 }
 
 #[derive(Debug, Args)]
@@ -217,7 +225,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Run(args) => run(args),
+        Command::Run(args) => run(*args),
         Command::Status(args) => {
             let path = args.state_dir.join(egressd::agent::STATUS_FILE);
             match std::fs::read_to_string(&path) {
@@ -270,11 +278,14 @@ fn run(args: RunArgs) -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     }
+    let nft_version = nft.version().ok();
+    let telemetry = std::sync::Arc::new(Telemetry::default());
     let config = RunConfig {
         node: args.node.config(),
         state_dir: Some(args.state_dir.clone()),
         dns_servers: args.dns_servers.clone(),
         dns_timeout: Duration::from_millis(args.dns_timeout_ms.max(1)),
+        telemetry: telemetry.clone(),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
@@ -283,7 +294,13 @@ fn run(args: RunArgs) -> ExitCode {
             return ExitCode::from(EXIT_FAILURE);
         }
     };
+    let families = args.node.config().families();
+    let manage = args.manage_sysctls;
     let result = runtime.block_on(async {
+        if let Err(e) = egressd::telemetry::server::serve(args.health_addr, telemetry.clone()).await {
+            return Err(AgentError::Kube(format!("--health-addr {}: {e}", args.health_addr)));
+        }
+        tokio::spawn(prerequisites(telemetry.clone(), families, nft_version, manage));
         let syncer = NftSyncer::new(nft);
         if let Some(dir) = &args.manifests {
             let debounce = Duration::from_millis(args.debounce_ms);
@@ -320,6 +337,33 @@ fn run(args: RunArgs) -> ExitCode {
             eprintln!("egressd run: {e}");
             ExitCode::from(EXIT_FAILURE)
         }
+    }
+}
+
+/// Check the prerequisites at start and every 30 s; log what changed.
+async fn prerequisites(
+    telemetry: std::sync::Arc<Telemetry>,
+    families: egressd::dns::resolver::Families,
+    nft_version: Option<String>,
+    manage: bool,
+) {
+    use egressd::telemetry::prereq::{Sysctls, check};
+    let sysctls = Sysctls::default();
+    let mut last: Vec<egressd::telemetry::prereq::Check> = Vec::new();
+    loop {
+        let checks = check(&sysctls, families.v4, families.v6, nft_version.as_deref(), manage);
+        for c in checks.iter().filter(|c| !last.contains(c)) {
+            if c.ok {
+                tracing::info!(check = %c.name, detail = %c.detail, "prerequisite met");
+            } else if c.required {
+                tracing::warn!(check = %c.name, detail = %c.detail, "prerequisite NOT met; not ready");
+            } else {
+                tracing::info!(check = %c.name, detail = %c.detail, "note");
+            }
+        }
+        telemetry.health.set_checks(checks.clone());
+        last = checks;
+        tokio::time::sleep(Duration::from_secs(30)).await;
     }
 }
 

@@ -555,3 +555,19 @@ impl Drop for Dnsmasq {
         self.stop();
     }
 }
+
+/// `GET path` over HTTP/1.0 from `ns`; (status code, body).
+pub fn http_get(ns: &Netns, addr: &str, path: &str) -> Option<(u16, String)> {
+    let target: SocketAddr = addr.parse().unwrap();
+    let path = path.to_string();
+    ns.run(move || {
+        let mut s = TcpStream::connect_timeout(&target, Duration::from_millis(700)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: egressd\r\n\r\n").as_bytes()).ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        let code = out.split_whitespace().nth(1)?.parse().ok()?;
+        let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+        Some((code, body))
+    })
+}

@@ -1,0 +1,168 @@
+//! Prometheus metrics (prometheus-client, OpenMetrics text). Label values are from fixed
+//! sets only (kind, validity, sync type, DNS result): no per-pod, per-object or
+//! error-text labels, so the number of series is bounded.
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Full replace or delta.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum SyncType {
+    /// The whole table in one transaction.
+    Full,
+    /// Only the difference.
+    Partial,
+}
+
+/// `type` label of sync metrics.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SyncLabels {
+    /// Full or partial.
+    pub r#type: SyncType,
+}
+
+/// `kind` and `valid` labels of the object gauge.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ObjectLabels {
+    /// EgressFirewall, EgressQoS, EgressIP, CloudPrivateIPConfig, Pod, Node, Namespace.
+    pub kind: String,
+    /// "true" or "false".
+    pub valid: String,
+}
+
+/// DNS lookup outcome.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum DnsResult {
+    /// Addresses (or an authoritative empty answer).
+    Ok,
+    /// No answer: timeout, SERVFAIL, unreachable server.
+    Error,
+}
+
+/// `result` label of DNS lookups.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DnsLabels {
+    /// Outcome.
+    pub result: DnsResult,
+}
+
+/// Every metric egressd exports, under the `egressd_` prefix.
+pub struct Metrics {
+    registry: Registry,
+    /// Time to compile and apply, by sync type (seconds).
+    pub sync_duration: Family<SyncLabels, Histogram>,
+    /// Syncs that nft rejected.
+    pub sync_failures: Counter,
+    /// Objects in the view, by kind and validity.
+    pub objects: Family<ObjectLabels, Gauge>,
+    /// Rules in egressd's table.
+    pub rules: Gauge,
+    /// Set and map elements in egressd's table.
+    pub elements: Gauge,
+    /// DNS lookups by result.
+    pub dns_lookups: Family<DnsLabels, Counter>,
+    /// DNS names tracked.
+    pub dns_names: Gauge,
+    /// Egress IPs hosted on this node.
+    pub egress_ips_hosted: Gauge,
+    /// Unix time of the last successful sync.
+    pub last_sync_timestamp: Gauge,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("egressd");
+        let sync_duration = Family::<SyncLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.001, 2.0, 14))
+        });
+        let m = Self {
+            sync_duration,
+            sync_failures: Counter::default(),
+            objects: Family::default(),
+            rules: Gauge::default(),
+            elements: Gauge::default(),
+            dns_lookups: Family::default(),
+            dns_names: Gauge::default(),
+            egress_ips_hosted: Gauge::default(),
+            last_sync_timestamp: Gauge::default(),
+            registry: Registry::default(),
+        };
+        registry.register("sync_duration_seconds", "Compile and apply time of a sync", m.sync_duration.clone());
+        registry.register("sync_failures", "Syncs nft rejected", m.sync_failures.clone());
+        registry.register("objects", "Objects in the cluster view by kind and validity", m.objects.clone());
+        registry.register("nft_rules", "Rules in egressd's nft table", m.rules.clone());
+        registry.register("nft_elements", "Set and map elements in egressd's nft table", m.elements.clone());
+        registry.register("dns_lookups", "DNS lookups by result", m.dns_lookups.clone());
+        registry.register("dns_names", "DNS names tracked", m.dns_names.clone());
+        registry.register("egress_ips_hosted", "Egress IPs hosted on this node", m.egress_ips_hosted.clone());
+        registry.register(
+            "last_sync_timestamp_seconds",
+            "Unix time of the last successful sync",
+            m.last_sync_timestamp.clone(),
+        );
+        Self { registry, ..m }
+    }
+}
+
+impl Metrics {
+    /// The OpenMetrics text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// Update the object gauges from a view.
+    pub fn observe_view(&self, view: &crate::view::ClusterView) {
+        let set = |kind: &str, valid: bool, n: usize| {
+            let labels = ObjectLabels { kind: kind.into(), valid: valid.to_string() };
+            self.objects.get_or_create(&labels).set(i64::try_from(n).unwrap_or(i64::MAX));
+        };
+        let count = |errors: &mut dyn Iterator<Item = bool>| {
+            let (mut ok, mut bad) = (0, 0);
+            for e in errors {
+                if e { bad += 1 } else { ok += 1 }
+            }
+            (ok, bad)
+        };
+        for (kind, (ok, bad)) in [
+            ("EgressFirewall", count(&mut view.firewalls.values().map(|e| e.error.is_some()))),
+            ("EgressQoS", count(&mut view.qos.values().map(|e| e.error.is_some()))),
+            ("EgressIP", count(&mut view.egress_ips.values().map(|e| e.error.is_some()))),
+            ("CloudPrivateIPConfig", count(&mut view.cloud_ips.values().map(|e| e.error.is_some()))),
+        ] {
+            set(kind, true, ok);
+            set(kind, false, bad);
+        }
+        set("Pod", true, view.pods.len());
+        set("Node", true, view.nodes.len());
+        set("Namespace", true, view.namespaces.len());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_names_and_bounded_labels() {
+        let m = Metrics::default();
+        m.sync_duration.get_or_create(&SyncLabels { r#type: SyncType::Full }).observe(0.02);
+        m.rules.set(7);
+        m.dns_lookups.get_or_create(&DnsLabels { result: DnsResult::Error }).inc();
+        let text = m.encode();
+        assert!(text.contains("egressd_sync_duration_seconds_count{type=\"Full\"} 1"), "{text}");
+        assert!(text.contains("egressd_nft_rules 7"), "{text}");
+        assert!(text.contains("egressd_dns_lookups_total{result=\"Error\"} 1"), "{text}");
+    }
+}

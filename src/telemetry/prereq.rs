@@ -1,0 +1,168 @@
+//! Prerequisite checks: the sysctls and kernel features egressd's features need, checked
+//! at start and periodically, reported in `/readyz` and the log. With
+//! `--manage-sysctls` egressd sets the required sysctls itself; otherwise it only reports.
+//!
+//! | check | required when | why |
+//! |---|---|---|
+//! | `net.ipv4.ip_forward = 1` | an IPv4 cluster range is configured | pods' traffic is forwarded by the node |
+//! | `net.ipv6.conf.all.forwarding = 1` | an IPv6 cluster range is configured | same for IPv6 |
+//! | conntrack (`/proc/sys/net/netfilter/nf_conntrack_max`) | always | rules judge the original direction (`ct direction`) |
+//! | nft ≥ 0.9.3 | always | verdict maps, `th dport` concatenations, element timeouts |
+//! | `net.bridge.bridge-nf-call-iptables = 1` | informational | EgressQoS/EgressFirewall see same-node bridged pod traffic only with it |
+
+use std::path::{Path, PathBuf};
+
+/// The result of one check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    /// What was checked (`net.ipv4.ip_forward`, `nft`, …).
+    pub name: String,
+    /// Whether it holds.
+    pub ok: bool,
+    /// Whether readiness depends on it.
+    pub required: bool,
+    /// What was found and what is needed.
+    pub detail: String,
+}
+
+/// Where sysctls are read and written (`/proc/sys`, or a directory in tests).
+#[derive(Debug, Clone)]
+pub struct Sysctls {
+    root: PathBuf,
+}
+
+impl Default for Sysctls {
+    fn default() -> Self {
+        Self { root: PathBuf::from("/proc/sys") }
+    }
+}
+
+impl Sysctls {
+    /// Sysctls under `root` instead of `/proc/sys`.
+    pub fn at(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    fn path(&self, key: &str) -> PathBuf {
+        self.root.join(key.replace('.', "/"))
+    }
+
+    /// The value of `key`, trimmed; `None` when it does not exist.
+    pub fn get(&self, key: &str) -> Option<String> {
+        std::fs::read_to_string(self.path(key)).ok().map(|s| s.trim().to_string())
+    }
+
+    /// Set `key`.
+    pub fn set(&self, key: &str, value: &str) -> std::io::Result<()> {
+        std::fs::write(self.path(key), value)
+    }
+
+    fn exists(&self, key: &str) -> bool {
+        Path::new(&self.path(key)).exists()
+    }
+}
+
+fn nft_version_ok(version: &str) -> bool {
+    // "nftables v1.0.6 (Lester Gooch #5)"
+    let Some(v) = version.split_whitespace().find_map(|w| w.strip_prefix('v')) else { return false };
+    let parts: Vec<u32> = v.split('.').filter_map(|p| p.parse().ok()).collect();
+    parts >= vec![0, 9, 3]
+}
+
+/// Run the checks. With `manage`, wrong required sysctls are set first (and the result
+/// of setting them is what is reported).
+pub fn check(sysctls: &Sysctls, v4: bool, v6: bool, nft_version: Option<&str>, manage: bool) -> Vec<Check> {
+    let mut out = Vec::new();
+    let wanted: Vec<(&str, &str, bool)> =
+        vec![("net.ipv4.ip_forward", "1", v4), ("net.ipv6.conf.all.forwarding", "1", v6)];
+    for (key, want, needed) in wanted {
+        if !needed {
+            continue;
+        }
+        let mut have = sysctls.get(key);
+        if manage && have.as_deref() != Some(want) {
+            match sysctls.set(key, want) {
+                Ok(()) => {
+                    tracing::info!(sysctl = key, value = want, "sysctl set (--manage-sysctls)");
+                    have = sysctls.get(key);
+                }
+                Err(e) => tracing::warn!(sysctl = key, error = %e, "cannot set sysctl"),
+            }
+        }
+        let ok = have.as_deref() == Some(want);
+        let detail = match &have {
+            Some(v) if ok => format!("is {v}"),
+            Some(v) => format!("is {v}, needs {want} (set it, or run with --manage-sysctls)"),
+            None => "not available on this kernel".to_string(),
+        };
+        out.push(Check { name: key.to_string(), ok, required: true, detail });
+    }
+    let conntrack = sysctls.exists("net.netfilter.nf_conntrack_max");
+    out.push(Check {
+        name: "conntrack".into(),
+        ok: conntrack,
+        required: true,
+        detail: if conntrack { "available".into() } else { "nf_conntrack not loaded".into() },
+    });
+    out.push(match nft_version {
+        Some(v) if nft_version_ok(v) => Check { name: "nft".into(), ok: true, required: true, detail: v.to_string() },
+        Some(v) => {
+            Check { name: "nft".into(), ok: false, required: true, detail: format!("{v}: needs 0.9.3 or later") }
+        }
+        None => Check { name: "nft".into(), ok: false, required: true, detail: "not found".into() },
+    });
+    let bridge = sysctls.get("net.bridge.bridge-nf-call-iptables");
+    out.push(Check {
+        name: "net.bridge.bridge-nf-call-iptables".into(),
+        ok: bridge.as_deref() == Some("1"),
+        required: false,
+        detail: match bridge {
+            Some(v) => format!("is {v}; same-node bridged pod traffic is filtered and marked only when 1"),
+            None => "br_netfilter not loaded; same-node bridged pod traffic is not filtered or marked".into(),
+        },
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fake(values: &[(&str, &str)]) -> (tempfile::TempDir, Sysctls) {
+        let dir = tempfile::tempdir().unwrap();
+        for (k, v) in values {
+            let p = dir.path().join(k.replace('.', "/"));
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, format!("{v}\n")).unwrap();
+        }
+        let s = Sysctls::at(dir.path());
+        (dir, s)
+    }
+
+    #[test]
+    fn reports_wrong_sysctls_by_name() {
+        let (_d, s) = fake(&[("net.ipv4.ip_forward", "0"), ("net.netfilter.nf_conntrack_max", "1024")]);
+        let checks = check(&s, true, false, Some("nftables v1.0.6 (Lester Gooch #5)"), false);
+        let fwd = checks.iter().find(|c| c.name == "net.ipv4.ip_forward").unwrap();
+        assert!(!fwd.ok && fwd.required);
+        assert_eq!(fwd.detail, "is 0, needs 1 (set it, or run with --manage-sysctls)");
+        assert!(checks.iter().find(|c| c.name == "nft").unwrap().ok);
+        assert!(!checks.iter().any(|c| c.name.starts_with("net.ipv6")), "no IPv6 range, no IPv6 check");
+    }
+
+    #[test]
+    fn manage_sets_them() {
+        let (_d, s) = fake(&[("net.ipv4.ip_forward", "0"), ("net.ipv6.conf.all.forwarding", "0")]);
+        let checks = check(&s, true, true, Some("nftables v1.0.6"), true);
+        assert!(checks.iter().filter(|c| c.name.contains("forward")).all(|c| c.ok));
+        assert_eq!(s.get("net.ipv4.ip_forward").as_deref(), Some("1"));
+    }
+
+    #[test]
+    fn nft_versions() {
+        assert!(nft_version_ok("nftables v1.0.6 (Lester Gooch #5)"));
+        assert!(nft_version_ok("nftables v0.9.3 (Topsy)"));
+        assert!(!nft_version_ok("nftables v0.9.1 (Headless Horseman)"));
+        assert!(!nft_version_ok("garbage"));
+    }
+}
