@@ -17,6 +17,7 @@ P="egdb$$" WORK=$(mktemp -d) AGENT="" DNSPID=""
 cleanup() {
   set +e
   [ -n "$AGENT" ] && kill -TERM "$AGENT" && wait "$AGENT"
+  cp "$WORK/log" "${BENCH_LOG:-/tmp/egressd-bench.log}"
   [ -n "$DNSPID" ] && kill "$DNSPID" && wait "$DNSPID"
   ip netns del "$P-node"; ip netns del "$P-dns"; rm -rf "$WORK"
 } 2>/dev/null
@@ -52,13 +53,17 @@ grep -q "dataplane in sync" "$WORK/log" || { tail "$WORK/log"; exit 1; }
 elements=$(ip netns exec "$P-node" nft list table inet egressd | grep -c "timeout" || true)
 
 ticks() { awk '{ print $14 + $15 }' "/proc/$AGENT/stat"; }
+lookups() {
+  ip netns exec "$P-node" python3 -c 'import urllib.request as u; print(u.urlopen("http://127.0.0.1:9780/metrics").read().decode())' \
+    | awk '/^egressd_dns_lookups_total/ { n += $NF } END { print n + 0 }'
+}
 hz=$(getconf CLK_TCK)
-t0=$(ticks); s0=$(date +%s.%N)
+l0=$(lookups); t0=$(ticks); s0=$(date +%s.%N)
 sleep "$DURATION"
-t1=$(ticks); s1=$(date +%s.%N)
+t1=$(ticks); s1=$(date +%s.%N); l1=$(lookups)
 rss=$(awk '/VmRSS/ { print $2 }' "/proc/$AGENT/status")
 cpu=$(echo "$t0 $t1 $s0 $s1 $hz" | awk '{ printf "%.2f", ($2 - $1) / $5 / ($4 - $3) * 100 }')
-queries=$(( N * 2 * DURATION / (TTL < 5 ? 5 : TTL) ))
-printf '| %s names, TTL %ss | %s s | ~%s queries (A+AAAA) | %s%% of one core | %s MiB |\n' \
-  "$N" "$TTL" "$DURATION" "$queries" "$cpu" "$((rss / 1024))"
+expected=$(( N * DURATION / (TTL < 5 ? 5 : TTL) ))
+printf '| %s names, TTL %ss | %s s | %s lookups (expected ~%s) | %s%% of one core | %s MiB |\n' \
+  "$N" "$TTL" "$DURATION" "$((l1 - l0))" "$expected" "$cpu" "$((rss / 1024))"
 echo "(set lines with a timeout in the kernel table after start: $elements)" >&2

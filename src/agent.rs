@@ -333,16 +333,17 @@ impl ViewSource for ManifestsView {
     }
 
     async fn next_change(&mut self) -> bool {
-        let forced = tokio::select! {
-            Some(()) = self.events.recv() => false,
-            _ = self.resync.tick() => true,
-        };
+        // The periodic re-read catches missed events; what changed is what the view says.
+        tokio::select! {
+            Some(()) = self.events.recv() => {}
+            _ = self.resync.tick() => {}
+        }
         match self.source.load() {
             Ok(report) => {
                 if report.changed || !report.errors.is_empty() {
                     log_report(&report);
                 }
-                let changed = report.changed || forced;
+                let changed = report.changed;
                 self.report = report;
                 changed
             }
@@ -404,6 +405,19 @@ pub async fn run<S: ViewSource, B: NftBackend, K: StatusSink>(
     log_status_changes(&[], &desired.statuses);
     sink.applied(source.view(), &desired);
     let mut problems = [source.problems(), dns_problems(&tracker, &names)].concat();
+    // When each name's kernel timeouts were last restarted: a restart is needed only when
+    // half the grace is used up (each costs a set lookup in the kernel).
+    let refresh_every = config.node.dns_grace / 2;
+    let mut refreshed: std::collections::HashMap<String, tokio::time::Instant> = std::collections::HashMap::new();
+    let full_sync_now = |refreshed: &mut std::collections::HashMap<String, tokio::time::Instant>,
+                         names: &BTreeSet<String>| {
+        let now = tokio::time::Instant::now();
+        refreshed.clear();
+        refreshed.extend(names.iter().map(|n| (n.clone(), now)));
+    };
+    if matches!(last_result, Ok(SyncKind::Full)) {
+        full_sync_now(&mut refreshed, &names);
+    }
     publish(&config, &desired, &last_result, &problems);
 
     tokio::pin!(shutdown);
@@ -440,15 +454,26 @@ pub async fn run<S: ViewSource, B: NftBackend, K: StatusSink>(
             desired = next;
             last_result = result;
             sink.applied(source.view(), &desired);
+            if matches!(last_result, Ok(SyncKind::Full)) {
+                full_sync_now(&mut refreshed, &names);
+            }
         }
         if changed || now_problems != problems {
             problems = now_problems;
             publish(&config, &desired, &last_result, &problems);
         }
-        if !attempted.is_empty()
-            && let Err(e) = tokio::task::block_in_place(|| syncer.refresh_timeouts(&dns_set_names(&attempted)))
-        {
-            tracing::warn!(error = %e, "refreshing DNS element timeouts failed; next sync replaces the table");
+        let now = tokio::time::Instant::now();
+        let stale: Vec<String> = attempted
+            .into_iter()
+            .filter(|n| refreshed.get(n).is_none_or(|t| now.duration_since(*t) >= refresh_every))
+            .collect();
+        if !stale.is_empty() {
+            match tokio::task::block_in_place(|| syncer.refresh_timeouts(&dns_set_names(&stale))) {
+                Ok(_) => refreshed.extend(stale.into_iter().map(|n| (n, now))),
+                Err(e) => {
+                    tracing::warn!(error = %e, "refreshing DNS element timeouts failed; next sync replaces the table")
+                }
+            }
         }
     }
     tracing::info!("shutting down; the dataplane stays in place");

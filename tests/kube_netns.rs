@@ -309,3 +309,30 @@ fn leader_lease_fails_over_when_the_leader_dies() {
     });
     assert!(aggregate.is_some(), "{}\n{}", api.get(&["egressfirewall", "-A", "-o", "yaml"]), b.log_text());
 }
+
+#[test]
+fn daemonset_manifests_pass_a_server_side_dry_run() {
+    let t = Topology::with_pods(&[]);
+    let (api_ns, dir) = cluster(&t);
+    let api = ApiServer::start(&api_ns, dir);
+    setup(&api);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("daemonset");
+    let (ok, out) = api.kubectl(&["apply", "--dry-run=server", "-f", root.to_str().unwrap()], "");
+    assert!(ok, "{out}");
+    assert!(out.contains("daemonset.apps/egressd created (server dry run)"), "{out}");
+    // The RBAC lets egressd do exactly its work: read pods, write EgressFirewall status,
+    // but not change specs or read secrets.
+    let can = |verb: &str, what: &str, sub: &str| {
+        let mut args = vec!["auth", "can-i", verb, what, "--as", "system:serviceaccount:egressd:egressd", "-A"];
+        if !sub.is_empty() {
+            args.push(sub);
+        }
+        api.kubectl(&args, "").1.trim() == "yes"
+    };
+    assert!(can("watch", "pods", ""));
+    assert!(can("patch", "egressfirewalls.k8s.ovn.org", "--subresource=status"));
+    assert!(can("patch", "egressqoses.k8s.ovn.org", "--subresource=status"));
+    assert!(!can("patch", "egressfirewalls.k8s.ovn.org", ""));
+    assert!(!can("get", "secrets", ""));
+    assert!(!can("create", "customresourcedefinitions.apiextensions.k8s.io", ""));
+}

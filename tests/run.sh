@@ -10,6 +10,7 @@ missing=()
 command -v nft >/dev/null || missing+=(nftables)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v dnsmasq >/dev/null || missing+=(dnsmasq-base)
+command -v systemd-analyze >/dev/null || missing+=(systemd)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "tests/run.sh: installing ${missing[*]}"
   apt-get update -qq
@@ -22,3 +23,4 @@ command -v kubectl >/dev/null || { echo "tests/run.sh: kubectl is required (the 
 tests/kube/build-apiserver.sh >/dev/null
 
 cargo test --locked "$@"
+tests/packaging.sh

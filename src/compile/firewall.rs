@@ -50,24 +50,36 @@ pub fn dns_names(view: &ClusterView) -> BTreeSet<String> {
 }
 
 /// The timeout sets holding a name's addresses (created once per name).
-fn dns_sets(ctx: &Ctx, name: &DnsName, table: &mut Table) -> (String, String) {
-    let (s4, s6) = (set_name("dns4", &name.base), set_name("dns6", &name.base));
-    if !table.sets.contains_key(&s4) {
-        let mut v4 = Set::with_timeout(KeyType::Ipv4);
-        let mut v6 = Set::with_timeout(KeyType::Ipv6);
-        if let Some(resolved) = ctx.dns.get(&absolute(name)) {
-            // Kernel-side expiry: the agent refreshes these while it runs; if it is gone
-            // for long, stale addresses leave by themselves.
-            let timeout = resolved.ttl.max(FLOOR) + ctx.node.dns_grace;
-            for ip in resolved.addresses.iter().filter(|ip| !ctx.exempt.iter().any(|n| n.contains(*ip))) {
-                let set = if ip.is_ipv4() { &mut v4 } else { &mut v6 };
-                set.elements.insert(ip.to_string(), format!("timeout {}s", timeout.as_secs()));
-            }
+/// The timeout sets holding a name's addresses, one per address family in use (created
+/// once per name). Sets are few on purpose: nf_tables finds a set by name with a linear
+/// scan, so every set costs on every later command (see bench/RESULTS.md).
+fn dns_sets(ctx: &Ctx, name: &DnsName, table: &mut Table) -> Vec<(&'static str, String)> {
+    let families = ctx.node.families();
+    let wanted = [("ip", families.v4, KeyType::Ipv4, "dns4"), ("ip6", families.v6, KeyType::Ipv6, "dns6")];
+    let resolved = ctx.dns.get(&absolute(name));
+    let mut out = Vec::new();
+    for (family, used, key, prefix) in wanted {
+        if !used {
+            continue;
         }
-        table.sets.insert(s4.clone(), v4);
-        table.sets.insert(s6.clone(), v6);
+        let set_id = set_name(prefix, &name.base);
+        if !table.sets.contains_key(&set_id) {
+            let mut set = Set::with_timeout(key);
+            if let Some(resolved) = resolved {
+                // Kernel-side expiry: the agent refreshes these while it runs; if it is
+                // gone for long, stale addresses leave by themselves.
+                let timeout = resolved.ttl.max(FLOOR) + ctx.node.dns_grace;
+                for ip in resolved.addresses.iter().filter(|ip| !ctx.exempt.iter().any(|n| n.contains(*ip))) {
+                    if ip.is_ipv4() == (key == KeyType::Ipv4) {
+                        set.elements.insert(ip.to_string(), format!("timeout {}s", timeout.as_secs()));
+                    }
+                }
+            }
+            table.sets.insert(set_id.clone(), set);
+        }
+        out.push((family, set_id));
     }
-    (s4, s6)
+    out
 }
 
 /// The forward-hook base chain.
@@ -162,10 +174,10 @@ fn rule_statements(index: usize, rule: &FirewallRule, ctx: &Ctx, table: &mut Tab
             ));
         }
         Target::Dns(name) => {
-            // Both families always reference their set, so address changes are element
-            // updates and never change a rule.
-            let (s4, s6) = dns_sets(ctx, name, table);
-            return Ok(vec![format!("ip daddr @{s4}{tail}"), format!("ip6 daddr @{s6}{tail}")]);
+            // Each family in use always references its set, so address changes are
+            // element updates and never change a rule.
+            let sets = dns_sets(ctx, name, table);
+            return Ok(sets.into_iter().map(|(family, set)| format!("{family} daddr @{set}{tail}")).collect());
         }
     };
     let mut out = Vec::new();

@@ -239,7 +239,13 @@ mod tests {
     #[test]
     fn dns_addresses_are_timeout_elements_without_cluster_addresses() {
         let docs = format!("{DNS_POLICY}{}", pod("p1", "198.18.1.1", "web"));
-        let desired = compile(&view(&docs), &node(), &answers(&["192.0.2.7", "198.18.9.9", "2001:db8::7"], 2));
+        let mut dual = node();
+        dual.cluster_cidrs.push("2001:db8:1::/48".parse().unwrap());
+        let desired = compile(&view(&docs), &dual, &answers(&["192.0.2.7", "198.18.9.9", "2001:db8::7"], 2));
+        assert!(
+            !compile(&view(&docs), &node(), &DnsAnswers::new()).table.sets.contains_key("dns6-api.example.com"),
+            "no IPv6 range: no IPv6 set"
+        );
         let v4 = &desired.table.sets["dns4-api.example.com"];
         assert!(v4.timeout);
         // TTL 2 → floor 5 s, plus the 300 s grace; the in-cluster 198.18.9.9 is dropped.

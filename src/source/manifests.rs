@@ -87,6 +87,15 @@ pub struct LoadReport {
     pub changed: bool,
 }
 
+/// One document of a file, as parsed.
+#[derive(Debug, Clone)]
+enum ParsedDoc {
+    /// Not YAML.
+    Unreadable { number: usize, line: usize, error: String },
+    /// Parsed (or rejected with a known or unknown key).
+    Parsed { number: usize, line: usize, result: Result<Parsed, crate::api::ParseError> },
+}
+
 /// The manifests directory and the view built from it.
 #[derive(Debug)]
 pub struct ManifestSource {
@@ -94,6 +103,20 @@ pub struct ManifestSource {
     view: ClusterView,
     /// Which file each object in the view came from.
     origins: BTreeMap<ObjectKey, PathBuf>,
+    /// Parsed documents of each file with the text they came from: a file whose text is
+    /// unchanged is not parsed again (a resync of an unchanged directory reads the files
+    /// but parses nothing).
+    parsed: BTreeMap<PathBuf, (String, Vec<ParsedDoc>)>,
+}
+
+fn parse_file(text: &str) -> Vec<ParsedDoc> {
+    split_documents(text)
+        .into_iter()
+        .map(|(number, line, body)| match yaml_to_value(&body) {
+            Ok(value) => ParsedDoc::Parsed { number, line, result: parse_document(&value, "default", true) },
+            Err(error) => ParsedDoc::Unreadable { number, line, error },
+        })
+        .collect()
 }
 
 fn is_manifest(path: &Path) -> bool {
@@ -104,7 +127,7 @@ fn is_manifest(path: &Path) -> bool {
 impl ManifestSource {
     /// A source reading `dir`. Nothing is read until [`ManifestSource::load`].
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into(), view: ClusterView::default(), origins: BTreeMap::new() }
+        Self { dir: dir.into(), view: ClusterView::default(), origins: BTreeMap::new(), parsed: BTreeMap::new() }
     }
 
     /// The directory.
@@ -136,10 +159,19 @@ impl ManifestSource {
         let mut seen_at: BTreeMap<ObjectKey, String> = BTreeMap::new();
         let mut unreadable_files: BTreeSet<PathBuf> = BTreeSet::new();
 
+        self.parsed.retain(|path, _| files.contains(path));
         for file in &files {
-            let text = match std::fs::read_to_string(file) {
-                Ok(t) => t,
+            let docs = match std::fs::read_to_string(file) {
+                Ok(text) => match self.parsed.get(file) {
+                    Some((old, docs)) if *old == text => docs.clone(),
+                    _ => {
+                        let docs = parse_file(&text);
+                        self.parsed.insert(file.clone(), (text, docs.clone()));
+                        docs
+                    }
+                },
                 Err(e) => {
+                    self.parsed.remove(file);
                     report.errors.push(DocumentError {
                         file: file.clone(),
                         document: 0,
@@ -151,7 +183,21 @@ impl ManifestSource {
                     continue;
                 }
             };
-            for (number, line, body) in split_documents(&text) {
+            for doc in docs {
+                let (number, line, result) = match doc {
+                    ParsedDoc::Unreadable { number, line, error } => {
+                        report.errors.push(DocumentError {
+                            file: file.clone(),
+                            document: number,
+                            line,
+                            key: None,
+                            message: error,
+                        });
+                        unreadable_files.insert(file.clone());
+                        continue;
+                    }
+                    ParsedDoc::Parsed { number, line, result } => (number, line, result),
+                };
                 let err = |key: Option<ObjectKey>, message: String| DocumentError {
                     file: file.clone(),
                     document: number,
@@ -159,16 +205,8 @@ impl ManifestSource {
                     key,
                     message,
                 };
-                let value = match yaml_to_value(&body) {
-                    Ok(v) => v,
-                    Err(e) => {
-                        report.errors.push(err(None, e));
-                        unreadable_files.insert(file.clone());
-                        continue;
-                    }
-                };
                 let here = format!("{} document {number}", file.display());
-                match parse_document(&value, "default", true) {
+                match result {
                     Ok(Parsed::Ignored { api_version, kind }) => {
                         report.ignored.push(format!("{here}: {api_version}/{kind}"));
                     }
