@@ -257,6 +257,9 @@ fn follows_the_cluster_writes_statuses_and_survives_restarts_and_410() {
 
     // 410 Gone: changes while egressd's watch is down, etcd compacted, then resume.
     signal(&agent, nix::sys::signal::Signal::SIGSTOP);
+    // Any write moves etcd past egressd's last resourceVersion, so the restarted
+    // apiserver's watch cache starts after it: resuming from it must be a 410.
+    api.apply("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: bump, namespace: team-a}\n");
     api.script("stop-apiserver");
     api.script("start-apiserver");
     let (ok, out) = api.kubectl(&["delete", "egressfirewall", "default", "-n", "team-a"], "");
