@@ -265,22 +265,23 @@ impl KubeSource {
                     seen.insert(key.clone());
                 }
                 self.present.entry(key.kind).or_default().insert(key.clone());
-                let before = self.view.clone();
+                let mut changed = false;
                 if let Some(s) = status.filter(|_| matches!(key.kind, Kind::EgressFirewall | Kind::EgressQoS)) {
+                    changed |= self.view.api_status.get(&key) != Some(&s);
                     self.view.api_status.insert(key.clone(), s);
                 }
-                match object {
-                    Ok(o) => {
-                        self.rejected.remove(&key);
-                        self.view.upsert(&o);
+                changed
+                    | match object {
+                        Ok(o) => {
+                            self.rejected.remove(&key);
+                            self.view.upsert(&o)
+                        }
+                        Err(e) => {
+                            tracing::warn!(object = %key, error = %e, "object rejected");
+                            self.rejected.insert(key.clone(), e.clone());
+                            self.view.reject(&key, e)
+                        }
                     }
-                    Err(e) => {
-                        tracing::warn!(object = %key, error = %e, "object rejected");
-                        self.rejected.insert(key.clone(), e.clone());
-                        self.view.reject(&key, e);
-                    }
-                }
-                self.view != before
             }
             KubeMsg::Delete(key) => {
                 self.remove(&key);

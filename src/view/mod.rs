@@ -163,32 +163,57 @@ pub struct ClusterView {
     pub api_status: BTreeMap<ObjectKey, serde_json::Value>,
 }
 
-fn put<T>(map: &mut BTreeMap<String, Entry<T>>, id: String, key: ObjectKey, result: Result<T, String>) {
+/// Store a conversion result; returns whether the entry changed.
+fn put<T: PartialEq>(
+    map: &mut BTreeMap<String, Entry<T>>,
+    id: String,
+    key: ObjectKey,
+    result: Result<T, String>,
+) -> bool {
     let entry = map.entry(id).or_insert_with(|| Entry { key: key.clone(), policy: None, error: None });
+    let mut changed = entry.key != key;
     entry.key = key;
     match result {
         Ok(p) => {
+            changed |= entry.policy.as_ref() != Some(&p) || entry.error.is_some();
             entry.policy = Some(p);
             entry.error = None;
         }
-        Err(e) => entry.error = Some(e),
+        Err(e) => {
+            changed |= entry.error.as_ref() != Some(&e);
+            entry.error = Some(e);
+        }
+    }
+    changed
+}
+
+/// Insert `value`; returns whether it differs from what was there.
+fn replace<K: Ord, V: PartialEq>(map: &mut BTreeMap<K, V>, key: K, value: V) -> bool {
+    match map.get(&key) {
+        Some(old) if *old == value => false,
+        _ => {
+            map.insert(key, value);
+            true
+        }
     }
 }
 
 impl ClusterView {
-    /// Add or replace an object. A policy object that fails validation keeps its last
-    /// good version and records the error.
-    pub fn upsert(&mut self, object: &Object) {
+    /// Add or replace an object; returns whether the view changed. A policy object that
+    /// fails validation keeps its last good version and records the error.
+    pub fn upsert(&mut self, object: &Object) -> bool {
         let key = object.key();
-        self.ignored.remove(&key);
+        let was_ignored = self.ignored.remove(&key);
         macro_rules! policy {
             ($map:ident, $id:expr, $conv:expr) => {
                 match $conv {
                     Err(PolicyError::Ignored(reason)) => {
-                        self.ignored.insert(key.clone(), reason);
+                        self.ignored.insert(key.clone(), reason.clone()) != Some(reason)
                     }
-                    Ok(p) => put(&mut self.$map, $id, key.clone(), Ok(p)),
-                    Err(PolicyError::Invalid(e)) => put(&mut self.$map, $id, key.clone(), Err(e)),
+                    Ok(p) => put(&mut self.$map, $id, key.clone(), Ok(p)) || was_ignored.is_some(),
+                    Err(PolicyError::Invalid(e)) => {
+                        put(&mut self.$map, $id, key.clone(), Err(e)) || was_ignored.is_some()
+                    }
                 }
             };
         }
@@ -205,27 +230,24 @@ impl ClusterView {
             }
             Object::Namespace(ns) => {
                 let info = NamespaceInfo { labels: ns.metadata.labels.clone().unwrap_or_default() };
-                self.namespaces.insert(key.name, info);
+                replace(&mut self.namespaces, key.name, info)
             }
-            Object::Pod(p) => {
-                self.pods.insert((key.namespace, key.name), PodInfo::from_pod(p));
-            }
-            Object::Node(n) => {
-                self.nodes.insert(key.name, NodeInfo::from_node(n));
-            }
+            Object::Pod(p) => replace(&mut self.pods, (key.namespace, key.name), PodInfo::from_pod(p)),
+            Object::Node(n) => replace(&mut self.nodes, key.name, NodeInfo::from_node(n)),
         }
     }
 
     /// Record that the current version of `key` was rejected before it could be decoded
-    /// (a schema error in a manifest). The last good version stays in use.
-    pub fn reject(&mut self, key: &ObjectKey, error: String) {
+    /// (a schema error in a manifest). The last good version stays in use. Returns
+    /// whether the view changed.
+    pub fn reject(&mut self, key: &ObjectKey, error: String) -> bool {
         let id = match key.kind {
             Kind::EgressFirewall | Kind::EgressQoS => key.namespace.clone(),
             _ => key.name.clone(),
         };
         match key.kind {
             Kind::EgressFirewall | Kind::EgressQoS if key.name != policy::SINGLETON_NAME => {
-                self.ignored.insert(key.clone(), error);
+                self.ignored.insert(key.clone(), error.clone()) != Some(error)
             }
             Kind::EgressFirewall => put(&mut self.firewalls, id, key.clone(), Err(error)),
             Kind::EgressQoS => put(&mut self.qos, id, key.clone(), Err(error)),
@@ -233,7 +255,7 @@ impl ClusterView {
             Kind::CloudPrivateIPConfig => put(&mut self.cloud_ips, id, key.clone(), Err(error)),
             // Core objects have no status; the source logs the error and keeps the
             // previous version.
-            Kind::Namespace | Kind::Pod | Kind::Node => {}
+            Kind::Namespace | Kind::Pod | Kind::Node => false,
         }
     }
 
@@ -348,6 +370,21 @@ mod tests {
         p.phase = Some("Pending".into());
         p.ips.clear();
         assert!(!p.counts(), "no IPs");
+    }
+
+    #[test]
+    fn upsert_reports_whether_anything_changed() {
+        let mut v = ClusterView::default();
+        let mut pod = Pod::default();
+        pod.metadata.name = Some("p".into());
+        pod.metadata.namespace = Some("a".into());
+        assert!(v.upsert(&Object::Pod(pod.clone())));
+        assert!(!v.upsert(&Object::Pod(pod.clone())), "same object again: no change");
+        pod.metadata.labels = Some(BTreeMap::from([("app".into(), "web".into())]));
+        assert!(v.upsert(&Object::Pod(pod)));
+        let key = ObjectKey::new(Kind::EgressIP, "", "e");
+        assert!(v.reject(&key, "bad".into()));
+        assert!(!v.reject(&key, "bad".into()), "same error again: no change");
     }
 
     #[test]

@@ -66,7 +66,7 @@ start)
 --enable-priority-and-fairness=false
 ARGS
   # In a namespace without a default route the apiserver cannot guess its address.
-  [ "$host" != 127.0.0.1 ] && echo "--advertise-address=$host" >>"$dir/apiserver.args"
+  echo "--advertise-address=$host" >>"$dir/apiserver.args"
   echo "$bin" >"$dir/apiserver.bin"
   start_apiserver "$dir"
   api_pid=$(cat "$dir/apiserver.pid")

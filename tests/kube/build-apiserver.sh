@@ -20,13 +20,13 @@ install_pkgs() {
   fi
 }
 
-install_pkgs etcd-server
+install_pkgs etcd-server openssl
 if [ -x "$BIN" ] && "$BIN" --version >/dev/null 2>&1; then
   echo "$BIN"
   exit 0
 fi
 
-install_pkgs golang-go rsync golang-github-modern-go-reflect2-dev dpkg-dev
+install_pkgs golang-go rsync golang-github-modern-go-reflect2-dev dpkg-dev openssl
 mkdir -p "$CACHE"
 SRC_LIST=/etc/apt/sources.list.d/egressd-deb-src.sources
 if ! apt-get source --print-uris kubernetes >/dev/null 2>&1 || ! grep -rqs "deb-src" /etc/apt/sources.list.d/ /etc/apt/sources.list; then

@@ -1,0 +1,91 @@
+//! Criterion microbenchmarks of the pure compile step: time to compile N EgressFirewall
+//! rules (spread over namespaces, with local pods), and of the table diff after one edit.
+//!
+//!   cargo bench --bench compile
+//!
+//! The workload is generated from a fixed seed-free formula, so every run compiles the
+//! same view.
+
+use std::hint::black_box;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use egressd::api::Object;
+use egressd::api::types::{
+    EgressFirewall, EgressFirewallDestination, EgressFirewallPort, EgressFirewallRule, EgressFirewallSpec,
+};
+use egressd::compile::{DEFAULT_DNS_GRACE, NodeConfig, compile};
+use egressd::dns::DnsAnswers;
+use egressd::view::ClusterView;
+use k8s_openapi::api::core::v1::{Pod, PodIP, PodSpec, PodStatus};
+
+fn view(namespaces: usize, rules_per_ns: usize, pods: usize) -> ClusterView {
+    let mut v = ClusterView::default();
+    for n in 0..namespaces {
+        let egress = (0..rules_per_ns)
+            .map(|r| EgressFirewallRule {
+                rule_type: if r + 1 == rules_per_ns { "Deny".into() } else { "Allow".into() },
+                to: EgressFirewallDestination {
+                    cidr_selector: Some(format!("{}.{}.{}.0/24", 100 + r % 100, (r / 100) % 256, n % 256)),
+                    ..Default::default()
+                },
+                ports: (r % 3 == 0).then(|| vec![EgressFirewallPort { protocol: "TCP".into(), port: 443 }]),
+            })
+            .collect();
+        let mut ef = EgressFirewall::new("default", EgressFirewallSpec { egress });
+        ef.metadata.namespace = Some(format!("ns{n}"));
+        v.upsert(&Object::EgressFirewall(ef));
+    }
+    for p in 0..pods {
+        let mut pod = Pod::default();
+        pod.metadata.name = Some(format!("p{p}"));
+        pod.metadata.namespace = Some(format!("ns{}", p % namespaces));
+        pod.spec = Some(PodSpec { node_name: Some("node-a".into()), ..Default::default() });
+        let ip = format!("198.18.{}.{}", p / 250, p % 250 + 1);
+        pod.status =
+            Some(PodStatus { phase: Some("Running".into()), pod_ips: Some(vec![PodIP { ip }]), ..Default::default() });
+        v.upsert(&Object::Pod(pod));
+    }
+    v
+}
+
+fn node() -> NodeConfig {
+    NodeConfig {
+        node_name: "node-a".into(),
+        cluster_cidrs: vec!["198.18.0.0/15".parse().unwrap_or_else(|_| unreachable!())],
+        service_cidrs: vec![],
+        table_name: "egressd".into(),
+        dns_grace: DEFAULT_DNS_GRACE,
+    }
+}
+
+fn bench_compile(c: &mut Criterion) {
+    let mut group = c.benchmark_group("compile");
+    group.sample_size(10);
+    for (namespaces, rules, pods) in [(10, 100, 100), (100, 100, 1000), (1000, 100, 10_000)] {
+        let v = view(namespaces, rules, pods);
+        let total = (namespaces * rules) as u64;
+        group.throughput(Throughput::Elements(total));
+        group.bench_with_input(BenchmarkId::new("rules", total), &v, |b, v| {
+            b.iter(|| black_box(compile(v, &node(), &DnsAnswers::new())))
+        });
+    }
+    group.finish();
+
+    let mut group = c.benchmark_group("diff_after_one_pod");
+    group.sample_size(10);
+    let v = view(1000, 100, 10_000);
+    let before = compile(&v, &node(), &DnsAnswers::new()).table;
+    let mut v2 = v.clone();
+    let mut pod = Pod::default();
+    pod.metadata.name = Some("new".into());
+    pod.metadata.namespace = Some("ns7".into());
+    pod.spec = Some(PodSpec { node_name: Some("node-a".into()), ..Default::default() });
+    pod.status = Some(PodStatus { pod_ips: Some(vec![PodIP { ip: "198.19.0.1".into() }]), ..Default::default() });
+    v2.upsert(&Object::Pod(pod));
+    let after = compile(&v2, &node(), &DnsAnswers::new()).table;
+    group.bench_function("100k_rules", |b| b.iter(|| black_box(egressd::nft::diff(&before, &after))));
+    group.finish();
+}
+
+criterion_group!(benches, bench_compile);
+criterion_main!(benches);
