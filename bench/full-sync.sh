@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Benchmark: the first full sync (compile + one nft transaction) of R EgressFirewall rules
+# over NS namespaces with P local pods, then single changes at that scale — one rule
+# edited, one pod added, one namespace's firewall replaced — each timed by egressd's own
+# "dataplane in sync" log line (compile + nft). Also the agent's RSS. Needs root.
+#
+#   sudo bench/full-sync.sh        # NS=1000 RULES=100 (100k rules) PODS=10000
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NSN=${NS:-1000} RULES=${RULES:-100} PODS=${PODS:-10000}
+[ "$(id -u)" = 0 ] || { echo "needs root" >&2; exit 1; }
+cargo build --release --locked -q --bin egressd
+BIN="${CARGO_TARGET_DIR:-target}/release/egressd"
+NET="egfs$$" WORK=$(mktemp -d) AGENT=""
+cleanup() {
+  set +e
+  [ -n "$AGENT" ] && kill -TERM "$AGENT" && wait "$AGENT"
+  ip netns del "$NET"; rm -rf "$WORK"
+} 2>/dev/null
+trap cleanup EXIT
+ip netns add "$NET"; ip -n "$NET" link set lo up
+mkdir "$WORK/m"
+python3 - "$NSN" "$RULES" "$PODS" "$WORK/m" <<'PY'
+import sys
+ns, rules, pods, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+def firewall(n, variant=0):
+    lines = [f"apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {{name: default, namespace: ns{n}}}\nspec:\n  egress:"]
+    for r in range(rules - 1):
+        a, b = 100 + (r + variant) % 100, (r // 100) % 256
+        ports = "\n    ports: [{protocol: TCP, port: 443}]" if r % 3 == 0 else ""
+        lines.append(f"  - type: Allow\n    to: {{cidrSelector: {a}.{b}.{n % 256}.0/24}}{ports}")
+    lines.append("  - type: Deny\n    to: {cidrSelector: 0.0.0.0/0}")
+    return "\n".join(lines) + "\n"
+for n in range(ns):
+    open(f"{out}/fw-{n}.yaml", "w").write(firewall(n))
+with open(f"{out}/pods.yaml", "w") as f:
+    for p in range(pods):
+        f.write(f"---\napiVersion: v1\nkind: Pod\nmetadata: {{name: p{p}, namespace: ns{p % ns}}}\nspec: {{nodeName: bench}}\n"
+                f"status: {{phase: Running, podIP: 198.18.{p // 250}.{p % 250 + 1}}}\n")
+open(f"{out}/../edit-rule.yaml", "w").write(firewall(7).replace("100.0.7.0/24", "100.0.7.128/25", 1))
+open(f"{out}/../replace-ns.yaml", "w").write(firewall(8, variant=50))
+PY
+NO_COLOR=1 ip netns exec "$NET" "$BIN" run --manifests "$WORK/m" --node-name bench --cluster-cidr 198.18.0.0/15 \
+  --state-dir "$WORK/state" --health-addr 127.0.0.1:9798 2>"$WORK/log" &
+AGENT=$!
+syncs() { grep -c "dataplane in sync" "$WORK/log" || true; }
+wait_sync() { # N: wait for the N-th sync line, print its elapsed_ms
+  for _ in $(seq 1200); do [ "$(syncs)" -ge "$1" ] && break; sleep 0.05; done
+  grep "dataplane in sync" "$WORK/log" | sed -n "${1}p" | grep -o 'elapsed_ms=[0-9]*' | cut -d= -f2
+}
+full=$(wait_sync 1)
+rss=$(awk '/VmRSS/ { print $2 }' "/proc/$AGENT/status")
+rules_applied=$(ip netns exec "$NET" nft -a list table inet egressd | grep -c 'comment "egress\[' || true)
+sleep 1
+cp "$WORK/edit-rule.yaml" "$WORK/m/.tmp" && mv "$WORK/m/.tmp" "$WORK/m/fw-7.yaml"
+edit=$(wait_sync 2)
+printf -- '---\napiVersion: v1\nkind: Pod\nmetadata: {name: extra, namespace: ns9}\nspec: {nodeName: bench}\nstatus: {phase: Running, podIP: 198.19.255.1}\n' >"$WORK/m/.tmp" && mv "$WORK/m/.tmp" "$WORK/m/extra-pod.yaml"
+pod=$(wait_sync 3)
+cp "$WORK/replace-ns.yaml" "$WORK/m/.tmp" && mv "$WORK/m/.tmp" "$WORK/m/fw-8.yaml"
+replace=$(wait_sync 4)
+echo "| $((NSN * RULES)) rules, $NSN namespaces, $PODS local pods ($rules_applied nft rules) | full sync ${full} ms | one rule edited ${edit} ms | one pod added ${pod} ms | one namespace replaced ${replace} ms | RSS $((rss / 1024)) MiB |"
