@@ -242,9 +242,10 @@ pub fn apply_once<B: NftBackend>(
     node: &NodeConfig,
     dns: &DnsAnswers,
     syncer: &mut NftSyncer<B>,
+    cache: &mut crate::compile::CompileCache,
 ) -> (Desired, Result<SyncKind, NftError>) {
     let started = std::time::Instant::now();
-    let mut desired = compile(view, node, dns);
+    let mut desired = crate::compile::compile_cached(view, node, dns, cache);
     let result = syncer.sync(&desired.table);
     match &result {
         Ok(kind) => tracing::info!(
@@ -393,10 +394,12 @@ pub async fn run<S: ViewSource, B: NftBackend, K: StatusSink>(
         resolve_due(r, &mut tracker, families, &telemetry.metrics).await;
     }
 
-    let apply = |view: &ClusterView, tracker: &DnsTracker, syncer: &mut NftSyncer<B>| {
+    let mut cache = crate::compile::CompileCache::default();
+    let mut apply = |view: &ClusterView, tracker: &DnsTracker, syncer: &mut NftSyncer<B>| {
         let answers = tracker.answers();
         let started = std::time::Instant::now();
-        let (desired, result) = tokio::task::block_in_place(|| apply_once(view, &config.node, &answers, syncer));
+        let (desired, result) =
+            tokio::task::block_in_place(|| apply_once(view, &config.node, &answers, syncer, &mut cache));
         record_sync(&telemetry, view, &desired, &result, started.elapsed());
         telemetry.metrics.dns_names.set(i64::try_from(tracker.len()).unwrap_or(i64::MAX));
         (desired, result)

@@ -124,7 +124,7 @@ fn base_chain(hook: &'static str, local: bool) -> Chain {
     rules.push(format!("ip6 daddr @{CLUSTER_V6} accept"));
     rules.push(format!("ip saddr vmap @{PODS_V4}"));
     rules.push(format!("ip6 saddr vmap @{PODS_V6}"));
-    Chain { hook: Some(Hook { chain_type: "filter", hook, priority: "filter" }), rules }
+    Chain::base(Hook { chain_type: "filter", hook, priority: "filter" }, rules)
 }
 
 fn ports_match(rule: &FirewallRule) -> String {
@@ -191,18 +191,48 @@ fn rule_statements(index: usize, rule: &FirewallRule, ctx: &Ctx, table: &mut Tab
     Ok(out)
 }
 
-fn namespace_chain(policy: &FirewallPolicy, ctx: &Ctx, table: &mut Table) -> (Chain, Vec<String>) {
-    let mut chain = Chain::default();
+/// Compiled namespace chains of the previous compile, by namespace: reused when the
+/// policy is equal (and has no nodeSelector rule, whose addresses come from the nodes).
+pub type ChainCache = std::collections::HashMap<String, (FirewallPolicy, Chain, Vec<String>)>;
+
+fn namespace_chain(
+    policy: &FirewallPolicy,
+    ctx: &Ctx,
+    table: &mut Table,
+    cache: &mut ChainCache,
+) -> (Chain, Vec<String>) {
+    let cacheable = !policy.rules.iter().any(|r| matches!(r.target, Target::Nodes(_)));
+    if cacheable
+        && let Some((cached, chain, errors)) = cache.get(&policy.namespace)
+        && cached == policy
+    {
+        // The chain text is the same; the DNS sets it references are rebuilt from the
+        // current answers.
+        for rule in &policy.rules {
+            if let Target::Dns(name) = &rule.target
+                && !name.wildcard
+            {
+                dns_sets(ctx, name, table);
+            }
+        }
+        return (chain.clone(), errors.clone());
+    }
+    let mut rules = Vec::new();
     let mut errors = Vec::new();
     for (i, rule) in policy.rules.iter().enumerate() {
         match rule_statements(i, rule, ctx, table) {
-            Ok(stmts) => chain.rules.extend(stmts),
+            Ok(stmts) => rules.extend(stmts),
             Err(e) => errors.push(e),
         }
+    }
+    let chain = Chain::regular(rules);
+    if cacheable {
+        cache.insert(policy.namespace.clone(), (policy.clone(), chain.clone(), errors.clone()));
     }
     (chain, errors)
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(super) fn compile(
     view: &ClusterView,
     node: &NodeConfig,
@@ -210,7 +240,9 @@ pub(super) fn compile(
     owners: &BTreeMap<IpAddr, &PodInfo>,
     table: &mut Table,
     statuses: &mut Vec<ObjectStatus>,
+    cache: &mut ChainCache,
 ) {
+    cache.retain(|ns, _| view.firewalls.contains_key(ns));
     let exempt = exempt_sets(node, table);
     let ctx = Ctx { view, node, dns, exempt };
     let mut pods_v4 = Set::verdict_map(KeyType::Ipv4);
@@ -227,7 +259,7 @@ pub(super) fn compile(
     for (namespace, entry) in &view.firewalls {
         let mut problems: Vec<String> = entry.error.iter().cloned().collect();
         if let Some(policy) = &entry.policy {
-            let (chain, errors) = namespace_chain(policy, &ctx, table);
+            let (chain, errors) = namespace_chain(policy, &ctx, table, cache);
             problems.extend(errors);
             if let Some(ips) = local.get(namespace.as_str()) {
                 let name = chain_name("fw", namespace);

@@ -96,8 +96,21 @@ pub struct Desired {
     pub warnings: Vec<String>,
 }
 
+/// What one compile can reuse from the previous one. The output never depends on it:
+/// an entry is used only when the input that produced it is equal.
+#[derive(Debug, Default)]
+pub struct CompileCache {
+    firewall: firewall::ChainCache,
+}
+
 /// Compile the view for this node, with the current addresses of DNS names.
 pub fn compile(view: &ClusterView, node: &NodeConfig, dns: &DnsAnswers) -> Desired {
+    compile_cached(view, node, dns, &mut CompileCache::default())
+}
+
+/// [`compile`], reusing the namespace chains of the previous compile where their policy
+/// is unchanged (the agent keeps one cache for its lifetime).
+pub fn compile_cached(view: &ClusterView, node: &NodeConfig, dns: &DnsAnswers, cache: &mut CompileCache) -> Desired {
     let mut table = Table::new(node.table_name.clone());
     let mut statuses = Vec::new();
     let mut warnings = Vec::new();
@@ -113,7 +126,7 @@ pub fn compile(view: &ClusterView, node: &NodeConfig, dns: &DnsAnswers) -> Desir
         ));
     }
 
-    firewall::compile(view, node, dns, &owners, &mut table, &mut statuses);
+    firewall::compile(view, node, dns, &owners, &mut table, &mut statuses, &mut cache.firewall);
     qos::compile(view, node, &owners, &mut table, &mut statuses);
 
     for (key, reason) in &view.ignored {
@@ -217,6 +230,20 @@ mod tests {
         let before = format!("{POLICY}{}{}", pod("p1", "198.18.1.1", "web"), pod("p2", "198.18.1.2", "web"));
         let after = format!("{POLICY}{}{}", pod("p1", "198.18.1.1", "web"), pod("p2", "198.18.1.2", "db"));
         assert_eq!(script(&before, &after), "delete element inet egressd qos-a-0-v4 { 198.18.1.2 }\n");
+    }
+
+    #[test]
+    fn the_cache_never_changes_the_output() {
+        let mut cache = CompileCache::default();
+        let docs = format!("{POLICY}{}{}", pod("p1", "198.18.1.1", "web"), pod("p2", "198.18.1.2", "db"));
+        let dns = DnsAnswers::new();
+        let first = compile_cached(&view(&docs), &node(), &dns, &mut cache);
+        assert_eq!(first, compile(&view(&docs), &node(), &dns));
+        let again = compile_cached(&view(&docs), &node(), &dns, &mut cache);
+        assert_eq!(again, first);
+        assert!(std::sync::Arc::ptr_eq(&first.table.chains["fw-a"].rules, &again.table.chains["fw-a"].rules), "reused");
+        let edited = docs.replace("192.0.2.0/24", "198.51.100.0/24");
+        assert_eq!(compile_cached(&view(&edited), &node(), &dns, &mut cache), compile(&view(&edited), &node(), &dns));
     }
 
     #[test]

@@ -69,7 +69,7 @@ pub(super) fn compile(
     for (namespace, entry) in &view.qos {
         if let (Some(policy), Some(pods)) = (&entry.policy, local.get(namespace.as_str())) {
             let name = chain_name("qos", namespace);
-            let mut chain = Chain::default();
+            let mut rules = Vec::new();
             for (i, rule) in policy.rules.iter().enumerate() {
                 let sets = rule.pods.as_ref().map(|selector| {
                     let (s4, s6) = (format!("{name}-{i}-v4"), format!("{name}-{i}-v6"));
@@ -83,13 +83,13 @@ pub(super) fn compile(
                     table.sets.insert(s6.clone(), set6);
                     (s4, s6)
                 });
-                chain.rules.extend(rule_statements(i, rule, sets.as_ref().map(|(a, b)| (a.as_str(), b.as_str()))));
+                rules.extend(rule_statements(i, rule, sets.as_ref().map(|(a, b)| (a.as_str(), b.as_str()))));
             }
             for (ip, _) in pods {
                 let map = if ip.is_ipv4() { &mut pods_v4 } else { &mut pods_v6 };
                 map.elements.insert(ip.to_string(), format!("jump {name}"));
             }
-            table.chains.insert(name, chain);
+            table.chains.insert(name, Chain::regular(rules));
         }
         let (outcome, condition) = match &entry.error {
             None => (
@@ -125,7 +125,7 @@ pub(super) fn compile(
         QOS_CHAIN.into(),
         Chain {
             hook: Some(Hook { chain_type: "filter", hook: "forward", priority: "mangle" }),
-            rules: vec![format!("ip saddr vmap @{PODS_V4}"), format!("ip6 saddr vmap @{PODS_V6}")],
+            rules: vec![format!("ip saddr vmap @{PODS_V4}"), format!("ip6 saddr vmap @{PODS_V6}")].into(),
         },
     );
 }

@@ -230,7 +230,7 @@ mod tests {
             s.elements.insert(format!("198.18.0.{i}"), String::new());
         }
         t.sets.insert("s".into(), s);
-        t.chains.insert("c".into(), Chain { hook: None, rules: vec!["counter accept".into()] });
+        t.chains.insert("c".into(), Chain::regular(vec!["counter accept".into()]));
         t
     }
 

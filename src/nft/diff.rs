@@ -49,7 +49,7 @@ pub fn diff(old: &Table, new: &Table) -> Option<String> {
         if before.is_some() {
             let _ = writeln!(out, "flush chain {t} {name}");
         }
-        for rule in &chain.rules {
+        for rule in chain.rules.iter() {
             let _ = writeln!(out, "add rule {t} {name} {rule}");
         }
     }
@@ -92,7 +92,7 @@ pub fn diff(old: &Table, new: &Table) -> Option<String> {
             continue;
         }
         let _ = writeln!(out, "flush chain {t} {name}");
-        for rule in &chain.rules {
+        for rule in chain.rules.iter() {
             let _ = writeln!(out, "add rule {t} {name} {rule}");
         }
     }
@@ -121,13 +121,13 @@ mod tests {
         let mut m = Set::verdict_map(KeyType::Ipv4);
         m.elements.insert("198.18.1.2".into(), "jump fw-a".into());
         t.sets.insert("fw-pods-v4".into(), m);
-        t.chains.insert("fw-a".into(), Chain { hook: None, rules: vec!["ip daddr 192.0.2.0/24 counter drop".into()] });
+        t.chains.insert("fw-a".into(), Chain::regular(vec!["ip daddr 192.0.2.0/24 counter drop".into()]));
         t.chains.insert(
             "firewall".into(),
-            Chain {
-                hook: Some(Hook { chain_type: "filter", hook: "forward", priority: "filter" }),
-                rules: vec!["ip saddr vmap @fw-pods-v4".into()],
-            },
+            Chain::base(
+                Hook { chain_type: "filter", hook: "forward", priority: "filter" },
+                vec!["ip saddr vmap @fw-pods-v4".into()],
+            ),
         );
         t
     }
@@ -150,7 +150,7 @@ mod tests {
         let old = table();
         let mut new = table();
         new.chains.remove("fw-a");
-        new.chains.insert("fw-b".into(), Chain { hook: None, rules: vec!["counter accept".into()] });
+        new.chains.insert("fw-b".into(), Chain::regular(vec!["counter accept".into()]));
         new.sets.get_mut("fw-pods-v4").unwrap().elements.insert("198.18.1.2".into(), "jump fw-b".into());
         assert_eq!(
             diff(&old, &new).unwrap(),

@@ -99,12 +99,28 @@ pub struct Hook {
 
 /// A chain: a base chain when `hook` is set (policy always accept: egressd never drops
 /// what it has no rule for).
+///
+/// The rules are shared (`Arc`): an unchanged chain is the same allocation in the applied
+/// and the desired table, so cloning a table and comparing unchanged chains costs a
+/// pointer, not their rules.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Chain {
     /// The hook, for base chains.
     pub hook: Option<Hook>,
     /// Rules in order, as nft statements.
-    pub rules: Vec<String>,
+    pub rules: std::sync::Arc<Vec<String>>,
+}
+
+impl Chain {
+    /// A regular chain with `rules`.
+    pub fn regular(rules: Vec<String>) -> Self {
+        Self { hook: None, rules: std::sync::Arc::new(rules) }
+    }
+
+    /// A base chain on `hook` with `rules`.
+    pub fn base(hook: Hook, rules: Vec<String>) -> Self {
+        Self { hook: Some(hook), rules: std::sync::Arc::new(rules) }
+    }
 }
 
 /// The whole table egressd owns.

@@ -31,7 +31,7 @@ fn chain_block(out: &mut String, name: &str, chain: &Chain) {
     if let Some(h) = &chain.hook {
         let _ = writeln!(out, "\t\ttype {} hook {} priority {}; policy accept;", h.chain_type, h.hook, h.priority);
     }
-    for rule in &chain.rules {
+    for rule in chain.rules.iter() {
         let _ = writeln!(out, "\t\t{rule}");
     }
     let _ = writeln!(out, "\t}}");

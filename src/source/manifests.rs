@@ -159,6 +159,8 @@ impl ManifestSource {
         let mut rejected: BTreeMap<ObjectKey, (String, PathBuf)> = BTreeMap::new();
         let mut seen_at: BTreeMap<ObjectKey, String> = BTreeMap::new();
         let mut unreadable_files: BTreeSet<PathBuf> = BTreeSet::new();
+        // Files parsed anew in this load (new or with changed text).
+        let mut changed_files: BTreeSet<PathBuf> = BTreeSet::new();
 
         self.parsed.retain(|path, _| files.contains(path));
         for file in &files {
@@ -168,6 +170,7 @@ impl ManifestSource {
                     _ => {
                         let docs = parse_file(&text);
                         self.parsed.insert(file.clone(), (text, docs.clone()));
+                        changed_files.insert(file.clone());
                         docs
                     }
                 },
@@ -239,7 +242,7 @@ impl ManifestSource {
             }
         }
 
-        let before = self.view.clone();
+        let mut changed = false;
         // Objects that are gone: neither read nor rejected, and not from a file with an
         // unreadable document (which might have held them).
         let gone: Vec<ObjectKey> = self
@@ -253,19 +256,24 @@ impl ManifestSource {
         for key in gone {
             self.view.remove(&key);
             self.origins.remove(&key);
+            changed = true;
         }
         report.objects = objects.len();
         for (key, (obj, file)) in objects {
-            self.view.upsert(&obj);
+            // The same version from the same unchanged file is in the view already.
+            if !changed_files.contains(&file) && self.origins.get(&key) == Some(&file) {
+                continue;
+            }
+            changed |= self.view.upsert(&obj);
             self.origins.insert(key, file);
         }
         for (key, (message, file)) in rejected {
-            self.view.reject(&key, message);
+            changed |= self.view.reject(&key, message);
             if key.kind.is_custom() {
                 self.origins.insert(key, file);
             }
         }
-        report.changed = self.view != before;
+        report.changed = changed;
         Ok(report)
     }
 }
