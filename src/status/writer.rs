@@ -164,22 +164,9 @@ pub fn leader_writes(view: &ClusterView) -> Vec<StatusWrite> {
         }
         let live: Vec<&String> = msgs.iter().filter(|m| node_of(m).is_some_and(exists)).collect();
         let reported: BTreeSet<&str> = live.iter().filter_map(|m| node_of(m)).collect();
-        let aggregate = if live.iter().any(|m| m.contains(EF_NOT_APPLIED)) {
-            Some(EF_NOT_APPLIED)
-        } else if !ready.is_empty() && ready.iter().all(|n| reported.contains(n)) {
-            Some(EF_APPLIED)
-        } else {
-            None
-        };
-        if let Some(a) = aggregate
-            && stored.and_then(|s| s.get("status")).and_then(Value::as_str) != Some(a)
-        {
-            out.push(StatusWrite {
-                key: entry.key.clone(),
-                manager: "egressd-leader".into(),
-                status: json!({ "status": a }),
-            });
-        }
+        let failed = live.iter().any(|m| m.contains(EF_NOT_APPLIED));
+        let complete = !ready.is_empty() && ready.iter().all(|n| reported.contains(n));
+        out.extend(aggregate_write(&entry.key, stored, failed, complete, (EF_APPLIED, EF_NOT_APPLIED)));
     }
     for entry in view.qos.values() {
         let stored = view.api_status.get(&entry.key);
@@ -200,24 +187,34 @@ pub fn leader_writes(view: &ClusterView) -> Vec<StatusWrite> {
             failed |= c["status"] == "False";
             reported.insert(n);
         }
-        let aggregate = if failed {
-            Some(QOS_NOT_APPLIED)
-        } else if !ready.is_empty() && ready.iter().all(|n| reported.contains(*n)) {
-            Some(QOS_APPLIED)
-        } else {
-            None
-        };
-        if let Some(a) = aggregate
-            && stored.and_then(|s| s.get("status")).and_then(Value::as_str) != Some(a)
-        {
-            out.push(StatusWrite {
-                key: entry.key.clone(),
-                manager: "egressd-leader".into(),
-                status: json!({ "status": a }),
-            });
-        }
+        let complete = !ready.is_empty() && ready.iter().all(|n| reported.contains(*n));
+        out.extend(aggregate_write(&entry.key, stored, failed, complete, (QOS_APPLIED, QOS_NOT_APPLIED)));
     }
     out
+}
+
+/// The leader's aggregate `status.status` of one object: "not correctly applied" as soon
+/// as one node failed, "applied" once every Ready node reported; written only when the
+/// stored value differs. `texts` are (applied, not applied).
+fn aggregate_write(
+    key: &ObjectKey,
+    stored: Option<&Value>,
+    failed: bool,
+    complete: bool,
+    texts: (&str, &str),
+) -> Option<StatusWrite> {
+    let aggregate = if failed {
+        texts.1
+    } else if complete {
+        texts.0
+    } else {
+        return None;
+    };
+    (stored.and_then(|s| s.get("status")).and_then(Value::as_str) != Some(aggregate)).then(|| StatusWrite {
+        key: key.clone(),
+        manager: "egressd-leader".into(),
+        status: json!({ "status": aggregate }),
+    })
 }
 
 /// Rejected objects (leader only): (object, error).
