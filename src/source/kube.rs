@@ -299,8 +299,12 @@ impl KubeSource {
                 first || !gone.is_empty()
             }
             KubeMsg::Error(kind, e) => {
-                if self.errors.insert(kind, e.clone()).is_none() {
+                // Each different error is logged once (a 410 after connection errors
+                // must show); repeats of the same one only at debug level.
+                if self.errors.insert(kind, e.clone()).as_deref() != Some(e.as_str()) {
                     tracing::warn!(kind = %kind, error = %e, "watch failed; retrying, dataplane unchanged");
+                } else {
+                    tracing::debug!(kind = %kind, error = %e, "watch failed again");
                 }
                 false
             }
