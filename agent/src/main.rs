@@ -26,8 +26,8 @@ const EXIT_FAILURE: u8 = 1;
 /// CloudPrivateIPConfig) to this node's kernel: one nftables table it owns, changed in
 /// atomic transactions.
 ///
-/// Without a cluster it reads a directory of YAML manifests (`--manifests`), which is
-/// how demos, tests and static bare-metal hosts use it.
+/// It follows a Kubernetes cluster, or without one reads a directory of YAML manifests
+/// (`--manifests`), which is how demos, tests and static bare-metal hosts use it.
 #[derive(Debug, Parser)]
 #[command(name = "egressd", version, propagate_version = true)]
 struct Cli {
@@ -48,7 +48,8 @@ enum LogFormat {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Apply the policy of a manifests directory and follow its changes (runs until
+    /// Apply the policy of a Kubernetes cluster (--kubeconfig, or in-cluster) or of a
+    /// manifests directory (--manifests) and follow its changes (runs until
     /// SIGTERM/SIGINT, which leave the dataplane in place).
     Run(Box<RunArgs>),
     /// Print the nft ruleset that would be applied and each object's status, touching
