@@ -19,7 +19,7 @@ use std::net::IpAddr;
 
 use futures::StreamExt;
 
-use crate::compile::{Desired, NodeConfig, ObjectStatus, Outcome, compile, dns_names};
+use crate::compile::{Desired, NodeConfig, ObjectStatus, Outcome, compile, dns_names, dns_set_names};
 use crate::dataplane::nft::{NftBackend, NftError, NftSyncer, SyncKind};
 use crate::dns::resolver::DnsResolver;
 use crate::dns::{DnsAnswers, DnsTracker, FAST_RETRIES};
@@ -35,6 +35,9 @@ pub enum AgentError {
     /// The Kubernetes client could not be set up.
     #[error("kubernetes: {0}")]
     Kube(String),
+    /// A setting cannot be used (an address that cannot be bound, say).
+    #[error("{0}")]
+    Config(String),
 }
 
 /// Settings of the agent loop.
@@ -129,17 +132,6 @@ async fn resolve_due(
         }
     }
     (changed, due)
-}
-
-/// The timeout sets of `names` (both families).
-fn dns_set_names(names: &[String]) -> Vec<String> {
-    names
-        .iter()
-        .flat_map(|n| {
-            let base = n.strip_suffix('.').unwrap_or(n);
-            [crate::nft::set_name("dns4", base), crate::nft::set_name("dns6", base)]
-        })
-        .collect()
 }
 
 /// Names that have never resolved, with the reason (for the status problems).
@@ -471,7 +463,9 @@ pub async fn run<S: ViewSource, B: NftBackend, K: StatusSink>(
             .filter(|n| refreshed.get(n).is_none_or(|t| now.duration_since(*t) >= refresh_every))
             .collect();
         if !stale.is_empty() {
-            match tokio::task::block_in_place(|| syncer.refresh_timeouts(&dns_set_names(&stale))) {
+            match tokio::task::block_in_place(|| {
+                syncer.refresh_timeouts(&stale.iter().flat_map(|n| dns_set_names(n)).collect::<Vec<_>>())
+            }) {
                 Ok(_) => refreshed.extend(stale.into_iter().map(|n| (n, now))),
                 Err(e) => {
                     tracing::warn!(error = %e, "refreshing DNS element timeouts failed; next sync replaces the table")

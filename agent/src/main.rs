@@ -299,7 +299,7 @@ fn run(args: RunArgs) -> ExitCode {
     let manage = args.manage_sysctls;
     let result = runtime.block_on(async {
         if let Err(e) = egressd::telemetry::server::serve(args.health_addr, telemetry.clone()).await {
-            return Err(AgentError::Kube(format!("--health-addr {}: {e}", args.health_addr)));
+            return Err(AgentError::Config(format!("--health-addr {}: {e}", args.health_addr)));
         }
         tokio::spawn(prerequisites(telemetry.clone(), families, nft_version, manage));
         let syncer = NftSyncer::new(nft);
@@ -330,7 +330,7 @@ fn run(args: RunArgs) -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(AgentError::Kube(e)) => {
+        Err(AgentError::Kube(e) | AgentError::Config(e)) => {
             eprintln!("egressd run: {e}");
             ExitCode::from(EXIT_CONFIG)
         }

@@ -35,6 +35,12 @@ pub fn absolute(name: &DnsName) -> String {
     format!("{}.", name.base)
 }
 
+/// The nft sets holding the addresses of a tracked (absolute) DNS name: IPv4, then IPv6.
+pub fn dns_set_names(name: &str) -> [String; 2] {
+    let base = name.strip_suffix('.').unwrap_or(name);
+    [set_name("dns4", base), set_name("dns6", base)]
+}
+
 /// Every DNS name the firewall policies of `view` use (resolved once each, whichever
 /// rules and namespaces share it). Wildcards are not resolvable and not included.
 pub fn dns_names(view: &ClusterView) -> BTreeSet<String> {
@@ -55,14 +61,14 @@ pub fn dns_names(view: &ClusterView) -> BTreeSet<String> {
 /// scan, so every set costs on every later command (see bench/RESULTS.md).
 fn dns_sets(ctx: &Ctx, name: &DnsName, table: &mut Table) -> Vec<(&'static str, String)> {
     let families = ctx.node.families();
-    let wanted = [("ip", families.v4, KeyType::Ipv4, "dns4"), ("ip6", families.v6, KeyType::Ipv6, "dns6")];
+    let [s4, s6] = dns_set_names(&absolute(name));
+    let wanted = [("ip", families.v4, KeyType::Ipv4, s4), ("ip6", families.v6, KeyType::Ipv6, s6)];
     let resolved = ctx.dns.get(&absolute(name));
     let mut out = Vec::new();
-    for (family, used, key, prefix) in wanted {
+    for (family, used, key, set_id) in wanted {
         if !used {
             continue;
         }
-        let set_id = set_name(prefix, &name.base);
         if !table.sets.contains_key(&set_id) {
             let mut set = Set::with_timeout(key);
             if let Some(resolved) = resolved {

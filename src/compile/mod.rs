@@ -9,12 +9,12 @@ mod qos;
 
 use ipnet::IpNet;
 
-use crate::api::{Kind, ObjectKey};
+use crate::api::ObjectKey;
 use crate::dns::DnsAnswers;
 use crate::nft::Table;
 use crate::view::ClusterView;
 
-pub use firewall::{FIREWALL_CHAIN, FIREWALL_LOCAL_CHAIN, dns_names};
+pub use firewall::{FIREWALL_CHAIN, FIREWALL_LOCAL_CHAIN, dns_names, dns_set_names};
 pub use qos::QOS_CHAIN;
 
 /// What egressd knows about the node it runs on.
@@ -154,7 +154,6 @@ pub fn compile_cached(view: &ClusterView, node: &NodeConfig, dns: &DnsAnswers, c
     statuses.extend(view.egress_ips.values().map(|e| validated(&e.key, &e.error)));
     statuses.extend(view.cloud_ips.values().map(|e| validated(&e.key, &e.error)));
     statuses.sort_by(|a, b| a.key.cmp(&b.key));
-    debug_assert!(statuses.iter().all(|s| s.key.kind != Kind::Pod));
     Desired { table, statuses, warnings }
 }
 

@@ -5,10 +5,9 @@ use std::fmt::Write;
 use super::render::elements;
 use super::{FAMILY, Table};
 
-/// The script that changes `old` into `new`, or `None` when they are equal. `None` is
-/// also returned with `Some(full)` semantics by the caller when a change cannot be
-/// expressed as a delta: a set's type changed or a base chain's hook changed — then
-/// this returns the full replace script.
+/// The script that changes `old` into `new`, or `None` when they are equal. A change
+/// that cannot be expressed as a delta (the table's name, a set's type or flags, a base
+/// chain's hook, a new base chain) gets the full replace script instead.
 ///
 /// Order inside the one transaction: new chains (so map elements may jump to them), new
 /// sets, rules of new/changed regular chains, element deletions, element additions,

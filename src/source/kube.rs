@@ -98,8 +98,6 @@ fn custom(kind: Kind, obj: DynamicObject) -> KubeMsg {
     if let Some(map) = value.as_object_mut() {
         map.insert("apiVersion".into(), Value::String(kind.api_version().into()));
         map.insert("kind".into(), Value::String(kind.as_str().into()));
-        // Server-managed metadata is not part of the CRD schema; drop what the strict
-        // unknown-field check would not know.
     }
     let status = value.get("status").cloned();
     let object = match parse_document(&value, "", false) {
@@ -114,7 +112,6 @@ async fn forward<K, F>(kind: Kind, api: Api<K>, tx: mpsc::Sender<KubeMsg>, conve
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
     F: Fn(K) -> KubeMsg,
-    K: kube::ResourceExt,
 {
     let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
     futures::pin_mut!(stream);

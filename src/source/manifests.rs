@@ -155,7 +155,7 @@ impl ManifestSource {
     pub fn load(&mut self) -> Result<LoadReport, SourceError> {
         let files = self.files()?;
         let mut report = LoadReport::default();
-        let mut objects: BTreeMap<ObjectKey, (Object, PathBuf)> = BTreeMap::new();
+        let mut objects: BTreeMap<ObjectKey, (&Object, &PathBuf)> = BTreeMap::new();
         let mut rejected: BTreeMap<ObjectKey, (String, PathBuf)> = BTreeMap::new();
         let mut seen_at: BTreeMap<ObjectKey, String> = BTreeMap::new();
         let mut unreadable_files: BTreeSet<PathBuf> = BTreeSet::new();
@@ -163,17 +163,17 @@ impl ManifestSource {
         let mut changed_files: BTreeSet<PathBuf> = BTreeSet::new();
 
         self.parsed.retain(|path, _| files.contains(path));
+        // First bring the parse cache up to date (reading every file, parsing only the
+        // changed ones), then walk the cached documents by reference.
         for file in &files {
-            let docs = match std::fs::read_to_string(file) {
-                Ok(text) => match self.parsed.get(file) {
-                    Some((old, docs)) if *old == text => docs.clone(),
-                    _ => {
+            match std::fs::read_to_string(file) {
+                Ok(text) => {
+                    if self.parsed.get(file).is_none_or(|(old, _)| *old != text) {
                         let docs = parse_file(&text);
-                        self.parsed.insert(file.clone(), (text, docs.clone()));
+                        self.parsed.insert(file.clone(), (text, docs));
                         changed_files.insert(file.clone());
-                        docs
                     }
-                },
+                }
                 Err(e) => {
                     self.parsed.remove(file);
                     report.errors.push(DocumentError {
@@ -184,23 +184,25 @@ impl ManifestSource {
                         message: format!("cannot read file: {e}"),
                     });
                     unreadable_files.insert(file.clone());
-                    continue;
                 }
-            };
+            }
+        }
+        for file in &files {
+            let Some((_, docs)) = self.parsed.get(file) else { continue };
             for doc in docs {
                 let (number, line, result) = match doc {
                     ParsedDoc::Unreadable { number, line, error } => {
                         report.errors.push(DocumentError {
                             file: file.clone(),
-                            document: number,
-                            line,
+                            document: *number,
+                            line: *line,
                             key: None,
-                            message: error,
+                            message: error.clone(),
                         });
                         unreadable_files.insert(file.clone());
                         continue;
                     }
-                    ParsedDoc::Parsed { number, line, result } => (number, line, result),
+                    ParsedDoc::Parsed { number, line, result } => (*number, *line, result),
                 };
                 let err = |key: Option<ObjectKey>, message: String| DocumentError {
                     file: file.clone(),
@@ -224,7 +226,7 @@ impl ManifestSource {
                             continue;
                         }
                         seen_at.insert(key.clone(), here);
-                        objects.insert(key, (obj, file.clone()));
+                        objects.insert(key, (obj, file));
                     }
                     Err(e) => {
                         let message = e.violations.join("; ");
@@ -236,7 +238,7 @@ impl ManifestSource {
                             let located = err(None, message.clone()).to_string();
                             rejected.insert(key.clone(), (located, file.clone()));
                         }
-                        report.errors.push(err(e.key, message));
+                        report.errors.push(err(e.key.clone(), message));
                     }
                 }
             }
@@ -261,11 +263,11 @@ impl ManifestSource {
         report.objects = objects.len();
         for (key, (obj, file)) in objects {
             // The same version from the same unchanged file is in the view already.
-            if !changed_files.contains(&file) && self.origins.get(&key) == Some(&file) {
+            if !changed_files.contains(file) && self.origins.get(&key) == Some(file) {
                 continue;
             }
-            changed |= self.view.upsert(&obj);
-            self.origins.insert(key, file);
+            changed |= self.view.upsert(obj);
+            self.origins.insert(key, file.clone());
         }
         for (key, (message, file)) in rejected {
             changed |= self.view.reject(&key, message);

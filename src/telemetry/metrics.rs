@@ -128,20 +128,17 @@ impl Metrics {
             let labels = ObjectLabels { kind: kind.into(), valid: valid.to_string() };
             self.objects.get_or_create(&labels).set(i64::try_from(n).unwrap_or(i64::MAX));
         };
-        let count = |errors: &mut dyn Iterator<Item = bool>| {
-            let (mut ok, mut bad) = (0, 0);
-            for e in errors {
-                if e { bad += 1 } else { ok += 1 }
-            }
-            (ok, bad)
-        };
-        for (kind, (ok, bad)) in [
-            ("EgressFirewall", count(&mut view.firewalls.values().map(|e| e.error.is_some()))),
-            ("EgressQoS", count(&mut view.qos.values().map(|e| e.error.is_some()))),
-            ("EgressIP", count(&mut view.egress_ips.values().map(|e| e.error.is_some()))),
-            ("CloudPrivateIPConfig", count(&mut view.cloud_ips.values().map(|e| e.error.is_some()))),
+        // (total, invalid) per policy kind.
+        fn split<T>(entries: &std::collections::BTreeMap<String, crate::view::Entry<T>>) -> (usize, usize) {
+            (entries.len(), entries.values().filter(|e| e.error.is_some()).count())
+        }
+        for (kind, (total, bad)) in [
+            ("EgressFirewall", split(&view.firewalls)),
+            ("EgressQoS", split(&view.qos)),
+            ("EgressIP", split(&view.egress_ips)),
+            ("CloudPrivateIPConfig", split(&view.cloud_ips)),
         ] {
-            set(kind, true, ok);
+            set(kind, true, total - bad);
             set(kind, false, bad);
         }
         set("Pod", true, view.pods.len());
