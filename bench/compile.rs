@@ -55,6 +55,7 @@ fn node() -> NodeConfig {
         service_cidrs: vec![],
         table_name: "egressd".into(),
         dns_grace: DEFAULT_DNS_GRACE,
+        egress: Default::default(),
     }
 }
 

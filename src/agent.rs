@@ -20,6 +20,8 @@ use std::net::IpAddr;
 use futures::StreamExt;
 
 use crate::compile::{Desired, NodeConfig, ObjectStatus, Outcome, compile, dns_names, dns_set_names};
+use crate::compile::HostLinks;
+use crate::dataplane::netlink::Netlink;
 use crate::dataplane::nft::{NftBackend, NftError, NftSyncer, SyncKind};
 use crate::dns::resolver::DnsResolver;
 use crate::dns::{DnsAnswers, DnsTracker, FAST_RETRIES};
@@ -228,22 +230,62 @@ pub fn log_report(report: &LoadReport) {
     }
 }
 
-/// Compile and sync once; returns the statuses with kernel failures folded in.
-pub fn apply_once<B: NftBackend>(
+/// Compile and sync once: netlink state first (addresses, rules, routes), then the nft
+/// table; returns the statuses with kernel failures folded in.
+pub async fn apply_once<B: NftBackend>(
     view: &ClusterView,
     node: &NodeConfig,
     dns: &DnsAnswers,
     syncer: &mut NftSyncer<B>,
+    net: Option<&Netlink>,
     cache: &mut crate::compile::CompileCache,
 ) -> (Desired, Result<SyncKind, NftError>) {
     let started = std::time::Instant::now();
-    let mut desired = crate::compile::compile_cached(view, node, dns, cache);
-    let result = syncer.sync(&desired.table);
+    let mut host = HostLinks::default();
+    let mut net_error = None;
+    let wants_net = !view.egress_ips.is_empty();
+    if let Some(net) = net {
+        match net.links().await {
+            Ok(h) => host = h,
+            Err(e) => net_error = Some(e.to_string()),
+        }
+    }
+    let mut desired = tokio::task::block_in_place(|| crate::compile::compile_cached(view, node, dns, &host, cache));
+    match net {
+        Some(net) if net_error.is_none() => match net.sync(&desired.net).await {
+            Ok(changes) => {
+                for ip in &changes.removed {
+                    tracing::info!(%ip, "egress IP removed from this node");
+                }
+                for (ip, index, link) in &changes.added {
+                    tracing::info!(%ip, %link, "egress IP added to this node; announcing it");
+                    crate::dataplane::announce::announce_repeatedly(*ip, *index, link.clone());
+                }
+                if changes.routing > 0 {
+                    tracing::info!(changes = changes.routing, "egress IP rules and routes updated");
+                }
+            }
+            Err(e) => net_error = Some(e.to_string()),
+        },
+        Some(_) => {}
+        None if wants_net => net_error = Some("no netlink connection".to_string()),
+        None => {}
+    }
+    if let Some(e) = &net_error {
+        tracing::error!(error = %e, "netlink sync failed; will retry");
+        for s in desired.statuses.iter_mut().filter(|s| s.key.kind == crate::api::Kind::EgressIP) {
+            let reason = format!("kernel error: {e}");
+            s.message = format!("{}: EgressIP not applied: {reason}", node.node_name);
+            s.outcome = Outcome::Failed(reason);
+        }
+    }
+    let result = tokio::task::block_in_place(|| syncer.sync(&desired.table));
     match &result {
         Ok(kind) => tracing::info!(
             sync = ?kind,
             rules = desired.table.rule_count(),
             elements = desired.table.element_count(),
+            egress_ips_hosted = desired.net.addresses.len(),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "dataplane in sync"
         ),
@@ -264,6 +306,10 @@ pub fn apply_once<B: NftBackend>(
     for w in &desired.warnings {
         tracing::warn!(warning = %w, "cluster view");
     }
+    let result = match (result, net_error) {
+        (Ok(_), Some(message)) => Err(NftError::Netlink { message }),
+        (r, _) => r,
+    };
     (desired, result)
 }
 
@@ -386,17 +432,27 @@ pub async fn run<S: ViewSource, B: NftBackend, K: StatusSink>(
         resolve_due(r, &mut tracker, families, &telemetry.metrics).await;
     }
 
-    let mut cache = crate::compile::CompileCache::default();
-    let mut apply = |view: &ClusterView, tracker: &DnsTracker, syncer: &mut NftSyncer<B>| {
-        let answers = tracker.answers();
-        let started = std::time::Instant::now();
-        let (desired, result) =
-            tokio::task::block_in_place(|| apply_once(view, &config.node, &answers, syncer, &mut cache));
-        record_sync(&telemetry, view, &desired, &result, started.elapsed());
-        telemetry.metrics.dns_names.set(i64::try_from(tracker.len()).unwrap_or(i64::MAX));
-        (desired, result)
+    let net = match Netlink::connect(config.node.egress.clone()) {
+        Ok(n) => Some(n),
+        Err(e) => {
+            tracing::error!(error = %e, "no netlink socket: EgressIP cannot be applied");
+            None
+        }
     };
-    let (mut desired, mut last_result) = apply(source.view(), &tracker, &mut syncer);
+    let mut cache = crate::compile::CompileCache::default();
+    macro_rules! apply {
+        ($view:expr, $tracker:expr, $syncer:expr) => {{
+            let view = $view;
+            let answers = $tracker.answers();
+            let started = std::time::Instant::now();
+            let (desired, result) =
+                apply_once(view, &config.node, &answers, $syncer, net.as_ref(), &mut cache).await;
+            record_sync(&telemetry, view, &desired, &result, started.elapsed());
+            telemetry.metrics.dns_names.set(i64::try_from($tracker.len()).unwrap_or(i64::MAX));
+            (desired, result)
+        }};
+    }
+    let (mut desired, mut last_result) = apply!(source.view(), &tracker, &mut syncer);
     log_status_changes(&[], &desired.statuses);
     sink.applied(source.view(), &desired);
     let mut problems = [source.problems(), dns_problems(&tracker, &names)].concat();
@@ -444,7 +500,7 @@ pub async fn run<S: ViewSource, B: NftBackend, K: StatusSink>(
         }
         let now_problems = [source.problems(), dns_problems(&tracker, &names)].concat();
         if changed {
-            let (next, result) = apply(source.view(), &tracker, &mut syncer);
+            let (next, result) = apply!(source.view(), &tracker, &mut syncer);
             log_status_changes(&desired.statuses, &next.statuses);
             desired = next;
             last_result = result;

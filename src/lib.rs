@@ -6,7 +6,7 @@
 //! view → desired dataplane state) → [`nft`] (the table model, rendering, diffs) →
 //! [`dataplane`] (drivers that make the kernel match) → [`status`] (per-object outcome),
 //! wired together by [`agent`].
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 

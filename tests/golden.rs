@@ -21,6 +21,7 @@ fn node_config(args: &str) -> NodeConfig {
         service_cidrs: vec![],
         table_name: "egressd".into(),
         dns_grace: egressd::compile::DEFAULT_DNS_GRACE,
+        egress: Default::default(),
     };
     let cidrs = |v: &str| -> Vec<IpNet> { v.split(',').map(|c| c.trim().parse().unwrap()).collect() };
     for line in args.lines().filter(|l| !l.trim().is_empty()) {

@@ -94,6 +94,46 @@ struct NodeArgs {
     /// is gone that long past the TTL, the address leaves the kernel by itself.
     #[arg(long, env = "EGRESSD_DNS_GRACE_SECS", default_value_t = 300)]
     dns_grace_secs: u64,
+    #[command(flatten)]
+    egress: EgressArgs,
+}
+
+/// EgressIP dataplane settings. egressd owns exactly these marks, tables, rule priority
+/// and protocol numbers, and finds its state again by them after a restart.
+#[derive(Debug, Args)]
+struct EgressArgs {
+    /// Packet-mark bits egressd may use to steer selected pods' traffic to the node
+    /// hosting their egress IP (other bits are left to kube-proxy, Calico, ...); each
+    /// distinct set of hosting nodes uses one value under the mask.
+    #[arg(long, env = "EGRESSD_EGRESS_IP_MARK_MASK", default_value = "0x00ff0000", value_parser = parse_u32)]
+    egress_ip_mark_mask: u32,
+    /// egressd's routing tables are TABLE_BASE+1 ..= TABLE_BASE+255.
+    #[arg(long, env = "EGRESSD_EGRESS_IP_TABLE_BASE", default_value_t = 7470)]
+    egress_ip_table_base: u32,
+    /// Priority of egressd's `ip rule fwmark` rules (before the main table's 32766).
+    #[arg(long, env = "EGRESSD_EGRESS_IP_RULE_PRIORITY", default_value_t = 5470)]
+    egress_ip_rule_priority: u32,
+    /// Protocol number tagging egressd's routes and (IFA_PROTO, Linux >= 6.1) its
+    /// addresses.
+    #[arg(long, env = "EGRESSD_EGRESS_IP_PROTOCOL", default_value_t = 0xe9)]
+    egress_ip_protocol: u8,
+    /// Drop the outside traffic of pods selected by an EgressIP while no node hosts any
+    /// of its IPs, instead of letting it leave with the node's own SNAT (the reference's
+    /// behaviour).
+    #[arg(long, env = "EGRESSD_EGRESS_IP_FAIL_CLOSED")]
+    egress_ip_fail_closed: bool,
+}
+
+fn parse_u32(s: &str) -> Result<u32, String> {
+    let parsed = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => s.parse(),
+    };
+    match parsed {
+        Ok(0) => Err("must not be 0".into()),
+        Ok(v) => Ok(v),
+        Err(e) => Err(format!("{e}: a number, decimal or 0x-prefixed hex")),
+    }
 }
 
 impl NodeArgs {
@@ -104,6 +144,15 @@ impl NodeArgs {
             service_cidrs: self.service_cidrs.clone(),
             table_name: self.table.clone(),
             dns_grace: Duration::from_secs(self.dns_grace_secs),
+            egress: egressd::compile::EgressSettings {
+                mark_mask: self.egress.egress_ip_mark_mask,
+                table_base: self.egress.egress_ip_table_base,
+                rule_priority: self.egress.egress_ip_rule_priority,
+                route_protocol: self.egress.egress_ip_protocol,
+                address_protocol: self.egress.egress_ip_protocol,
+                fail_closed: self.egress.egress_ip_fail_closed,
+                ..Default::default()
+            },
         }
     }
 }

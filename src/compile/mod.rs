@@ -4,6 +4,7 @@
 //! tests under `tests/golden/` pin down. Invalid objects compile to a status error and
 //! nothing else; their last good version (kept by the view) is what gets compiled.
 
+mod egress_ip;
 mod firewall;
 mod qos;
 
@@ -15,6 +16,7 @@ use crate::nft::Table;
 use crate::view::ClusterView;
 
 pub use firewall::{FIREWALL_CHAIN, FIREWALL_LOCAL_CHAIN, dns_names, dns_set_names};
+pub use egress_ip::{EgressSettings, HostLink, HostLinks, MarkRule, NetDesired, NextHop, SNAT_CHAIN, STEER_CHAIN};
 pub use qos::QOS_CHAIN;
 
 /// What egressd knows about the node it runs on.
@@ -30,6 +32,8 @@ pub struct NodeConfig {
     pub table_name: String,
     /// Added to a resolved address's lifetime for its kernel-side timeout.
     pub dns_grace: std::time::Duration,
+    /// EgressIP marks, tables and ownership tags.
+    pub egress: EgressSettings,
 }
 
 impl NodeConfig {
@@ -90,6 +94,8 @@ pub struct ObjectStatus {
 pub struct Desired {
     /// The nft table.
     pub table: Table,
+    /// Addresses, policy rules and routes (EgressIP).
+    pub net: NetDesired,
     /// Per-object status, sorted by object key.
     pub statuses: Vec<ObjectStatus>,
     /// Problems that belong to no single object (pod IP clashes).
@@ -103,15 +109,23 @@ pub struct CompileCache {
     firewall: firewall::ChainCache,
 }
 
-/// Compile the view for this node, with the current addresses of DNS names.
+/// Compile the view for this node, with the current addresses of DNS names and no
+/// knowledge of the node's links (no egress IP can be hosted).
 pub fn compile(view: &ClusterView, node: &NodeConfig, dns: &DnsAnswers) -> Desired {
-    compile_cached(view, node, dns, &mut CompileCache::default())
+    compile_cached(view, node, dns, &HostLinks::default(), &mut CompileCache::default())
 }
 
-/// [`compile`], reusing the namespace chains of the previous compile where their policy
-/// is unchanged (the agent keeps one cache for its lifetime).
-pub fn compile_cached(view: &ClusterView, node: &NodeConfig, dns: &DnsAnswers, cache: &mut CompileCache) -> Desired {
+/// [`compile`] with the node's links, reusing the namespace chains of the previous
+/// compile where their policy is unchanged (the agent keeps one cache for its lifetime).
+pub fn compile_cached(
+    view: &ClusterView,
+    node: &NodeConfig,
+    dns: &DnsAnswers,
+    host: &HostLinks,
+    cache: &mut CompileCache,
+) -> Desired {
     let mut table = Table::new(node.table_name.clone());
+    let mut net = NetDesired::default();
     let mut statuses = Vec::new();
     let mut warnings = Vec::new();
 
@@ -128,6 +142,7 @@ pub fn compile_cached(view: &ClusterView, node: &NodeConfig, dns: &DnsAnswers, c
 
     firewall::compile(view, node, dns, &owners, &mut table, &mut statuses, &mut cache.firewall);
     qos::compile(view, node, &owners, &mut table, &mut statuses);
+    egress_ip::compile(view, node, host, &owners, &mut table, &mut net, &mut statuses);
 
     for (key, reason) in &view.ignored {
         statuses.push(ObjectStatus {
@@ -151,10 +166,9 @@ pub fn compile_cached(view: &ClusterView, node: &NodeConfig, dns: &DnsAnswers, c
             condition: None,
         },
     };
-    statuses.extend(view.egress_ips.values().map(|e| validated(&e.key, &e.error)));
     statuses.extend(view.cloud_ips.values().map(|e| validated(&e.key, &e.error)));
     statuses.sort_by(|a, b| a.key.cmp(&b.key));
-    Desired { table, statuses, warnings }
+    Desired { table, net, statuses, warnings }
 }
 
 /// Render statuses as text, one object per line (`egressd render` / `egressd status`).
@@ -195,6 +209,7 @@ mod tests {
             service_cidrs: vec![],
             table_name: "egressd".into(),
             dns_grace: DEFAULT_DNS_GRACE,
+            egress: EgressSettings::default(),
         }
     }
 
@@ -236,13 +251,13 @@ mod tests {
         let mut cache = CompileCache::default();
         let docs = format!("{POLICY}{}{}", pod("p1", "198.18.1.1", "web"), pod("p2", "198.18.1.2", "db"));
         let dns = DnsAnswers::new();
-        let first = compile_cached(&view(&docs), &node(), &dns, &mut cache);
+        let first = compile_cached(&view(&docs), &node(), &dns, &HostLinks::default(), &mut cache);
         assert_eq!(first, compile(&view(&docs), &node(), &dns));
-        let again = compile_cached(&view(&docs), &node(), &dns, &mut cache);
+        let again = compile_cached(&view(&docs), &node(), &dns, &HostLinks::default(), &mut cache);
         assert_eq!(again, first);
         assert!(std::sync::Arc::ptr_eq(&first.table.chains["fw-a"].rules, &again.table.chains["fw-a"].rules), "reused");
         let edited = docs.replace("192.0.2.0/24", "198.51.100.0/24");
-        assert_eq!(compile_cached(&view(&edited), &node(), &dns, &mut cache), compile(&view(&edited), &node(), &dns));
+        assert_eq!(compile_cached(&view(&edited), &node(), &dns, &HostLinks::default(), &mut cache), compile(&view(&edited), &node(), &dns));
     }
 
     #[test]

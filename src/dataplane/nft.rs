@@ -41,6 +41,14 @@ pub enum NftError {
         /// nft's stderr.
         message: String,
     },
+    /// The netlink half of the dataplane (EgressIP addresses, rules, routes) failed; the
+    /// nft table itself may be in sync. Reported with the sync result so that it is
+    /// retried and shown the same way.
+    #[error("netlink: {message}")]
+    Netlink {
+        /// What failed.
+        message: String,
+    },
 }
 
 /// Something that applies an nft script atomically.

@@ -1,0 +1,534 @@
+//! EgressIP → nft chains and the netlink state (addresses, policy rules, routes) of one
+//! node, given where each egress IP is placed (`status.items`).
+//!
+//! * **Selection**: a pod (per the pod-identity rule) belongs to the first EgressIP —
+//!   oldest, then by name — whose `namespaceSelector` matches its namespace and whose
+//!   `podSelector` (absent = all) matches the pod. Any later match is a standby.
+//! * **Hosting** (an item names this node): the address is added as /32 or /128 to the
+//!   up link whose subnet contains it (longest prefix), and `egress-snat` (postrouting,
+//!   `srcnat - 1`, before the CNI's masquerade) SNATs every selected pod of that
+//!   EgressIP — local ones and those steered here from other nodes — to it.
+//! * **Steering** (this node hosts no IP of the pod's family): `egress-steer`
+//!   (prerouting, `dstnat + 10`, after kube-proxy's DNAT) sets our mark bits on the
+//!   original-direction packets of *local* selected pods to destinations outside the
+//!   cluster, service and node ranges; a policy rule sends marked packets to our routing
+//!   table, whose default route goes via the hosting node(s), multipath when several.
+//!   `egress-snat` gives packets whose next hop is a hosting node a null SNAT, so the
+//!   CNI's masquerade never rewrites them; a marked packet routed anywhere else (its
+//!   route missing) is left to the normal SNAT, never sent out with the pod's address.
+//! * **No hosting node**: normal SNAT (as the reference does), or a drop with
+//!   `--egress-ip-fail-closed`.
+//! * **Conflicts**, reported and not applied: an egress IP equal to a node address, the
+//!   same IP in two EgressIPs (the younger loses it), an IP no local link can host.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use super::{NodeConfig, ObjectStatus, Outcome};
+use crate::nft::{Chain, Hook, KeyType, Set, Table, chain_name};
+use crate::view::policy::EgressIpPolicy;
+use crate::view::{ClusterView, PodInfo};
+
+/// The prerouting chain that marks local pods' packets for steering.
+pub const STEER_CHAIN: &str = "egress-steer";
+/// The postrouting NAT chain (SNAT to hosted egress IPs, null SNAT of steered packets).
+pub const SNAT_CHAIN: &str = "egress-snat";
+const EXEMPT_V4: &str = "eip-exempt-v4";
+const EXEMPT_V6: &str = "eip-exempt-v6";
+const STEER_V4: &str = "eip-steer-v4";
+const STEER_V6: &str = "eip-steer-v6";
+const SNAT_V4: &str = "eip-snat-v4";
+const SNAT_V6: &str = "eip-snat-v6";
+const GATEWAYS_V4: &str = "eip-gateways-v4";
+const GATEWAYS_V6: &str = "eip-gateways-v6";
+const DROP_CHAIN: &str = "eip-drop";
+
+/// How egressd marks and routes steered packets. Everything it creates is found again by
+/// these values (rule priority, table range, route protocol, address protocol).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EgressSettings {
+    /// The mark bits egressd owns; other bits of the packet mark are left alone.
+    pub mark_mask: u32,
+    /// Routing tables `table_base + 1 ..= table_base + tables` are egressd's.
+    pub table_base: u32,
+    /// Number of routing tables (and mark values) egressd may use.
+    pub tables: u32,
+    /// Priority of egressd's policy-routing rules.
+    pub rule_priority: u32,
+    /// Route protocol number of egressd's routes.
+    pub route_protocol: u8,
+    /// Address protocol (`IFA_PROTO`) tagging egressd's addresses.
+    pub address_protocol: u8,
+    /// Drop selected pods' outside traffic when no node hosts an IP of their EgressIP.
+    pub fail_closed: bool,
+}
+
+impl Default for EgressSettings {
+    fn default() -> Self {
+        Self {
+            mark_mask: 0x00ff_0000,
+            table_base: 7470,
+            tables: 255,
+            rule_priority: 5470,
+            route_protocol: 0xe9,
+            address_protocol: 0xe9,
+            fail_closed: false,
+        }
+    }
+}
+
+impl EgressSettings {
+    /// The mark value for routing table index `k` (1-based), shifted into the mask.
+    pub fn mark(&self, k: u32) -> u32 {
+        k.checked_shl(self.mark_mask.trailing_zeros()).unwrap_or(0) & self.mark_mask
+    }
+
+    /// How many distinct mark values the mask and table range allow.
+    pub fn capacity(&self) -> u32 {
+        let values = self.mark_mask.checked_shr(self.mark_mask.trailing_zeros()).unwrap_or(0);
+        values.min(self.tables)
+    }
+
+    /// Whether `table` is in egressd's range.
+    pub fn owns_table(&self, table: u32) -> bool {
+        table > self.table_base && table <= self.table_base.saturating_add(self.tables)
+    }
+}
+
+/// One network link of this node as egressd sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostLink {
+    /// Interface index.
+    pub index: u32,
+    /// Interface name.
+    pub name: String,
+    /// Administratively and operationally up (or at least not down).
+    pub up: bool,
+    /// Its addresses with prefix length, without the ones egressd added.
+    pub addrs: Vec<IpNet>,
+}
+
+/// The node's links (read by the netlink driver before each compile).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HostLinks {
+    /// The links.
+    pub links: Vec<HostLink>,
+}
+
+impl HostLinks {
+    /// The up link whose subnet contains `ip`, longest prefix first; host routes
+    /// (/32, /128) and IPv6 link-local subnets never count.
+    pub fn link_for(&self, ip: IpAddr) -> Option<&HostLink> {
+        let mut best: Option<(u8, &HostLink)> = None;
+        for link in self.links.iter().filter(|l| l.up) {
+            for net in &link.addrs {
+                if net.prefix_len() == net.max_prefix_len() || is_link_local(net.addr()) || !net.contains(&ip) {
+                    continue;
+                }
+                if best.is_none_or(|(len, b)| net.prefix_len() > len || (net.prefix_len() == len && link.index < b.index))
+                {
+                    best = Some((net.prefix_len(), link));
+                }
+            }
+        }
+        best.map(|(_, l)| l)
+    }
+
+    /// Every address of every link.
+    pub fn addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.links.iter().flat_map(|l| l.addrs.iter().map(IpNet::addr))
+    }
+}
+
+fn is_link_local(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_link_local(),
+        IpAddr::V6(v6) => v6.segments()[0] & 0xffc0 == 0xfe80,
+    }
+}
+
+/// One next hop of a steering route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NextHop {
+    /// The hosting node's address.
+    pub gateway: IpAddr,
+    /// The link it is reached on.
+    pub link: u32,
+}
+
+/// A policy-routing rule: packets with `mark` (under `mask`) look up `table`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MarkRule {
+    /// IPv6 (else IPv4).
+    pub v6: bool,
+    /// Mark value.
+    pub mark: u32,
+    /// Mask.
+    pub mask: u32,
+    /// Routing table.
+    pub table: u32,
+    /// Priority.
+    pub priority: u32,
+}
+
+/// The netlink state egressd wants on this node.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NetDesired {
+    /// Egress IPs hosted here → (link index, link name).
+    pub addresses: BTreeMap<IpAddr, (u32, String)>,
+    /// Default routes of egressd's tables: (table, IPv6) → next hops.
+    pub routes: BTreeMap<(u32, bool), Vec<NextHop>>,
+    /// Policy-routing rules.
+    pub rules: BTreeSet<MarkRule>,
+}
+
+/// The label every namespace carries (added by the API server since 1.21; added here for
+/// manifests and older servers).
+const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+/// What one EgressIP does on this node, before pods are assigned.
+struct Plan<'a> {
+    policy: &'a EgressIpPolicy,
+    /// Hosted here, per family (first of each family).
+    hosted: [Option<IpAddr>; 2],
+    /// Hosting nodes elsewhere, per family.
+    remote: [Vec<NextHop>; 2],
+    problems: Vec<String>,
+    hosted_list: Vec<(IpAddr, String)>,
+    remote_nodes: BTreeSet<String>,
+    selected_local: usize,
+    steered: usize,
+    fallback: usize,
+}
+
+fn fam(ip: IpAddr) -> usize {
+    usize::from(ip.is_ipv6())
+}
+
+fn ip_chain(prefix: &str, ip: IpAddr) -> String {
+    chain_name(prefix, &ip.to_string().replace(['.', ':'], "-"))
+}
+
+fn mark_statement(settings: &EgressSettings, k: u32) -> String {
+    format!("meta mark set meta mark and {:#010x} or {:#010x}", !settings.mark_mask, settings.mark(k))
+}
+
+pub(super) fn compile(
+    view: &ClusterView,
+    node: &NodeConfig,
+    host: &HostLinks,
+    owners: &BTreeMap<IpAddr, &PodInfo>,
+    table: &mut Table,
+    net: &mut NetDesired,
+    statuses: &mut Vec<ObjectStatus>,
+) {
+    let settings = &node.egress;
+    let me = node.node_name.as_str();
+    let mut ordered: Vec<_> = view.egress_ips.values().collect();
+    if ordered.is_empty() {
+        return;
+    }
+    ordered.sort_by(|a, b| {
+        let created = |e: &&crate::view::Entry<EgressIpPolicy>| e.policy.as_ref().and_then(|p| p.created);
+        // Known creation times first (oldest first), then by name.
+        (created(a).is_none(), created(a), &a.key.name).cmp(&(created(b).is_none(), created(b), &b.key.name))
+    });
+
+    let mut node_addrs: BTreeSet<IpAddr> = host.addresses().collect();
+    node_addrs.extend(view.nodes.values().flat_map(|n| n.addresses.iter().copied()));
+    let my_addrs: BTreeSet<IpAddr> =
+        host.addresses().chain(view.nodes.get(me).into_iter().flat_map(|n| n.addresses.iter().copied())).collect();
+
+    // Who owns each IP: the oldest EgressIP naming it.
+    let mut ip_owner: BTreeMap<IpAddr, &str> = BTreeMap::new();
+    for e in &ordered {
+        if let Some(p) = &e.policy {
+            for ip in &p.ips {
+                ip_owner.entry(*ip).or_insert(p.name.as_str());
+            }
+        }
+    }
+
+    let mut plans: Vec<Plan> = Vec::new();
+    for e in &ordered {
+        let Some(policy) = &e.policy else { continue };
+        let mut plan = Plan {
+            policy,
+            hosted: [None, None],
+            remote: [Vec::new(), Vec::new()],
+            problems: Vec::new(),
+            hosted_list: Vec::new(),
+            remote_nodes: BTreeSet::new(),
+            selected_local: 0,
+            steered: 0,
+            fallback: 0,
+        };
+        for ip in &policy.ips {
+            if node_addrs.contains(ip) {
+                plan.problems.push(format!("egress IP {ip} is the address of a node; not used"));
+            } else if let Some(owner) = ip_owner.get(ip).filter(|o| **o != policy.name) {
+                plan.problems.push(format!("egress IP {ip} is also claimed by the older EgressIP {owner}; not used"));
+            }
+        }
+        let mut seen = BTreeSet::new();
+        for (ip, host_node) in &policy.placement {
+            if node_addrs.contains(ip) || ip_owner.get(ip) != Some(&policy.name.as_str()) || !seen.insert(*ip) {
+                continue;
+            }
+            let f = fam(*ip);
+            if host_node == me {
+                match host.link_for(*ip) {
+                    None => plan.problems.push(format!(
+                        "egress IP {ip} cannot be hosted on node {me}: no up link has a subnet containing it"
+                    )),
+                    Some(_) if plan.hosted[f].is_some() => plan.problems.push(format!(
+                        "egress IP {ip}: node {me} already hosts another IP of this EgressIP in its family; not hosted"
+                    )),
+                    Some(link) => {
+                        plan.hosted[f] = Some(*ip);
+                        plan.hosted_list.push((*ip, link.name.clone()));
+                        net.addresses.insert(*ip, (link.index, link.name.clone()));
+                    }
+                }
+                continue;
+            }
+            let gateway = view.nodes.get(host_node).and_then(|n| {
+                n.addresses.iter().filter(|a| a.is_ipv6() == ip.is_ipv6() && !my_addrs.contains(a)).find_map(|a| {
+                    host.link_for(*a).map(|link| NextHop { gateway: *a, link: link.index })
+                })
+            });
+            match gateway {
+                Some(hop) => {
+                    if !plan.remote[f].contains(&hop) {
+                        plan.remote[f].push(hop);
+                    }
+                    plan.remote_nodes.insert(host_node.clone());
+                }
+                None if !view.nodes.contains_key(host_node) => plan
+                    .problems
+                    .push(format!("egress IP {ip} is placed on node {host_node}, which is unknown; not steered to it")),
+                None => plan.problems.push(format!(
+                    "egress IP {ip} is placed on node {host_node}, which has no {} address on a link shared with node {me}; not steered to it",
+                    if ip.is_ipv6() { "IPv6" } else { "IPv4" }
+                )),
+            }
+        }
+        for hops in &mut plan.remote {
+            hops.sort();
+        }
+        plans.push(plan);
+    }
+
+    // Distinct next-hop sets get a mark and a table each, in a stable order.
+    let mut hop_sets: BTreeSet<(bool, Vec<NextHop>)> = BTreeSet::new();
+    for plan in &plans {
+        for (f, hops) in plan.remote.iter().enumerate() {
+            if !hops.is_empty() && plan.hosted[f].is_none() {
+                hop_sets.insert((f == 1, hops.clone()));
+            }
+        }
+    }
+    let mut set_index: BTreeMap<(bool, Vec<NextHop>), u32> = BTreeMap::new();
+    for (i, key) in hop_sets.into_iter().enumerate() {
+        let k = u32::try_from(i + 1).unwrap_or(u32::MAX);
+        if k > settings.capacity() {
+            continue;
+        }
+        set_index.insert(key, k);
+    }
+
+    let mut steer = [Set::verdict_map(KeyType::Ipv4), Set::verdict_map(KeyType::Ipv6)];
+    let mut snat = [Set::verdict_map(KeyType::Ipv4), Set::verdict_map(KeyType::Ipv6)];
+    let mut steer_chains: BTreeMap<u32, ()> = BTreeMap::new();
+    let mut snat_chains: BTreeSet<IpAddr> = BTreeSet::new();
+    let mut drop_used = false;
+    let mut overflow = false;
+
+    let namespace_labels = |ns: &str| {
+        let mut labels = view.namespaces.get(ns).map(|n| n.labels.clone()).unwrap_or_default();
+        labels.entry(NAMESPACE_NAME_LABEL.to_string()).or_insert_with(|| ns.to_string());
+        labels
+    };
+    let mut ns_cache: BTreeMap<&str, BTreeMap<String, String>> = BTreeMap::new();
+    for (ip, pod) in owners {
+        let labels = ns_cache.entry(pod.namespace.as_str()).or_insert_with(|| namespace_labels(&pod.namespace));
+        let Some(plan) =
+            plans.iter_mut().find(|p| p.policy.namespaces.matches(labels) && p.policy.pods.matches(&pod.labels))
+        else {
+            continue;
+        };
+        let f = fam(*ip);
+        let local = pod.node.as_deref() == Some(me);
+        if local {
+            plan.selected_local += 1;
+        }
+        if let Some(egress_ip) = plan.hosted[f] {
+            snat[f].elements.insert(ip.to_string(), format!("jump {}", ip_chain("eip-snat", egress_ip)));
+            snat_chains.insert(egress_ip);
+            continue;
+        }
+        if !local {
+            continue;
+        }
+        match set_index.get(&(f == 1, plan.remote[f].clone())) {
+            Some(k) if !plan.remote[f].is_empty() => {
+                steer[f].elements.insert(ip.to_string(), format!("jump eip-mark-{k}"));
+                steer_chains.insert(*k, ());
+                plan.steered += 1;
+            }
+            Some(_) | None => {
+                if !plan.remote[f].is_empty() {
+                    overflow = true;
+                }
+                plan.fallback += 1;
+                if settings.fail_closed {
+                    steer[f].elements.insert(ip.to_string(), format!("jump {DROP_CHAIN}"));
+                    drop_used = true;
+                }
+            }
+        }
+    }
+
+    // Netlink: one table and rule per next-hop set in use.
+    let mut gateways = [Set::new(KeyType::Ipv4, false), Set::new(KeyType::Ipv6, false)];
+    for ((v6, hops), k) in &set_index {
+        if !steer_chains.contains_key(k) {
+            continue;
+        }
+        let table_id = settings.table_base + k;
+        net.routes.insert((table_id, *v6), hops.clone());
+        net.rules.insert(MarkRule {
+            v6: *v6,
+            mark: settings.mark(*k),
+            mask: settings.mark_mask,
+            table: table_id,
+            priority: settings.rule_priority,
+        });
+        for hop in hops {
+            gateways[usize::from(*v6)].elements.insert(hop.gateway.to_string(), String::new());
+        }
+    }
+
+    // Destinations never steered nor SNATed to an egress IP: cluster, services, nodes.
+    let mut exempt_nets: Vec<IpNet> = node.cluster_cidrs.iter().chain(&node.service_cidrs).map(IpNet::trunc).collect();
+    exempt_nets.extend(node_addrs.iter().map(|a| IpNet::from(*a)));
+    let mut exempt = [Set::new(KeyType::Ipv4, true), Set::new(KeyType::Ipv6, true)];
+    for n in IpNet::aggregate(&exempt_nets) {
+        exempt[fam(n.addr())].elements.insert(n.to_string(), String::new());
+    }
+
+    let [e4, e6] = exempt;
+    table.sets.insert(EXEMPT_V4.into(), e4);
+    table.sets.insert(EXEMPT_V6.into(), e6);
+    let [s4, s6] = steer;
+    table.sets.insert(STEER_V4.into(), s4);
+    table.sets.insert(STEER_V6.into(), s6);
+    let [n4, n6] = snat;
+    table.sets.insert(SNAT_V4.into(), n4);
+    table.sets.insert(SNAT_V6.into(), n6);
+    let [g4, g6] = gateways;
+    table.sets.insert(GATEWAYS_V4.into(), g4);
+    table.sets.insert(GATEWAYS_V6.into(), g6);
+    for k in steer_chains.keys() {
+        table.chains.insert(format!("eip-mark-{k}"), Chain::regular(vec![mark_statement(settings, *k)]));
+    }
+    if drop_used {
+        table.chains.insert(DROP_CHAIN.into(), Chain::regular(vec!["counter drop".into()]));
+    }
+    for ip in &snat_chains {
+        let stmt = match ip {
+            IpAddr::V4(v4) => format!("snat ip to {v4}"),
+            IpAddr::V6(v6) => format!("snat ip6 to {v6}"),
+        };
+        table.chains.insert(ip_chain("eip-snat", *ip), Chain::regular(vec![stmt]));
+    }
+    table.chains.insert(
+        STEER_CHAIN.into(),
+        Chain::base(
+            Hook { chain_type: "filter", hook: "prerouting", priority: "dstnat + 10" },
+            vec![
+                "ct direction reply return".into(),
+                format!("ip daddr @{EXEMPT_V4} return"),
+                format!("ip6 daddr @{EXEMPT_V6} return"),
+                format!("ip saddr vmap @{STEER_V4}"),
+                format!("ip6 saddr vmap @{STEER_V6}"),
+            ],
+        ),
+    );
+    table.chains.insert(
+        SNAT_CHAIN.into(),
+        Chain::base(
+            Hook { chain_type: "nat", hook: "postrouting", priority: "srcnat - 1" },
+            vec![
+                format!("ip daddr @{EXEMPT_V4} return"),
+                format!("ip6 daddr @{EXEMPT_V6} return"),
+                format!(
+                    "meta mark and {:#010x} != 0 rt ip nexthop @{GATEWAYS_V4} counter snat ip to ip saddr",
+                    settings.mark_mask
+                ),
+                format!(
+                    "meta mark and {:#010x} != 0 rt ip6 nexthop @{GATEWAYS_V6} counter snat ip6 to ip6 saddr",
+                    settings.mark_mask
+                ),
+                format!("ip saddr vmap @{SNAT_V4}"),
+                format!("ip6 saddr vmap @{SNAT_V6}"),
+            ],
+        ),
+    );
+
+    for e in &ordered {
+        let Some(plan) = plans.iter().find(|p| e.policy.as_ref().is_some_and(|pol| std::ptr::eq(pol, p.policy))) else {
+            continue;
+        };
+        let mut problems = plan.problems.clone();
+        if let Some(err) = &e.error {
+            problems.insert(0, format!("{err} (the last valid version is applied)"));
+        }
+        if overflow && plan.fallback > 0 && !plan.remote.iter().all(Vec::is_empty) {
+            problems.push(format!(
+                "more than {} distinct sets of hosting nodes: some pods are not steered (widen --egress-ip-mark-mask)",
+                settings.capacity()
+            ));
+        }
+        let hosted = if plan.hosted_list.is_empty() {
+            "hosts no egress IP".to_string()
+        } else {
+            let list: Vec<String> = plan.hosted_list.iter().map(|(ip, link)| format!("{ip} on {link}")).collect();
+            format!("hosts {}", list.join(", "))
+        };
+        let remote = if plan.remote_nodes.is_empty() {
+            String::new()
+        } else {
+            format!(" (elsewhere: {})", plan.remote_nodes.iter().cloned().collect::<Vec<_>>().join(", "))
+        };
+        let fallback = if plan.fallback == 0 {
+            String::new()
+        } else if settings.fail_closed {
+            format!(", {} dropped (no hosting node)", plan.fallback)
+        } else {
+            format!(", {} with the node's own SNAT (no hosting node)", plan.fallback)
+        };
+        let summary = format!(
+            "{hosted}{remote}; {} local pods selected, {} steered{fallback}",
+            plan.selected_local, plan.steered
+        );
+        let (outcome, message) = if problems.is_empty() {
+            (Outcome::Applied, format!("{me}: EgressIP applied: {summary}"))
+        } else {
+            let reason = problems.join("; ");
+            (Outcome::Failed(reason.clone()), format!("{me}: EgressIP not fully applied: {reason}; {summary}"))
+        };
+        statuses.push(ObjectStatus { key: e.key.clone(), outcome, message, condition: None });
+    }
+    for e in ordered.iter().filter(|e| e.policy.is_none()) {
+        let error = e.error.clone().unwrap_or_default();
+        statuses.push(ObjectStatus {
+            key: e.key.clone(),
+            outcome: Outcome::Failed(error.clone()),
+            message: format!("{me}: {error}"),
+            condition: None,
+        });
+    }
+}

@@ -1,0 +1,141 @@
+//! Announcing an address that moved to this node: a gratuitous ARP request (sender =
+//! target = the address, broadcast) for IPv4, an unsolicited neighbour advertisement with
+//! the Override flag to all-nodes for IPv6. Neighbours update an existing entry to this
+//! node's MAC; no maintained crate does this, so it is the few lines below.
+//!
+//! IPv4 needs an `AF_PACKET` socket addressed by a `sockaddr_ll`, which no safe API
+//! builds: that is the one `unsafe` block of the crate. IPv6 uses a raw ICMPv6 socket
+//! through socket2 (hop limit 255 as RFC 4861 requires; the kernel fills the checksum).
+
+#![allow(unsafe_code)]
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddrV6};
+
+use socket2::{Domain, Protocol, Socket, Type};
+
+const ETH_P_ARP: u16 = 0x0806;
+
+/// The MAC address of a link, from sysfs.
+pub fn link_mac(link_name: &str) -> io::Result<[u8; 6]> {
+    let text = std::fs::read_to_string(format!("/sys/class/net/{link_name}/address"))?;
+    let mut mac = [0u8; 6];
+    let parts: Vec<&str> = text.trim().split(':').collect();
+    if parts.len() != 6 {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{link_name}: no Ethernet address")));
+    }
+    for (byte, part) in mac.iter_mut().zip(parts) {
+        *byte = u8::from_str_radix(part, 16).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    }
+    Ok(mac)
+}
+
+/// The gratuitous ARP request frame for `ip` from `mac`.
+pub fn garp_frame(ip: Ipv4Addr, mac: [u8; 6]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(42);
+    f.extend_from_slice(&[0xff; 6]); // destination: broadcast
+    f.extend_from_slice(&mac);
+    f.extend_from_slice(&ETH_P_ARP.to_be_bytes());
+    f.extend_from_slice(&[0x00, 0x01, 0x08, 0x00, 6, 4, 0x00, 0x01]); // Ethernet, IPv4, request
+    f.extend_from_slice(&mac);
+    f.extend_from_slice(&ip.octets());
+    f.extend_from_slice(&[0; 6]);
+    f.extend_from_slice(&ip.octets());
+    f
+}
+
+/// The ICMPv6 neighbour advertisement for `ip` from `mac` (Override set, Solicited not).
+pub fn unsolicited_na(ip: Ipv6Addr, mac: [u8; 6]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(32);
+    p.extend_from_slice(&[136, 0, 0, 0]); // type, code, checksum (kernel)
+    p.extend_from_slice(&[0x20, 0, 0, 0]); // flags: Override
+    p.extend_from_slice(&ip.octets());
+    p.extend_from_slice(&[2, 1]); // option: target link-layer address, 8 bytes
+    p.extend_from_slice(&mac);
+    p
+}
+
+fn send_garp(ip: Ipv4Addr, ifindex: u32, mac: [u8; 6]) -> io::Result<()> {
+    let socket = Socket::new(Domain::PACKET, Type::RAW, Some(Protocol::from(i32::from(ETH_P_ARP.to_be()))))?;
+    let frame = garp_frame(ip, mac);
+    let ifindex = i32::try_from(ifindex).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: `try_init` hands us zeroed storage large enough for any socket address and
+    // a length to set; we write a `sockaddr_ll`, which fits, and report its size.
+    let ((), addr) = unsafe {
+        socket2::SockAddr::try_init(|storage, len| {
+            let mut ll: libc::sockaddr_ll = std::mem::zeroed();
+            ll.sll_family = libc::AF_PACKET as u16;
+            ll.sll_protocol = ETH_P_ARP.to_be();
+            ll.sll_ifindex = ifindex;
+            ll.sll_halen = 6;
+            ll.sll_addr[..6].copy_from_slice(&[0xff; 6]);
+            storage.cast::<libc::sockaddr_ll>().write(ll);
+            *len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+            Ok(())
+        })?
+    };
+    socket.send_to(&frame, &addr)?;
+    Ok(())
+}
+
+fn send_na(ip: Ipv6Addr, ifindex: u32, link_name: &str, mac: [u8; 6]) -> io::Result<()> {
+    let socket = Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::ICMPV6))?;
+    socket.set_multicast_hops_v6(255)?;
+    socket.set_unicast_hops_v6(255)?;
+    socket.set_multicast_if_v6(ifindex)?;
+    socket.bind_device(Some(link_name.as_bytes()))?;
+    let all_nodes = SocketAddrV6::new(Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1), 0, 0, ifindex);
+    socket.send_to(&unsolicited_na(ip, mac), &all_nodes.into())?;
+    Ok(())
+}
+
+/// Announce `ip` once on the link.
+pub fn announce(ip: IpAddr, ifindex: u32, link_name: &str) -> io::Result<()> {
+    let mac = link_mac(link_name)?;
+    match ip {
+        IpAddr::V4(v4) => send_garp(v4, ifindex, mac),
+        IpAddr::V6(v6) => send_na(v6, ifindex, link_name, mac),
+    }
+}
+
+/// Announce `ip` three times over two seconds (neighbours ignore repeats within their
+/// lock time, one second by default on Linux), in the background.
+pub fn announce_repeatedly(ip: IpAddr, ifindex: u32, link_name: String) {
+    tokio::spawn(async move {
+        for i in 0..3 {
+            if i > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
+            }
+            let name = link_name.clone();
+            match tokio::task::spawn_blocking(move || announce(ip, ifindex, &name)).await {
+                Ok(Ok(())) => tracing::debug!(%ip, link = %link_name, "announced"),
+                Ok(Err(e)) => {
+                    tracing::warn!(%ip, link = %link_name, error = %e, "announcing the egress IP failed");
+                    return;
+                }
+                Err(_) => return,
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_carry_the_address_and_mac() {
+        let mac = [2, 0, 0, 0, 0, 9];
+        let f = garp_frame(Ipv4Addr::new(198, 18, 0, 100), mac);
+        assert_eq!(f.len(), 42);
+        assert_eq!(&f[12..14], &[0x08, 0x06]);
+        assert_eq!(&f[22..28], &mac, "sender MAC");
+        assert_eq!(&f[28..32], &[198, 18, 0, 100], "sender IP");
+        assert_eq!(&f[38..42], &[198, 18, 0, 100], "target IP = sender IP");
+        let na = unsolicited_na("2001:db8::64".parse().unwrap(), mac);
+        assert_eq!(na[0], 136);
+        assert_eq!(na[4] & 0x20, 0x20, "override");
+        assert_eq!(na[4] & 0x40, 0, "not solicited");
+        assert_eq!(&na[26..32], &mac);
+    }
+}

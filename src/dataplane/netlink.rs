@@ -1,0 +1,353 @@
+//! The netlink driver for EgressIP: egress addresses on links, policy-routing rules and
+//! the routes of egressd's tables.
+//!
+//! Ownership: an address is egressd's when its `IFA_PROTO` is the configured protocol
+//! (Linux ≥ 6.1 keeps it); a rule when its priority is egressd's and its table is in
+//! egressd's range; a route when its protocol is egressd's and its table is in the
+//! range. Nothing else is ever changed or removed.
+//!
+//! Sync reads the owned state back from the kernel (a dump costs ~2 ms), removes what is
+//! not desired, adds what is missing and replaces routes whose next hops differ; correct
+//! entries are never touched, so a restart causes no flap.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use futures::TryStreamExt;
+use ipnet::IpNet;
+use netlink_packet_route::AddressFamily;
+use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage, AddressProtocol};
+use netlink_packet_route::link::{LinkAttribute, LinkFlags};
+use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope};
+use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
+use rtnetlink::{Handle, IpVersion, RouteMessageBuilder, RouteNextHopBuilder};
+
+use crate::compile::{EgressSettings, HostLink, HostLinks, MarkRule, NetDesired, NextHop};
+
+/// A netlink failure, with what was being done.
+#[derive(Debug, thiserror::Error)]
+#[error("{action}: {source}")]
+pub struct NetError {
+    action: String,
+    #[source]
+    source: rtnetlink::Error,
+}
+
+fn err(action: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetError {
+    let action = action.into();
+    move |source| NetError { action, source }
+}
+
+/// The owned state found in the kernel.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NetState {
+    /// Owned addresses → (link index, prefix length).
+    pub addresses: BTreeMap<IpAddr, (u32, u8)>,
+    /// Owned default routes: (table, IPv6) → next hops.
+    pub routes: BTreeMap<(u32, bool), Vec<NextHop>>,
+    /// Owned rules.
+    pub rules: BTreeSet<MarkRule>,
+}
+
+/// What a sync changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NetChanges {
+    /// Addresses added: (address, link index, link name) — to be announced.
+    pub added: Vec<(IpAddr, u32, String)>,
+    /// Owned addresses removed.
+    pub removed: Vec<IpAddr>,
+    /// Rules and routes added, replaced or removed.
+    pub routing: usize,
+}
+
+impl NetChanges {
+    /// Nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.removed.is_empty() && self.routing == 0
+    }
+}
+
+/// The netlink side of the dataplane.
+#[derive(Clone)]
+pub struct Netlink {
+    handle: Handle,
+    settings: EgressSettings,
+}
+
+impl Netlink {
+    /// Open a route netlink socket (its connection task runs on the current runtime).
+    pub fn connect(settings: EgressSettings) -> std::io::Result<Self> {
+        let (connection, handle, _) = rtnetlink::new_connection()?;
+        tokio::spawn(connection);
+        Ok(Self { handle, settings })
+    }
+
+    /// The node's links with their addresses, egressd's own addresses left out.
+    pub async fn links(&self) -> Result<HostLinks, NetError> {
+        let mut links: Vec<HostLink> = Vec::new();
+        let mut stream = self.handle.link().get().execute();
+        while let Some(msg) = stream.try_next().await.map_err(err("listing links"))? {
+            let name = msg
+                .attributes
+                .iter()
+                .find_map(|a| if let LinkAttribute::IfName(n) = a { Some(n.clone()) } else { None })
+                .unwrap_or_default();
+            let flags = msg.header.flags;
+            links.push(HostLink {
+                index: msg.header.index,
+                name,
+                up: flags.contains(LinkFlags::Up) && flags.contains(LinkFlags::Running),
+                addrs: Vec::new(),
+            });
+        }
+        let mut stream = self.handle.address().get().execute();
+        while let Some(msg) = stream.try_next().await.map_err(err("listing addresses"))? {
+            if self.owned_address(&msg) {
+                continue;
+            }
+            let Some(ip) = address_of(&msg) else { continue };
+            let Ok(net) = IpNet::new(ip, msg.header.prefix_len) else { continue };
+            if let Some(link) = links.iter_mut().find(|l| l.index == msg.header.index) {
+                link.addrs.push(net);
+            }
+        }
+        Ok(HostLinks { links })
+    }
+
+    fn owned_address(&self, msg: &AddressMessage) -> bool {
+        msg.attributes.iter().any(|a| {
+            matches!(a, AddressAttribute::Protocol(p) if u8::from(*p) == self.settings.address_protocol)
+        })
+    }
+
+    /// egressd's state in the kernel.
+    pub async fn owned(&self) -> Result<NetState, NetError> {
+        let mut state = NetState::default();
+        let mut stream = self.handle.address().get().execute();
+        while let Some(msg) = stream.try_next().await.map_err(err("listing addresses"))? {
+            if self.owned_address(&msg)
+                && let Some(ip) = address_of(&msg)
+            {
+                state.addresses.insert(ip, (msg.header.index, msg.header.prefix_len));
+            }
+        }
+        for version in [IpVersion::V4, IpVersion::V6] {
+            let v6 = version == IpVersion::V6;
+            let mut stream = self.handle.rule().get(version).execute();
+            while let Some(msg) = stream.try_next().await.map_err(err("listing rules"))? {
+                if let Some(rule) = self.owned_rule(&msg, v6) {
+                    state.rules.insert(rule);
+                }
+            }
+            let query = if v6 {
+                RouteMessageBuilder::<Ipv6Addr>::new().build()
+            } else {
+                RouteMessageBuilder::<Ipv4Addr>::new().build()
+            };
+            let mut stream = self.handle.route().get(query).execute();
+            while let Some(msg) = stream.try_next().await.map_err(err("listing routes"))? {
+                if u8::from(msg.header.protocol) != self.settings.route_protocol {
+                    continue;
+                }
+                let table = route_table(&msg);
+                if !self.settings.owns_table(table) {
+                    continue;
+                }
+                state.routes.entry((table, v6)).or_default().extend(next_hops(&msg));
+            }
+        }
+        for hops in state.routes.values_mut() {
+            hops.sort();
+        }
+        Ok(state)
+    }
+
+    fn owned_rule(&self, msg: &RuleMessage, v6: bool) -> Option<MarkRule> {
+        let mut rule = MarkRule { v6, mark: 0, mask: u32::MAX, table: u32::from(msg.header.table), priority: 0 };
+        for a in &msg.attributes {
+            match a {
+                RuleAttribute::Priority(p) => rule.priority = *p,
+                RuleAttribute::FwMark(m) => rule.mark = *m,
+                RuleAttribute::FwMask(m) => rule.mask = *m,
+                RuleAttribute::Table(t) => rule.table = *t,
+                _ => {}
+            }
+        }
+        (rule.priority == self.settings.rule_priority && self.settings.owns_table(rule.table)).then_some(rule)
+    }
+
+    /// Make the kernel's owned state equal `desired`.
+    pub async fn sync(&self, desired: &NetDesired) -> Result<NetChanges, NetError> {
+        let current = self.owned().await?;
+        let mut changes = NetChanges::default();
+
+        // Rules first out, routes next, addresses last; additions in the reverse order.
+        for rule in current.rules.difference(&desired.rules) {
+            self.handle.rule().del(rule_message(rule)).execute().await.map_err(err(format!("removing {rule:?}")))?;
+            changes.routing += 1;
+        }
+        for (key, hops) in &current.routes {
+            if !desired.routes.contains_key(key) {
+                let msg = route_message(key.0, key.1, hops, self.settings.route_protocol);
+                self.handle.route().del(msg).execute().await.map_err(err(format!("removing route in table {}", key.0)))?;
+                changes.routing += 1;
+            }
+        }
+        for (ip, (link, prefix)) in &current.addresses {
+            let wanted = desired.addresses.get(ip).map(|(l, _)| *l);
+            if wanted != Some(*link) || *prefix != host_prefix(*ip) {
+                let msg = address_message(*ip, *link, *prefix, self.settings.address_protocol);
+                self.handle.address().del(msg).execute().await.map_err(err(format!("removing address {ip}")))?;
+                changes.removed.push(*ip);
+            }
+        }
+        for (ip, (link, name)) in &desired.addresses {
+            if current.addresses.get(ip) == Some(&(*link, host_prefix(*ip))) {
+                continue;
+            }
+            let mut req = self.handle.address().add(*link, *ip, host_prefix(*ip));
+            let msg = req.message_mut();
+            msg.attributes.push(AddressAttribute::Protocol(AddressProtocol::from(self.settings.address_protocol)));
+            if ip.is_ipv6() {
+                msg.attributes.push(AddressAttribute::Flags(AddressFlags::Nodad));
+            }
+            req.execute().await.map_err(err(format!("adding address {ip} to {name}")))?;
+            changes.added.push((*ip, *link, name.clone()));
+        }
+        for (key, hops) in &desired.routes {
+            if current.routes.get(key) == Some(hops) {
+                continue;
+            }
+            let msg = route_message(key.0, key.1, hops, self.settings.route_protocol);
+            self.handle
+                .route()
+                .add(msg)
+                .replace()
+                .execute()
+                .await
+                .map_err(err(format!("setting the route of table {}", key.0)))?;
+            changes.routing += 1;
+        }
+        for rule in desired.rules.difference(&current.rules) {
+            let mut req = self.handle.rule().add().fw_mark(rule.mark).table_id(rule.table).priority(rule.priority);
+            req.message_mut().attributes.push(RuleAttribute::FwMask(rule.mask));
+            req.message_mut().attributes.push(RuleAttribute::Protocol(RouteProtocol::from(self.settings.route_protocol)));
+            let result = if rule.v6 {
+                req.v6().action(RuleAction::ToTable).execute().await
+            } else {
+                req.v4().action(RuleAction::ToTable).execute().await
+            };
+            result.map_err(err(format!("adding {rule:?}")))?;
+            changes.routing += 1;
+        }
+        Ok(changes)
+    }
+
+    /// Remove everything egressd owns; returns how many entries were removed.
+    pub async fn cleanup(&self) -> Result<usize, NetError> {
+        let changes = self.sync(&NetDesired::default()).await?;
+        Ok(changes.removed.len() + changes.routing)
+    }
+}
+
+fn host_prefix(ip: IpAddr) -> u8 {
+    if ip.is_ipv4() { 32 } else { 128 }
+}
+
+fn address_of(msg: &AddressMessage) -> Option<IpAddr> {
+    let local = msg.attributes.iter().find_map(|a| if let AddressAttribute::Local(ip) = a { Some(*ip) } else { None });
+    local.or_else(|| msg.attributes.iter().find_map(|a| if let AddressAttribute::Address(ip) = a { Some(*ip) } else { None }))
+}
+
+fn route_table(msg: &RouteMessage) -> u32 {
+    msg.attributes
+        .iter()
+        .find_map(|a| if let RouteAttribute::Table(t) = a { Some(*t) } else { None })
+        .unwrap_or(u32::from(msg.header.table))
+}
+
+fn route_ip(addr: &RouteAddress) -> Option<IpAddr> {
+    match addr {
+        RouteAddress::Inet(v4) => Some(IpAddr::V4(*v4)),
+        RouteAddress::Inet6(v6) => Some(IpAddr::V6(*v6)),
+        _ => None,
+    }
+}
+
+fn next_hops(msg: &RouteMessage) -> Vec<NextHop> {
+    let mut gateway = None;
+    let mut oif = 0;
+    let mut out = Vec::new();
+    for a in &msg.attributes {
+        match a {
+            RouteAttribute::Gateway(g) => gateway = route_ip(g),
+            RouteAttribute::Oif(i) => oif = *i,
+            RouteAttribute::MultiPath(hops) => {
+                for hop in hops {
+                    let gw = hop.attributes.iter().find_map(|a| match a {
+                        RouteAttribute::Gateway(g) => route_ip(g),
+                        _ => None,
+                    });
+                    if let Some(gw) = gw {
+                        out.push(NextHop { gateway: gw, link: hop.interface_index });
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    if let Some(gw) = gateway {
+        out.push(NextHop { gateway: gw, link: oif });
+    }
+    out
+}
+
+fn route_message(table: u32, v6: bool, hops: &[NextHop], protocol: u8) -> RouteMessage {
+    let family = if v6 { AddressFamily::Inet6 } else { AddressFamily::Inet };
+    let mut msg = if v6 {
+        RouteMessageBuilder::<Ipv6Addr>::new().table_id(table).protocol(RouteProtocol::from(protocol)).build()
+    } else {
+        RouteMessageBuilder::<Ipv4Addr>::new().table_id(table).protocol(RouteProtocol::from(protocol)).build()
+    };
+    msg.header.scope = RouteScope::Universe;
+    match hops {
+        [one] => {
+            msg.attributes.push(RouteAttribute::Gateway(RouteAddress::from(one.gateway)));
+            msg.attributes.push(RouteAttribute::Oif(one.link));
+        }
+        many => {
+            let built = many
+                .iter()
+                .filter_map(|h| {
+                    RouteNextHopBuilder::new(family).interface(h.link).via(h.gateway).ok().map(RouteNextHopBuilder::build)
+                })
+                .collect();
+            msg.attributes.push(RouteAttribute::MultiPath(built));
+        }
+    }
+    msg
+}
+
+fn rule_message(rule: &MarkRule) -> RuleMessage {
+    let mut msg = RuleMessage::default();
+    msg.header.family = if rule.v6 { AddressFamily::Inet6 } else { AddressFamily::Inet };
+    msg.header.action = RuleAction::ToTable;
+    msg.attributes.push(RuleAttribute::Priority(rule.priority));
+    msg.attributes.push(RuleAttribute::FwMark(rule.mark));
+    msg.attributes.push(RuleAttribute::FwMask(rule.mask));
+    msg.attributes.push(RuleAttribute::Table(rule.table));
+    msg
+}
+
+fn address_message(ip: IpAddr, link: u32, prefix: u8, protocol: u8) -> AddressMessage {
+    let mut msg = AddressMessage::default();
+    msg.header.family = if ip.is_ipv6() { AddressFamily::Inet6 } else { AddressFamily::Inet };
+    msg.header.prefix_len = prefix;
+    msg.header.index = link;
+    msg.attributes.push(AddressAttribute::Address(ip));
+    if ip.is_ipv4() {
+        msg.attributes.push(AddressAttribute::Local(ip));
+    }
+    msg.attributes.push(AddressAttribute::Protocol(AddressProtocol::from(protocol)));
+    msg
+}
