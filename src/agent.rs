@@ -19,8 +19,8 @@ use std::net::IpAddr;
 
 use futures::StreamExt;
 
-use crate::compile::{Desired, NodeConfig, ObjectStatus, Outcome, compile, dns_names, dns_set_names};
 use crate::compile::HostLinks;
+use crate::compile::{Desired, NodeConfig, ObjectStatus, Outcome, compile, dns_names, dns_set_names};
 use crate::dataplane::netlink::Netlink;
 use crate::dataplane::nft::{NftBackend, NftError, NftSyncer, SyncKind};
 use crate::dns::resolver::DnsResolver;
@@ -445,8 +445,7 @@ pub async fn run<S: ViewSource, B: NftBackend, K: StatusSink>(
             let view = $view;
             let answers = $tracker.answers();
             let started = std::time::Instant::now();
-            let (desired, result) =
-                apply_once(view, &config.node, &answers, $syncer, net.as_ref(), &mut cache).await;
+            let (desired, result) = apply_once(view, &config.node, &answers, $syncer, net.as_ref(), &mut cache).await;
             record_sync(&telemetry, view, &desired, &result, started.elapsed());
             telemetry.metrics.dns_names.set(i64::try_from($tracker.len()).unwrap_or(i64::MAX));
             (desired, result)

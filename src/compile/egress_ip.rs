@@ -127,7 +127,8 @@ impl HostLinks {
                 if net.prefix_len() == net.max_prefix_len() || is_link_local(net.addr()) || !net.contains(&ip) {
                     continue;
                 }
-                if best.is_none_or(|(len, b)| net.prefix_len() > len || (net.prefix_len() == len && link.index < b.index))
+                if best
+                    .is_none_or(|(len, b)| net.prefix_len() > len || (net.prefix_len() == len && link.index < b.index))
                 {
                     best = Some((net.prefix_len(), link));
                 }
@@ -198,9 +199,10 @@ struct Plan<'a> {
     problems: Vec<String>,
     hosted_list: Vec<(IpAddr, String)>,
     remote_nodes: BTreeSet<String>,
-    selected_local: usize,
-    steered: usize,
-    fallback: usize,
+    /// Local pods selected, steered and left to the fallback, as (namespace, name).
+    selected_local: BTreeSet<(&'a str, &'a str)>,
+    steered: BTreeSet<(&'a str, &'a str)>,
+    fallback: BTreeSet<(&'a str, &'a str)>,
 }
 
 fn fam(ip: IpAddr) -> usize {
@@ -261,9 +263,9 @@ pub(super) fn compile(
             problems: Vec::new(),
             hosted_list: Vec::new(),
             remote_nodes: BTreeSet::new(),
-            selected_local: 0,
-            steered: 0,
-            fallback: 0,
+            selected_local: BTreeSet::new(),
+            steered: BTreeSet::new(),
+            fallback: BTreeSet::new(),
         };
         for ip in &policy.ips {
             if node_addrs.contains(ip) {
@@ -295,9 +297,10 @@ pub(super) fn compile(
                 continue;
             }
             let gateway = view.nodes.get(host_node).and_then(|n| {
-                n.addresses.iter().filter(|a| a.is_ipv6() == ip.is_ipv6() && !my_addrs.contains(a)).find_map(|a| {
-                    host.link_for(*a).map(|link| NextHop { gateway: *a, link: link.index })
-                })
+                n.addresses
+                    .iter()
+                    .filter(|a| a.is_ipv6() == ip.is_ipv6() && !my_addrs.contains(a))
+                    .find_map(|a| host.link_for(*a).map(|link| NextHop { gateway: *a, link: link.index }))
             });
             match gateway {
                 Some(hop) => {
@@ -361,8 +364,9 @@ pub(super) fn compile(
         };
         let f = fam(*ip);
         let local = pod.node.as_deref() == Some(me);
+        let id = (pod.namespace.as_str(), pod.name.as_str());
         if local {
-            plan.selected_local += 1;
+            plan.selected_local.insert(id);
         }
         if let Some(egress_ip) = plan.hosted[f] {
             snat[f].elements.insert(ip.to_string(), format!("jump {}", ip_chain("eip-snat", egress_ip)));
@@ -376,13 +380,13 @@ pub(super) fn compile(
             Some(k) if !plan.remote[f].is_empty() => {
                 steer[f].elements.insert(ip.to_string(), format!("jump eip-mark-{k}"));
                 steer_chains.insert(*k, ());
-                plan.steered += 1;
+                plan.steered.insert(id);
             }
             Some(_) | None => {
                 if !plan.remote[f].is_empty() {
                     overflow = true;
                 }
-                plan.fallback += 1;
+                plan.fallback.insert(id);
                 if settings.fail_closed {
                     steer[f].elements.insert(ip.to_string(), format!("jump {DROP_CHAIN}"));
                     drop_used = true;
@@ -486,7 +490,7 @@ pub(super) fn compile(
         if let Some(err) = &e.error {
             problems.insert(0, format!("{err} (the last valid version is applied)"));
         }
-        if overflow && plan.fallback > 0 && !plan.remote.iter().all(Vec::is_empty) {
+        if overflow && !plan.fallback.is_empty() && !plan.remote.iter().all(Vec::is_empty) {
             problems.push(format!(
                 "more than {} distinct sets of hosting nodes: some pods are not steered (widen --egress-ip-mark-mask)",
                 settings.capacity()
@@ -503,16 +507,17 @@ pub(super) fn compile(
         } else {
             format!(" (elsewhere: {})", plan.remote_nodes.iter().cloned().collect::<Vec<_>>().join(", "))
         };
-        let fallback = if plan.fallback == 0 {
+        let fallback = if plan.fallback.is_empty() {
             String::new()
         } else if settings.fail_closed {
-            format!(", {} dropped (no hosting node)", plan.fallback)
+            format!(", {} dropped (no hosting node)", plan.fallback.len())
         } else {
-            format!(", {} with the node's own SNAT (no hosting node)", plan.fallback)
+            format!(", {} with the node's own SNAT (no hosting node)", plan.fallback.len())
         };
         let summary = format!(
             "{hosted}{remote}; {} local pods selected, {} steered{fallback}",
-            plan.selected_local, plan.steered
+            plan.selected_local.len(),
+            plan.steered.len()
         );
         let (outcome, message) = if problems.is_empty() {
             (Outcome::Applied, format!("{me}: EgressIP applied: {summary}"))
@@ -530,5 +535,221 @@ pub(super) fn compile(
             message: format!("{me}: {error}"),
             condition: None,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::parse::{Parsed, parse_document, split_documents, yaml_to_value};
+    use crate::compile::{CompileCache, DEFAULT_DNS_GRACE, compile_cached};
+    use crate::dns::DnsAnswers;
+
+    fn view(docs: &str) -> ClusterView {
+        let mut v = ClusterView::default();
+        for (_, _, text) in split_documents(docs) {
+            let Ok(Parsed::Object(o)) = parse_document(&yaml_to_value(&text).unwrap(), "default", false) else {
+                panic!("bad test document: {text}");
+            };
+            v.upsert(&o);
+        }
+        v
+    }
+
+    fn node(name: &str, fail_closed: bool) -> NodeConfig {
+        NodeConfig {
+            node_name: name.into(),
+            cluster_cidrs: vec!["198.18.0.0/16".parse().unwrap()],
+            service_cidrs: vec![],
+            table_name: "egressd".into(),
+            dns_grace: DEFAULT_DNS_GRACE,
+            egress: EgressSettings { fail_closed, ..Default::default() },
+        }
+    }
+
+    fn host(addr: &str) -> HostLinks {
+        HostLinks {
+            links: vec![
+                HostLink { index: 1, name: "lo".into(), up: true, addrs: vec!["127.0.0.1/8".parse().unwrap()] },
+                HostLink { index: 2, name: "eth0".into(), up: true, addrs: vec![addr.parse().unwrap()] },
+                HostLink { index: 3, name: "eth1".into(), up: false, addrs: vec!["192.0.2.1/24".parse().unwrap()] },
+            ],
+        }
+    }
+
+    const CLUSTER: &str = "apiVersion: v1\nkind: Node\nmetadata: {name: a}\nstatus: {addresses: [{type: InternalIP, address: 198.19.0.1}]}\n\
+---\napiVersion: v1\nkind: Node\nmetadata: {name: b}\nstatus: {addresses: [{type: InternalIP, address: 198.19.0.2}]}\n\
+---\napiVersion: v1\nkind: Node\nmetadata: {name: c}\nstatus: {addresses: [{type: InternalIP, address: 198.19.0.3}]}\n\
+---\napiVersion: v1\nkind: Namespace\nmetadata: {name: prod, labels: {team: prod}}\n\
+---\napiVersion: v1\nkind: Pod\nmetadata: {name: p1, namespace: prod, labels: {app: web}}\nspec: {nodeName: a}\nstatus: {podIP: 198.18.1.2}\n\
+---\napiVersion: v1\nkind: Pod\nmetadata: {name: p2, namespace: prod, labels: {app: db}}\nspec: {nodeName: a}\nstatus: {podIP: 198.18.1.6}\n\
+---\napiVersion: v1\nkind: Pod\nmetadata: {name: p3, namespace: prod, labels: {app: web}}\nspec: {nodeName: b}\nstatus: {podIP: 198.18.2.2}\n";
+
+    fn eip(name: &str, created: &str, ips: &[&str], items: &[(&str, &str)], selector: &str) -> String {
+        let mut s = format!(
+            "---\napiVersion: k8s.ovn.org/v1\nkind: EgressIP\nmetadata: {{name: {name}, creationTimestamp: \"{created}\"}}\nspec:\n  egressIPs: [{}]\n  namespaceSelector: {{matchLabels: {{team: prod}}}}\n  podSelector: {selector}\n",
+            ips.join(", ")
+        );
+        if !items.is_empty() {
+            s.push_str("status:\n  items:\n");
+            for (ip, n) in items {
+                s.push_str(&format!("  - {{egressIP: {ip}, node: {n}}}\n"));
+            }
+        }
+        s
+    }
+
+    fn run(docs: &str, me: &str, addr: &str, fail_closed: bool) -> crate::compile::Desired {
+        compile_cached(
+            &view(docs),
+            &node(me, fail_closed),
+            &DnsAnswers::new(),
+            &host(addr),
+            &mut CompileCache::default(),
+        )
+    }
+
+    fn elements(d: &crate::compile::Desired, set: &str) -> Vec<(String, String)> {
+        d.table.sets[set].elements.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
+
+    #[test]
+    fn oldest_egress_ip_wins_a_pod_and_the_other_is_standby() {
+        let web = eip(
+            "web",
+            "2024-01-01T00:00:00Z",
+            &["198.19.0.100"],
+            &[("198.19.0.100", "b")],
+            "{matchLabels: {app: web}}",
+        );
+        let all = eip("all", "2025-01-01T00:00:00Z", &["198.19.0.101"], &[("198.19.0.101", "c")], "{}");
+        let d = run(&format!("{CLUSTER}{web}{all}"), "a", "198.19.0.1/24", false);
+        // p1 (web) → the older "web" (via b, mark 1); p2 (db) only matches "all" (via c, mark 2).
+        assert_eq!(
+            elements(&d, STEER_V4),
+            vec![("198.18.1.2".into(), "jump eip-mark-1".into()), ("198.18.1.6".into(), "jump eip-mark-2".into())]
+        );
+        let hop = |ip: &str| NextHop { gateway: ip.parse().unwrap(), link: 2 };
+        assert_eq!(d.net.routes[&(7471, false)], vec![hop("198.19.0.2")]);
+        assert_eq!(d.net.routes[&(7472, false)], vec![hop("198.19.0.3")]);
+        assert_eq!(
+            d.net.rules.iter().map(|r| (r.mark, r.mask, r.table)).collect::<Vec<_>>(),
+            vec![(0x10000, 0xff0000, 7471), (0x20000, 0xff0000, 7472)]
+        );
+        assert!(d.net.addresses.is_empty(), "a hosts nothing");
+        // "web" goes away: its pod falls to the standby.
+        let d = run(&format!("{CLUSTER}{all}"), "a", "198.19.0.1/24", false);
+        assert_eq!(elements(&d, STEER_V4).len(), 2);
+        assert!(elements(&d, STEER_V4).iter().all(|(_, v)| v == "jump eip-mark-1"));
+    }
+
+    #[test]
+    fn the_hosting_node_adds_the_address_and_snats_every_selected_pod() {
+        let web = eip(
+            "web",
+            "2024-01-01T00:00:00Z",
+            &["198.19.0.100"],
+            &[("198.19.0.100", "b")],
+            "{matchLabels: {app: web}}",
+        );
+        let d = run(&format!("{CLUSTER}{web}"), "b", "198.19.0.2/24", false);
+        assert_eq!(d.net.addresses.get(&"198.19.0.100".parse().unwrap()), Some(&(2, "eth0".to_string())));
+        assert_eq!(
+            elements(&d, SNAT_V4),
+            vec![
+                ("198.18.1.2".into(), "jump eip-snat-198-19-0-100".into()),
+                ("198.18.2.2".into(), "jump eip-snat-198-19-0-100".into())
+            ]
+        );
+        assert!(d.table.sets[STEER_V4].elements.is_empty(), "nothing steered from the hosting node");
+        assert_eq!(*d.table.chains["eip-snat-198-19-0-100"].rules, vec!["snat ip to 198.19.0.100".to_string()]);
+        assert!(d.net.rules.is_empty() && d.net.routes.is_empty());
+    }
+
+    #[test]
+    fn several_hosting_nodes_make_one_multipath_route() {
+        let two = eip(
+            "two",
+            "2024-01-01T00:00:00Z",
+            &["198.19.0.100", "198.19.0.101"],
+            &[("198.19.0.101", "c"), ("198.19.0.100", "b")],
+            "{}",
+        );
+        let d = run(&format!("{CLUSTER}{two}"), "a", "198.19.0.1/24", false);
+        let hops: Vec<String> = d.net.routes[&(7471, false)].iter().map(|h| h.gateway.to_string()).collect();
+        assert_eq!(hops, vec!["198.19.0.2", "198.19.0.3"]);
+        assert_eq!(d.table.sets[GATEWAYS_V4].elements.len(), 2);
+    }
+
+    #[test]
+    fn conflicts_are_reported_and_not_applied() {
+        let old = eip("old", "2024-01-01T00:00:00Z", &["198.19.0.100"], &[("198.19.0.100", "b")], "{}");
+        let young = eip(
+            "young",
+            "2025-01-01T00:00:00Z",
+            &["198.19.0.100", "198.19.0.3", "203.0.113.9"],
+            &[("198.19.0.100", "b"), ("198.19.0.3", "b"), ("203.0.113.9", "b")],
+            "{}",
+        );
+        let d = run(&format!("{CLUSTER}{old}{young}"), "b", "198.19.0.2/24", false);
+        assert_eq!(d.net.addresses.keys().map(ToString::to_string).collect::<Vec<_>>(), vec!["198.19.0.100"]);
+        let status = |name: &str| d.statuses.iter().find(|s| s.key.name == name).unwrap().clone();
+        assert_eq!(status("old").outcome, Outcome::Applied);
+        let young = status("young");
+        assert!(matches!(young.outcome, Outcome::Failed(_)));
+        for expected in [
+            "egress IP 198.19.0.100 is also claimed by the older EgressIP old; not used",
+            "egress IP 198.19.0.3 is the address of a node; not used",
+            "egress IP 203.0.113.9 cannot be hosted on node b: no up link has a subnet containing it",
+        ] {
+            assert!(young.message.contains(expected), "{expected}\nin {}", young.message);
+        }
+        // A down link never hosts; an unknown node is reported where it matters.
+        let down = eip("down", "2024-01-01T00:00:00Z", &["192.0.2.5"], &[("192.0.2.5", "b")], "{}");
+        let d = run(&format!("{CLUSTER}{down}"), "b", "198.19.0.2/24", false);
+        assert!(d.net.addresses.is_empty());
+        let ghost = eip("ghost", "2024-01-01T00:00:00Z", &["198.19.0.100"], &[("198.19.0.100", "z")], "{}");
+        let d = run(&format!("{CLUSTER}{ghost}"), "a", "198.19.0.1/24", false);
+        assert!(d.statuses[0].message.contains("placed on node z, which is unknown"), "{}", d.statuses[0].message);
+    }
+
+    #[test]
+    fn no_hosting_node_falls_back_or_drops_when_fail_closed() {
+        let web = eip("web", "2024-01-01T00:00:00Z", &["198.19.0.100"], &[], "{matchLabels: {app: web}}");
+        let open = run(&format!("{CLUSTER}{web}"), "a", "198.19.0.1/24", false);
+        assert!(open.table.sets[STEER_V4].elements.is_empty());
+        assert!(open.statuses[0].message.contains("1 with the node's own SNAT"), "{}", open.statuses[0].message);
+        let closed = run(&format!("{CLUSTER}{web}"), "a", "198.19.0.1/24", true);
+        assert_eq!(elements(&closed, STEER_V4), vec![("198.18.1.2".into(), "jump eip-drop".into())]);
+        assert_eq!(*closed.table.chains[DROP_CHAIN].rules, vec!["counter drop".to_string()]);
+    }
+
+    #[test]
+    fn marks_stay_inside_the_mask() {
+        let s = EgressSettings { mark_mask: 0x0000_f000, ..Default::default() };
+        assert_eq!(s.mark(1), 0x1000);
+        assert_eq!(s.mark(15), 0xf000);
+        assert_eq!(s.capacity(), 15);
+        assert_eq!(mark_statement(&s, 2), "meta mark set meta mark and 0xffff0fff or 0x00002000");
+        assert!(s.owns_table(7471) && !s.owns_table(7470) && !s.owns_table(7470 + 256));
+    }
+
+    #[test]
+    fn link_choice_is_the_longest_prefix_and_ignores_host_and_link_local_routes() {
+        let links = HostLinks {
+            links: vec![
+                HostLink { index: 2, name: "wide".into(), up: true, addrs: vec!["198.19.0.1/16".parse().unwrap()] },
+                HostLink {
+                    index: 3,
+                    name: "narrow".into(),
+                    up: true,
+                    addrs: vec!["198.19.0.9/24".parse().unwrap(), "fe80::1/64".parse().unwrap()],
+                },
+                HostLink { index: 4, name: "host".into(), up: true, addrs: vec!["198.19.0.100/32".parse().unwrap()] },
+            ],
+        };
+        assert_eq!(links.link_for("198.19.0.100".parse().unwrap()).map(|l| l.name.as_str()), Some("narrow"));
+        assert_eq!(links.link_for("198.19.5.5".parse().unwrap()).map(|l| l.name.as_str()), Some("wide"));
+        assert_eq!(links.link_for("fe80::5".parse().unwrap()), None);
     }
 }

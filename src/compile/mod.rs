@@ -15,8 +15,8 @@ use crate::dns::DnsAnswers;
 use crate::nft::Table;
 use crate::view::ClusterView;
 
-pub use firewall::{FIREWALL_CHAIN, FIREWALL_LOCAL_CHAIN, dns_names, dns_set_names};
 pub use egress_ip::{EgressSettings, HostLink, HostLinks, MarkRule, NetDesired, NextHop, SNAT_CHAIN, STEER_CHAIN};
+pub use firewall::{FIREWALL_CHAIN, FIREWALL_LOCAL_CHAIN, dns_names, dns_set_names};
 pub use qos::QOS_CHAIN;
 
 /// What egressd knows about the node it runs on.
@@ -257,7 +257,10 @@ mod tests {
         assert_eq!(again, first);
         assert!(std::sync::Arc::ptr_eq(&first.table.chains["fw-a"].rules, &again.table.chains["fw-a"].rules), "reused");
         let edited = docs.replace("192.0.2.0/24", "198.51.100.0/24");
-        assert_eq!(compile_cached(&view(&edited), &node(), &dns, &HostLinks::default(), &mut cache), compile(&view(&edited), &node(), &dns));
+        assert_eq!(
+            compile_cached(&view(&edited), &node(), &dns, &HostLinks::default(), &mut cache),
+            compile(&view(&edited), &node(), &dns)
+        );
     }
 
     #[test]

@@ -115,9 +115,9 @@ impl Netlink {
     }
 
     fn owned_address(&self, msg: &AddressMessage) -> bool {
-        msg.attributes.iter().any(|a| {
-            matches!(a, AddressAttribute::Protocol(p) if u8::from(*p) == self.settings.address_protocol)
-        })
+        msg.attributes
+            .iter()
+            .any(|a| matches!(a, AddressAttribute::Protocol(p) if u8::from(*p) == self.settings.address_protocol))
     }
 
     /// egressd's state in the kernel.
@@ -189,7 +189,12 @@ impl Netlink {
         for (key, hops) in &current.routes {
             if !desired.routes.contains_key(key) {
                 let msg = route_message(key.0, key.1, hops, self.settings.route_protocol);
-                self.handle.route().del(msg).execute().await.map_err(err(format!("removing route in table {}", key.0)))?;
+                self.handle
+                    .route()
+                    .del(msg)
+                    .execute()
+                    .await
+                    .map_err(err(format!("removing route in table {}", key.0)))?;
                 changes.routing += 1;
             }
         }
@@ -231,7 +236,9 @@ impl Netlink {
         for rule in desired.rules.difference(&current.rules) {
             let mut req = self.handle.rule().add().fw_mark(rule.mark).table_id(rule.table).priority(rule.priority);
             req.message_mut().attributes.push(RuleAttribute::FwMask(rule.mask));
-            req.message_mut().attributes.push(RuleAttribute::Protocol(RouteProtocol::from(self.settings.route_protocol)));
+            req.message_mut()
+                .attributes
+                .push(RuleAttribute::Protocol(RouteProtocol::from(self.settings.route_protocol)));
             let result = if rule.v6 {
                 req.v6().action(RuleAction::ToTable).execute().await
             } else {
@@ -256,7 +263,9 @@ fn host_prefix(ip: IpAddr) -> u8 {
 
 fn address_of(msg: &AddressMessage) -> Option<IpAddr> {
     let local = msg.attributes.iter().find_map(|a| if let AddressAttribute::Local(ip) = a { Some(*ip) } else { None });
-    local.or_else(|| msg.attributes.iter().find_map(|a| if let AddressAttribute::Address(ip) = a { Some(*ip) } else { None }))
+    local.or_else(|| {
+        msg.attributes.iter().find_map(|a| if let AddressAttribute::Address(ip) = a { Some(*ip) } else { None })
+    })
 }
 
 fn route_table(msg: &RouteMessage) -> u32 {
@@ -319,7 +328,11 @@ fn route_message(table: u32, v6: bool, hops: &[NextHop], protocol: u8) -> RouteM
             let built = many
                 .iter()
                 .filter_map(|h| {
-                    RouteNextHopBuilder::new(family).interface(h.link).via(h.gateway).ok().map(RouteNextHopBuilder::build)
+                    RouteNextHopBuilder::new(family)
+                        .interface(h.link)
+                        .via(h.gateway)
+                        .ok()
+                        .map(RouteNextHopBuilder::build)
                 })
                 .collect();
             msg.attributes.push(RouteAttribute::MultiPath(built));

@@ -365,6 +365,7 @@ mod tests {
     fn desired(message: &str) -> Desired {
         Desired {
             table: Table::new("egressd"),
+            net: Default::default(),
             statuses: vec![ObjectStatus {
                 key: key(),
                 outcome: Outcome::Applied,
@@ -432,6 +433,7 @@ mod tests {
         };
         let d = Desired {
             table: Table::new("egressd"),
+            net: Default::default(),
             statuses: vec![ObjectStatus {
                 key: qkey,
                 outcome: Outcome::Applied,
