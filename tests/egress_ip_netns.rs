@@ -401,35 +401,46 @@ fn two_hosts_spread_flows_each_flow_sticks() {
 #[test]
 fn moving_an_item_moves_address_announcement_and_traffic() {
     let mut c = Cluster::new(&PODS);
-    c.egress_ip("web", &[EIP_B], &[(EIP_B, "node-b")], true);
+    c.egress_ip("web", &[EIP_B, EIP6_B], &[(EIP_B, "node-b"), (EIP6_B, "node-b")], true);
     c.start_all();
     let pod = &c.nodes[0].pods[0];
     assert!(wait_source(pod, EXT_V4, EIP_B), "{}", c.logs());
+    assert!(wait_source(pod, EXT_V6, EIP6_B), "{}", c.logs());
     assert_eq!(c.ext_neighbour(EIP_B), Some(c.mac(1)), "ext reached B for the egress IP");
+    assert_eq!(c.ext_neighbour(EIP6_B), Some(c.mac(1)), "ext reached B for the IPv6 egress IP");
 
-    c.egress_ip("web", &[EIP_B], &[(EIP_B, "node-c")], true);
+    c.egress_ip("web", &[EIP_B, EIP6_B], &[(EIP_B, "node-c"), (EIP6_B, "node-c")], true);
     assert!(
-        wait_for(Duration::from_secs(5), || c.has_addr(2, EIP_B) && !c.has_addr(1, EIP_B)).is_some(),
+        wait_for(Duration::from_secs(5), || c.has_addr(2, EIP_B) && c.has_addr(2, EIP6_B) && !c.has_addr(1, EIP_B))
+            .is_some(),
         "{}",
         c.logs()
     );
-    // The gratuitous ARP updates the external host's entry to C's MAC.
+    assert!(!c.has_addr(1, EIP6_B), "IPv6 address left B");
+    // The gratuitous ARP and the unsolicited NA update the external host's entries.
     let c_mac = c.mac(2);
-    assert!(
-        wait_for(Duration::from_secs(3), || c.ext_neighbour(EIP_B).as_deref() == Some(c_mac.as_str())).is_some(),
-        "neighbour entry still {:?}, C is {c_mac}",
-        c.ext_neighbour(EIP_B)
-    );
+    for ip in [EIP_B, EIP6_B] {
+        assert!(
+            wait_for(Duration::from_secs(3), || c.ext_neighbour(ip).as_deref() == Some(c_mac.as_str())).is_some(),
+            "neighbour entry of {ip} still {:?}, C is {c_mac}",
+            c.ext_neighbour(ip)
+        );
+    }
+    // New connections leave through C: A routes the marked packets to C, and only C
+    // has the address that the replies come back to.
     let pod = &c.nodes[0].pods[0];
     assert!(wait_source(pod, EXT_V4, EIP_B), "after the move\n{}", c.logs());
-    // The path now goes through C: B's SNAT counter stays, C's sees the traffic.
+    assert!(wait_source(pod, EXT_V6, EIP6_B), "after the move, IPv6\n{}", c.logs());
+    let routes = c.nodes[0].ns.ip(&["route", "show", "table", "all", "proto", "233"]);
+    assert!(routes.contains("via 198.19.0.3") && !routes.contains("via 198.19.0.2"), "{routes}");
     let c_rules = c.nodes[2].ns.exec(&["nft", "list", "chain", "inet", "egressd", "eip-snat-198-19-0-100"]);
     assert!(c_rules.contains("snat ip to 198.19.0.100"), "{c_rules}");
     assert!(!c.nodes[1].ns.exec(&["nft", "list", "table", "inet", "egressd"]).contains("eip-snat-198-19-0-100"));
 
     // No hosting node: the node's normal SNAT.
-    c.egress_ip("web", &[EIP_B], &[], true);
+    c.egress_ip("web", &[EIP_B, EIP6_B], &[], true);
     assert!(wait_source(&c.nodes[0].pods[0], EXT_V4, &node_v4(0)), "fallback\n{}", c.logs());
+    assert!(wait_source(&c.nodes[0].pods[0], EXT_V6, &node_v6(0)), "fallback, IPv6\n{}", c.logs());
     assert!(wait_for(Duration::from_secs(5), || !c.has_addr(2, EIP_B)).is_some());
     assert_eq!(c.pod_sourced_packets(), 0);
 }
