@@ -255,7 +255,14 @@ pub async fn apply_once<B: NftBackend>(
         Some(net) if net_error.is_none() => match net.sync(&desired.net).await {
             Ok(changes) => {
                 for ip in &changes.removed {
-                    tracing::info!(%ip, "egress IP removed from this node");
+                    let ip = *ip;
+                    match tokio::task::spawn_blocking(move || crate::dataplane::conntrack::forget(ip)).await {
+                        Ok(Ok(n)) => tracing::info!(%ip, connections = n, "egress IP removed from this node"),
+                        Ok(Err(e)) => {
+                            tracing::warn!(%ip, error = %e, "egress IP removed; its connections not forgotten")
+                        }
+                        Err(_) => {}
+                    }
                 }
                 for (ip, index, link) in &changes.added {
                     tracing::info!(%ip, %link, "egress IP added to this node; announcing it");

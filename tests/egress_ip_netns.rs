@@ -408,6 +408,10 @@ fn moving_an_item_moves_address_announcement_and_traffic() {
     assert!(wait_source(pod, EXT_V6, EIP6_B), "{}", c.logs());
     assert_eq!(c.ext_neighbour(EIP_B), Some(c.mac(1)), "ext reached B for the egress IP");
     assert_eq!(c.ext_neighbour(EIP6_B), Some(c.mac(1)), "ext reached B for the IPv6 egress IP");
+    let mut flow = Flow::open(pod, EXT_V4);
+    assert_eq!(flow.ask().as_deref(), Some(EIP_B));
+    let eip: std::net::IpAddr = EIP_B.parse().unwrap();
+    assert!(c.nodes[1].ns.run(move || egressd::dataplane::conntrack::count(eip).unwrap()) > 0, "B tracks the flow");
 
     c.egress_ip("web", &[EIP_B, EIP6_B], &[(EIP_B, "node-c"), (EIP6_B, "node-c")], true);
     assert!(
@@ -417,6 +421,13 @@ fn moving_an_item_moves_address_announcement_and_traffic() {
         c.logs()
     );
     assert!(!c.has_addr(1, EIP6_B), "IPv6 address left B");
+    let left = wait_for(Duration::from_secs(3), || {
+        c.nodes[1].ns.run(move || egressd::dataplane::conntrack::count(eip).unwrap()) == 0
+    });
+    assert!(left.is_some(), "B still tracks connections of the egress IP it gave up");
+    // An established connection may break here or, when C's conntrack picks it up
+    // mid-stream and its SNAT keeps the source port, go on: neither is promised.
+    let _ = flow.ask();
     // The gratuitous ARP and the unsolicited NA update the external host's entries.
     let c_mac = c.mac(2);
     for ip in [EIP_B, EIP6_B] {

@@ -4,7 +4,9 @@
 //!   transactions, deltas in steady state.
 //! * [`netlink`]: egress addresses, policy-routing rules and routes (EgressIP).
 //! * [`announce`]: gratuitous ARP / unsolicited neighbour advertisements.
+//! * [`conntrack`]: forgetting the connections of an egress IP that left the node.
 
 pub mod announce;
+pub mod conntrack;
 pub mod netlink;
 pub mod nft;

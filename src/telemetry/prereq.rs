@@ -8,6 +8,8 @@
 //! | `net.ipv6.conf.all.forwarding = 1` | an IPv6 cluster range is configured | same for IPv6 |
 //! | conntrack (`/proc/sys/net/netfilter/nf_conntrack_max`) | always | rules judge the original direction (`ct direction`) |
 //! | nft ≥ 0.9.3 | always | verdict maps, `th dport` concatenations, element timeouts |
+//! | `net.ipv4.fib_multipath_hash_policy = 1` (and `net.ipv6.…`) | informational (set with `--manage-sysctls`) | EgressIP steering across several hosting nodes spreads flows by their ports; with 0 every flow between two addresses takes one path |
+//! | `net.ipv4.conf.all.rp_filter` ≠ 1 | informational | strict reverse-path filtering drops packets steered to a hosting node on a network where the pod's range does not route back over the link they arrived on (use 2, loose) |
 //! | `net.bridge.bridge-nf-call-iptables = 1` | informational | EgressQoS/EgressFirewall see same-node bridged pod traffic only with it |
 
 use std::path::{Path, PathBuf};
@@ -73,9 +75,13 @@ fn nft_version_ok(version: &str) -> bool {
 /// of setting them is what is reported).
 pub fn check(sysctls: &Sysctls, v4: bool, v6: bool, nft_version: Option<&str>, manage: bool) -> Vec<Check> {
     let mut out = Vec::new();
-    let wanted: Vec<(&str, &str, bool)> =
-        vec![("net.ipv4.ip_forward", "1", v4), ("net.ipv6.conf.all.forwarding", "1", v6)];
-    for (key, want, needed) in wanted {
+    let wanted: Vec<(&str, &str, bool, bool)> = vec![
+        ("net.ipv4.ip_forward", "1", v4, true),
+        ("net.ipv6.conf.all.forwarding", "1", v6, true),
+        ("net.ipv4.fib_multipath_hash_policy", "1", v4, false),
+        ("net.ipv6.fib_multipath_hash_policy", "1", v6, false),
+    ];
+    for (key, want, needed, required) in wanted {
         if !needed {
             continue;
         }
@@ -92,10 +98,30 @@ pub fn check(sysctls: &Sysctls, v4: bool, v6: bool, nft_version: Option<&str>, m
         let ok = have.as_deref() == Some(want);
         let detail = match &have {
             Some(v) if ok => format!("is {v}"),
-            Some(v) => format!("is {v}, needs {want} (set it, or run with --manage-sysctls)"),
+            Some(v) if required => format!("is {v}, needs {want} (set it, or run with --manage-sysctls)"),
+            Some(v) => format!(
+                "is {v}; EgressIP flows spread over several hosting nodes by L3 only (set {want}, or run with --manage-sysctls)"
+            ),
             None => "not available on this kernel".to_string(),
         };
-        out.push(Check { name: key.to_string(), ok, required: true, detail });
+        out.push(Check { name: key.to_string(), ok, required, detail });
+    }
+    if v4 {
+        let rp = sysctls.get("net.ipv4.conf.all.rp_filter");
+        out.push(Check {
+            name: "net.ipv4.conf.all.rp_filter".into(),
+            ok: rp.as_deref() != Some("1"),
+            required: false,
+            detail: match rp.as_deref() {
+                Some("1") => {
+                    "is 1 (strict): a hosting node drops EgressIP traffic steered to it unless the pod's range \
+                              routes back over the link it arrived on; 2 (loose) is safe"
+                        .into()
+                }
+                Some(v) => format!("is {v}"),
+                None => "not available".into(),
+            },
+        });
     }
     let conntrack = sysctls.exists("net.netfilter.nf_conntrack_max");
     out.push(Check {
@@ -148,6 +174,21 @@ mod tests {
         assert_eq!(fwd.detail, "is 0, needs 1 (set it, or run with --manage-sysctls)");
         assert!(checks.iter().find(|c| c.name == "nft").unwrap().ok);
         assert!(!checks.iter().any(|c| c.name.starts_with("net.ipv6")), "no IPv6 range, no IPv6 check");
+        let hash = checks.iter().find(|c| c.name == "net.ipv4.fib_multipath_hash_policy").unwrap();
+        assert!(!hash.required, "informational");
+    }
+
+    #[test]
+    fn egress_ip_sysctls_are_reported_and_managed() {
+        let (_d, s) = fake(&[("net.ipv4.fib_multipath_hash_policy", "0"), ("net.ipv4.conf.all.rp_filter", "1")]);
+        let checks = check(&s, true, false, Some("nftables v1.0.6"), false);
+        let hash = checks.iter().find(|c| c.name == "net.ipv4.fib_multipath_hash_policy").unwrap();
+        assert!(!hash.ok && hash.detail.contains("L3 only"), "{hash:?}");
+        let rp = checks.iter().find(|c| c.name == "net.ipv4.conf.all.rp_filter").unwrap();
+        assert!(!rp.ok && rp.detail.contains("strict"), "{rp:?}");
+        check(&s, true, false, Some("nftables v1.0.6"), true);
+        assert_eq!(s.get("net.ipv4.fib_multipath_hash_policy").as_deref(), Some("1"));
+        assert_eq!(s.get("net.ipv4.conf.all.rp_filter").as_deref(), Some("1"), "rp_filter is never changed");
     }
 
     #[test]
