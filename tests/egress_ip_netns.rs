@@ -498,6 +498,21 @@ fn restart_keeps_connections_and_removes_stale_state() {
     c.start(1, &[]);
     assert!(c.has_addr(1, "198.19.0.200"), "foreign address removed");
     assert_eq!(c.pod_sourced_packets(), 0);
+
+    // `egressd cleanup` removes exactly what egressd owns: table, addresses, rules, routes.
+    assert!(wait_for(Duration::from_secs(5), || c.has_addr(2, EIP_B)).is_some(), "C hosts after the move");
+    c.nodes[2].ns.ip(&["addr", "add", "198.19.0.201/32", "dev", "eth0"]);
+    for n in [0, 1, 2] {
+        c.nodes[n].agent.take().map(|mut a| a.stop());
+        let (ok, out) = c.nodes[n].ns.try_exec(&[netns::egressd_bin().to_str().unwrap(), "cleanup"]);
+        assert!(ok, "cleanup failed: {out}");
+        assert!(!c.nodes[n].ns.has_table("egressd"));
+        assert_eq!(c.nodes[n].ns.ip(&["route", "show", "table", "all", "proto", "233"]).trim(), "");
+        assert!(!c.nodes[n].ns.ip(&["rule"]).contains("fwmark"));
+    }
+    assert!(!c.has_addr(2, EIP_B) && !c.has_addr(2, EIP6_B), "egress addresses removed");
+    assert!(c.has_addr(2, "198.19.0.201") && c.has_addr(2, &node_v4(2)), "other addresses kept");
+    assert!(c.nodes[0].ns.ip(&["rule"]).contains("lookup main"), "other rules kept");
 }
 
 #[test]

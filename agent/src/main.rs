@@ -57,7 +57,8 @@ enum Command {
     Render(RenderArgs),
     /// Print the CustomResourceDefinitions egressd reads (the upstream ones, verbatim).
     Crds,
-    /// Remove everything egressd owns from the kernel (its nft table) and nothing else.
+    /// Remove everything egressd owns from the kernel (its nft table, its egress
+    /// addresses, policy-routing rules and routes) and nothing else.
     Cleanup(CleanupArgs),
     /// Print each object's status as the running agent last applied it (read from its
     /// state directory), with kernel errors and rejected manifests.
@@ -124,6 +125,20 @@ struct EgressArgs {
     egress_ip_fail_closed: bool,
 }
 
+impl EgressArgs {
+    fn settings(&self) -> egressd::compile::EgressSettings {
+        egressd::compile::EgressSettings {
+            mark_mask: self.egress_ip_mark_mask,
+            table_base: self.egress_ip_table_base,
+            rule_priority: self.egress_ip_rule_priority,
+            route_protocol: self.egress_ip_protocol,
+            address_protocol: self.egress_ip_protocol,
+            fail_closed: self.egress_ip_fail_closed,
+            ..Default::default()
+        }
+    }
+}
+
 fn parse_u32(s: &str) -> Result<u32, String> {
     let parsed = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         Some(hex) => u32::from_str_radix(hex, 16),
@@ -144,15 +159,7 @@ impl NodeArgs {
             service_cidrs: self.service_cidrs.clone(),
             table_name: self.table.clone(),
             dns_grace: Duration::from_secs(self.dns_grace_secs),
-            egress: egressd::compile::EgressSettings {
-                mark_mask: self.egress.egress_ip_mark_mask,
-                table_base: self.egress.egress_ip_table_base,
-                rule_priority: self.egress.egress_ip_rule_priority,
-                route_protocol: self.egress.egress_ip_protocol,
-                address_protocol: self.egress.egress_ip_protocol,
-                fail_closed: self.egress.egress_ip_fail_closed,
-                ..Default::default()
-            },
+            egress: self.egress.settings(),
         }
     }
 }
@@ -235,6 +242,8 @@ struct CleanupArgs {
     /// The nft program.
     #[arg(long, env = "EGRESSD_NFT", default_value = "nft")]
     nft: PathBuf,
+    #[command(flatten)]
+    egress: EgressArgs,
 }
 
 fn init_tracing(format: LogFormat) {
@@ -262,19 +271,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Render(args) => render(&args),
-        Command::Cleanup(args) => {
-            let mut syncer = NftSyncer::new(NftCli::new(&args.nft));
-            match syncer.delete(&args.table) {
-                Ok(()) => {
-                    tracing::info!(table = %args.table, "removed egressd's nft table");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("egressd cleanup: {e}");
-                    ExitCode::from(EXIT_FAILURE)
-                }
-            }
-        }
+        Command::Cleanup(args) => cleanup(&args),
         Command::Run(args) => run(*args),
         Command::Status(args) => {
             let path = args.state_dir.join(egressd::agent::STATUS_FILE);
@@ -294,6 +291,35 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// Remove the nft table, then the egress addresses, rules and routes egressd owns.
+fn cleanup(args: &CleanupArgs) -> ExitCode {
+    let mut failed = false;
+    let mut syncer = NftSyncer::new(NftCli::new(&args.nft));
+    match syncer.delete(&args.table) {
+        Ok(()) => tracing::info!(table = %args.table, "removed egressd's nft table"),
+        Err(e) => {
+            eprintln!("egressd cleanup: {e}");
+            failed = true;
+        }
+    }
+    let settings = args.egress.settings();
+    let removed =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string()).and_then(|rt| {
+            rt.block_on(async {
+                let net = egressd::dataplane::netlink::Netlink::connect(settings).map_err(|e| e.to_string())?;
+                net.cleanup().await.map_err(|e| e.to_string())
+            })
+        });
+    match removed {
+        Ok(n) => tracing::info!(removed = n, "removed egressd's addresses, rules and routes"),
+        Err(e) => {
+            eprintln!("egressd cleanup: netlink: {e}");
+            failed = true;
+        }
+    }
+    if failed { ExitCode::from(EXIT_FAILURE) } else { ExitCode::SUCCESS }
 }
 
 fn render(args: &RenderArgs) -> ExitCode {
