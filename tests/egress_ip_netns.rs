@@ -38,6 +38,7 @@ struct Node {
 
 struct Cluster {
     _lan: Netns,
+    _lan2: Option<Netns>,
     nodes: Vec<Node>,
     ext: Netns,
     dir: tempfile::TempDir,
@@ -149,7 +150,45 @@ impl Cluster {
              ---\napiVersion: v1\nkind: Namespace\nmetadata: {name: dev, labels: {team: dev}}\n",
         );
         std::fs::write(dir.path().join("cluster.yaml"), cluster).unwrap();
-        Self { _lan: lan, nodes, ext, dir }
+        Self { _lan: lan, _lan2: None, nodes, ext, dir }
+    }
+
+    /// A second segment 198.51.100.0/24 between node-b (eth1, .2) and the external host
+    /// (eth1, .254); node-b's preferred default route stays on eth0, a second one with a
+    /// higher metric goes via eth1. The external host counts, per incoming link, packets
+    /// from 198.51.100.100.
+    fn second_link_on_b(&mut self) {
+        let lan2 = Netns::new("lan2");
+        lan2.ip(&["link", "add", "br0", "type", "bridge"]);
+        lan2.ip(&["link", "set", "br0", "up"]);
+        veth(&lan2, "x", &self.ext, "eth1");
+        veth(&lan2, "pb", &self.nodes[1].ns, "eth1");
+        for port in ["x", "pb"] {
+            lan2.ip(&["link", "set", port, "master", "br0"]);
+        }
+        addr(&self.ext, "eth1", "198.51.100.254/24");
+        let b = &self.nodes[1].ns;
+        addr(b, "eth1", "198.51.100.2/24");
+        b.ip(&["route", "add", "default", "via", "198.19.0.254", "dev", "eth0"]);
+        b.ip(&["route", "add", "default", "via", "198.51.100.254", "dev", "eth1", "metric", "100"]);
+        self.ext.exec(&[
+            "nft",
+            "add table inet links; add chain inet links in { type filter hook input priority 0; }; \
+             add rule inet links in iifname eth0 ip saddr 198.51.100.100 counter; \
+             add rule inet links in iifname eth1 ip saddr 198.51.100.100 counter",
+        ]);
+        self._lan2 = Some(lan2);
+    }
+
+    /// Packets from 198.51.100.100 the external host received on (eth0, eth1).
+    fn second_link_packets(&self) -> (u64, u64) {
+        let text = self.ext.exec(&["nft", "list", "table", "inet", "links"]);
+        let counts: Vec<u64> = text
+            .split("packets ")
+            .skip(1)
+            .map(|s| s.split_whitespace().next().unwrap().parse::<u64>().unwrap())
+            .collect();
+        (counts[0], counts[1])
     }
 
     fn write(&self, name: &str, body: &str) {
@@ -552,4 +591,30 @@ fn fail_closed_drops_when_no_node_hosts() {
     assert_eq!(tcp(&c.nodes[0].pods[2], EXT_V4, 8080), Some(node_v4(0)), "unselected pod unaffected");
     assert_eq!(tcp(pod, &pod_v4(1, 0), 8080), Some(pod_v4(0, 0)), "in-cluster traffic unaffected");
     assert!(c.status(0).contains("1 dropped (no hosting node)"), "{}", c.status(0));
+}
+
+#[test]
+fn an_address_on_a_second_link_leaves_by_that_link() {
+    let mut c = Cluster::new(&PODS);
+    c.second_link_on_b();
+    c.egress_ip("web", &["198.51.100.100"], &[("198.51.100.100", "node-b")], true);
+    c.start_all();
+    assert!(
+        wait_for(Duration::from_secs(5), || c.nodes[1]
+            .ns
+            .ip(&["-o", "addr", "show", "dev", "eth1"])
+            .contains(" 198.51.100.100/"))
+        .is_some(),
+        "{}",
+        c.logs()
+    );
+    // From A (steered to B over eth0, then out of eth1) and from B itself.
+    assert!(wait_source(&c.nodes[0].pods[0], EXT_V4, "198.51.100.100"), "{}", c.logs());
+    assert_eq!(tcp(&c.nodes[1].pods[0], EXT_V4, 8080).as_deref(), Some("198.51.100.100"));
+    let (eth0, eth1) = c.second_link_packets();
+    assert!(eth1 > 0 && eth0 == 0, "egress IP traffic arrived on eth0 {eth0} times, on eth1 {eth1} times");
+    // Unselected pods keep the default route and the node's address.
+    assert_eq!(tcp(&c.nodes[0].pods[2], EXT_V4, 8080), Some(node_v4(0)));
+    assert!(c.status(1).contains("EgressIP web\tapplied"), "{}", c.status(1));
+    assert_eq!(c.pod_sourced_packets(), 0);
 }

@@ -98,7 +98,7 @@ impl EgressSettings {
 }
 
 /// One network link of this node as egressd sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct HostLink {
     /// Interface index.
     pub index: u32,
@@ -108,6 +108,8 @@ pub struct HostLink {
     pub up: bool,
     /// Its addresses with prefix length, without the ones egressd added.
     pub addrs: Vec<IpNet>,
+    /// Gateways of the main table's default routes through this link (any metric).
+    pub gateways: Vec<IpAddr>,
 }
 
 /// The node's links (read by the netlink driver before each compile).
@@ -115,6 +117,8 @@ pub struct HostLink {
 pub struct HostLinks {
     /// The links.
     pub links: Vec<HostLink>,
+    /// The link of the main table's preferred default route: [IPv4, IPv6].
+    pub default_link: [Option<u32>; 2],
 }
 
 impl HostLinks {
@@ -324,6 +328,32 @@ pub(super) fn compile(
         plans.push(plan);
     }
 
+    // A hosted address on a link other than the default route's: its traffic leaves by
+    // that link's own default gateway (through one of our tables), or is reported.
+    let mut via: BTreeMap<IpAddr, Vec<NextHop>> = BTreeMap::new();
+    for plan in &mut plans {
+        for (f, hosted) in plan.hosted.iter().enumerate() {
+            let Some(ip) = hosted else { continue };
+            let Some((index, name)) = net.addresses.get(ip) else { continue };
+            if host.default_link[f].is_none_or(|d| d == *index) {
+                continue;
+            }
+            let gateway = host
+                .links
+                .iter()
+                .find(|l| l.index == *index)
+                .and_then(|l| l.gateways.iter().find(|g| g.is_ipv6() == ip.is_ipv6()));
+            match gateway {
+                Some(g) => {
+                    via.insert(*ip, vec![NextHop { gateway: *g, link: *index }]);
+                }
+                None => plan.problems.push(format!(
+                    "egress IP {ip} is on {name}, which is not the default route's link and has no default route of its own: its traffic leaves by the main table"
+                )),
+            }
+        }
+    }
+
     // Distinct next-hop sets get a mark and a table each, in a stable order.
     let mut hop_sets: BTreeSet<(bool, Vec<NextHop>)> = BTreeSet::new();
     for plan in &plans {
@@ -332,6 +362,9 @@ pub(super) fn compile(
                 hop_sets.insert((f == 1, hops.clone()));
             }
         }
+    }
+    for (ip, hops) in &via {
+        hop_sets.insert((ip.is_ipv6(), hops.clone()));
     }
     let mut set_index: BTreeMap<(bool, Vec<NextHop>), u32> = BTreeMap::new();
     for (i, key) in hop_sets.into_iter().enumerate() {
@@ -371,6 +404,12 @@ pub(super) fn compile(
         if let Some(egress_ip) = plan.hosted[f] {
             snat[f].elements.insert(ip.to_string(), format!("jump {}", ip_chain("eip-snat", egress_ip)));
             snat_chains.insert(egress_ip);
+            // Out of the address's own link: mark for its table (pods of other nodes too,
+            // whose packets are leaving the cluster here, not going back).
+            if let Some(k) = via.get(&egress_ip).and_then(|hops| set_index.get(&(f == 1, hops.clone()))) {
+                steer[f].elements.insert(ip.to_string(), format!("jump eip-mark-{k}"));
+                steer_chains.insert(*k, ());
+            }
             continue;
         }
         if !local {
@@ -410,8 +449,11 @@ pub(super) fn compile(
             table: table_id,
             priority: settings.rule_priority,
         });
-        for hop in hops {
-            gateways[usize::from(*v6)].elements.insert(hop.gateway.to_string(), String::new());
+        if !via.values().any(|v| v == hops) {
+            // Next hops that are nodes: packets routed to them get the null SNAT.
+            for hop in hops {
+                gateways[usize::from(*v6)].elements.insert(hop.gateway.to_string(), String::new());
+            }
         }
     }
 
@@ -570,10 +612,29 @@ mod tests {
     fn host(addr: &str) -> HostLinks {
         HostLinks {
             links: vec![
-                HostLink { index: 1, name: "lo".into(), up: true, addrs: vec!["127.0.0.1/8".parse().unwrap()] },
-                HostLink { index: 2, name: "eth0".into(), up: true, addrs: vec![addr.parse().unwrap()] },
-                HostLink { index: 3, name: "eth1".into(), up: false, addrs: vec!["192.0.2.1/24".parse().unwrap()] },
+                HostLink {
+                    index: 1,
+                    name: "lo".into(),
+                    up: true,
+                    addrs: vec!["127.0.0.1/8".parse().unwrap()],
+                    ..Default::default()
+                },
+                HostLink {
+                    index: 2,
+                    name: "eth0".into(),
+                    up: true,
+                    addrs: vec![addr.parse().unwrap()],
+                    ..Default::default()
+                },
+                HostLink {
+                    index: 3,
+                    name: "eth1".into(),
+                    up: false,
+                    addrs: vec!["192.0.2.1/24".parse().unwrap()],
+                    ..Default::default()
+                },
             ],
+            default_link: [Some(2), None],
         }
     }
 
@@ -667,6 +728,55 @@ mod tests {
     }
 
     #[test]
+    fn an_address_off_the_default_link_routes_by_its_own_link() {
+        let web = eip(
+            "web",
+            "2024-01-01T00:00:00Z",
+            &["198.51.100.100"],
+            &[("198.51.100.100", "b")],
+            "{matchLabels: {app: web}}",
+        );
+        let mut links = host("198.19.0.2/24");
+        links.links[2] = HostLink {
+            index: 3,
+            name: "eth1".into(),
+            up: true,
+            addrs: vec!["198.51.100.2/24".parse().unwrap()],
+            gateways: vec!["198.51.100.254".parse().unwrap()],
+        };
+        let d = compile_cached(
+            &view(&format!("{CLUSTER}{web}")),
+            &node("b", false),
+            &DnsAnswers::new(),
+            &links,
+            &mut CompileCache::default(),
+        );
+        assert_eq!(d.net.addresses.get(&"198.51.100.100".parse().unwrap()), Some(&(3, "eth1".to_string())));
+        // Every selected pod (this node's and the steered ones) is marked for eth1's table.
+        assert_eq!(
+            elements(&d, STEER_V4),
+            vec![("198.18.1.2".into(), "jump eip-mark-1".into()), ("198.18.2.2".into(), "jump eip-mark-1".into())]
+        );
+        assert_eq!(d.net.routes[&(7471, false)], vec![NextHop { gateway: "198.51.100.254".parse().unwrap(), link: 3 }]);
+        assert!(d.table.sets[GATEWAYS_V4].elements.is_empty(), "the link's gateway is no node: no null SNAT");
+        // Without a default route on that link: reported, traffic by the main table.
+        links.links[2].gateways.clear();
+        let d = compile_cached(
+            &view(&format!("{CLUSTER}{web}")),
+            &node("b", false),
+            &DnsAnswers::new(),
+            &links,
+            &mut CompileCache::default(),
+        );
+        assert!(d.table.sets[STEER_V4].elements.is_empty());
+        assert!(
+            d.statuses[0].message.contains("is on eth1, which is not the default route's link"),
+            "{}",
+            d.statuses[0].message
+        );
+    }
+
+    #[test]
     fn several_hosting_nodes_make_one_multipath_route() {
         let two = eip(
             "two",
@@ -738,15 +848,29 @@ mod tests {
     fn link_choice_is_the_longest_prefix_and_ignores_host_and_link_local_routes() {
         let links = HostLinks {
             links: vec![
-                HostLink { index: 2, name: "wide".into(), up: true, addrs: vec!["198.19.0.1/16".parse().unwrap()] },
+                HostLink {
+                    index: 2,
+                    name: "wide".into(),
+                    up: true,
+                    addrs: vec!["198.19.0.1/16".parse().unwrap()],
+                    ..Default::default()
+                },
                 HostLink {
                     index: 3,
                     name: "narrow".into(),
                     up: true,
                     addrs: vec!["198.19.0.9/24".parse().unwrap(), "fe80::1/64".parse().unwrap()],
+                    ..Default::default()
                 },
-                HostLink { index: 4, name: "host".into(), up: true, addrs: vec!["198.19.0.100/32".parse().unwrap()] },
+                HostLink {
+                    index: 4,
+                    name: "host".into(),
+                    up: true,
+                    addrs: vec!["198.19.0.100/32".parse().unwrap()],
+                    ..Default::default()
+                },
             ],
+            ..Default::default()
         };
         assert_eq!(links.link_for("198.19.0.100".parse().unwrap()).map(|l| l.name.as_str()), Some("narrow"));
         assert_eq!(links.link_for("198.19.5.5".parse().unwrap()).map(|l| l.name.as_str()), Some("wide"));

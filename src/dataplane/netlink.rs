@@ -18,7 +18,7 @@ use ipnet::IpNet;
 use netlink_packet_route::AddressFamily;
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage, AddressProtocol};
 use netlink_packet_route::link::{LinkAttribute, LinkFlags};
-use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope};
+use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope};
 use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use rtnetlink::{Handle, IpVersion, RouteMessageBuilder, RouteNextHopBuilder};
 
@@ -98,6 +98,7 @@ impl Netlink {
                 name,
                 up: flags.contains(LinkFlags::Up) && flags.contains(LinkFlags::Running),
                 addrs: Vec::new(),
+                gateways: Vec::new(),
             });
         }
         let mut stream = self.handle.address().get().execute();
@@ -111,7 +112,41 @@ impl Netlink {
                 link.addrs.push(net);
             }
         }
-        Ok(HostLinks { links })
+        // Default routes of the main table: each link's gateways, and the preferred link.
+        let mut default_link = [None, None];
+        for (f, v6) in [(0, false), (1, true)] {
+            let query = if v6 {
+                RouteMessageBuilder::<Ipv6Addr>::new().build()
+            } else {
+                RouteMessageBuilder::<Ipv4Addr>::new().build()
+            };
+            let mut best: Option<(u32, u32)> = None;
+            let mut stream = self.handle.route().get(query).execute();
+            while let Some(msg) = stream.try_next().await.map_err(err("listing routes"))? {
+                if route_table(&msg) != u32::from(RouteHeader::RT_TABLE_MAIN)
+                    || msg.header.destination_prefix_length != 0
+                {
+                    continue;
+                }
+                let metric = msg
+                    .attributes
+                    .iter()
+                    .find_map(|a| if let RouteAttribute::Priority(p) = a { Some(*p) } else { None })
+                    .unwrap_or(0);
+                for hop in next_hops(&msg) {
+                    if let Some(link) = links.iter_mut().find(|l| l.index == hop.link)
+                        && !link.gateways.contains(&hop.gateway)
+                    {
+                        link.gateways.push(hop.gateway);
+                    }
+                    if best.is_none_or(|(m, _)| metric < m) {
+                        best = Some((metric, hop.link));
+                    }
+                }
+            }
+            default_link[f] = best.map(|(_, link)| link);
+        }
+        Ok(HostLinks { links, default_link })
     }
 
     fn owned_address(&self, msg: &AddressMessage) -> bool {
