@@ -401,7 +401,7 @@ fn selected_pods_leave_as_the_egress_ip_from_every_node() {
     assert_eq!(tcp(&a.pods[0], &node_v4(0), 8080), Some(pod_v4(0, 0)), "pod → own node");
 
     let status = c.status(0);
-    assert!(status.contains("EgressIP web\tapplied\tnode-a: EgressIP applied: hosts no egress IP (elsewhere: node-b); 1 local pods selected, 1 steered"), "{status}");
+    assert!(status.contains("EgressIP web\tapplied\tnode-a: EgressIP applied: hosts no egress IP (elsewhere: node-b); 1 local pods selected: 0 SNATed here, 1 steered"), "{status}");
     assert!(
         c.status(1).contains("node-b: EgressIP applied: hosts 198.19.0.100 on eth0, 2001:db8:0:1::100 on eth0"),
         "{}",

@@ -284,6 +284,27 @@ fn follows_the_cluster_writes_statuses_and_survives_restarts_and_410() {
         s.contains("Ready-In-Zone-node-a") && s.contains("SetupSucceeded") && s.contains("EgressQoS Rules applied")
     });
     assert!(qos.is_some(), "{}", api.get(&["egressqos", "-A", "-o", "yaml"]));
+
+    // EgressIP from the API: the placement in status.items is hosted on this node's
+    // matching link and the namespace's pods leave with it.
+    let eip = |name: &str| {
+        format!(
+            "apiVersion: k8s.ovn.org/v1\nkind: EgressIP\nmetadata: {{name: {name}}}\nspec:\n  egressIPs: [203.0.113.50]\n  \
+             namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: team-a}}}}\n\
+             status:\n  items: [{{egressIP: 203.0.113.50, node: node-a}}]\n"
+        )
+    };
+    api.apply(&eip("eip-a"));
+    let hosted = wait_for(Duration::from_secs(10), || tcp(p0, "203.0.113.2", 8080).as_deref() == Some("203.0.113.50"));
+    assert!(hosted.is_some(), "egress IP not used:\n{}", agent.log_text());
+    // A second EgressIP claiming the same IP loses it; this node says so in an Event.
+    api.apply(&eip("eip-b"));
+    let conflict = wait_for(Duration::from_secs(15), || {
+        api.get(&["events", "-n", "default", "-o", "jsonpath={range .items[*]}{.reason}: {.message}{\"\\n\"}{end}"])
+            .contains("EgressIPNotApplied: node-a: EgressIP not fully applied: egress IP 203.0.113.50 is also claimed by the older EgressIP eip-a")
+    });
+    assert!(conflict.is_some(), "{}\n{}", api.get(&["events", "-A"]), agent.log_text());
+    assert_eq!(tcp(p0, "203.0.113.2", 8080).as_deref(), Some("203.0.113.50"), "the older claim still holds");
 }
 
 #[test]

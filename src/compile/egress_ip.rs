@@ -206,6 +206,7 @@ struct Plan<'a> {
     /// Local pods selected, steered and left to the fallback, as (namespace, name).
     selected_local: BTreeSet<(&'a str, &'a str)>,
     steered: BTreeSet<(&'a str, &'a str)>,
+    snat_here: BTreeSet<(&'a str, &'a str)>,
     fallback: BTreeSet<(&'a str, &'a str)>,
 }
 
@@ -269,6 +270,7 @@ pub(super) fn compile(
             remote_nodes: BTreeSet::new(),
             selected_local: BTreeSet::new(),
             steered: BTreeSet::new(),
+            snat_here: BTreeSet::new(),
             fallback: BTreeSet::new(),
         };
         for ip in &policy.ips {
@@ -401,7 +403,14 @@ pub(super) fn compile(
         if local {
             plan.selected_local.insert(id);
         }
+        // An EgressIP without an address of this family leaves that family alone.
+        if !plan.policy.ips.iter().any(|e| fam(*e) == f) {
+            continue;
+        }
         if let Some(egress_ip) = plan.hosted[f] {
+            if local {
+                plan.snat_here.insert(id);
+            }
             snat[f].elements.insert(ip.to_string(), format!("jump {}", ip_chain("eip-snat", egress_ip)));
             snat_chains.insert(egress_ip);
             // Out of the address's own link: mark for its table (pods of other nodes too,
@@ -557,8 +566,9 @@ pub(super) fn compile(
             format!(", {} with the node's own SNAT (no hosting node)", plan.fallback.len())
         };
         let summary = format!(
-            "{hosted}{remote}; {} local pods selected, {} steered{fallback}",
+            "{hosted}{remote}; {} local pods selected: {} SNATed here, {} steered{fallback}",
             plan.selected_local.len(),
+            plan.snat_here.len(),
             plan.steered.len()
         );
         let (outcome, message) = if problems.is_empty() {
@@ -832,6 +842,21 @@ mod tests {
         let closed = run(&format!("{CLUSTER}{web}"), "a", "198.19.0.1/24", true);
         assert_eq!(elements(&closed, STEER_V4), vec![("198.18.1.2".into(), "jump eip-drop".into())]);
         assert_eq!(*closed.table.chains[DROP_CHAIN].rules, vec!["counter drop".to_string()]);
+    }
+
+    #[test]
+    fn a_family_without_egress_ips_is_left_alone_even_fail_closed() {
+        let dual = CLUSTER
+            .replace("status: {podIP: 198.18.1.2}", "status: {podIPs: [{ip: 198.18.1.2}, {ip: \"2001:db8:1::2\"}]}");
+        let web = eip("web", "2024-01-01T00:00:00Z", &["198.19.0.100"], &[], "{matchLabels: {app: web}}");
+        let d = run(&format!("{dual}{web}"), "a", "198.19.0.1/24", true);
+        assert_eq!(elements(&d, STEER_V4).len(), 1, "IPv4 dropped (fail-closed)");
+        assert!(d.table.sets[STEER_V6].elements.is_empty(), "IPv6 untouched: the EgressIP has no IPv6 address");
+        assert!(
+            d.statuses[0].message.contains("1 local pods selected: 0 SNATed here, 0 steered, 1 dropped"),
+            "{}",
+            d.statuses[0].message
+        );
     }
 
     #[test]

@@ -227,6 +227,17 @@ fn rejections(view: &ClusterView) -> Vec<(ObjectKey, String)> {
     out
 }
 
+/// EgressIP objects this node failed to apply for reasons of its own (not invalidity,
+/// which the leader reports).
+fn node_problems(desired: &Desired) -> Vec<(ObjectKey, String)> {
+    desired
+        .statuses
+        .iter()
+        .filter(|s| s.key.kind == Kind::EgressIP && matches!(s.outcome, Outcome::Failed(_)))
+        .map(|s| (s.key.clone(), s.message.clone()))
+        .collect()
+}
+
 async fn apply_status(client: &Client, w: &StatusWrite) -> Result<(), kube::Error> {
     let ar = api_resource(w.key.kind);
     let api: Api<DynamicObject> = if w.key.kind.namespaced() {
@@ -251,7 +262,25 @@ async fn apply_status(client: &Client, w: &StatusWrite) -> Result<(), kube::Erro
     }
 }
 
-async fn emit_event(client: &Client, node: &str, key: &ObjectKey, message: &str) -> Result<(), kube::Error> {
+/// Why an Event is recorded: the object was rejected (leader), or this node could not
+/// apply it (every node, for its own problems).
+#[derive(Debug, Clone, Copy)]
+enum EventKind {
+    Invalid,
+    NotApplied,
+}
+
+async fn emit_event(
+    client: &Client,
+    node: &str,
+    key: &ObjectKey,
+    message: &str,
+    kind: EventKind,
+) -> Result<(), kube::Error> {
+    let (reason, action) = match kind {
+        EventKind::Invalid => (format!("Invalid{}", key.kind), "Validate"),
+        EventKind::NotApplied => (format!("{}NotApplied", key.kind), "Apply"),
+    };
     let ns = if key.namespace.is_empty() { "default" } else { key.namespace.as_str() };
     let now = jiff::Timestamp::now();
     let event = Event {
@@ -267,16 +296,19 @@ async fn emit_event(client: &Client, node: &str, key: &ObjectKey, message: &str)
             namespace: (!key.namespace.is_empty()).then(|| key.namespace.clone()),
             ..Default::default()
         },
-        reason: Some(format!("Invalid{}", key.kind)),
+        reason: Some(reason),
         message: Some(message.chars().take(1024).collect()),
         type_: Some("Warning".into()),
         source: Some(EventSource { component: Some("egressd".into()), host: Some(node.into()) }),
         first_timestamp: Some(Time(now)),
         last_timestamp: Some(Time(now)),
-        event_time: Some(MicroTime(now)),
+        // New-style fields only for namespaced objects: the API server's validation of
+        // new-style Events wants the Event's namespace to be the object's, which a
+        // cluster-scoped object (EgressIP) does not have.
+        event_time: (!key.namespace.is_empty()).then_some(MicroTime(now)),
         reporting_component: Some("egressd".into()),
         reporting_instance: Some(node.into()),
-        action: Some("Validate".into()),
+        action: (!key.namespace.is_empty()).then(|| action.into()),
         count: Some(1),
         ..Default::default()
     };
@@ -292,6 +324,7 @@ async fn writer_task(
     // (object, manager) → status last written successfully.
     let mut written: BTreeMap<(ObjectKey, String), Value> = BTreeMap::new();
     let mut evented: BTreeMap<ObjectKey, String> = BTreeMap::new();
+    let mut node_evented: BTreeMap<ObjectKey, String> = BTreeMap::new();
     let mut recheck = tokio::time::interval(Duration::from_secs(5));
     loop {
         tokio::select! {
@@ -326,12 +359,25 @@ async fn writer_task(
                 if evented.get(&key) == Some(&error) {
                     continue;
                 }
-                match emit_event(&client, &node, &key, &error).await {
+                match emit_event(&client, &node, &key, &error, EventKind::Invalid).await {
                     Ok(()) => {
                         evented.insert(key, error);
                     }
                     Err(e) => tracing::warn!(object = %key, error = %e, "event not recorded"),
                 }
+            }
+        }
+        // This node's own EgressIP problems (conflicts, addresses it cannot host): the
+        // object has no per-node status field, so an Event is where they show.
+        for (key, message) in node_problems(&snap.desired) {
+            if node_evented.get(&key) == Some(&message) {
+                continue;
+            }
+            match emit_event(&client, &node, &key, &message, EventKind::NotApplied).await {
+                Ok(()) => {
+                    node_evented.insert(key, message);
+                }
+                Err(e) => tracing::warn!(object = %key, error = %e, "event not recorded"),
             }
         }
         // Pace writes: at most one batch per 200 ms; later states replace earlier ones.
