@@ -55,6 +55,8 @@ pub struct RunConfig {
     pub dns_timeout: Duration,
     /// Metrics and readiness.
     pub telemetry: std::sync::Arc<crate::telemetry::Telemetry>,
+    /// How often links are checked for changes and owned netlink state for drift.
+    pub net_check: Duration,
 }
 
 fn record_sync(
@@ -134,6 +136,42 @@ async fn resolve_due(
         }
     }
     (changed, due)
+}
+
+/// One netlink check: `true` when the links changed (recompile); otherwise owned state
+/// that drifted from `desired` is repaired in place.
+async fn check_net(net: &Netlink, desired: &Desired, last_links: &mut Option<HostLinks>) -> bool {
+    let links = match net.links().await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(error = %e, "netlink check failed");
+            return false;
+        }
+    };
+    if last_links.as_ref() != Some(&links) {
+        let first = last_links.is_none();
+        *last_links = Some(links);
+        if !first {
+            tracing::info!("links or their addresses changed; recompiling");
+        }
+        return !first;
+    }
+    match net.sync(&desired.net).await {
+        Ok(changes) if !changes.is_empty() => {
+            tracing::warn!(
+                added = changes.added.len(),
+                removed = changes.removed.len(),
+                routing = changes.routing,
+                "egressd's addresses, rules or routes were changed by someone else; restored"
+            );
+            for (ip, index, link) in changes.added {
+                crate::dataplane::announce::announce_repeatedly(ip, index, link);
+            }
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "netlink repair failed"),
+    }
+    false
 }
 
 /// Names that have never resolved, with the reason (for the status problems).
@@ -477,6 +515,15 @@ pub async fn run<S: ViewSource, B: NftBackend, K: StatusSink>(
     }
     publish(&config, &desired, &last_result, &problems);
 
+    // The netlink state is checked on its own every `net_check`: links or their addresses
+    // changed → recompile; owned addresses, rules or routes changed by someone → repaired.
+    let mut net_check = tokio::time::interval(config.net_check);
+    net_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    net_check.tick().await;
+    let mut last_links = match &net {
+        Some(n) => n.links().await.ok(),
+        None => None,
+    };
     tokio::pin!(shutdown);
     loop {
         let dns_wake = tracker
@@ -496,6 +543,11 @@ pub async fn run<S: ViewSource, B: NftBackend, K: StatusSink>(
                 }
             }
             _ = tokio::time::sleep_until(dns_wake) => {}
+            _ = net_check.tick() => {
+                if let Some(n) = &net {
+                    changed |= check_net(n, &desired, &mut last_links).await;
+                }
+            }
         }
         // New names are due at once; due names are resolved before applying.
         let mut attempted = Vec::new();

@@ -618,3 +618,47 @@ fn an_address_on_a_second_link_leaves_by_that_link() {
     assert!(c.status(1).contains("EgressIP web\tapplied"), "{}", c.status(1));
     assert_eq!(c.pod_sourced_packets(), 0);
 }
+
+#[test]
+fn drift_is_restored_and_link_changes_are_followed() {
+    let mut c = Cluster::new(&PODS);
+    c.second_link_on_b();
+    c.egress_ip("web", &[EIP_B, "198.51.100.100"], &[(EIP_B, "node-c"), ("198.51.100.100", "node-b")], true);
+    for n in 0..3 {
+        c.start(n, &["--net-check-secs", "1"]);
+    }
+    let on_eth1 = |c: &Cluster| c.nodes[1].ns.ip(&["-o", "addr", "show", "dev", "eth1"]).contains(" 198.51.100.100/");
+    assert!(wait_for(Duration::from_secs(5), || on_eth1(&c) && c.has_addr(2, EIP_B)).is_some(), "{}", c.logs());
+
+    // Someone removes egressd's address on C and its rule on A: both come back.
+    c.nodes[2].ns.ip(&["addr", "del", &format!("{EIP_B}/32"), "dev", "eth0"]);
+    let rule = c.nodes[0].ns.ip(&["rule"]);
+    assert!(rule.contains("5470:"), "{rule}");
+    c.nodes[0].ns.ip(&["rule", "del", "priority", "5470"]);
+    assert!(
+        wait_for(Duration::from_secs(5), || c.has_addr(2, EIP_B) && c.nodes[0].ns.ip(&["rule"]).contains("5470:"))
+            .is_some(),
+        "drift not restored\n{}",
+        c.logs()
+    );
+    assert!(c.nodes[2].agent.as_ref().unwrap().log_text().contains("changed by someone else; restored"));
+
+    // B's eth1 goes down: the address cannot be hosted there any more and is removed,
+    // reported; back up, it returns.
+    c.nodes[1].ns.ip(&["link", "set", "eth1", "down"]);
+    let reported = wait_for(Duration::from_secs(5), || {
+        c.status(1).contains("egress IP 198.51.100.100 cannot be hosted on node node-b") && !on_eth1(&c)
+    });
+    assert!(reported.is_some(), "{}\n{}", c.status(1), c.logs());
+    c.nodes[1].ns.ip(&["link", "set", "eth1", "up"]);
+    assert!(wait_for(Duration::from_secs(5), || on_eth1(&c)).is_some(), "{}", c.logs());
+    // The link's default route went with it; the agent reports that until it is back.
+    let no_route = wait_for(Duration::from_secs(5), || c.status(1).contains("has no default route of its own"));
+    assert!(no_route.is_some(), "{}", c.status(1));
+    c.nodes[1].ns.ip(&["route", "add", "default", "via", "198.51.100.254", "dev", "eth1", "metric", "100"]);
+    assert!(
+        wait_for(Duration::from_secs(5), || c.status(1).contains("EgressIP web\tapplied")).is_some(),
+        "{}",
+        c.status(1)
+    );
+}

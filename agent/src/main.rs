@@ -206,6 +206,10 @@ struct RunArgs {
     /// Re-read the directory this often even without change events (seconds).
     #[arg(long, default_value_t = 60)]
     resync_secs: u64,
+    /// Seconds between checks of the node's links (a change recompiles) and of
+    /// egressd's addresses, rules and routes (drift is restored).
+    #[arg(long, env = "EGRESSD_NET_CHECK_SECS", default_value_t = 10)]
+    net_check_secs: u64,
     /// Directory for the status file `egressd status` reads.
     #[arg(long, env = "EGRESSD_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
     state_dir: PathBuf,
@@ -362,6 +366,7 @@ fn run(args: RunArgs) -> ExitCode {
         dns_servers: args.dns_servers.clone(),
         dns_timeout: Duration::from_millis(args.dns_timeout_ms.max(1)),
         telemetry: telemetry.clone(),
+        net_check: Duration::from_secs(args.net_check_secs.max(1)),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
