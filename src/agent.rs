@@ -84,6 +84,7 @@ fn record_sync(
     }
     m.rules.set(i64::try_from(desired.table.rule_count()).unwrap_or(i64::MAX));
     m.elements.set(i64::try_from(desired.table.element_count()).unwrap_or(i64::MAX));
+    m.egress_ips_hosted.set(i64::try_from(desired.net.addresses.len()).unwrap_or(i64::MAX));
     m.observe_view(view);
 }
 

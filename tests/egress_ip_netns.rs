@@ -408,6 +408,9 @@ fn selected_pods_leave_as_the_egress_ip_from_every_node() {
         c.status(1)
     );
     assert_eq!(c.pod_sourced_packets(), 0, "a pod address reached the external host");
+    let metrics =
+        netns::http_get(&c.nodes[1].ns, "127.0.0.1:9781", "/metrics").map(|(_, body)| body).unwrap_or_default();
+    assert!(metrics.contains("egressd_egress_ips_hosted 2"), "{metrics}");
 }
 
 #[test]
