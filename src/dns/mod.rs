@@ -13,6 +13,7 @@
 //! A name used by several rules or namespaces is tracked — and resolved — once.
 
 pub mod resolver;
+pub mod snoop;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
