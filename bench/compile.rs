@@ -56,6 +56,7 @@ fn node() -> NodeConfig {
         table_name: "egressd".into(),
         dns_grace: DEFAULT_DNS_GRACE,
         egress: Default::default(),
+        snoop: None,
     }
 }
 

@@ -485,6 +485,21 @@ pub async fn run<S: ViewSource, B: NftBackend, K: StatusSink>(
             None
         }
     };
+    let snoop = match &config.node.snoop {
+        Some(settings) => {
+            match crate::dns::listener::SnoopHandle::start(settings.group, &config.node.table_name, telemetry.clone()) {
+                Ok(h) => {
+                    tracing::info!(group = settings.group, servers = ?settings.servers, "DNS snooping on");
+                    Some(h)
+                }
+                Err(e) => {
+                    tracing::error!(group = settings.group, error = %e, "DNS snooping unavailable");
+                    None
+                }
+            }
+        }
+        None => None,
+    };
     let mut cache = crate::compile::CompileCache::default();
     macro_rules! apply {
         ($view:expr, $tracker:expr, $syncer:expr) => {{
@@ -493,6 +508,17 @@ pub async fn run<S: ViewSource, B: NftBackend, K: StatusSink>(
             let started = std::time::Instant::now();
             let (desired, result) = apply_once(view, &config.node, &answers, $syncer, net.as_ref(), &mut cache).await;
             record_sync(&telemetry, view, &desired, &result, started.elapsed());
+            if let Some(h) = &snoop {
+                h.update(desired.snoop.clone());
+                if matches!(result, Ok(SyncKind::Full)) {
+                    let sets: BTreeSet<String> = desired.table.sets.keys().cloned().collect();
+                    match h.reinstall(&sets) {
+                        Ok(0) => {}
+                        Ok(n) => tracing::info!(elements = n, "learned DNS addresses put back after a full sync"),
+                        Err(e) => tracing::warn!(error = %e, "learned DNS addresses not put back"),
+                    }
+                }
+            }
             telemetry.metrics.dns_names.set(i64::try_from($tracker.len()).unwrap_or(i64::MAX));
             (desired, result)
         }};

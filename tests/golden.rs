@@ -22,7 +22,9 @@ fn node_config(args: &str) -> NodeConfig {
         table_name: "egressd".into(),
         dns_grace: egressd::compile::DEFAULT_DNS_GRACE,
         egress: Default::default(),
+        snoop: None,
     };
+    let mut snoop = true;
     let cidrs = |v: &str| -> Vec<IpNet> { v.split(',').map(|c| c.trim().parse().unwrap()).collect() };
     for line in args.lines().filter(|l| !l.trim().is_empty()) {
         let (k, v) = line.split_once(':').unwrap();
@@ -30,8 +32,20 @@ fn node_config(args: &str) -> NodeConfig {
             "node-name" => node.node_name = v.trim().to_string(),
             "cluster-cidr" => node.cluster_cidrs = cidrs(v),
             "service-cidr" => node.service_cidrs = cidrs(v),
+            "cluster-dns" => {
+                let servers = v.split(',').map(|c| c.trim().parse().unwrap()).collect();
+                node.snoop = Some(egressd::compile::SnoopSettings { group: 4747, servers });
+            }
+            "no-dns-snoop" => snoop = false,
             other => panic!("unknown key {other} in args"),
         }
+    }
+    // As `egressd run`: snooping on unless switched off.
+    if snoop && node.snoop.is_none() {
+        node.snoop = Some(egressd::compile::SnoopSettings { group: 4747, servers: vec![] });
+    }
+    if !snoop {
+        node.snoop = None;
     }
     node
 }

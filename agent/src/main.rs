@@ -97,6 +97,17 @@ struct NodeArgs {
     dns_grace_secs: u64,
     #[command(flatten)]
     egress: EgressArgs,
+    /// A cluster DNS Service address the pods ask (kube-dns' ClusterIP; repeatable):
+    /// answers to queries sent to it (or to a --dns-server) are snooped.
+    #[arg(long = "cluster-dns", env = "EGRESSD_CLUSTER_DNS", value_delimiter = ',')]
+    cluster_dns: Vec<std::net::IpAddr>,
+    /// NFLOG group receiving the copies of pods' DNS queries and answers.
+    #[arg(long, env = "EGRESSD_DNS_SNOOP_GROUP", default_value_t = 4747)]
+    dns_snoop_group: u16,
+    /// Do not snoop pods' DNS answers: `dnsName` rules then hold only what egressd
+    /// resolves itself, and wildcard names cannot be enforced.
+    #[arg(long, env = "EGRESSD_NO_DNS_SNOOP")]
+    no_dns_snoop: bool,
 }
 
 /// EgressIP dataplane settings. egressd owns exactly these marks, tables, rule priority
@@ -160,6 +171,10 @@ impl NodeArgs {
             table_name: self.table.clone(),
             dns_grace: Duration::from_secs(self.dns_grace_secs),
             egress: self.egress.settings(),
+            snoop: (!self.no_dns_snoop).then(|| egressd::compile::SnoopSettings {
+                group: self.dns_snoop_group,
+                servers: self.cluster_dns.clone(),
+            }),
         }
     }
 }
@@ -339,6 +354,16 @@ fn render(args: &RenderArgs) -> ExitCode {
     }
 }
 
+/// The `nameserver` addresses of /etc/resolv.conf (empty when unreadable).
+fn resolv_conf_servers() -> Vec<std::net::IpAddr> {
+    std::fs::read_to_string("/etc/resolv.conf")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("nameserver"))
+        .filter_map(|rest| rest.trim().split('%').next()?.parse().ok())
+        .collect()
+}
+
 fn run(args: RunArgs) -> ExitCode {
     if let Some(dir) = &args.manifests
         && !dir.is_dir()
@@ -360,8 +385,18 @@ fn run(args: RunArgs) -> ExitCode {
     }
     let nft_version = nft.version().ok();
     let telemetry = std::sync::Arc::new(Telemetry::default());
+    let mut node = args.node.config();
+    if let Some(snoop) = &mut node.snoop {
+        // Trusted servers: the cluster DNS addresses, and the servers egressd itself asks.
+        let own = if args.dns_servers.is_empty() { resolv_conf_servers() } else { args.dns_servers.clone() };
+        for ip in own {
+            if !snoop.servers.contains(&ip) {
+                snoop.servers.push(ip);
+            }
+        }
+    }
     let config = RunConfig {
-        node: args.node.config(),
+        node,
         state_dir: Some(args.state_dir.clone()),
         dns_servers: args.dns_servers.clone(),
         dns_timeout: Duration::from_millis(args.dns_timeout_ms.max(1)),

@@ -616,6 +616,7 @@ mod tests {
             table_name: "egressd".into(),
             dns_grace: DEFAULT_DNS_GRACE,
             egress: EgressSettings { fail_closed, ..Default::default() },
+            snoop: None,
         }
     }
 

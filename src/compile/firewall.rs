@@ -30,15 +30,20 @@ struct Ctx<'a> {
     exempt: Vec<IpNet>,
 }
 
-/// The absolute name egressd resolves for a (non-wildcard) rule name.
+/// The absolute name egressd resolves for a rule name (`*.base.` for a wildcard, which
+/// is never resolved, only learned by snooping).
 pub fn absolute(name: &DnsName) -> String {
-    format!("{}.", name.base)
+    if name.wildcard { format!("*.{}.", name.base) } else { format!("{}.", name.base) }
 }
 
-/// The nft sets holding the addresses of a tracked (absolute) DNS name: IPv4, then IPv6.
+/// The nft sets holding the addresses of an (absolute) rule name: IPv4, then IPv6.
+/// Wildcards have their own prefix, so `*.example.com` and `example.com` never share.
 pub fn dns_set_names(name: &str) -> [String; 2] {
     let base = name.strip_suffix('.').unwrap_or(name);
-    [set_name("dns4", base), set_name("dns6", base)]
+    match base.strip_prefix("*.") {
+        Some(base) => [set_name("dnsw4", base), set_name("dnsw6", base)],
+        None => [set_name("dns4", base), set_name("dns6", base)],
+    }
 }
 
 /// Every DNS name the firewall policies of `view` use (resolved once each, whichever
@@ -174,9 +179,9 @@ fn rule_statements(index: usize, rule: &FirewallRule, ctx: &Ctx, table: &mut Tab
             .filter(|n| sel.matches(&n.labels))
             .flat_map(|n| n.addresses.iter().map(|a| IpNet::from(*a)))
             .collect(),
-        Target::Dns(name) if name.wildcard => {
+        Target::Dns(name) if name.wildcard && ctx.node.snoop.is_none() => {
             return Err(format!(
-                "spec.egress[{index}].to.dnsName: {name}: wildcard DNS names are not supported by this version of egressd"
+                "spec.egress[{index}].to.dnsName: {name}: wildcard DNS names need DNS snooping, which is off (--no-dns-snoop)"
             ));
         }
         Target::Dns(name) => {
@@ -216,7 +221,7 @@ fn namespace_chain(
         // current answers.
         for rule in &policy.rules {
             if let Target::Dns(name) = &rule.target
-                && !name.wildcard
+                && (!name.wildcard || ctx.node.snoop.is_some())
             {
                 dns_sets(ctx, name, table);
             }

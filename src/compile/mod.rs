@@ -7,6 +7,7 @@
 mod egress_ip;
 mod firewall;
 mod qos;
+mod snoop;
 
 use ipnet::IpNet;
 
@@ -18,6 +19,10 @@ use crate::view::ClusterView;
 pub use egress_ip::{EgressSettings, HostLink, HostLinks, MarkRule, NetDesired, NextHop, SNAT_CHAIN, STEER_CHAIN};
 pub use firewall::{FIREWALL_CHAIN, FIREWALL_LOCAL_CHAIN, dns_names, dns_set_names};
 pub use qos::QOS_CHAIN;
+pub use snoop::{
+    PREFIX_ANSWER, PREFIX_QUERY, PREFIX_UNTRACKED, PREFIX_UNTRUSTED, SnoopName, SnoopSettings, SnoopTargets,
+    snooped_namespaces,
+};
 
 /// What egressd knows about the node it runs on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +39,8 @@ pub struct NodeConfig {
     pub dns_grace: std::time::Duration,
     /// EgressIP marks, tables and ownership tags.
     pub egress: EgressSettings,
+    /// DNS snooping (`None`: off, and wildcard `dnsName` rules cannot be enforced).
+    pub snoop: Option<SnoopSettings>,
 }
 
 impl NodeConfig {
@@ -96,6 +103,8 @@ pub struct Desired {
     pub table: Table,
     /// Addresses, policy rules and routes (EgressIP).
     pub net: NetDesired,
+    /// What DNS snooping matches answers against.
+    pub snoop: SnoopTargets,
     /// Per-object status, sorted by object key.
     pub statuses: Vec<ObjectStatus>,
     /// Problems that belong to no single object (pod IP clashes).
@@ -143,6 +152,8 @@ pub fn compile_cached(
     firewall::compile(view, node, dns, &owners, &mut table, &mut statuses, &mut cache.firewall);
     qos::compile(view, node, &owners, &mut table, &mut statuses);
     egress_ip::compile(view, node, host, &owners, &mut table, &mut net, &mut statuses);
+    snoop::compile(view, node, &owners, &mut table);
+    let snoop = snoop::targets(view, node, &owners);
 
     for (key, reason) in &view.ignored {
         statuses.push(ObjectStatus {
@@ -168,7 +179,7 @@ pub fn compile_cached(
     };
     statuses.extend(view.cloud_ips.values().map(|e| validated(&e.key, &e.error)));
     statuses.sort_by(|a, b| a.key.cmp(&b.key));
-    Desired { table, net, statuses, warnings }
+    Desired { table, net, snoop, statuses, warnings }
 }
 
 /// Render statuses as text, one object per line (`egressd render` / `egressd status`).
@@ -210,6 +221,7 @@ mod tests {
             table_name: "egressd".into(),
             dns_grace: DEFAULT_DNS_GRACE,
             egress: EgressSettings::default(),
+            snoop: None,
         }
     }
 

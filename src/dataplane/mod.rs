@@ -5,8 +5,10 @@
 //! * [`netlink`]: egress addresses, policy-routing rules and routes (EgressIP).
 //! * [`announce`]: gratuitous ARP / unsolicited neighbour advertisements.
 //! * [`conntrack`]: forgetting the connections of an egress IP that left the node.
+//! * [`elements`]: in-process set element additions (the DNS snooping fast path).
 
 pub mod announce;
 pub mod conntrack;
+pub mod elements;
 pub mod netlink;
 pub mod nft;

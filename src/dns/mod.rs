@@ -12,6 +12,7 @@
 //!
 //! A name used by several rules or namespaces is tracked — and resolved — once.
 
+pub mod listener;
 pub mod resolver;
 pub mod snoop;
 

@@ -372,7 +372,8 @@ mod tests {
     #[test]
     fn answers_without_their_query_are_ignored() {
         let mut s = Snooper::new();
-        let aaaa = vec![Record::from_rdata(name("a.example.com."), 60, RData::AAAA(AAAA("2001:db8::7".parse().unwrap())))];
+        let aaaa =
+            vec![Record::from_rdata(name("a.example.com."), 60, RData::AAAA(AAAA("2001:db8::7".parse().unwrap())))];
         let q = query(7, "a.example.com.", RecordType::AAAA);
         // Other id, other name, other type: all unmatched.
         for wrong in [
@@ -383,13 +384,23 @@ mod tests {
             assert_eq!(exchange(&mut Snooper::new(), &q, &wrong), Err(Ignored::Unmatched));
         }
         // No query at all.
-        let ab = udp_packet(DNS, 53, POD, 40000, &response(7, "a.example.com.", RecordType::AAAA, aaaa.clone()).to_vec().unwrap());
+        let ab = udp_packet(
+            DNS,
+            53,
+            POD,
+            40000,
+            &response(7, "a.example.com.", RecordType::AAAA, aaaa.clone()).to_vec().unwrap(),
+        );
         let ap = parse_packet(&ab).unwrap();
         assert_eq!(s.answer(&ap, &dns_message(&ap).unwrap().unwrap(), Instant::now()), Err(Ignored::Unmatched));
         // The right one, once.
         let ok = exchange(&mut s, &q, &response(7, "a.example.com.", RecordType::AAAA, aaaa.clone())).unwrap();
         assert_eq!(ok[0].address, "2001:db8::7".parse::<IpAddr>().unwrap());
-        assert_eq!(s.answer(&ap, &dns_message(&ap).unwrap().unwrap(), Instant::now()), Err(Ignored::Unmatched), "replay");
+        assert_eq!(
+            s.answer(&ap, &dns_message(&ap).unwrap().unwrap(), Instant::now()),
+            Err(Ignored::Unmatched),
+            "replay"
+        );
     }
 
     #[test]
@@ -407,7 +418,14 @@ mod tests {
         let msg = query(1, "a.example.com.", RecordType::A).to_vec().unwrap();
         let mut framed = (msg.len() as u16).to_be_bytes().to_vec();
         framed.extend_from_slice(&msg);
-        let p = Packet { src: POD.parse().unwrap(), dst: DNS.parse().unwrap(), sport: 1, dport: 53, tcp: true, payload: &framed };
+        let p = Packet {
+            src: POD.parse().unwrap(),
+            dst: DNS.parse().unwrap(),
+            sport: 1,
+            dport: 53,
+            tcp: true,
+            payload: &framed,
+        };
         assert!(dns_message(&p).unwrap().is_some());
         let half = Packet { payload: &framed[..framed.len() - 3], ..p.clone() };
         assert_eq!(dns_message(&half).err(), Some(Ignored::TcpPartial));

@@ -412,6 +412,7 @@ mod tests {
         Desired {
             table: Table::new("egressd"),
             net: Default::default(),
+            snoop: Default::default(),
             statuses: vec![ObjectStatus {
                 key: key(),
                 outcome: Outcome::Applied,
@@ -480,6 +481,7 @@ mod tests {
         let d = Desired {
             table: Table::new("egressd"),
             net: Default::default(),
+            snoop: Default::default(),
             statuses: vec![ObjectStatus {
                 key: qkey,
                 outcome: Outcome::Applied,

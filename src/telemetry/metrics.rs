@@ -43,6 +43,15 @@ pub enum DnsResult {
     Error,
 }
 
+/// Labels of `egressd_dns_snooped`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SnoopLabels {
+    /// `learned` (addresses added), `query`, or why a copy was ignored (`malformed`,
+    /// `tcp_partial`, `untrusted`, `untracked`, `unmatched`, `no_addresses`,
+    /// `no_rule`, `kernel_error`).
+    pub result: String,
+}
+
 /// `result` label of DNS lookups.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DnsLabels {
@@ -69,6 +78,8 @@ pub struct Metrics {
     pub dns_names: Gauge,
     /// Egress IPs hosted on this node.
     pub egress_ips_hosted: Gauge,
+    /// Snooped DNS packets by outcome.
+    pub dns_snooped: Family<SnoopLabels, Counter>,
     /// Unix time of the last successful sync.
     pub last_sync_timestamp: Gauge,
 }
@@ -92,6 +103,7 @@ impl Default for Metrics {
             rules: Gauge::default(),
             elements: Gauge::default(),
             dns_lookups: Family::default(),
+            dns_snooped: Family::default(),
             dns_names: Gauge::default(),
             egress_ips_hosted: Gauge::default(),
             last_sync_timestamp: Gauge::default(),
@@ -105,6 +117,7 @@ impl Default for Metrics {
         registry.register("dns_lookups", "DNS lookups by result", m.dns_lookups.clone());
         registry.register("dns_names", "DNS names tracked", m.dns_names.clone());
         registry.register("egress_ips_hosted", "Egress IPs hosted on this node", m.egress_ips_hosted.clone());
+        registry.register("dns_snooped", "Copied DNS packets of pods by outcome", m.dns_snooped.clone());
         registry.register(
             "last_sync_timestamp_seconds",
             "Unix time of the last successful sync",

@@ -514,12 +514,18 @@ pub struct Dnsmasq {
 
 impl Dnsmasq {
     pub fn start(ns: &Netns, listen: &str, hosts: PathBuf, ttl: u32) -> Self {
+        Self::start_with(ns, listen, hosts, ttl, &[])
+    }
+
+    /// [`Dnsmasq::start`] with extra dnsmasq options (`--cname=...`).
+    pub fn start_with(ns: &Netns, listen: &str, hosts: PathBuf, ttl: u32, extra: &[&str]) -> Self {
         let child = Command::new("ip")
             .args(["netns", "exec", &ns.name, "dnsmasq", "--keep-in-foreground", "--no-resolv", "--no-hosts"])
             .arg(format!("--addn-hosts={}", hosts.display()))
             .arg(format!("--local-ttl={ttl}"))
             .arg(format!("--listen-address={listen}"))
             .args(["--bind-interfaces", "--port=53", "--user=root", "--conf-file=/dev/null", "--pid-file="])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

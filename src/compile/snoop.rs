@@ -1,0 +1,167 @@
+//! DNS snooping → nft: copy (NFLOG, `log group`) the DNS queries of local pods in
+//! namespaces with `dnsName` rules and the answers they get, and nothing else. Copying
+//! never holds, drops or changes a packet.
+//!
+//! * `dns-snoop` (forward), `dns-snoop-in` (input: queries to a DNS server on this
+//!   node) and `dns-snoop-out` (output: its answers), priority `filter - 5`: an
+//!   answer-shaped packet (source port 53) that opens a flow toward a snooped pod is
+//!   copied with prefix `dns-x` (counted, never used); packets of flows whose original
+//!   destination port is 53 go to `dns-snoop-check`.
+//! * `dns-snoop-check`: queries (original direction) from `@snoop-pods` to
+//!   `@dns-servers` → `dns-q`; answers (reply direction) to `@snoop-pods` of flows whose
+//!   original destination was in `@dns-servers` → `dns-a`; other answers to snooped pods
+//!   → `dns-u` (untrusted: counted, never used). `ct original daddr` is the address the
+//!   pod asked (a Service VIP before kube-proxy's DNAT), so the cluster DNS Service
+//!   address is what `--cluster-dns` names.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use super::NodeConfig;
+use crate::nft::{Chain, Hook, KeyType, Set, Table};
+use crate::view::policy::Target;
+use crate::view::{ClusterView, PodInfo};
+
+/// Snooping settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnoopSettings {
+    /// The NFLOG group the copies go to.
+    pub group: u16,
+    /// Trusted DNS server addresses (as the pods address them).
+    pub servers: Vec<IpAddr>,
+}
+
+/// The prefixes of the copies.
+pub const PREFIX_QUERY: &str = "dns-q";
+/// Answers from a trusted server.
+pub const PREFIX_ANSWER: &str = "dns-a";
+/// Answers from any other server.
+pub const PREFIX_UNTRUSTED: &str = "dns-u";
+/// Answer-shaped packets outside any flow a pod opened.
+pub const PREFIX_UNTRACKED: &str = "dns-x";
+
+/// Namespaces whose EgressFirewall has a `dnsName` rule.
+pub fn snooped_namespaces(view: &ClusterView) -> BTreeSet<&str> {
+    view.firewalls
+        .values()
+        .filter_map(|e| e.policy.as_ref())
+        .filter(|p| p.rules.iter().any(|r| matches!(r.target, Target::Dns(_))))
+        .map(|p| p.namespace.as_str())
+        .collect()
+}
+
+pub(super) fn compile(view: &ClusterView, node: &NodeConfig, owners: &BTreeMap<IpAddr, &PodInfo>, table: &mut Table) {
+    let Some(settings) = &node.snoop else { return };
+    let namespaces = snooped_namespaces(view);
+    if namespaces.is_empty() {
+        return;
+    }
+    let mut pods = [Set::new(KeyType::Ipv4, false), Set::new(KeyType::Ipv6, false)];
+    for (ip, pod) in owners {
+        if pod.node.as_deref() == Some(node.node_name.as_str()) && namespaces.contains(pod.namespace.as_str()) {
+            pods[usize::from(ip.is_ipv6())].elements.insert(ip.to_string(), String::new());
+        }
+    }
+    let mut servers = [Set::new(KeyType::Ipv4, false), Set::new(KeyType::Ipv6, false)];
+    for ip in &settings.servers {
+        servers[usize::from(ip.is_ipv6())].elements.insert(ip.to_string(), String::new());
+    }
+    let [p4, p6] = pods;
+    table.sets.insert("snoop-pods-v4".into(), p4);
+    table.sets.insert("snoop-pods-v6".into(), p6);
+    let [s4, s6] = servers;
+    table.sets.insert("dns-servers-v4".into(), s4);
+    table.sets.insert("dns-servers-v6".into(), s6);
+
+    let log = |prefix: &str| format!("log prefix \"{prefix}\" group {} queue-threshold 1", settings.group);
+    let mut check = Vec::new();
+    for (family, v) in [("ip", "v4"), ("ip6", "v6")] {
+        check.push(format!(
+            "ct direction original {family} saddr @snoop-pods-{v} ct original {family} daddr @dns-servers-{v} {}",
+            log(PREFIX_QUERY)
+        ));
+        check.push(format!(
+            "ct direction reply {family} daddr @snoop-pods-{v} ct original {family} daddr @dns-servers-{v} {}",
+            log(PREFIX_ANSWER)
+        ));
+        check.push(format!("ct direction reply {family} daddr @snoop-pods-{v} {}", log(PREFIX_UNTRUSTED)));
+    }
+    table.chains.insert("dns-snoop-check".into(), Chain::regular(check));
+    let base = |hook: &'static str| {
+        let mut rules = Vec::new();
+        for (family, v) in [("ip", "v4"), ("ip6", "v6")] {
+            rules.push(format!(
+                "meta l4proto {{ udp, tcp }} th sport 53 ct direction original {family} daddr @snoop-pods-{v} {}",
+                log(PREFIX_UNTRACKED)
+            ));
+        }
+        rules.push("meta l4proto udp ct original proto-dst 53 jump dns-snoop-check".into());
+        rules.push("meta l4proto tcp ct original proto-dst 53 jump dns-snoop-check".into());
+        Chain::base(Hook { chain_type: "filter", hook, priority: "filter - 5" }, rules)
+    };
+    table.chains.insert("dns-snoop".into(), base("forward"));
+    table.chains.insert("dns-snoop-in".into(), base("input"));
+    table.chains.insert("dns-snoop-out".into(), base("output"));
+}
+
+/// One `dnsName` of a namespace, as the snooping listener matches it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnoopName {
+    /// Normalised base name.
+    pub base: String,
+    /// `*.base`.
+    pub wildcard: bool,
+    /// Its sets: IPv4, IPv6 (`None` for a family not in use).
+    pub sets: [Option<String>; 2],
+}
+
+/// What the snooping listener needs to know, rebuilt after every compile.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SnoopTargets {
+    /// Local snooped pods → namespace.
+    pub pods: std::collections::HashMap<IpAddr, String>,
+    /// Namespace → its `dnsName` rules.
+    pub names: std::collections::HashMap<String, Vec<SnoopName>>,
+    /// Learned addresses inside these (cluster, Service) ranges are not added.
+    pub exempt: Vec<ipnet::IpNet>,
+    /// Added to the answer's TTL (floor 5 s) for the kernel timeout.
+    pub grace: std::time::Duration,
+}
+
+/// The listener's view of `view` on this node.
+pub fn targets(view: &ClusterView, node: &NodeConfig, owners: &BTreeMap<IpAddr, &PodInfo>) -> SnoopTargets {
+    let mut t = SnoopTargets {
+        exempt: node.cluster_cidrs.iter().chain(&node.service_cidrs).copied().collect(),
+        grace: node.dns_grace,
+        ..Default::default()
+    };
+    if node.snoop.is_none() {
+        return t;
+    }
+    let families = node.families();
+    for policy in view.firewalls.values().filter_map(|e| e.policy.as_ref()) {
+        let mut names = Vec::new();
+        for rule in &policy.rules {
+            if let Target::Dns(name) = &rule.target {
+                let [s4, s6] = super::dns_set_names(&super::firewall::absolute(name));
+                let entry = SnoopName {
+                    base: name.base.clone(),
+                    wildcard: name.wildcard,
+                    sets: [families.v4.then_some(s4), families.v6.then_some(s6)],
+                };
+                if !names.contains(&entry) {
+                    names.push(entry);
+                }
+            }
+        }
+        if !names.is_empty() {
+            t.names.insert(policy.namespace.clone(), names);
+        }
+    }
+    for (ip, pod) in owners {
+        if pod.node.as_deref() == Some(node.node_name.as_str()) && t.names.contains_key(&pod.namespace) {
+            t.pods.insert(*ip, pod.namespace.clone());
+        }
+    }
+    t
+}

@@ -1,0 +1,123 @@
+//! Adding elements to egressd's timeout sets in-process over nf_tables netlink: one
+//! batch (`BATCH_BEGIN`, `NEWSETELEM`, `BATCH_END`), no `nft` process. This is the fast
+//! path of DNS snooping, where the time from an answer to its address being in the set
+//! is the race a pod's first packet runs against; starting an `nft` process costs
+//! ~5 ms, this ~0.1 ms.
+//!
+//! Adding an element that exists restarts its timeout (no `NLM_F_EXCL`), the same as
+//! `nft add element`.
+
+use std::io;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload};
+use netlink_packet_netfilter::nftables::{
+    DataAttribute, ListAttribute, NfTablesMessage, SetElementAttribute, SetElementList, SetElementMessage,
+};
+use netlink_packet_netfilter::none::ControlMessage;
+use netlink_packet_netfilter::{NetfilterHeader, NetfilterMessage, NetfilterProtoFamily};
+use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
+
+const NFNL_SUBSYS_NFTABLES: u16 = 10;
+
+/// One element to add: set name, address, timeout.
+pub type Element = (String, IpAddr, Duration);
+
+/// A netlink socket to nf_tables for element additions.
+pub struct ElementWriter {
+    socket: Socket,
+    table: String,
+    seq: u32,
+    buf: Vec<u8>,
+}
+
+impl ElementWriter {
+    /// Open the socket (in the caller's network namespace) for the `inet` table `table`.
+    pub fn open(table: &str) -> io::Result<Self> {
+        let mut socket = Socket::new(NETLINK_NETFILTER)?;
+        socket.bind_auto()?;
+        socket.connect(&SocketAddr::new(0, 0))?;
+        Ok(Self { socket, table: table.to_string(), seq: 0, buf: vec![0; 1 << 16] })
+    }
+
+    fn message(
+        &mut self,
+        flags: u16,
+        inner: impl Into<netlink_packet_netfilter::NetfilterMessageInner>,
+        res: u16,
+    ) -> Vec<u8> {
+        self.seq = self.seq.wrapping_add(1);
+        let mut header = NetlinkHeader::default();
+        header.flags = flags;
+        header.sequence_number = self.seq;
+        let family =
+            if res == NFNL_SUBSYS_NFTABLES { NetfilterProtoFamily::Unspec } else { NetfilterProtoFamily::Inet };
+        let mut msg = NetlinkMessage::new(
+            header,
+            NetlinkPayload::from(NetfilterMessage::new(NetfilterHeader::new(family, 0, res), inner)),
+        );
+        msg.finalize();
+        let mut out = vec![0; msg.buffer_len()];
+        msg.serialize(&mut out);
+        out
+    }
+
+    /// Add `elements` in one transaction; an error names what the kernel refused (an
+    /// unknown set, say) and applies nothing.
+    pub fn add(&mut self, elements: &[Element]) -> io::Result<()> {
+        if elements.is_empty() {
+            return Ok(());
+        }
+        let mut by_set: std::collections::BTreeMap<&str, Vec<ListAttribute<SetElementAttribute>>> = Default::default();
+        for (set, ip, timeout) in elements {
+            let key = match ip {
+                IpAddr::V4(v4) => v4.octets().to_vec(),
+                IpAddr::V6(v6) => v6.octets().to_vec(),
+            };
+            let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+            by_set.entry(set.as_str()).or_default().push(ListAttribute::Element(vec![
+                SetElementAttribute::Key(DataAttribute::Value(key)),
+                SetElementAttribute::Timeout(ms),
+            ]));
+        }
+        let mut batch = self.message(NLM_F_REQUEST, ControlMessage::BatchBegin, NFNL_SUBSYS_NFTABLES);
+        let first = self.seq;
+        for (set, list) in by_set {
+            let msg = NfTablesMessage::NewSetElement(SetElementMessage {
+                attributes: vec![
+                    SetElementList::Table(self.table.clone()),
+                    SetElementList::Set(set.to_string()),
+                    SetElementList::Elements(list),
+                ],
+            });
+            batch.extend(self.message(NLM_F_REQUEST | NLM_F_CREATE | NLM_F_ACK, msg, 0));
+        }
+        batch.extend(self.message(NLM_F_REQUEST, ControlMessage::BatchEnd, NFNL_SUBSYS_NFTABLES));
+        let last = self.seq;
+        self.socket.send(&batch, 0)?;
+        // One acknowledgement per element message (sequence numbers first+1 .. last-1).
+        let mut acked = 0;
+        let wanted = last - first - 1;
+        while acked < wanted {
+            let size = self.socket.recv(&mut &mut self.buf[..], 0)?;
+            let mut offset = 0;
+            while offset < size {
+                let msg = NetlinkMessage::<NetfilterMessage>::deserialize(&self.buf[offset..size])
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+                let len = msg.header.length as usize;
+                if let NetlinkPayload::Error(e) = msg.payload {
+                    if let Some(code) = e.code {
+                        return Err(io::Error::from_raw_os_error(-code.get()));
+                    }
+                    acked += 1;
+                }
+                if len == 0 {
+                    break;
+                }
+                offset += len;
+            }
+        }
+        Ok(())
+    }
+}

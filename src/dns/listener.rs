@@ -1,0 +1,222 @@
+//! The DNS snooping listener: a thread reading the NFLOG group the snoop rules copy to,
+//! matching answers to queries ([`super::snoop`]), and adding what a pod learned to the
+//! sets of its namespace's matching `dnsName` rules at once, in-process
+//! ([`crate::dataplane::elements`]). It holds nothing back: the kernel already
+//! delivered the packet when the copy is read.
+//!
+//! What it added is remembered until it expires, so the agent can put it back after a
+//! full table replace ([`SnoopHandle::reinstall`]); deltas never touch these elements.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
+use netlink_packet_netfilter::nflog::{ConfigCmd, ConfigFlags, ConfigMode, PacketNla, ULogMessage, config_request};
+use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily};
+use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
+
+use super::FLOOR;
+use super::snoop::{Ignored, Snooper, dns_message, name_matches, parse_packet};
+use crate::compile::{PREFIX_ANSWER, PREFIX_QUERY, PREFIX_UNTRACKED, PREFIX_UNTRUSTED, SnoopTargets};
+use crate::dataplane::elements::{Element, ElementWriter};
+use crate::telemetry::metrics::{Metrics, SnoopLabels};
+
+/// Elements the listener added: (set, address) → when they expire in the kernel.
+type Learned = HashMap<(String, IpAddr), Instant>;
+
+/// The running listener.
+#[derive(Clone)]
+pub struct SnoopHandle {
+    targets: Arc<RwLock<Arc<SnoopTargets>>>,
+    learned: Arc<Mutex<Learned>>,
+    table: String,
+}
+
+fn count(metrics: &Metrics, result: &str) {
+    metrics.dns_snooped.get_or_create(&SnoopLabels { result: result.to_string() }).inc();
+}
+
+fn bind(group: u16) -> std::io::Result<Socket> {
+    let mut socket = Socket::new(NETLINK_NETFILTER)?;
+    socket.bind_auto()?;
+    let mut buf = vec![0u8; 4096];
+    for msg in [
+        config_request(
+            NetfilterProtoFamily::Unspec,
+            group,
+            vec![ConfigCmd::Bind.into(), ConfigMode::PACKET_MAX.into()],
+        ),
+        config_request(
+            NetfilterProtoFamily::Unspec,
+            group,
+            vec![netlink_packet_netfilter::nflog::ConfigNla::QThresh(1), ConfigFlags::SEQ_GLOBAL.into()],
+        ),
+    ] {
+        let mut out = vec![0; msg.header.length as usize];
+        msg.serialize(&mut out[..]);
+        socket.send(&out, 0)?;
+        let size = socket.recv(&mut &mut buf[..], 0)?;
+        let reply = NetlinkMessage::<NetfilterMessage>::deserialize(&buf[..size])
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
+        if let NetlinkPayload::Error(e) = reply.payload
+            && let Some(code) = e.code
+        {
+            return Err(std::io::Error::from_raw_os_error(-code.get()));
+        }
+    }
+    // Copies arrive in bursts; a large receive buffer keeps them from being dropped.
+    socket.set_rx_buf_sz(4 << 20)?;
+    Ok(socket)
+}
+
+impl SnoopHandle {
+    /// Bind NFLOG `group` and start the listener thread for the `inet` table `table`.
+    pub fn start(group: u16, table: &str, telemetry: Arc<crate::telemetry::Telemetry>) -> std::io::Result<Self> {
+        let socket = bind(group)?;
+        let writer = ElementWriter::open(table)?;
+        let handle = Self {
+            targets: Arc::new(RwLock::new(Arc::new(SnoopTargets::default()))),
+            learned: Arc::new(Mutex::new(HashMap::new())),
+            table: table.to_string(),
+        };
+        let h = handle.clone();
+        std::thread::Builder::new()
+            .name("dns-snoop".into())
+            .spawn(move || h.run(socket, writer, &telemetry.metrics))?;
+        Ok(handle)
+    }
+
+    /// Replace what answers are matched against (after each compile).
+    pub fn update(&self, targets: SnoopTargets) {
+        if let Ok(mut t) = self.targets.write()
+            && **t != targets
+        {
+            *t = Arc::new(targets);
+        }
+    }
+
+    /// Put every learned element that has not expired back (after a full table replace,
+    /// which empties the sets); elements of sets that no longer exist are forgotten.
+    pub fn reinstall(&self, sets: &std::collections::BTreeSet<String>) -> std::io::Result<usize> {
+        let now = Instant::now();
+        let elements: Vec<Element> = {
+            let Ok(mut learned) = self.learned.lock() else { return Ok(0) };
+            learned.retain(|(set, _), until| *until > now && sets.contains(set));
+            learned.iter().map(|((set, ip), until)| (set.clone(), *ip, until.duration_since(now))).collect()
+        };
+        ElementWriter::open(&self.table)?.add(&elements)?;
+        Ok(elements.len())
+    }
+
+    fn run(&self, socket: Socket, mut writer: ElementWriter, metrics: &Metrics) {
+        let mut snooper = Snooper::new();
+        let mut buf = vec![0u8; 1 << 17];
+        loop {
+            let size = match socket.recv(&mut &mut buf[..], 0) {
+                Ok(n) => n,
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                    tracing::warn!("DNS snooping: copies were dropped (receive buffer full)");
+                    count(metrics, "dropped");
+                    continue;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "DNS snooping stopped");
+                    return;
+                }
+            };
+            let mut offset = 0;
+            while offset < size {
+                let Ok(msg) = NetlinkMessage::<NetfilterMessage>::deserialize(&buf[offset..size]) else { break };
+                let len = msg.header.length as usize;
+                if let NetlinkPayload::InnerMessage(NetfilterMessage {
+                    inner: NetfilterMessageInner::ULog(ULogMessage::Packet(nlas)),
+                    ..
+                }) = &msg.payload
+                {
+                    self.packet(nlas, &mut snooper, &mut writer, metrics);
+                }
+                if len == 0 {
+                    break;
+                }
+                offset += len;
+            }
+        }
+    }
+
+    fn packet(&self, nlas: &[PacketNla], snooper: &mut Snooper, writer: &mut ElementWriter, metrics: &Metrics) {
+        let mut prefix = None;
+        let mut payload = None;
+        for nla in nlas {
+            match nla {
+                PacketNla::Prefix(p) => prefix = p.to_str().ok(),
+                PacketNla::Payload(p) => payload = Some(p.as_slice()),
+                _ => {}
+            }
+        }
+        let (Some(prefix), Some(payload)) = (prefix, payload) else { return };
+        let now = Instant::now();
+        let outcome: Result<Vec<Element>, Ignored> = (|| {
+            if prefix == PREFIX_UNTRUSTED {
+                return Err(Ignored::Untrusted);
+            }
+            if prefix == PREFIX_UNTRACKED {
+                return Err(Ignored::Untracked);
+            }
+            let packet = parse_packet(payload)?;
+            let Some(message) = dns_message(&packet)? else { return Ok(Vec::new()) };
+            if prefix == PREFIX_QUERY {
+                snooper.query(&packet, &message, now)?;
+                count(metrics, "query");
+                return Ok(Vec::new());
+            }
+            if prefix != PREFIX_ANSWER {
+                return Err(Ignored::Malformed);
+            }
+            let learned = snooper.answer(&packet, &message, now)?;
+            let targets = self.targets.read().map(|t| t.clone()).unwrap_or_default();
+            let mut elements = Vec::new();
+            for l in learned {
+                let Some(namespace) = targets.pods.get(&l.pod) else { continue };
+                if targets.exempt.iter().any(|n| n.contains(&l.address)) {
+                    continue;
+                }
+                let timeout = l.ttl.max(FLOOR) + targets.grace;
+                for name in targets.names.get(namespace).into_iter().flatten() {
+                    if !l.names.iter().any(|n| name_matches(&name.base, name.wildcard, n)) {
+                        continue;
+                    }
+                    if let Some(set) = &name.sets[usize::from(l.address.is_ipv6())] {
+                        elements.push((set.clone(), l.address, timeout));
+                    }
+                }
+            }
+            Ok(elements)
+        })();
+        match outcome {
+            Ok(elements) if elements.is_empty() => {}
+            Ok(elements) => match writer.add(&elements) {
+                Ok(()) => {
+                    count(metrics, "learned");
+                    if let Ok(mut learned) = self.learned.lock() {
+                        for (set, ip, timeout) in &elements {
+                            learned.insert((set.clone(), *ip), now + *timeout);
+                        }
+                    }
+                    for (set, ip, timeout) in &elements {
+                        tracing::debug!(set = %set, address = %ip, timeout_s = timeout.as_secs(), "learned from a pod's DNS answer");
+                    }
+                }
+                Err(e) => {
+                    count(metrics, "kernel_error");
+                    tracing::warn!(error = %e, "DNS snooping: adding learned addresses failed");
+                }
+            },
+            Err(why) => {
+                count(metrics, why.as_str());
+                tracing::debug!(reason = why.as_str(), "DNS copy ignored");
+            }
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! DNS snooping: wildcard `dnsName` rules learn their addresses from the answers the pod
+//! itself receives (root required). The pod asks real DNS servers (dnsmasq) in the
+//! external host's namespace; a fake server there answers wrongly on purpose.
+
+mod netns;
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
+use std::time::Duration;
+
+use hickory_proto::op::{Message, MessageType, Query};
+use hickory_proto::rr::rdata::A;
+use hickory_proto::rr::{Name, RData, Record, RecordType};
+use netns::{Dnsmasq, Netns, Topology, http_get, tcp, wait_for};
+
+const TRUSTED: &str = "203.0.113.2";
+const UNTRUSTED: &str = "198.51.100.10";
+const FAKE: &str = "192.0.2.10";
+
+fn query_message(id: u16, name: &str, rtype: RecordType) -> Message {
+    let mut m = Message::query();
+    m.metadata.id = id;
+    m.metadata.recursion_desired = true;
+    m.add_query(Query::query(Name::from_ascii(name).unwrap(), rtype));
+    m
+}
+
+/// Ask `server` from `ns` (UDP, or TCP with `tcp`); the A/AAAA addresses answered.
+fn ask(ns: &Netns, server: &str, name: &str, rtype: RecordType, over_tcp: bool) -> Vec<IpAddr> {
+    let target = SocketAddr::new(server.parse().unwrap(), 53);
+    let bytes = query_message(4242, name, rtype).to_vec().unwrap();
+    let reply: Option<Vec<u8>> = ns.run(move || {
+        if over_tcp {
+            let mut s = TcpStream::connect_timeout(&target, Duration::from_secs(2)).ok()?;
+            s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+            let mut framed = (bytes.len() as u16).to_be_bytes().to_vec();
+            framed.extend_from_slice(&bytes);
+            s.write_all(&framed).ok()?;
+            let mut len = [0u8; 2];
+            s.read_exact(&mut len).ok()?;
+            let mut body = vec![0u8; usize::from(u16::from_be_bytes(len))];
+            s.read_exact(&mut body).ok()?;
+            Some(body)
+        } else {
+            let s = UdpSocket::bind("0.0.0.0:0").ok()?;
+            s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+            s.send_to(&bytes, target).ok()?;
+            let mut buf = [0u8; 1500];
+            let (n, _) = s.recv_from(&mut buf).ok()?;
+            Some(buf[..n].to_vec())
+        }
+    });
+    let Some(reply) = reply else { return Vec::new() };
+    let msg = Message::from_vec(&reply).unwrap();
+    msg.answers
+        .iter()
+        .filter_map(|r| match &r.data {
+            RData::A(a) => Some(IpAddr::V4(a.0)),
+            RData::AAAA(a) => Some(IpAddr::V6(a.0)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A "DNS server" on FAKE:53 that answers every query with an answer for another name
+/// (`zz.example.com` → UNTRUSTED): a spoof that matches no query.
+fn fake_server(ext: &Netns) {
+    let socket = ext.run(|| UdpSocket::bind((FAKE, 53)).expect("bind fake dns"));
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 1500];
+        while let Ok((n, from)) = socket.recv_from(&mut buf) {
+            let Ok(q) = Message::from_vec(&buf[..n]) else { continue };
+            let mut a = query_message(q.metadata.id, "zz.example.com.", RecordType::A);
+            a.metadata.message_type = MessageType::Response;
+            a.add_answer(Record::from_rdata(
+                Name::from_ascii("zz.example.com.").unwrap(),
+                60,
+                RData::A(A(UNTRUSTED.parse().unwrap())),
+            ));
+            let _ = socket.send_to(&a.to_vec().unwrap(), from);
+            // And an unsolicited answer to a port the pod never used.
+            let _ = socket.send_to(&a.to_vec().unwrap(), SocketAddr::new(from.ip(), 33333));
+        }
+    });
+}
+
+fn snooped(t: &Topology, result: &str) -> u64 {
+    let body = http_get(&t.node, "127.0.0.1:9780", "/metrics").map(|(_, b)| b).unwrap_or_default();
+    body.lines()
+        .find(|l| l.starts_with(&format!("egressd_dns_snooped_total{{result=\"{result}\"}}")))
+        .and_then(|l| l.split_whitespace().last()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn wildcards_are_learned_from_the_pods_own_trusted_answers() {
+    let t = Topology::new(&["team-a"]);
+    let hosts = t.dir.path().join("hosts");
+    std::fs::write(
+        &hosts,
+        "192.0.2.10 a.example.com\n2001:db8:ff:1::10 a.example.com\n198.51.100.10 x.y.example.com\n",
+    )
+    .unwrap();
+    let _trusted = Dnsmasq::start(&t.ext, TRUSTED, hosts, 60);
+    let other_hosts = t.dir.path().join("other-hosts");
+    std::fs::write(&other_hosts, "198.51.100.10 b.example.com\n").unwrap();
+    let _untrusted = Dnsmasq::start(&t.ext, UNTRUSTED, other_hosts, 60);
+    fake_server(&t.ext);
+    t.set_firewall(
+        "team-a",
+        &[
+            "  - type: Allow\n    to: {dnsName: \"*.example.com\"}\n    ports: [{protocol: TCP, port: 8080}]\n",
+            "  - type: Allow\n    to: {cidrSelector: 203.0.113.2/32}\n    ports: [{protocol: UDP, port: 53}, {protocol: TCP, port: 53}]\n",
+            "  - type: Allow\n    to: {cidrSelector: 198.51.100.10/32}\n    ports: [{protocol: UDP, port: 53}]\n",
+            "  - type: Allow\n    to: {cidrSelector: 192.0.2.10/32}\n    ports: [{protocol: UDP, port: 53}]\n",
+            "  - type: Deny\n    to: {cidrSelector: 0.0.0.0/0}\n",
+            "  - type: Deny\n    to: {cidrSelector: \"::/0\"}\n",
+        ]
+        .concat(),
+    );
+    let agent = t.start_agent_with("agent", &["--dns-server", TRUSTED, "--cluster-dns", FAKE]);
+    let p0 = &t.pods[0];
+    for (ip, what) in [("192.0.2.10", "a"), ("198.51.100.10", "x.y / b"), ("2001:db8:ff:1::10", "a (v6)")] {
+        assert_eq!(tcp(p0, ip, 8080), None, "{what} allowed before the pod resolved it");
+    }
+
+    // The pod resolves a.example.com: its answer opens the wildcard rule at once.
+    assert_eq!(ask(p0, TRUSTED, "a.example.com.", RecordType::A, false), vec!["192.0.2.10".parse::<IpAddr>().unwrap()]);
+    let took = wait_for(Duration::from_secs(2), || tcp(p0, "192.0.2.10", 8080).is_some());
+    assert!(took.is_some(), "learned address not allowed:\n{}\n{}", t.node.nft_list(), agent.log_text());
+    let set = t.node.exec(&["nft", "list", "set", "inet", "egressd", "dnsw4-example.com"]);
+    assert!(set.contains("192.0.2.10 timeout 6m"), "TTL 60 s + 300 s grace:\n{set}");
+
+    // Two labels below the wildcard: not matched.
+    assert_eq!(ask(p0, TRUSTED, "x.y.example.com.", RecordType::A, false).len(), 1);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(tcp(p0, "198.51.100.10", 8080), None, "x.y.example.com matched *.example.com");
+
+    // An answer from a server that is not configured is ignored (and counted).
+    assert_eq!(ask(p0, UNTRUSTED, "b.example.com.", RecordType::A, false).len(), 1);
+    // A configured server answering another question: no matching query, ignored.
+    assert_eq!(ask(p0, FAKE, "c.example.com.", RecordType::A, false), vec![UNTRUSTED.parse::<IpAddr>().unwrap()]);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(tcp(p0, "198.51.100.10", 8080), None, "an untrusted or spoofed answer was used");
+    let counted = wait_for(Duration::from_secs(2), || {
+        snooped(&t, "untrusted") >= 1 && snooped(&t, "unmatched") >= 1 && snooped(&t, "untracked") >= 1
+    });
+    assert!(
+        counted.is_some(),
+        "untrusted {} unmatched {} untracked {}",
+        snooped(&t, "untrusted"),
+        snooped(&t, "unmatched"),
+        snooped(&t, "untracked")
+    );
+
+    // IPv6 over TCP.
+    assert_eq!(ask(p0, TRUSTED, "a.example.com.", RecordType::AAAA, true).len(), 1);
+    let v6 = wait_for(Duration::from_secs(2), || tcp(p0, "2001:db8:ff:1::10", 8080).is_some());
+    assert!(v6.is_some(), "learned IPv6 address (TCP answer) not allowed:\n{}", agent.log_text());
+    assert!(snooped(&t, "learned") >= 2);
+}
+
+#[test]
+fn cname_chains_are_followed() {
+    let t = Topology::new(&["team-a"]);
+    let hosts = t.dir.path().join("hosts");
+    std::fs::write(&hosts, "203.0.113.2 edge.cdn.test\n").unwrap();
+    let _dns = Dnsmasq::start_with(&t.ext, TRUSTED, hosts, 60, &["--cname=www.example.com,edge.cdn.test"]);
+    t.set_firewall(
+        "team-a",
+        &[
+            "  - type: Allow\n    to: {dnsName: \"*.example.com\"}\n    ports: [{protocol: TCP, port: 8080}]\n",
+            "  - type: Allow\n    to: {cidrSelector: 203.0.113.2/32}\n    ports: [{protocol: UDP, port: 53}]\n",
+            "  - type: Deny\n    to: {cidrSelector: 0.0.0.0/0}\n",
+        ]
+        .concat(),
+    );
+    let agent = t.start_agent_with("agent", &["--dns-server", TRUSTED]);
+    let p0 = &t.pods[0];
+    assert_eq!(tcp(p0, TRUSTED, 8080), None, "denied before resolution");
+    assert_eq!(ask(p0, TRUSTED, "www.example.com.", RecordType::A, false), vec![TRUSTED.parse::<IpAddr>().unwrap()]);
+    let took = wait_for(Duration::from_secs(2), || tcp(p0, TRUSTED, 8080).is_some());
+    assert!(took.is_some(), "address behind a CNAME not learned:\n{}", agent.log_text());
+}
