@@ -21,6 +21,8 @@ echo "== DNS refresh" >&2
 DURATION=120 bench/dns-refresh.sh >"$tmp/dns" 2>/dev/null
 echo "== kube pods" >&2
 bench/kube-pods.sh >"$tmp/kube" 2>/dev/null
+echo "== DNS snooping race" >&2
+N=300 cargo bench --locked --bench snoop_race 2>/dev/null | tail -n 3 >"$tmp/race"
 echo "== criterion" >&2
 cargo bench --locked --bench compile 2>/dev/null \
   | awk '/time:/ && !/%/ { line = ($1 == "time:") ? prev " " $0 : $0; gsub(/ +/, " ", line); print line } { prev = $0 }' >"$tmp/crit" || true
@@ -61,6 +63,10 @@ field() { sed -n "s/.*$1 \([0-9]*\) ms.*/\1/p" "$2"; }
   echo "| pods | time to first sync | RSS |"
   echo "|---|---|---|"
   row "$tmp/kube"
+  echo
+  echo "## DNS snooping race (\`cargo bench --bench snoop_race\`: answer sent → address in the kernel set)"
+  echo
+  cat "$tmp/race"
   echo
   echo "## Compile step (\`cargo bench --bench compile\`, criterion: low / estimate / high)"
   echo

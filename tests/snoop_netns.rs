@@ -136,6 +136,7 @@ fn wildcards_are_learned_from_the_pods_own_trusted_answers() {
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(tcp(p0, "198.51.100.10", 8080), None, "x.y.example.com matched *.example.com");
 
+    assert_eq!(snooped(&t, "untrusted"), 0, "a trusted answer counted as untrusted");
     // An answer from a server that is not configured is ignored (and counted).
     assert_eq!(ask(p0, UNTRUSTED, "b.example.com.", RecordType::A, false).len(), 1);
     // A configured server answering another question: no matching query, ignored.

@@ -77,11 +77,11 @@ pub(super) fn compile(view: &ClusterView, node: &NodeConfig, owners: &BTreeMap<I
     let mut check = Vec::new();
     for (family, v) in [("ip", "v4"), ("ip6", "v6")] {
         check.push(format!(
-            "ct direction original {family} saddr @snoop-pods-{v} ct original {family} daddr @dns-servers-{v} {}",
+            "ct direction original {family} saddr @snoop-pods-{v} ct original {family} daddr @dns-servers-{v} {} return",
             log(PREFIX_QUERY)
         ));
         check.push(format!(
-            "ct direction reply {family} daddr @snoop-pods-{v} ct original {family} daddr @dns-servers-{v} {}",
+            "ct direction reply {family} daddr @snoop-pods-{v} ct original {family} daddr @dns-servers-{v} {} return",
             log(PREFIX_ANSWER)
         ));
         check.push(format!("ct direction reply {family} daddr @snoop-pods-{v} {}", log(PREFIX_UNTRUSTED)));

@@ -63,6 +63,50 @@ impl ElementWriter {
         out
     }
 
+    /// Whether `ip` is in `set` now (a `GETSETELEM` for the one key).
+    pub fn contains(&mut self, set: &str, ip: IpAddr) -> io::Result<bool> {
+        let key = match ip {
+            IpAddr::V4(v4) => v4.octets().to_vec(),
+            IpAddr::V6(v6) => v6.octets().to_vec(),
+        };
+        let msg = NfTablesMessage::GetSetElement(SetElementMessage {
+            attributes: vec![
+                SetElementList::Table(self.table.clone()),
+                SetElementList::Set(set.to_string()),
+                SetElementList::Elements(vec![ListAttribute::Element(vec![SetElementAttribute::Key(
+                    DataAttribute::Value(key),
+                )])]),
+            ],
+        });
+        let out = self.message(NLM_F_REQUEST | NLM_F_ACK, msg, 0);
+        self.socket.send(&out, 0)?;
+        let mut found = false;
+        loop {
+            let size = self.socket.recv(&mut &mut self.buf[..], 0)?;
+            let mut offset = 0;
+            while offset < size {
+                let msg = NetlinkMessage::<NetfilterMessage>::deserialize(&self.buf[offset..size])
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+                let len = msg.header.length as usize;
+                match msg.payload {
+                    NetlinkPayload::Error(e) => {
+                        return match e.code {
+                            None => Ok(found),
+                            Some(code) if code.get() == -libc::ENOENT => Ok(false),
+                            Some(code) => Err(io::Error::from_raw_os_error(-code.get())),
+                        };
+                    }
+                    NetlinkPayload::InnerMessage(_) => found = true,
+                    _ => {}
+                }
+                if len == 0 {
+                    break;
+                }
+                offset += len;
+            }
+        }
+    }
+
     /// Add `elements` in one transaction; an error names what the kernel refused (an
     /// unknown set, say) and applies nothing.
     pub fn add(&mut self, elements: &[Element]) -> io::Result<()> {
