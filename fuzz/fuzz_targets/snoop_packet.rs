@@ -1,0 +1,34 @@
+//! Every copied packet the snooping listener could be handed: arbitrary bytes as an
+//! IP packet, its DNS message as a query and as an answer (so the matching and CNAME
+//! following run on hostile input too), and the raw bytes as a DNS message directly.
+#![no_main]
+
+use std::time::Instant;
+
+use egressd::dns::snoop::{Snooper, dns_message, name_matches, parse_packet};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let now = Instant::now();
+    let mut snooper = Snooper::new();
+    if let Ok(packet) = parse_packet(data) {
+        if let Ok(Some(message)) = dns_message(&packet) {
+            let _ = snooper.query(&packet, &message, now);
+            // The same packet as its own answer: exercises a match with any content.
+            let reply = egressd::dns::snoop::Packet {
+                src: packet.dst,
+                dst: packet.src,
+                sport: packet.dport,
+                dport: packet.sport,
+                ..packet.clone()
+            };
+            if let Ok(learned) = snooper.answer(&reply, &message, now) {
+                for l in learned {
+                    for n in &l.names {
+                        let _ = name_matches("example.com", true, n);
+                    }
+                }
+            }
+        }
+    }
+});
