@@ -170,7 +170,8 @@ fn main() {
         let Some(addr) = ask(pod, i) else { continue };
         let started = pod.run(move || {
             let start = Instant::now();
-            let ok = TcpStream::connect_timeout(&SocketAddr::new(IpAddr::V6(addr), 8443), Duration::from_secs(3)).is_ok();
+            let ok =
+                TcpStream::connect_timeout(&SocketAddr::new(IpAddr::V6(addr), 8443), Duration::from_secs(3)).is_ok();
             (ok, start.elapsed())
         });
         if !started.0 || started.1 > Duration::from_millis(500) {

@@ -183,3 +183,28 @@ fn cname_chains_are_followed() {
     let took = wait_for(Duration::from_secs(2), || tcp(p0, TRUSTED, 8080).is_some());
     assert!(took.is_some(), "address behind a CNAME not learned:\n{}", agent.log_text());
 }
+
+#[test]
+fn answers_of_a_dns_server_on_the_node_are_snooped() {
+    // A node-local DNS server (hostNetwork / node-local cache): queries reach the node's
+    // input hook, answers leave by its output hook.
+    let t = Topology::new(&["team-a"]);
+    let hosts = t.dir.path().join("hosts");
+    std::fs::write(&hosts, "192.0.2.10 local.example.com\n").unwrap();
+    let _dns = Dnsmasq::start(&t.node, "203.0.113.1", hosts, 60);
+    t.set_firewall(
+        "team-a",
+        &[
+            "  - type: Allow\n    to: {dnsName: \"*.example.com\"}\n    ports: [{protocol: TCP, port: 8080}]\n",
+            "  - type: Allow\n    to: {cidrSelector: 203.0.113.1/32}\n    ports: [{protocol: UDP, port: 53}]\n",
+            "  - type: Deny\n    to: {cidrSelector: 0.0.0.0/0}\n",
+        ]
+        .concat(),
+    );
+    let agent = t.start_agent_with("agent", &["--dns-server", "203.0.113.1"]);
+    let p0 = &t.pods[0];
+    assert_eq!(tcp(p0, "192.0.2.10", 8080), None, "denied before resolution");
+    assert_eq!(ask(p0, "203.0.113.1", "local.example.com.", RecordType::A, false).len(), 1);
+    let took = wait_for(Duration::from_secs(2), || tcp(p0, "192.0.2.10", 8080).is_some());
+    assert!(took.is_some(), "answer of the node-local server not learned:\n{}", agent.log_text());
+}

@@ -13,8 +13,13 @@ fuzz_target!(|data: &[u8]| {
     let mut snooper = Snooper::new();
     if let Ok(packet) = parse_packet(data) {
         if let Ok(Some(message)) = dns_message(&packet) {
-            let _ = snooper.query(&packet, &message, now);
-            // The same packet as its own answer: exercises a match with any content.
+            // Register the message as a query, then hand it back as the answer, so
+            // matching and CNAME following run on whatever the input holds.
+            let mut query = message.clone();
+            query.metadata.message_type = hickory_proto::op::MessageType::Query;
+            let _ = snooper.query(&packet, &query, now);
+            let mut message = message;
+            message.metadata.message_type = hickory_proto::op::MessageType::Response;
             let reply = egressd::dns::snoop::Packet {
                 src: packet.dst,
                 dst: packet.src,

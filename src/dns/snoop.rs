@@ -438,3 +438,90 @@ mod tests {
         assert_eq!(dns_message(&parse_packet(&bad_dns).unwrap()).err(), Some(Ignored::Malformed));
     }
 }
+
+#[cfg(test)]
+mod fuzz_seeds {
+    use super::tests_support::*;
+
+    /// Writes the fuzz target's seed corpus (`fuzz/seeds/`): valid queries and answers
+    /// (CNAME chain, AAAA, TCP framing). Run by `fuzz/run.sh`.
+    #[test]
+    #[ignore = "writes fuzz/seeds; run by fuzz/run.sh"]
+    fn write_fuzz_seeds() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, bytes) in seeds() {
+            std::fs::write(dir.join(name), bytes).unwrap();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests_support {
+    use hickory_proto::op::{Message, MessageType, Query};
+    use hickory_proto::rr::rdata::{A, AAAA, CNAME};
+    use hickory_proto::rr::{Name, RData, Record, RecordType};
+
+    fn ipv4_udp(src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16, payload: &[u8]) -> Vec<u8> {
+        let total = 28 + payload.len();
+        let mut b = vec![0x45, 0, (total >> 8) as u8, total as u8, 0, 0, 0, 0, 64, 17, 0, 0];
+        b.extend_from_slice(&src);
+        b.extend_from_slice(&dst);
+        b.extend_from_slice(&sport.to_be_bytes());
+        b.extend_from_slice(&dport.to_be_bytes());
+        b.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+        b.extend_from_slice(&[0, 0]);
+        b.extend_from_slice(payload);
+        b
+    }
+
+    fn ipv6_tcp(src: [u8; 16], dst: [u8; 16], payload: &[u8]) -> Vec<u8> {
+        let len = 20 + payload.len();
+        let mut b = vec![0x60, 0, 0, 0, (len >> 8) as u8, len as u8, 6, 64];
+        b.extend_from_slice(&src);
+        b.extend_from_slice(&dst);
+        b.extend_from_slice(&53u16.to_be_bytes());
+        b.extend_from_slice(&40000u16.to_be_bytes());
+        b.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 1, 0x50, 0x18, 0xff, 0xff, 0, 0, 0, 0]);
+        b.extend_from_slice(payload);
+        b
+    }
+
+    /// Seed packets for the fuzz target.
+    pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
+        let name = |s: &str| Name::from_ascii(s).unwrap();
+        let mut q = Message::query();
+        q.metadata.id = 7;
+        q.add_query(Query::query(name("a.example.com."), RecordType::A));
+        let mut a = q.clone();
+        a.metadata.message_type = MessageType::Response;
+        a.add_answer(Record::from_rdata(name("a.example.com."), 60, RData::CNAME(CNAME(name("b.cdn.example.net.")))));
+        a.add_answer(Record::from_rdata(name("b.cdn.example.net."), 30, RData::A(A("192.0.2.7".parse().unwrap()))));
+        let mut a6 = Message::query();
+        a6.metadata.id = 9;
+        a6.metadata.message_type = MessageType::Response;
+        a6.add_query(Query::query(name("a.example.com."), RecordType::AAAA));
+        a6.add_answer(Record::from_rdata(
+            name("a.example.com."),
+            60,
+            RData::AAAA(AAAA("2001:db8::7".parse().unwrap())),
+        ));
+        let a6b = a6.to_vec().unwrap();
+        let mut framed = (a6b.len() as u16).to_be_bytes().to_vec();
+        framed.extend_from_slice(&a6b);
+        let v6 = |last: u8| {
+            let mut x = [0u8; 16];
+            x[0] = 0x20;
+            x[1] = 0x01;
+            x[2] = 0x0d;
+            x[3] = 0xb8;
+            x[15] = last;
+            x
+        };
+        vec![
+            ("query-udp4", ipv4_udp([198, 18, 1, 2], 40000, [198, 19, 0, 10], 53, &q.to_vec().unwrap())),
+            ("answer-cname-udp4", ipv4_udp([198, 19, 0, 10], 53, [198, 18, 1, 2], 40000, &a.to_vec().unwrap())),
+            ("answer-aaaa-tcp6", ipv6_tcp(v6(53), v6(2), &framed)),
+        ]
+    }
+}
