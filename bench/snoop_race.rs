@@ -18,7 +18,6 @@
 //! measurement is a real set addition); the external host accepts the whole /64.
 
 #[path = "../tests/netns/mod.rs"]
-#[allow(dead_code)]
 mod netns;
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket};
