@@ -176,12 +176,18 @@ fn cname_chains_are_followed() {
         ]
         .concat(),
     );
-    let agent = t.start_agent_with("agent", &["--dns-server", TRUSTED]);
+    let mut agent = t.start_agent_with("agent", &["--dns-server", TRUSTED]);
     let p0 = &t.pods[0];
     assert_eq!(tcp(p0, TRUSTED, 8080), None, "denied before resolution");
     assert_eq!(ask(p0, TRUSTED, "www.example.com.", RecordType::A, false), vec![TRUSTED.parse::<IpAddr>().unwrap()]);
     let took = wait_for(Duration::from_secs(2), || tcp(p0, TRUSTED, 8080).is_some());
     assert!(took.is_some(), "address behind a CNAME not learned:\n{}", agent.log_text());
+
+    // A restart keeps what was learned (the pod will not ask again before its TTL).
+    agent.stop();
+    let agent = t.start_agent_with("agent2", &["--dns-server", TRUSTED]);
+    assert!(tcp(p0, TRUSTED, 8080).is_some(), "learned address lost on restart:\n{}", agent.log_text());
+    assert!(agent.log_text().contains("addresses learned by an earlier run kept"), "{}", agent.log_text());
 }
 
 #[test]

@@ -107,6 +107,71 @@ impl ElementWriter {
         }
     }
 
+    /// The elements of `set` with the time each has left (empty when the set does not
+    /// exist): what a previous run learned, read back before the table is replaced.
+    pub fn dump(&mut self, set: &str) -> io::Result<Vec<(IpAddr, Duration)>> {
+        let msg = NfTablesMessage::GetSetElement(SetElementMessage {
+            attributes: vec![SetElementList::Table(self.table.clone()), SetElementList::Set(set.to_string())],
+        });
+        let out = self.message(NLM_F_REQUEST | netlink_packet_core::NLM_F_DUMP, msg, 0);
+        self.socket.send(&out, 0)?;
+        let mut found = Vec::new();
+        loop {
+            let size = self.socket.recv(&mut &mut self.buf[..], 0)?;
+            let mut offset = 0;
+            while offset < size {
+                let msg = NetlinkMessage::<NetfilterMessage>::deserialize(&self.buf[offset..size])
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+                let len = msg.header.length as usize;
+                match msg.payload {
+                    NetlinkPayload::Done(_) => return Ok(found),
+                    NetlinkPayload::Error(e) => {
+                        return match e.code {
+                            None => Ok(found),
+                            Some(code) if code.get() == -libc::ENOENT => Ok(Vec::new()),
+                            Some(code) => Err(io::Error::from_raw_os_error(-code.get())),
+                        };
+                    }
+                    NetlinkPayload::InnerMessage(NetfilterMessage {
+                        inner:
+                            netlink_packet_netfilter::NetfilterMessageInner::NfTables(NfTablesMessage::NewSetElement(m)),
+                        ..
+                    }) => {
+                        for list in m.attributes {
+                            let SetElementList::Elements(elements) = list else { continue };
+                            for element in elements {
+                                let ListAttribute::Element(attrs) = element else { continue };
+                                let mut ip = None;
+                                let mut left = None;
+                                for a in attrs {
+                                    match a {
+                                        SetElementAttribute::Key(DataAttribute::Value(v)) => {
+                                            ip = match v.len() {
+                                                4 => <[u8; 4]>::try_from(v.as_slice()).ok().map(IpAddr::from),
+                                                16 => <[u8; 16]>::try_from(v.as_slice()).ok().map(IpAddr::from),
+                                                _ => None,
+                                            }
+                                        }
+                                        SetElementAttribute::Expiration(ms) => left = Some(Duration::from_millis(ms)),
+                                        _ => {}
+                                    }
+                                }
+                                if let (Some(ip), Some(left)) = (ip, left) {
+                                    found.push((ip, left));
+                                }
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+                if len == 0 {
+                    break;
+                }
+                offset += len;
+            }
+        }
+    }
+
     /// Add `elements` in one transaction; an error names what the kernel refused (an
     /// unknown set, say) and applies nothing.
     pub fn add(&mut self, elements: &[Element]) -> io::Result<()> {

@@ -97,6 +97,22 @@ impl SnoopHandle {
         }
     }
 
+    /// Read back what a previous run learned into `sets` (before the first full sync
+    /// replaces the table), so [`SnoopHandle::reinstall`] puts it back; returns how many.
+    pub fn recover(&self, sets: &[String]) -> std::io::Result<usize> {
+        let mut writer = ElementWriter::open(&self.table)?;
+        let now = Instant::now();
+        let mut n = 0;
+        let Ok(mut learned) = self.learned.lock() else { return Ok(0) };
+        for set in sets {
+            for (ip, left) in writer.dump(set)? {
+                learned.insert((set.clone(), ip), now + left);
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     /// Put every learned element that has not expired back (after a full table replace,
     /// which empties the sets); elements of sets that no longer exist are forgotten.
     pub fn reinstall(&self, sets: &std::collections::BTreeSet<String>) -> std::io::Result<usize> {
