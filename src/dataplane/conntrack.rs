@@ -33,34 +33,18 @@ fn send(socket: &Socket, flags: u16, ip: IpAddr, message: ConntrackMessage) -> i
 /// conntrack entries.
 fn receive(socket: &Socket, mut each: impl FnMut(Vec<ConntrackAttribute>)) -> io::Result<()> {
     let mut buf = vec![0u8; 1 << 16];
-    loop {
-        let size = socket.recv(&mut &mut buf[..], 0)?;
-        let mut offset = 0;
-        while offset < size {
-            let msg = NetlinkMessage::<NetfilterMessage>::deserialize(&buf[offset..size])
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-            let len = msg.header.length as usize;
-            match msg.payload {
-                NetlinkPayload::Done(_) => return Ok(()),
-                NetlinkPayload::Error(e) => {
-                    return match e.code {
-                        None => Ok(()),
-                        Some(code) if code.get() == -libc::ENOENT => Ok(()),
-                        Some(code) => Err(io::Error::from_raw_os_error(-code.get())),
-                    };
-                }
-                NetlinkPayload::InnerMessage(NetfilterMessage {
-                    inner: NetfilterMessageInner::Conntrack(ConntrackMessage::New(attrs)),
-                    ..
-                }) => each(attrs),
-                _ => {}
-            }
-            if len == 0 {
-                break;
-            }
-            offset += len;
+    super::recv_until(socket, &mut buf, |msg| match msg.payload {
+        NetlinkPayload::Done(_) => Some(Ok(())),
+        NetlinkPayload::Error(e) => Some(super::ack(e.code).map(drop)),
+        NetlinkPayload::InnerMessage(NetfilterMessage {
+            inner: NetfilterMessageInner::Conntrack(ConntrackMessage::New(attrs)),
+            ..
+        }) => {
+            each(attrs);
+            None
         }
-    }
+        _ => None,
+    })
 }
 
 fn reply_destination(attrs: &[ConntrackAttribute]) -> Option<IpAddr> {

@@ -81,30 +81,14 @@ impl ElementWriter {
         let out = self.message(NLM_F_REQUEST | NLM_F_ACK, msg, 0);
         self.socket.send(&out, 0)?;
         let mut found = false;
-        loop {
-            let size = self.socket.recv(&mut &mut self.buf[..], 0)?;
-            let mut offset = 0;
-            while offset < size {
-                let msg = NetlinkMessage::<NetfilterMessage>::deserialize(&self.buf[offset..size])
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-                let len = msg.header.length as usize;
-                match msg.payload {
-                    NetlinkPayload::Error(e) => {
-                        return match e.code {
-                            None => Ok(found),
-                            Some(code) if code.get() == -libc::ENOENT => Ok(false),
-                            Some(code) => Err(io::Error::from_raw_os_error(-code.get())),
-                        };
-                    }
-                    NetlinkPayload::InnerMessage(_) => found = true,
-                    _ => {}
-                }
-                if len == 0 {
-                    break;
-                }
-                offset += len;
+        super::recv_until(&self.socket, &mut self.buf, |msg| match msg.payload {
+            NetlinkPayload::Error(e) => Some(super::ack(e.code).map(|acked| acked && found)),
+            NetlinkPayload::InnerMessage(_) => {
+                found = true;
+                None
             }
-        }
+            _ => None,
+        })
     }
 
     /// The elements of `set` with the time each has left (empty when the set does not
@@ -116,60 +100,19 @@ impl ElementWriter {
         let out = self.message(NLM_F_REQUEST | netlink_packet_core::NLM_F_DUMP, msg, 0);
         self.socket.send(&out, 0)?;
         let mut found = Vec::new();
-        loop {
-            let size = self.socket.recv(&mut &mut self.buf[..], 0)?;
-            let mut offset = 0;
-            while offset < size {
-                let msg = NetlinkMessage::<NetfilterMessage>::deserialize(&self.buf[offset..size])
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-                let len = msg.header.length as usize;
-                match msg.payload {
-                    NetlinkPayload::Done(_) => return Ok(found),
-                    NetlinkPayload::Error(e) => {
-                        return match e.code {
-                            None => Ok(found),
-                            Some(code) if code.get() == -libc::ENOENT => Ok(Vec::new()),
-                            Some(code) => Err(io::Error::from_raw_os_error(-code.get())),
-                        };
-                    }
-                    NetlinkPayload::InnerMessage(NetfilterMessage {
-                        inner:
-                            netlink_packet_netfilter::NetfilterMessageInner::NfTables(NfTablesMessage::NewSetElement(m)),
-                        ..
-                    }) => {
-                        for list in m.attributes {
-                            let SetElementList::Elements(elements) = list else { continue };
-                            for element in elements {
-                                let ListAttribute::Element(attrs) = element else { continue };
-                                let mut ip = None;
-                                let mut left = None;
-                                for a in attrs {
-                                    match a {
-                                        SetElementAttribute::Key(DataAttribute::Value(v)) => {
-                                            ip = match v.len() {
-                                                4 => <[u8; 4]>::try_from(v.as_slice()).ok().map(IpAddr::from),
-                                                16 => <[u8; 16]>::try_from(v.as_slice()).ok().map(IpAddr::from),
-                                                _ => None,
-                                            }
-                                        }
-                                        SetElementAttribute::Expiration(ms) => left = Some(Duration::from_millis(ms)),
-                                        _ => {}
-                                    }
-                                }
-                                if let (Some(ip), Some(left)) = (ip, left) {
-                                    found.push((ip, left));
-                                }
-                            }
-                        }
-                    }
-                    _ => {}
-                }
-                if len == 0 {
-                    break;
-                }
-                offset += len;
+        let exists = super::recv_until(&self.socket, &mut self.buf, |msg| match msg.payload {
+            NetlinkPayload::Done(_) => Some(Ok(true)),
+            NetlinkPayload::Error(e) => Some(super::ack(e.code)),
+            NetlinkPayload::InnerMessage(NetfilterMessage {
+                inner: netlink_packet_netfilter::NetfilterMessageInner::NfTables(NfTablesMessage::NewSetElement(m)),
+                ..
+            }) => {
+                found.extend(m.attributes.into_iter().flat_map(elements_left));
+                None
             }
-        }
+            _ => None,
+        })?;
+        Ok(if exists { found } else { Vec::new() })
     }
 
     /// Add `elements` in one transaction; an error names what the kernel refused (an
@@ -206,27 +149,46 @@ impl ElementWriter {
         let last = self.seq;
         self.socket.send(&batch, 0)?;
         // One acknowledgement per element message (sequence numbers first+1 .. last-1).
-        let mut acked = 0;
         let wanted = last - first - 1;
-        while acked < wanted {
-            let size = self.socket.recv(&mut &mut self.buf[..], 0)?;
-            let mut offset = 0;
-            while offset < size {
-                let msg = NetlinkMessage::<NetfilterMessage>::deserialize(&self.buf[offset..size])
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-                let len = msg.header.length as usize;
-                if let NetlinkPayload::Error(e) = msg.payload {
-                    if let Some(code) = e.code {
-                        return Err(io::Error::from_raw_os_error(-code.get()));
-                    }
+        let mut acked = 0;
+        super::recv_until(&self.socket, &mut self.buf, |msg| match msg.payload {
+            NetlinkPayload::Error(e) => match e.code {
+                Some(code) => Some(Err(io::Error::from_raw_os_error(-code.get()))),
+                None => {
                     acked += 1;
+                    (acked >= wanted).then_some(Ok(()))
                 }
-                if len == 0 {
-                    break;
-                }
-                offset += len;
-            }
-        }
+            },
+            _ => None,
+        })?;
         Ok(())
     }
+}
+
+/// The (address, time left) of the elements in one element list attribute.
+fn elements_left(list: SetElementList) -> Vec<(IpAddr, Duration)> {
+    let SetElementList::Elements(elements) = list else { return Vec::new() };
+    let mut out = Vec::new();
+    for element in elements {
+        let ListAttribute::Element(attrs) = element else { continue };
+        let mut ip = None;
+        let mut left = None;
+        for a in attrs {
+            match a {
+                SetElementAttribute::Key(DataAttribute::Value(v)) => {
+                    ip = match v.len() {
+                        4 => <[u8; 4]>::try_from(v.as_slice()).ok().map(IpAddr::from),
+                        16 => <[u8; 16]>::try_from(v.as_slice()).ok().map(IpAddr::from),
+                        _ => None,
+                    }
+                }
+                SetElementAttribute::Expiration(ms) => left = Some(Duration::from_millis(ms)),
+                _ => {}
+            }
+        }
+        if let (Some(ip), Some(left)) = (ip, left) {
+            out.push((ip, left));
+        }
+    }
+    out
 }

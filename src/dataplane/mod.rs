@@ -12,3 +12,42 @@ pub mod conntrack;
 pub mod elements;
 pub mod netlink;
 pub mod nft;
+
+/// Read netfilter netlink messages from `socket` (as many datagrams as needed) and hand
+/// each to `each` until it returns a result.
+pub(crate) fn recv_until<R>(
+    socket: &netlink_sys::Socket,
+    buf: &mut [u8],
+    mut each: impl FnMut(
+        netlink_packet_core::NetlinkMessage<netlink_packet_netfilter::NetfilterMessage>,
+    ) -> Option<std::io::Result<R>>,
+) -> std::io::Result<R> {
+    loop {
+        let size = socket.recv(&mut &mut buf[..], 0)?;
+        let mut offset = 0;
+        while offset < size {
+            let msg = netlink_packet_core::NetlinkMessage::<netlink_packet_netfilter::NetfilterMessage>::deserialize(
+                &buf[offset..size],
+            )
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
+            let len = msg.header.length as usize;
+            if let Some(result) = each(msg) {
+                return result;
+            }
+            if len == 0 {
+                break;
+            }
+            offset += len;
+        }
+    }
+}
+
+/// The outcome of a netlink error message: `Ok(true)` for an acknowledgement,
+/// `Ok(false)` for "no such entry", else the OS error.
+pub(crate) fn ack(code: Option<std::num::NonZeroI32>) -> std::io::Result<bool> {
+    match code {
+        None => Ok(true),
+        Some(c) if c.get() == -libc::ENOENT => Ok(false),
+        Some(c) => Err(std::io::Error::from_raw_os_error(-c.get())),
+    }
+}
