@@ -379,7 +379,9 @@ pub(super) fn compile(
 
     let mut steer = [Set::verdict_map(KeyType::Ipv4), Set::verdict_map(KeyType::Ipv6)];
     let mut snat = [Set::verdict_map(KeyType::Ipv4), Set::verdict_map(KeyType::Ipv6)];
-    let mut steer_chains: BTreeMap<u32, ()> = BTreeMap::new();
+    // Every next-hop set gets its chain, rule and route whether or not a local pod uses
+    // it now, so pods coming and going (and label changes) are element updates only.
+    let mut steer_chains: BTreeMap<u32, ()> = set_index.values().map(|k| (*k, ())).collect();
     let mut snat_chains: BTreeSet<IpAddr> = BTreeSet::new();
     let mut drop_used = false;
     let mut overflow = false;
@@ -857,6 +859,32 @@ mod tests {
             d.statuses[0].message.contains("1 local pods selected: 0 SNATed here, 0 steered, 1 dropped"),
             "{}",
             d.statuses[0].message
+        );
+    }
+
+    #[test]
+    fn pod_and_label_changes_are_element_updates_only() {
+        let web = eip(
+            "web",
+            "2024-01-01T00:00:00Z",
+            &["198.19.0.100"],
+            &[("198.19.0.100", "b")],
+            "{matchLabels: {app: web}}",
+        );
+        let before = run(&format!("{CLUSTER}{web}"), "a", "198.19.0.1/24", false);
+        let new_pod = "---\napiVersion: v1\nkind: Pod\nmetadata: {name: p9, namespace: prod, labels: {app: web}}\nspec: {nodeName: a}\nstatus: {podIP: 198.18.1.10}\n";
+        let after = run(&format!("{CLUSTER}{new_pod}{web}"), "a", "198.19.0.1/24", false);
+        assert_eq!(
+            crate::nft::diff(&before.table, &after.table).unwrap(),
+            "add element inet egressd eip-steer-v4 { 198.18.1.10 : jump eip-mark-1 }\n"
+        );
+        assert_eq!(before.net, after.net, "no netlink change for a pod");
+        let relabelled = CLUSTER
+            .replace("name: p1, namespace: prod, labels: {app: web}", "name: p1, namespace: prod, labels: {app: db}");
+        let after = run(&format!("{relabelled}{web}"), "a", "198.19.0.1/24", false);
+        assert_eq!(
+            crate::nft::diff(&before.table, &after.table).unwrap(),
+            "delete element inet egressd eip-steer-v4 { 198.18.1.2 }\n"
         );
     }
 
