@@ -23,6 +23,10 @@ use crate::compile::{PREFIX_ANSWER, PREFIX_QUERY, PREFIX_UNTRACKED, PREFIX_UNTRU
 use crate::dataplane::elements::{Element, ElementWriter};
 use crate::telemetry::metrics::{Metrics, SnoopLabels};
 
+/// Expired entries are pruned when the memory of learned elements reaches a power of
+/// two at least this large (so pruning costs O(1) amortised).
+const PRUNE_AT: usize = 1024;
+
 /// Elements the listener added: (set, address) → when they expire in the kernel.
 type Learned = HashMap<(String, IpAddr), Instant>;
 
@@ -218,6 +222,10 @@ impl SnoopHandle {
                     if let Ok(mut learned) = self.learned.lock() {
                         for (set, ip, timeout) in &elements {
                             learned.insert((set.clone(), *ip), now + *timeout);
+                        }
+                        // Forget what the kernel has dropped by itself, now and then.
+                        if learned.len() >= PRUNE_AT && learned.len().is_power_of_two() {
+                            learned.retain(|_, until| *until > now);
                         }
                     }
                     for (set, ip, timeout) in &elements {
