@@ -103,6 +103,15 @@ def serve(s):
         c, _ = s.accept(); c.sendall(b"hello\n"); c.close()
 for s in listeners:
     threading.Thread(target=serve, args=(s,), daemon=True).start()
+# TCP 8080 answers with the address the connection came from.
+w = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+w.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+w.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+w.bind(("::", 8080)); w.listen(16)
+def whoami(s):
+    while True:
+        c, peer = s.accept(); c.sendall((peer[0].removeprefix("::ffff:") + "\n").encode()); c.close()
+threading.Thread(target=whoami, args=(w,), daemon=True).start()
 open(ready, "w").close()
 threading.Event().wait()
 PY
@@ -153,6 +162,17 @@ show() {
 echo
 echo "== connections under examples/manifests/egressfirewall-shop.yaml"
 show allowed denied denied
+echo
+echo "== EgressIP (examples/manifests/egressip-analytics.yaml): source address seen by the internet"
+source_of() { ip netns exec "$1" timeout 2 bash -c "exec 3<>/dev/tcp/$2/8080 && read -r -t 1 line <&3 && echo \$line" 2>/dev/null; }
+for _ in $(seq 20); do [ "$(source_of "$BATCH" 203.0.113.2)" = 203.0.113.50 ] && break; sleep 0.1; done
+for p in "analytics/batch $BATCH 203.0.113.50"; do
+  set -- $p
+  got=$(source_of "$2" 203.0.113.2)
+  printf '  %-44s %-14s %s\n' "$1 → 203.0.113.2:8080 leaves as" "$got" "$([ "$got" = "$3" ] && echo "(as the policy says)" || echo "(UNEXPECTED: policy says $3)")"
+  [ "$got" = "$3" ] || FAILED=1
+done
+ip -n "$NODE" -br addr show dev eth-ext
 echo
 echo "== egressd's nft table on the node"
 ip netns exec "$NODE" nft list table inet egressd | sed -n '/chain fw-shop/,/}/p;/map fw-pods-v4/,/}/p'
