@@ -490,12 +490,25 @@ fn moving_an_item_moves_address_announcement_and_traffic() {
     assert!(c_rules.contains("snat ip to 198.19.0.100"), "{c_rules}");
     assert!(!c.nodes[1].ns.exec(&["nft", "list", "table", "inet", "egressd"]).contains("eip-snat-198-19-0-100"));
 
-    // No hosting node: the node's normal SNAT.
+    // No hosting node: the node's normal SNAT. A connection steered until now keeps
+    // its (null) NAT binding on A, so its next packets must not go out directly with
+    // the pod's address: they are dropped.
+    let mut steered = Flow::open(&c.nodes[0].pods[0], EXT_V4);
+    assert_eq!(steered.ask().as_deref(), Some(EIP_B));
     c.egress_ip("web", &[EIP_B, EIP6_B], &[], true);
     assert!(wait_source(&c.nodes[0].pods[0], EXT_V4, &node_v4(0)), "fallback\n{}", c.logs());
     assert!(wait_source(&c.nodes[0].pods[0], EXT_V6, &node_v6(0)), "fallback, IPv6\n{}", c.logs());
     assert!(wait_for(Duration::from_secs(5), || !c.has_addr(2, EIP_B)).is_some());
-    assert_eq!(c.pod_sourced_packets(), 0);
+    let _ = steered.writer.write_all(b"after the fallback\n");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(c.pod_sourced_packets(), 0, "a steered connection leaked the pod's address after the fallback");
+    let guard = c.nodes[0].ns.exec(&["nft", "list", "chain", "inet", "egressd", "egress-guard"]);
+    let dropped: u64 = guard
+        .lines()
+        .find(|l| l.contains("nfproto ipv4"))
+        .and_then(|l| l.split("packets ").nth(1)?.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    assert!(dropped > 0, "the guard saw nothing:\n{guard}");
 }
 
 #[test]

@@ -35,6 +35,8 @@ use crate::view::{ClusterView, PodInfo};
 pub const STEER_CHAIN: &str = "egress-steer";
 /// The postrouting NAT chain (SNAT to hosted egress IPs, null SNAT of steered packets).
 pub const SNAT_CHAIN: &str = "egress-snat";
+/// The postrouting filter chain that drops steered connections routed elsewhere.
+pub const GUARD_CHAIN: &str = "egress-guard";
 const EXEMPT_V4: &str = "eip-exempt-v4";
 const EXEMPT_V6: &str = "eip-exempt-v6";
 const STEER_V4: &str = "eip-steer-v4";
@@ -522,15 +524,35 @@ pub(super) fn compile(
                 format!("ip daddr @{EXEMPT_V4} return"),
                 format!("ip6 daddr @{EXEMPT_V6} return"),
                 format!(
-                    "meta mark and {:#010x} != 0 rt ip nexthop @{GATEWAYS_V4} counter snat ip to ip saddr",
-                    settings.mark_mask
+                    "meta mark and {m:#010x} != 0 rt ip nexthop @{GATEWAYS_V4} ct mark set ct mark or {m:#010x} counter snat ip to ip saddr",
+                    m = settings.mark_mask
                 ),
                 format!(
-                    "meta mark and {:#010x} != 0 rt ip6 nexthop @{GATEWAYS_V6} counter snat ip6 to ip6 saddr",
-                    settings.mark_mask
+                    "meta mark and {m:#010x} != 0 rt ip6 nexthop @{GATEWAYS_V6} ct mark set ct mark or {m:#010x} counter snat ip6 to ip6 saddr",
+                    m = settings.mark_mask
                 ),
                 format!("ip saddr vmap @{SNAT_V4}"),
                 format!("ip6 saddr vmap @{SNAT_V6}"),
+            ],
+        ),
+    );
+    // A connection that got the null SNAT keeps the pod's address for its lifetime (NAT
+    // is decided once per connection): if its packets are later routed anywhere but to a
+    // hosting node (its EgressIP went away, a route is missing), they would leave with
+    // the pod's address. They are dropped instead.
+    table.chains.insert(
+        GUARD_CHAIN.into(),
+        Chain::base(
+            Hook { chain_type: "filter", hook: "postrouting", priority: "srcnat + 1" },
+            vec![
+                format!(
+                    "ct direction original ct mark and {m:#010x} == {m:#010x} meta nfproto ipv4 rt ip nexthop != @{GATEWAYS_V4} counter drop",
+                    m = settings.mark_mask
+                ),
+                format!(
+                    "ct direction original ct mark and {m:#010x} == {m:#010x} meta nfproto ipv6 rt ip6 nexthop != @{GATEWAYS_V6} counter drop",
+                    m = settings.mark_mask
+                ),
             ],
         ),
     );
