@@ -473,7 +473,7 @@ impl StatusSink for () {
 /// Run until `shutdown` completes: resolve DNS names, compile, sync, report; again on
 /// every change of the source and whenever a DNS name falls due.
 pub async fn run<S: ViewSource, B: NftBackend, K: StatusSink>(
-    config: RunConfig,
+    mut config: RunConfig,
     mut source: S,
     mut syncer: NftSyncer<B>,
     mut sink: K,
@@ -512,13 +512,21 @@ pub async fn run<S: ViewSource, B: NftBackend, K: StatusSink>(
                     Some(h)
                 }
                 Err(e) => {
-                    tracing::error!(group = settings.group, error = %e, "DNS snooping unavailable");
+                    tracing::error!(
+                        group = settings.group,
+                        error = %e,
+                        "DNS snooping unavailable; wildcard dnsName rules are reported as not applied"
+                    );
                     None
                 }
             }
         }
         None => None,
     };
+    if snoop.is_none() {
+        // Without a listener nothing fills the wildcard sets: say so in the statuses.
+        config.node.snoop = None;
+    }
     if let Some(h) = &snoop {
         // Sets filled only by snooping (wildcards): keep what an earlier run learned.
         match h.recover(&wildcard_sets(source.view())) {

@@ -214,3 +214,20 @@ fn answers_of_a_dns_server_on_the_node_are_snooped() {
     let took = wait_for(Duration::from_secs(2), || tcp(p0, "192.0.2.10", 8080).is_some());
     assert!(took.is_some(), "answer of the node-local server not learned:\n{}", agent.log_text());
 }
+
+#[test]
+fn without_snooping_wildcards_are_reported_not_applied() {
+    let t = Topology::new(&["team-a"]);
+    t.set_firewall(
+        "team-a",
+        "  - type: Allow\n    to: {dnsName: \"*.example.com\"}\n  - type: Deny\n    to: {cidrSelector: 0.0.0.0/0}\n",
+    );
+    let _agent = t.start_agent_with("agent", &["--no-dns-snoop"]);
+    let status = std::fs::read_to_string(t.dir.path().join("state/status")).unwrap();
+    assert!(
+        status.contains("EgressFirewall Rules not correctly applied: spec.egress[0].to.dnsName: *.example.com: wildcard DNS names need DNS snooping"),
+        "{status}"
+    );
+    assert!(!t.node.nft_list().contains("dns-snoop"), "no snooping chains");
+    assert_eq!(tcp(&t.pods[0], "203.0.113.2", 8080), None, "the rest of the policy still applies");
+}

@@ -181,7 +181,7 @@ fn rule_statements(index: usize, rule: &FirewallRule, ctx: &Ctx, table: &mut Tab
             .collect(),
         Target::Dns(name) if name.wildcard && ctx.node.snoop.is_none() => {
             return Err(format!(
-                "spec.egress[{index}].to.dnsName: {name}: wildcard DNS names need DNS snooping, which is off (--no-dns-snoop)"
+                "spec.egress[{index}].to.dnsName: {name}: wildcard DNS names need DNS snooping, which is off (--no-dns-snoop) or unavailable (see the log)"
             ));
         }
         Target::Dns(name) => {
