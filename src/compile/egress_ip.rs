@@ -696,13 +696,11 @@ mod tests {
     }
 
     fn run(docs: &str, me: &str, addr: &str, fail_closed: bool) -> crate::compile::Desired {
-        compile_cached(
-            &view(docs),
-            &node(me, fail_closed),
-            &DnsAnswers::new(),
-            &host(addr),
-            &mut CompileCache::default(),
-        )
+        run_on(docs, me, &host(addr), fail_closed)
+    }
+
+    fn run_on(docs: &str, me: &str, links: &HostLinks, fail_closed: bool) -> crate::compile::Desired {
+        compile_cached(&view(docs), &node(me, fail_closed), &DnsAnswers::new(), links, &mut CompileCache::default())
     }
 
     fn elements(d: &crate::compile::Desired, set: &str) -> Vec<(String, String)> {
@@ -779,13 +777,7 @@ mod tests {
             addrs: vec!["198.51.100.2/24".parse().unwrap()],
             gateways: vec!["198.51.100.254".parse().unwrap()],
         };
-        let d = compile_cached(
-            &view(&format!("{CLUSTER}{web}")),
-            &node("b", false),
-            &DnsAnswers::new(),
-            &links,
-            &mut CompileCache::default(),
-        );
+        let d = run_on(&format!("{CLUSTER}{web}"), "b", &links, false);
         assert_eq!(d.net.addresses.get(&"198.51.100.100".parse().unwrap()), Some(&(3, "eth1".to_string())));
         // Every selected pod (this node's and the steered ones) is marked for eth1's table.
         assert_eq!(
@@ -796,13 +788,7 @@ mod tests {
         assert!(d.table.sets[GATEWAYS_V4].elements.is_empty(), "the link's gateway is no node: no null SNAT");
         // Without a default route on that link: reported, traffic by the main table.
         links.links[2].gateways.clear();
-        let d = compile_cached(
-            &view(&format!("{CLUSTER}{web}")),
-            &node("b", false),
-            &DnsAnswers::new(),
-            &links,
-            &mut CompileCache::default(),
-        );
+        let d = run_on(&format!("{CLUSTER}{web}"), "b", &links, false);
         assert!(d.table.sets[STEER_V4].elements.is_empty());
         assert!(
             d.statuses[0].message.contains("is on eth1, which is not the default route's link"),
