@@ -192,25 +192,6 @@ fn dns_problems(tracker: &DnsTracker, names: &BTreeSet<String>) -> Vec<String> {
         .collect()
 }
 
-/// The sets of the wildcard `dnsName` rules of `view` (filled only by snooping).
-fn wildcard_sets(view: &ClusterView) -> Vec<String> {
-    let mut out = Vec::new();
-    for policy in view.firewalls.values().filter_map(|e| e.policy.as_ref()) {
-        for rule in &policy.rules {
-            if let crate::view::policy::Target::Dns(name) = &rule.target
-                && name.wildcard
-            {
-                for set in dns_set_names(&crate::compile::absolute_dns_name(name)) {
-                    if !out.contains(&set) {
-                        out.push(set);
-                    }
-                }
-            }
-        }
-    }
-    out
-}
-
 /// The file in the state directory holding the last statuses.
 pub const STATUS_FILE: &str = "status";
 
@@ -529,7 +510,8 @@ pub async fn run<S: ViewSource, B: NftBackend, K: StatusSink>(
     }
     if let Some(h) = &snoop {
         // Sets filled only by snooping (wildcards): keep what an earlier run learned.
-        match h.recover(&wildcard_sets(source.view())) {
+        let sets: Vec<String> = crate::compile::wildcard_sets(source.view()).into_iter().collect();
+        match h.recover(&sets) {
             Ok(0) => {}
             Ok(n) => tracing::info!(elements = n, "addresses learned by an earlier run kept"),
             Err(e) => tracing::warn!(error = %e, "addresses learned by an earlier run not read back"),

@@ -46,18 +46,25 @@ pub fn dns_set_names(name: &str) -> [String; 2] {
     }
 }
 
+/// Every `dnsName` of the firewall policies of `view`, with repeats.
+pub fn dns_rule_names(view: &ClusterView) -> impl Iterator<Item = &DnsName> {
+    view.firewalls.values().filter_map(|e| e.policy.as_ref()).flat_map(|p| p.rules.iter()).filter_map(|r| {
+        match &r.target {
+            Target::Dns(name) => Some(name),
+            _ => None,
+        }
+    })
+}
+
 /// Every DNS name the firewall policies of `view` use (resolved once each, whichever
 /// rules and namespaces share it). Wildcards are not resolvable and not included.
 pub fn dns_names(view: &ClusterView) -> BTreeSet<String> {
-    view.firewalls
-        .values()
-        .filter_map(|e| e.policy.as_ref())
-        .flat_map(|p| p.rules.iter())
-        .filter_map(|r| match &r.target {
-            Target::Dns(name) if !name.wildcard => Some(absolute(name)),
-            _ => None,
-        })
-        .collect()
+    dns_rule_names(view).filter(|n| !n.wildcard).map(absolute).collect()
+}
+
+/// The sets of the wildcard `dnsName` rules of `view` (filled only by snooping).
+pub fn wildcard_sets(view: &ClusterView) -> BTreeSet<String> {
+    dns_rule_names(view).filter(|n| n.wildcard).flat_map(|n| dns_set_names(&absolute(n))).collect()
 }
 
 /// The timeout sets holding a name's addresses (created once per name).

@@ -17,7 +17,7 @@ use crate::nft::Table;
 use crate::view::ClusterView;
 
 pub use egress_ip::{EgressSettings, HostLink, HostLinks, MarkRule, NetDesired, NextHop, SNAT_CHAIN, STEER_CHAIN};
-pub use firewall::{FIREWALL_CHAIN, FIREWALL_LOCAL_CHAIN, absolute as absolute_dns_name, dns_names, dns_set_names};
+pub use firewall::{FIREWALL_CHAIN, FIREWALL_LOCAL_CHAIN, dns_names, dns_rule_names, dns_set_names, wildcard_sets};
 pub use qos::QOS_CHAIN;
 pub use snoop::{
     PREFIX_ANSWER, PREFIX_QUERY, PREFIX_UNTRACKED, PREFIX_UNTRUSTED, SnoopName, SnoopSettings, SnoopTargets,
