@@ -258,6 +258,12 @@ impl Cluster {
         std::fs::read_to_string(path).unwrap_or_default()
     }
 
+    /// Whether node n's status file comes to contain `needle` (it is written right
+    /// after each sync).
+    fn status_shows(&self, n: usize, needle: &str) -> bool {
+        wait_for(Duration::from_secs(5), || self.status(n).contains(needle)).is_some()
+    }
+
     fn logs(&self) -> String {
         self.nodes
             .iter()
@@ -400,10 +406,16 @@ fn selected_pods_leave_as_the_egress_ip_from_every_node() {
     assert_eq!(tcp(&a.pods[0], &node_v4(2), 8080), Some(node_v4(0)), "pod → node: as without egressd (CNI SNAT)");
     assert_eq!(tcp(&a.pods[0], &node_v4(0), 8080), Some(pod_v4(0, 0)), "pod → own node");
 
-    let status = c.status(0);
-    assert!(status.contains("EgressIP web\tapplied\tnode-a: EgressIP applied: hosts no egress IP (elsewhere: node-b); 1 local pods selected: 0 SNATed here, 1 steered"), "{status}");
     assert!(
-        c.status(1).contains("node-b: EgressIP applied: hosts 198.19.0.100 on eth0, 2001:db8:0:1::100 on eth0"),
+        c.status_shows(
+            0,
+            "EgressIP web\tapplied\tnode-a: EgressIP applied: hosts no egress IP (elsewhere: node-b); 1 local pods selected: 0 SNATed here, 1 steered"
+        ),
+        "{}",
+        c.status(0)
+    );
+    assert!(
+        c.status_shows(1, "node-b: EgressIP applied: hosts 198.19.0.100 on eth0, 2001:db8:0:1::100 on eth0"),
         "{}",
         c.status(1)
     );
@@ -586,6 +598,7 @@ fn conflicts_are_reported_and_not_applied() {
     assert!(wait_for(Duration::from_secs(5), || c.has_addr(1, EIP_B)).is_some());
     assert!(!c.has_addr(2, EIP_B), "the younger claim is not applied");
     assert!(!c.has_addr(1, "192.0.2.77"), "an IP no link can host is not added");
+    assert!(c.status_shows(1, "192.0.2.77") && c.status_shows(2, "EgressIP beta"), "no status written");
     let b = c.status(1);
     let cs = c.status(2);
     assert!(
@@ -606,7 +619,7 @@ fn fail_closed_drops_when_no_node_hosts() {
     assert_eq!(tcp(pod, EXT_V4, 8080), None, "fail-closed: dropped");
     assert_eq!(tcp(&c.nodes[0].pods[2], EXT_V4, 8080), Some(node_v4(0)), "unselected pod unaffected");
     assert_eq!(tcp(pod, &pod_v4(1, 0), 8080), Some(pod_v4(0, 0)), "in-cluster traffic unaffected");
-    assert!(c.status(0).contains("1 dropped (no hosting node)"), "{}", c.status(0));
+    assert!(c.status_shows(0, "1 dropped (no hosting node)"), "{}", c.status(0));
 }
 
 #[test]
@@ -631,7 +644,7 @@ fn an_address_on_a_second_link_leaves_by_that_link() {
     assert!(eth1 > 0 && eth0 == 0, "egress IP traffic arrived on eth0 {eth0} times, on eth1 {eth1} times");
     // Unselected pods keep the default route and the node's address.
     assert_eq!(tcp(&c.nodes[0].pods[2], EXT_V4, 8080), Some(node_v4(0)));
-    assert!(c.status(1).contains("EgressIP web\tapplied"), "{}", c.status(1));
+    assert!(c.status_shows(1, "EgressIP web\tapplied"), "{}", c.status(1));
     assert_eq!(c.pod_sourced_packets(), 0);
 }
 

@@ -223,11 +223,11 @@ fn without_snooping_wildcards_are_reported_not_applied() {
         "  - type: Allow\n    to: {dnsName: \"*.example.com\"}\n  - type: Deny\n    to: {cidrSelector: 0.0.0.0/0}\n",
     );
     let _agent = t.start_agent_with("agent", &["--no-dns-snoop"]);
-    let status = std::fs::read_to_string(t.dir.path().join("state/status")).unwrap();
-    assert!(
-        status.contains("EgressFirewall Rules not correctly applied: spec.egress[0].to.dnsName: *.example.com: wildcard DNS names need DNS snooping"),
-        "{status}"
-    );
+    let status = || std::fs::read_to_string(t.dir.path().join("state/status")).unwrap_or_default();
+    let reported = wait_for(Duration::from_secs(5), || {
+        status().contains("EgressFirewall Rules not correctly applied: spec.egress[0].to.dnsName: *.example.com: wildcard DNS names need DNS snooping")
+    });
+    assert!(reported.is_some(), "{}", status());
     assert!(!t.node.nft_list().contains("dns-snoop"), "no snooping chains");
     assert_eq!(tcp(&t.pods[0], "203.0.113.2", 8080), None, "the rest of the policy still applies");
 }
