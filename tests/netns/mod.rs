@@ -235,7 +235,7 @@ impl Agent {
         self.child.as_ref().map(|c| c.id()).unwrap_or(0)
     }
 
-    /// SIGTERM and wait; returns the exit status code.
+    /// SIGTERM and wait (up to 10 s, then SIGKILL and `None`); returns the exit code.
     pub fn stop(&mut self) -> Option<i32> {
         let mut child = self.child.take()?;
         let pid = nix::unistd::Pid::from_raw(child.id() as i32);
@@ -245,7 +245,7 @@ impl Agent {
             if let Ok(Some(status)) = child.try_wait() {
                 return status.code();
             }
-            if start.elapsed() > Duration::from_secs(5) {
+            if start.elapsed() > Duration::from_secs(10) {
                 let _ = child.kill();
                 let _ = child.wait();
                 return None;
