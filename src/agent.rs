@@ -283,7 +283,8 @@ pub async fn apply_once<B: NftBackend>(
     let mut host = HostLinks::default();
     let mut net_error = None;
     let wants_net = !view.egress_ips.is_empty();
-    if let Some(net) = net {
+    // The links matter to EgressIP only (compile reads them for nothing else).
+    if let Some(net) = net.filter(|_| wants_net) {
         match net.links().await {
             Ok(h) => host = h,
             Err(e) => net_error = Some(e.to_string()),
@@ -291,7 +292,7 @@ pub async fn apply_once<B: NftBackend>(
     }
     let mut desired = tokio::task::block_in_place(|| crate::compile::compile_cached(view, node, dns, &host, cache));
     match net {
-        Some(net) if net_error.is_none() => match net.sync(&desired.net).await {
+        Some(net) if net_error.is_none() => match net.sync_if_changed(&desired.net).await {
             Ok(changes) => {
                 for ip in &changes.removed {
                     let ip = *ip;

@@ -197,6 +197,7 @@ const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
 /// What one EgressIP does on this node, before pods are assigned.
 struct Plan<'a> {
+    entry: &'a crate::view::Entry<EgressIpPolicy>,
     policy: &'a EgressIpPolicy,
     /// Hosted here, per family (first of each family).
     hosted: [Option<IpAddr>; 2],
@@ -264,6 +265,7 @@ pub(super) fn compile(
     for e in &ordered {
         let Some(policy) = &e.policy else { continue };
         let mut plan = Plan {
+            entry: e,
             policy,
             hosted: [None, None],
             remote: [Vec::new(), Vec::new()],
@@ -381,9 +383,6 @@ pub(super) fn compile(
 
     let mut steer = [Set::verdict_map(KeyType::Ipv4), Set::verdict_map(KeyType::Ipv6)];
     let mut snat = [Set::verdict_map(KeyType::Ipv4), Set::verdict_map(KeyType::Ipv6)];
-    // Every next-hop set gets its chain, rule and route whether or not a local pod uses
-    // it now, so pods coming and going (and label changes) are element updates only.
-    let mut steer_chains: BTreeMap<u32, ()> = set_index.values().map(|k| (*k, ())).collect();
     let mut snat_chains: BTreeSet<IpAddr> = BTreeSet::new();
     let mut drop_used = false;
     let mut overflow = false;
@@ -421,7 +420,6 @@ pub(super) fn compile(
             // whose packets are leaving the cluster here, not going back).
             if let Some(k) = via.get(&egress_ip).and_then(|hops| set_index.get(&(f == 1, hops.clone()))) {
                 steer[f].elements.insert(ip.to_string(), format!("jump eip-mark-{k}"));
-                steer_chains.insert(*k, ());
             }
             continue;
         }
@@ -431,7 +429,6 @@ pub(super) fn compile(
         match set_index.get(&(f == 1, plan.remote[f].clone())) {
             Some(k) if !plan.remote[f].is_empty() => {
                 steer[f].elements.insert(ip.to_string(), format!("jump eip-mark-{k}"));
-                steer_chains.insert(*k, ());
                 plan.steered.insert(id);
             }
             Some(_) | None => {
@@ -447,12 +444,11 @@ pub(super) fn compile(
         }
     }
 
-    // Netlink: one table and rule per next-hop set in use.
+    // One mark chain, table and rule per next-hop set, whether or not a local pod uses it
+    // now, so pods coming and going (and label changes) are element updates only.
     let mut gateways = [Set::new(KeyType::Ipv4, false), Set::new(KeyType::Ipv6, false)];
     for ((v6, hops), k) in &set_index {
-        if !steer_chains.contains_key(k) {
-            continue;
-        }
+        table.chains.insert(format!("eip-mark-{k}"), Chain::regular(vec![mark_statement(settings, *k)]));
         let table_id = settings.table_base + k;
         net.routes.insert((table_id, *v6), hops.clone());
         net.rules.insert(MarkRule {
@@ -490,9 +486,6 @@ pub(super) fn compile(
     let [g4, g6] = gateways;
     table.sets.insert(GATEWAYS_V4.into(), g4);
     table.sets.insert(GATEWAYS_V6.into(), g6);
-    for k in steer_chains.keys() {
-        table.chains.insert(format!("eip-mark-{k}"), Chain::regular(vec![mark_statement(settings, *k)]));
-    }
     if drop_used {
         table.chains.insert(DROP_CHAIN.into(), Chain::regular(vec!["counter drop".into()]));
     }
@@ -557,10 +550,8 @@ pub(super) fn compile(
         ),
     );
 
-    for e in &ordered {
-        let Some(plan) = plans.iter().find(|p| e.policy.as_ref().is_some_and(|pol| std::ptr::eq(pol, p.policy))) else {
-            continue;
-        };
+    for plan in &plans {
+        let e = plan.entry;
         let mut problems = plan.problems.clone();
         if let Some(err) = &e.error {
             problems.insert(0, format!("{err} (the last valid version is applied)"));

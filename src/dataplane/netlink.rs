@@ -72,6 +72,8 @@ impl NetChanges {
 pub struct Netlink {
     handle: Handle,
     settings: EgressSettings,
+    /// What the last successful sync left in the kernel.
+    synced: std::sync::Arc<std::sync::Mutex<Option<NetDesired>>>,
 }
 
 impl Netlink {
@@ -79,7 +81,7 @@ impl Netlink {
     pub fn connect(settings: EgressSettings) -> std::io::Result<Self> {
         let (connection, handle, _) = rtnetlink::new_connection()?;
         tokio::spawn(connection);
-        Ok(Self { handle, settings })
+        Ok(Self { handle, settings, synced: Default::default() })
     }
 
     /// The node's links with their addresses, egressd's own addresses left out.
@@ -211,8 +213,21 @@ impl Netlink {
         (rule.priority == self.settings.rule_priority && self.settings.owns_table(rule.table)).then_some(rule)
     }
 
-    /// Make the kernel's owned state equal `desired`.
+    /// [`Netlink::sync`] unless the last successful sync already established `desired`:
+    /// every apply calls this, and most applies (pod churn) change no netlink state. Drift
+    /// is found by the periodic [`Netlink::sync`].
+    pub async fn sync_if_changed(&self, desired: &NetDesired) -> Result<NetChanges, NetError> {
+        if self.synced.lock().is_ok_and(|s| s.as_ref() == Some(desired)) {
+            return Ok(NetChanges::default());
+        }
+        self.sync(desired).await
+    }
+
+    /// Make the kernel's owned state equal `desired` (reads the owned state back first).
     pub async fn sync(&self, desired: &NetDesired) -> Result<NetChanges, NetError> {
+        if let Ok(mut s) = self.synced.lock() {
+            *s = None;
+        }
         let current = self.owned().await?;
         let mut changes = NetChanges::default();
 
@@ -281,6 +296,9 @@ impl Netlink {
             };
             result.map_err(err(format!("adding {rule:?}")))?;
             changes.routing += 1;
+        }
+        if let Ok(mut s) = self.synced.lock() {
+            *s = Some(desired.clone());
         }
         Ok(changes)
     }
