@@ -3,13 +3,18 @@
 # used by egressd. A node namespace runs the release build of egressd; a DNS namespace
 # runs dnsmasq answering every name with TTL $TTL. Needs root, dnsmasq-base, nftables.
 #
-#   sudo bench/dns-refresh.sh            # N=10000 TTL=30 DURATION=120
+#   bench/dns-refresh.sh            # N=10000 TTL=30 DURATION=120
 #
 # Prints one Markdown table row: names, TTL, queries answered, CPU %, RSS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-10000} TTL=${TTL:-30} DURATION=${DURATION:-120}
-[ "$(id -u)" = 0 ] || { echo "needs root" >&2; exit 1; }
+# Root is needed (network namespaces, nftables): as root it runs as is; otherwise it
+# re-runs itself with sudo (keeping PATH, so cargo is found).
+if [ "$(id -u)" != 0 ]; then
+  command -v sudo >/dev/null || { echo "$0: needs root, and sudo is not installed: run it as root" >&2; exit 1; }
+  exec sudo env "PATH=$PATH" "$(realpath "$0")" "$@"
+fi
 cargo build --release --locked -q --bin egressd
 BIN="${CARGO_TARGET_DIR:-target}/release/egressd"
 

@@ -11,11 +11,16 @@
 #   ipt-10k   the same with 10 000 rules
 # Needs root, iperf3, iptables (nft backend), nftables.
 #
-#   sudo bench/forwarding.sh     # RUNS=5 SECS=5 NS=1000 RULES=100 POS=50
+#   bench/forwarding.sh     # RUNS=5 SECS=5 NS=1000 RULES=100 POS=50
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-5} SECS=${SECS:-5} NSN=${NS:-1000} RULES=${RULES:-100} POS=${POS:-50}
-[ "$(id -u)" = 0 ] || { echo "needs root" >&2; exit 1; }
+# Root is needed (network namespaces, nftables): as root it runs as is; otherwise it
+# re-runs itself with sudo (keeping PATH, so cargo is found).
+if [ "$(id -u)" != 0 ]; then
+  command -v sudo >/dev/null || { echo "$0: needs root, and sudo is not installed: run it as root" >&2; exit 1; }
+  exec sudo env "PATH=$PATH" "$(realpath "$0")" "$@"
+fi
 cargo build --release --locked -q --bin egressd
 BIN="$(pwd)/${CARGO_TARGET_DIR:-target}/release/egressd"
 P="egfw$$" WORK=$(mktemp -d) AGENT="" SERVER=""

@@ -4,11 +4,16 @@
 # edited, one pod added, one namespace's firewall replaced — each timed by egressd's own
 # "dataplane in sync" log line (compile + nft). Also the agent's RSS. Needs root.
 #
-#   sudo bench/full-sync.sh        # NS=1000 RULES=100 (100k rules) PODS=10000
+#   bench/full-sync.sh        # NS=1000 RULES=100 (100k rules) PODS=10000
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NSN=${NS:-1000} RULES=${RULES:-100} PODS=${PODS:-10000}
-[ "$(id -u)" = 0 ] || { echo "needs root" >&2; exit 1; }
+# Root is needed (network namespaces, nftables): as root it runs as is; otherwise it
+# re-runs itself with sudo (keeping PATH, so cargo is found).
+if [ "$(id -u)" != 0 ]; then
+  command -v sudo >/dev/null || { echo "$0: needs root, and sudo is not installed: run it as root" >&2; exit 1; }
+  exec sudo env "PATH=$PATH" "$(realpath "$0")" "$@"
+fi
 cargo build --release --locked -q --bin egressd
 BIN="${CARGO_TARGET_DIR:-target}/release/egressd"
 NET="egfs$$" WORK=$(mktemp -d) AGENT=""

@@ -4,13 +4,18 @@
 # etcd share one throw-away network namespace. Needs root, kubectl, the cached
 # kube-apiserver (tests/kube/build-apiserver.sh).
 #
-#   sudo bench/kube-pods.sh          # N=10000
+#   bench/kube-pods.sh          # N=10000
 #
 # Prints one Markdown table row: pods, time to the first sync, RSS after it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-10000}
-[ "$(id -u)" = 0 ] || { echo "needs root" >&2; exit 1; }
+# Root is needed (network namespaces, nftables): as root it runs as is; otherwise it
+# re-runs itself with sudo (keeping PATH, so cargo is found).
+if [ "$(id -u)" != 0 ]; then
+  command -v sudo >/dev/null || { echo "$0: needs root, and sudo is not installed: run it as root" >&2; exit 1; }
+  exec sudo env "PATH=$PATH" "$(realpath "$0")" "$@"
+fi
 cargo build --release --locked -q --bin egressd
 BIN="$(pwd)/${CARGO_TARGET_DIR:-target}/release/egressd"
 NS="egkb$$" WORK=$(mktemp -d) AGENT=""

@@ -5,13 +5,18 @@
 # also on failure or Ctrl-C. Needs root. Installs nftables, iproute2 and python3 with apt
 # when missing, and builds egressd with cargo.
 #
-#   sudo examples/demo.sh
+#   examples/demo.sh
 #
 # Addresses: 198.18.0.0/15 for the node's pods, documentation ranges for the outside.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-[ "$(id -u)" = 0 ] || { echo "demo.sh: needs root (network namespaces, nftables)" >&2; exit 1; }
+# Root is needed (network namespaces, nftables): as root it runs as is; otherwise it
+# re-runs itself with sudo (keeping PATH, so cargo is found).
+if [ "$(id -u)" != 0 ]; then
+  command -v sudo >/dev/null || { echo "$0: needs root, and sudo is not installed: run it as root" >&2; exit 1; }
+  exec sudo env "PATH=$PATH" "$(realpath "$0")" "$@"
+fi
 
 missing=()
 command -v nft >/dev/null || missing+=(nftables)

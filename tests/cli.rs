@@ -74,3 +74,70 @@ fn render_touches_nothing_and_env_fallbacks_work() {
     assert!(text.contains("elements = { 2001:db8:1::/48 }"), "{text}");
     assert!(text.contains("EgressFirewall a/default\tapplied\tnode-x: EgressFirewall Rules applied"), "{text}");
 }
+
+/// Options at and beyond their limits: beyond → exit 64 naming the option (never a
+/// panic or a wrapped value); at the limit → accepted.
+#[test]
+fn options_at_their_extremes() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let render = ["render", "--manifests", d, "--node-name", "n1", "--cluster-cidr", "198.18.0.0/16"];
+    let run =
+        ["run", "--manifests", d, "--node-name", "n1", "--cluster-cidr", "198.18.0.0/16", "--nft", "/nonexistent"];
+    let rejected: &[(&[&str], &str)] = &[
+        (&["--dns-grace-secs", "18446744073709551615"], "--dns-grace-secs"),
+        (&["--dns-grace-secs", "604801"], "--dns-grace-secs"),
+        (&["--egress-ip-table-base", "0"], "--egress-ip-table-base"),
+        (&["--egress-ip-table-base", "254"], "--egress-ip-table-base"),
+        (&["--egress-ip-table-base", "4294967040"], "--egress-ip-table-base"),
+        (&["--egress-ip-table-base", "4294967295"], "--egress-ip-table-base"),
+        (&["--egress-ip-mark-mask", "0x4000"], "kube-proxy"),
+        (&["--egress-ip-mark-mask", "0x0000ff00"], "kube-proxy"),
+        (&["--egress-ip-mark-mask", "0x00010100"], "contiguous"),
+        (&["--egress-ip-mark-mask", "0"], "--egress-ip-mark-mask"),
+        (&["--egress-ip-mark-mask", "0x1ffffffff"], "--egress-ip-mark-mask"),
+        (&["--egress-ip-rule-priority", "0"], "--egress-ip-rule-priority"),
+        (&["--egress-ip-rule-priority", "32766"], "--egress-ip-rule-priority"),
+        (&["--egress-ip-protocol", "2"], "--egress-ip-protocol"),
+        (&["--egress-ip-protocol", "256"], "--egress-ip-protocol"),
+    ];
+    for (extra, needle) in rejected {
+        for base in [&render[..], &run[..]] {
+            let args: Vec<&str> = base.iter().chain(extra.iter()).copied().collect();
+            let (code, _, err) = egressd(&args);
+            assert_eq!(code, Some(64), "{args:?}: {err}");
+            assert!(err.contains(needle), "{args:?}: {err}");
+            assert!(!err.contains("panicked"), "{args:?}: {err}");
+        }
+    }
+    let run_only: &[(&[&str], &str)] = &[
+        (&["--debounce-ms", "0"], "--debounce-ms"),
+        (&["--debounce-ms", "18446744073709551615"], "--debounce-ms"),
+        (&["--resync-secs", "18446744073709551615"], "--resync-secs"),
+        (&["--net-check-secs", "0"], "--net-check-secs"),
+        (&["--net-check-secs", "18446744073709551615"], "--net-check-secs"),
+        (&["--dns-timeout-ms", "0"], "--dns-timeout-ms"),
+        (&["--lease-duration-secs", "5", "--lease-renew-secs", "5"], "--lease-renew-secs"),
+    ];
+    for (extra, needle) in run_only {
+        let args: Vec<&str> = run.iter().chain(extra.iter()).copied().collect();
+        let (code, _, err) = egressd(&args);
+        assert_eq!(code, Some(64), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    // The limits themselves are accepted.
+    for extra in [
+        &["--dns-grace-secs", "604800"][..],
+        &["--egress-ip-table-base", "255"],
+        &["--egress-ip-table-base", "4294967039"],
+        &["--egress-ip-mark-mask", "0xffff0000"],
+        &["--egress-ip-mark-mask", "0x1"],
+        &["--egress-ip-rule-priority", "32765"],
+        &["--egress-ip-protocol", "255"],
+    ] {
+        let args: Vec<&str> = render.iter().chain(extra.iter()).copied().collect();
+        let (code, _, err) = egressd(&args);
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+    }
+}

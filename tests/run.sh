@@ -5,7 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-[ "$(id -u)" = 0 ] || { echo "tests/run.sh: needs root (network namespace tests)" >&2; exit 1; }
+# Root is needed (network namespaces, nftables): as root it runs as is; otherwise it
+# re-runs itself with sudo (keeping PATH, so cargo is found).
+if [ "$(id -u)" != 0 ]; then
+  command -v sudo >/dev/null || { echo "$0: needs root, and sudo is not installed: run it as root" >&2; exit 1; }
+  exec sudo env "PATH=$PATH" "$(realpath "$0")" "$@"
+fi
 missing=()
 command -v nft >/dev/null || missing+=(nftables)
 command -v ip >/dev/null || missing+=(iproute2)

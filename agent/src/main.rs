@@ -93,7 +93,9 @@ struct NodeArgs {
     table: String,
     /// Seconds added to a resolved address's TTL for its kernel-side timeout: if egressd
     /// is gone that long past the TTL, the address leaves the kernel by itself.
-    #[arg(long, env = "EGRESSD_DNS_GRACE_SECS", default_value_t = 300)]
+    /// At most 604800 (7 days).
+    #[arg(long, env = "EGRESSD_DNS_GRACE_SECS", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(0..=egressd::compile::MAX_DNS_GRACE_SECS))]
     dns_grace_secs: u64,
     #[command(flatten)]
     egress: EgressArgs,
@@ -117,17 +119,24 @@ struct EgressArgs {
     /// Packet-mark bits egressd may use to steer selected pods' traffic to the node
     /// hosting their egress IP (other bits are left to kube-proxy, Calico, ...); each
     /// distinct set of hosting nodes uses one value under the mask.
-    #[arg(long, env = "EGRESSD_EGRESS_IP_MARK_MASK", default_value = "0x00ff0000", value_parser = parse_u32)]
+    /// The bits must be contiguous and must not touch kube-proxy's 0x4000/0x8000.
+    #[arg(long, env = "EGRESSD_EGRESS_IP_MARK_MASK", default_value = "0x00ff0000", value_parser = parse_mark_mask)]
     egress_ip_mark_mask: u32,
-    /// egressd's routing tables are TABLE_BASE+1 ..= TABLE_BASE+255.
-    #[arg(long, env = "EGRESSD_EGRESS_IP_TABLE_BASE", default_value_t = 7470)]
+    /// egressd's routing tables are TABLE_BASE+1 ..= TABLE_BASE+255 (255 ..= 4294967039,
+    /// so the range never wraps nor covers the kernel's tables 253-255).
+    #[arg(long, env = "EGRESSD_EGRESS_IP_TABLE_BASE", default_value_t = 7470,
+          value_parser = clap::value_parser!(u32).range(egressd::compile::MIN_TABLE_BASE as i64..=egressd::compile::MAX_TABLE_BASE as i64))]
     egress_ip_table_base: u32,
-    /// Priority of egressd's `ip rule fwmark` rules (before the main table's 32766).
-    #[arg(long, env = "EGRESSD_EGRESS_IP_RULE_PRIORITY", default_value_t = 5470)]
+    /// Priority of egressd's `ip rule fwmark` rules, 1 ..= 32765 (before the main
+    /// table's 32766).
+    #[arg(long, env = "EGRESSD_EGRESS_IP_RULE_PRIORITY", default_value_t = 5470,
+          value_parser = clap::value_parser!(u32).range(1..=32765))]
     egress_ip_rule_priority: u32,
     /// Protocol number tagging egressd's routes and (IFA_PROTO, Linux >= 6.1) its
-    /// addresses.
-    #[arg(long, env = "EGRESSD_EGRESS_IP_PROTOCOL", default_value_t = 0xe9)]
+    /// addresses, 5 ..= 255 (0-4 are the kernel's own: unspec, redirect, kernel, boot,
+    /// static).
+    #[arg(long, env = "EGRESSD_EGRESS_IP_PROTOCOL", default_value_t = 0xe9,
+          value_parser = clap::value_parser!(u8).range(5..))]
     egress_ip_protocol: u8,
     /// Drop the outside traffic of pods selected by an EgressIP while no node hosts any
     /// of its IPs, instead of letting it leave with the node's own SNAT (the reference's
@@ -150,16 +159,14 @@ impl EgressArgs {
     }
 }
 
-fn parse_u32(s: &str) -> Result<u32, String> {
+fn parse_mark_mask(s: &str) -> Result<u32, String> {
     let parsed = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         Some(hex) => u32::from_str_radix(hex, 16),
         None => s.parse(),
     };
-    match parsed {
-        Ok(0) => Err("must not be 0".into()),
-        Ok(v) => Ok(v),
-        Err(e) => Err(format!("{e}: a number, decimal or 0x-prefixed hex")),
-    }
+    let mask = parsed.map_err(|e| format!("{e}: a number, decimal or 0x-prefixed hex"))?;
+    egressd::compile::EgressSettings::check_mark_mask(mask)?;
+    Ok(mask)
 }
 
 impl NodeArgs {
@@ -204,26 +211,29 @@ struct RunArgs {
     /// Name of the leader Lease.
     #[arg(long, default_value = "egressd-leader")]
     lease_name: String,
-    /// Seconds a leader lease stays valid without renewal.
-    #[arg(long, default_value_t = 15)]
+    /// Seconds a leader lease stays valid without renewal (1 ..= 3600).
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..=3600))]
     lease_duration_secs: u64,
-    /// Seconds between lease renewals (and attempts by the others).
-    #[arg(long, default_value_t = 5)]
+    /// Seconds between lease renewals (and attempts by the others); less than the
+    /// lease duration.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=3600))]
     lease_renew_secs: u64,
     #[command(flatten)]
     node: NodeArgs,
     /// The nft program.
     #[arg(long, env = "EGRESSD_NFT", default_value = "nft")]
     nft: PathBuf,
-    /// Quiet time after a change in the directory before it is applied (milliseconds).
-    #[arg(long, default_value_t = 100)]
+    /// Quiet time after a change in the directory before it is applied (milliseconds,
+    /// 1 ..= 60000).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     debounce_ms: u64,
-    /// Re-read the directory this often even without change events (seconds).
-    #[arg(long, default_value_t = 60)]
+    /// Re-read the directory this often even without change events (seconds, 1 ..= 86400).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     resync_secs: u64,
     /// Seconds between checks of the node's links (a change recompiles) and of
-    /// egressd's addresses, rules and routes (drift is restored).
-    #[arg(long, env = "EGRESSD_NET_CHECK_SECS", default_value_t = 10)]
+    /// egressd's addresses, rules and routes (drift is restored), 1 ..= 86400.
+    #[arg(long, env = "EGRESSD_NET_CHECK_SECS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
     net_check_secs: u64,
     /// Directory for the status file `egressd status` reads.
     #[arg(long, env = "EGRESSD_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
@@ -232,8 +242,8 @@ struct RunArgs {
     /// /etc/resolv.conf (never its search domains).
     #[arg(long = "dns-server", env = "EGRESSD_DNS_SERVERS", value_delimiter = ',')]
     dns_servers: Vec<std::net::IpAddr>,
-    /// Timeout of one DNS query (milliseconds).
-    #[arg(long, default_value_t = 2000)]
+    /// Timeout of one DNS query (milliseconds, 1 ..= 60000).
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     dns_timeout_ms: u64,
     /// Address of the health listener (/healthz, /readyz, /metrics).
     #[arg(long, env = "EGRESSD_HEALTH_ADDR", default_value = "127.0.0.1:9780")]
@@ -283,6 +293,11 @@ fn main() -> ExitCode {
             return if e.use_stderr() { ExitCode::from(EXIT_CONFIG) } else { ExitCode::SUCCESS };
         }
     };
+    if matches!(cli.command, Command::Run(_)) {
+        // Before anything else (the first log line included): a SIGTERM from here on
+        // stays pending until the handlers are installed, instead of killing the agent.
+        block_shutdown_signals();
+    }
     init_tracing(cli.log_format);
     match cli.command {
         Command::Crds => {
@@ -375,6 +390,13 @@ fn run(args: RunArgs) -> ExitCode {
         eprintln!("egressd run: give --manifests DIR or --kubeconfig PATH (or run in a pod for the in-cluster config)");
         return ExitCode::from(EXIT_CONFIG);
     }
+    if args.lease_renew_secs >= args.lease_duration_secs {
+        eprintln!(
+            "egressd run: --lease-renew-secs {} must be less than --lease-duration-secs {}",
+            args.lease_renew_secs, args.lease_duration_secs
+        );
+        return ExitCode::from(EXIT_CONFIG);
+    }
     let nft = NftCli::new(&args.nft);
     match nft.version() {
         Ok(v) => tracing::info!(nft = %v, "nft found"),
@@ -399,9 +421,9 @@ fn run(args: RunArgs) -> ExitCode {
         node,
         state_dir: Some(args.state_dir.clone()),
         dns_servers: args.dns_servers.clone(),
-        dns_timeout: Duration::from_millis(args.dns_timeout_ms.max(1)),
+        dns_timeout: Duration::from_millis(args.dns_timeout_ms),
         telemetry: telemetry.clone(),
-        net_check: Duration::from_secs(args.net_check_secs.max(1)),
+        net_check: Duration::from_secs(args.net_check_secs),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
@@ -413,6 +435,14 @@ fn run(args: RunArgs) -> ExitCode {
     let families = args.node.config().families();
     let manage = args.manage_sysctls;
     let result = runtime.block_on(async {
+        // The handlers first: every later step (listener, first sync) can be interrupted
+        // cleanly. The signals blocked in `main` are delivered from here on.
+        let shutdown = match ShutdownSignal::install() {
+            Ok(s) => s,
+            Err(e) => return Err(AgentError::Config(format!("cannot install signal handlers: {e}"))),
+        };
+        let shutdown = shutdown.wait();
+        tokio::pin!(shutdown);
         if let Err(e) = egressd::telemetry::server::serve(args.health_addr, telemetry.clone()).await {
             return Err(AgentError::Config(format!("--health-addr {}: {e}", args.health_addr)));
         }
@@ -420,9 +450,9 @@ fn run(args: RunArgs) -> ExitCode {
         let syncer = NftSyncer::new(nft);
         if let Some(dir) = &args.manifests {
             let debounce = Duration::from_millis(args.debounce_ms);
-            let resync = Duration::from_secs(args.resync_secs.max(1));
+            let resync = Duration::from_secs(args.resync_secs);
             let source = ManifestsView::open(dir, debounce, resync).await?;
-            return egressd::agent::run(config, source, syncer, (), shutdown_signal()).await;
+            return egressd::agent::run(config, source, syncer, (), shutdown).await;
         }
         let client = egressd::source::kube::client(args.kubeconfig.as_deref()).await.map_err(AgentError::Kube)?;
         let leadership = Leadership::default();
@@ -430,12 +460,10 @@ fn run(args: RunArgs) -> ExitCode {
             namespace: args.lease_namespace.clone(),
             name: args.lease_name.clone(),
             identity: args.node.node_name.clone(),
-            duration: Duration::from_secs(args.lease_duration_secs.max(1)),
-            renew_every: Duration::from_secs(args.lease_renew_secs.max(1)),
+            duration: Duration::from_secs(args.lease_duration_secs),
+            renew_every: Duration::from_secs(args.lease_renew_secs),
         };
         tokio::spawn(egressd::status::lease::run(client.clone(), lease, leadership.clone()));
-        let shutdown = shutdown_signal();
-        tokio::pin!(shutdown);
         let view = tokio::select! {
             v = KubeView::start(&client) => v,
             _ = &mut shutdown => return Ok(()),
@@ -483,15 +511,42 @@ async fn prerequisites(
     }
 }
 
-/// Completes on SIGTERM or SIGINT.
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        tracing::error!("cannot install signal handlers; stop with SIGKILL");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = int.recv() => tracing::info!("SIGINT received"),
+/// SIGTERM and SIGINT: blocked on the main thread first (threads started later inherit
+/// the mask, child processes get a clean one from std), then handled by tokio.
+fn shutdown_sigset() -> nix::sys::signal::SigSet {
+    let mut set = nix::sys::signal::SigSet::empty();
+    set.add(nix::sys::signal::Signal::SIGTERM);
+    set.add(nix::sys::signal::Signal::SIGINT);
+    set
+}
+
+fn block_shutdown_signals() {
+    if let Err(e) = shutdown_sigset().thread_block() {
+        eprintln!("egressd: cannot block SIGTERM/SIGINT during start-up: {e}");
+    }
+}
+
+/// The installed SIGTERM/SIGINT handlers.
+struct ShutdownSignal {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignal {
+    /// Install the handlers, then let the signals through to this thread (one that
+    /// arrived while blocked is delivered now and seen by [`ShutdownSignal::wait`]).
+    fn install() -> std::io::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let s = Self { term: signal(SignalKind::terminate())?, int: signal(SignalKind::interrupt())? };
+        shutdown_sigset().thread_unblock().map_err(std::io::Error::from)?;
+        Ok(s)
+    }
+
+    /// Completes on SIGTERM or SIGINT.
+    async fn wait(mut self) {
+        tokio::select! {
+            _ = self.term.recv() => tracing::info!("SIGTERM received"),
+            _ = self.int.recv() => tracing::info!("SIGINT received"),
+        }
     }
 }

@@ -81,7 +81,34 @@ impl Default for EgressSettings {
     }
 }
 
+/// The lowest `--egress-ip-table-base`: egressd's tables start above the kernel's own
+/// (253 default, 254 main, 255 local).
+pub const MIN_TABLE_BASE: u32 = 255;
+/// The highest `--egress-ip-table-base`: base + 255 stays below `u32::MAX` (never wraps).
+pub const MAX_TABLE_BASE: u32 = u32::MAX - 256;
+/// Packet-mark bits kube-proxy uses (0x4000 masquerade, 0x8000 drop); egressd's mask
+/// must not touch them.
+pub const KUBE_PROXY_MARKS: u32 = 0x0000_c000;
+
 impl EgressSettings {
+    /// Check a mark mask: non-zero, contiguous (the mark values are counted inside it)
+    /// and clear of kube-proxy's bits. The error says why.
+    pub fn check_mark_mask(mask: u32) -> Result<(), String> {
+        if mask == 0 {
+            return Err("must not be 0".into());
+        }
+        let shifted = mask >> mask.trailing_zeros();
+        if shifted & shifted.wrapping_add(1) != 0 {
+            return Err(format!("{mask:#010x}: the bits must be contiguous (e.g. 0x00ff0000)"));
+        }
+        if mask & KUBE_PROXY_MARKS != 0 {
+            return Err(format!(
+                "{mask:#010x} overlaps kube-proxy's mark bits {KUBE_PROXY_MARKS:#010x} (0x4000 masquerade, 0x8000 drop)"
+            ));
+        }
+        Ok(())
+    }
+
     /// The mark value for routing table index `k` (1-based), shifted into the mask.
     pub fn mark(&self, k: u32) -> u32 {
         k.checked_shl(self.mark_mask.trailing_zeros()).unwrap_or(0) & self.mark_mask
@@ -895,6 +922,22 @@ mod tests {
         assert_eq!(s.capacity(), 15);
         assert_eq!(mark_statement(&s, 2), "meta mark set meta mark and 0xffff0fff or 0x00002000");
         assert!(s.owns_table(7471) && !s.owns_table(7470) && !s.owns_table(7470 + 256));
+    }
+
+    #[test]
+    fn mark_masks_are_checked_and_table_ids_never_wrap() {
+        assert!(EgressSettings::check_mark_mask(0x00ff_0000).is_ok());
+        assert!(EgressSettings::check_mark_mask(0x8000_0000).is_ok());
+        assert!(EgressSettings::check_mark_mask(0).is_err());
+        assert!(EgressSettings::check_mark_mask(0x0001_0100).unwrap_err().contains("contiguous"));
+        for kube_proxy in [0x4000, 0x8000, 0xff00, 0xffff_ffff] {
+            assert!(EgressSettings::check_mark_mask(kube_proxy).unwrap_err().contains("kube-proxy"), "{kube_proxy:#x}");
+        }
+        let top = EgressSettings { table_base: MAX_TABLE_BASE, ..Default::default() };
+        let ids: Vec<u32> = (1..=top.tables).map(|k| top.table_base + k).collect();
+        assert!(ids.iter().all(|t| top.owns_table(*t) && *t > MAX_TABLE_BASE && *t < u32::MAX));
+        let bottom = EgressSettings { table_base: MIN_TABLE_BASE, ..Default::default() };
+        assert!((1..=bottom.tables).all(|k| !(253..=255).contains(&(bottom.table_base + k))));
     }
 
     #[test]

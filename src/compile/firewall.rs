@@ -16,7 +16,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use super::{NodeConfig, ObjectStatus, Outcome};
-use crate::dns::{DnsAnswers, FLOOR};
+use crate::dns::{DnsAnswers, element_timeout};
 use crate::nft::{Chain, Hook, KeyType, Set, Table, chain_name, set_name};
 use crate::view::policy::{Action, DnsName, FirewallPolicy, FirewallRule, Target};
 use crate::view::{ClusterView, PodInfo};
@@ -86,7 +86,7 @@ fn dns_sets(ctx: &Ctx, name: &DnsName, table: &mut Table) -> Vec<(&'static str, 
             if let Some(resolved) = resolved {
                 // Kernel-side expiry: the agent refreshes these while it runs; if it is
                 // gone for long, stale addresses leave by themselves.
-                let timeout = resolved.ttl.max(FLOOR) + ctx.node.dns_grace;
+                let timeout = element_timeout(resolved.ttl, ctx.node.dns_grace);
                 for ip in resolved.addresses.iter().filter(|ip| !ctx.exempt.iter().any(|n| n.contains(*ip))) {
                     if ip.is_ipv4() == (key == KeyType::Ipv4) {
                         set.elements.insert(ip.to_string(), format!("timeout {}s", timeout.as_secs()));

@@ -16,7 +16,10 @@ use crate::dns::DnsAnswers;
 use crate::nft::Table;
 use crate::view::ClusterView;
 
-pub use egress_ip::{EgressSettings, HostLink, HostLinks, MarkRule, NetDesired, NextHop, SNAT_CHAIN, STEER_CHAIN};
+pub use egress_ip::{
+    EgressSettings, HostLink, HostLinks, KUBE_PROXY_MARKS, MAX_TABLE_BASE, MIN_TABLE_BASE, MarkRule, NetDesired,
+    NextHop, SNAT_CHAIN, STEER_CHAIN,
+};
 pub use firewall::{FIREWALL_CHAIN, FIREWALL_LOCAL_CHAIN, dns_names, dns_rule_names, dns_set_names, wildcard_sets};
 pub use qos::QOS_CHAIN;
 pub use snoop::{
@@ -53,6 +56,10 @@ impl NodeConfig {
         }
     }
 }
+
+/// The largest `--dns-grace-secs` (7 days): with a TTL capped at [`crate::dns::MAX_TTL`]
+/// the kernel timeout stays far below what nft accepts.
+pub const MAX_DNS_GRACE_SECS: u64 = 7 * 24 * 3600;
 
 /// The default [`NodeConfig::dns_grace`].
 pub const DEFAULT_DNS_GRACE: std::time::Duration = std::time::Duration::from_secs(300);

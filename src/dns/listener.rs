@@ -17,7 +17,6 @@ use netlink_packet_netfilter::nflog::{ConfigCmd, ConfigFlags, ConfigMode, Packet
 use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily};
 use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
 
-use super::FLOOR;
 use super::snoop::{Ignored, Snooper, dns_message, name_matches, parse_packet};
 use crate::compile::{PREFIX_ANSWER, PREFIX_QUERY, PREFIX_UNTRACKED, PREFIX_UNTRUSTED, SnoopTargets};
 use crate::dataplane::elements::{Element, ElementWriter};
@@ -202,7 +201,7 @@ impl SnoopHandle {
                 if targets.exempt.iter().any(|n| n.contains(&l.address)) {
                     continue;
                 }
-                let timeout = l.ttl.max(FLOOR) + targets.grace;
+                let timeout = super::element_timeout(l.ttl, targets.grace);
                 for name in targets.names.get(namespace).into_iter().flatten() {
                     if !l.names.iter().any(|n| name_matches(&name.base, name.wildcard, n)) {
                         continue;

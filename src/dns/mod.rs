@@ -22,6 +22,19 @@ use std::time::{Duration, Instant};
 
 /// Shortest interval between two resolutions of one name.
 pub const FLOOR: Duration = Duration::from_secs(5);
+/// Longest TTL egressd honours (1 day): a longer one is cut to this, so an answer never
+/// pins an address for years and the kernel timeout (TTL + grace) always fits nft's range.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+/// How long an answer with `ttl` stays valid for egressd: [`FLOOR`] ..= [`MAX_TTL`].
+pub fn effective_ttl(ttl: Duration) -> Duration {
+    ttl.clamp(FLOOR, MAX_TTL)
+}
+
+/// The kernel timeout of a DNS address: its effective TTL plus the grace.
+pub fn element_timeout(ttl: Duration, grace: Duration) -> Duration {
+    effective_ttl(ttl).saturating_add(grace)
+}
+
 /// Failures retried at [`FLOOR`] before backing off.
 pub const FAST_RETRIES: u32 = 10;
 /// Longest retry interval after repeated failures.
@@ -97,7 +110,7 @@ impl DnsTracker {
         let Some(state) = self.names.get_mut(name) else { return false };
         match result {
             Ok(resolved) => {
-                state.next = now + resolved.ttl.max(FLOOR);
+                state.next = now + effective_ttl(resolved.ttl);
                 state.failures = 0;
                 state.last_error = None;
                 let changed = state.last.as_ref().map(|l| &l.addresses) != Some(&resolved.addresses);

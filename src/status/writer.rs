@@ -78,8 +78,30 @@ impl StatusSink for KubeStatusWriter {
     }
 }
 
+/// The API server's limit on a field manager's name and on an Event's
+/// `reportingInstance`.
+const NAME_LIMIT: usize = 128;
+
+/// `name` if it fits in `limit` bytes, else as much of it as fits before `-` and 16 hex
+/// digits of its SHA-256 (distinct names stay distinct, the same name maps the same way
+/// on every node).
+fn bounded(name: &str, limit: usize) -> String {
+    use sha2::{Digest, Sha256};
+    if name.len() <= limit {
+        return name.to_string();
+    }
+    let hash: String = Sha256::digest(name.as_bytes()).iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let mut keep = limit - hash.len() - 1;
+    while !name.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    format!("{}-{hash}", &name[..keep])
+}
+
+/// The field manager of `node`'s status entries (every node computes the same name, so
+/// the leader can remove a deleted node's entries by it).
 fn manager(node: &str) -> String {
-    format!("egressd-{node}")
+    bounded(&format!("egressd-{node}"), NAME_LIMIT)
 }
 
 fn messages(api_status: Option<&Value>) -> Vec<String> {
@@ -307,7 +329,7 @@ async fn emit_event(
         // cluster-scoped object (EgressIP) does not have.
         event_time: (!key.namespace.is_empty()).then_some(MicroTime(now)),
         reporting_component: Some("egressd".into()),
-        reporting_instance: Some(node.into()),
+        reporting_instance: Some(bounded(node, NAME_LIMIT)),
         action: (!key.namespace.is_empty()).then(|| action.into()),
         count: Some(1),
         ..Default::default()
@@ -421,6 +443,23 @@ mod tests {
             }],
             warnings: vec![],
         }
+    }
+
+    #[test]
+    fn field_managers_of_long_node_names_fit_the_api_limit() {
+        assert_eq!(manager("n1"), "egressd-n1");
+        let long_a = format!("{}a", "x".repeat(252));
+        let long_b = format!("{}b", "x".repeat(252));
+        for name in [&long_a, &long_b] {
+            let m = manager(name);
+            assert_eq!(m.len(), NAME_LIMIT, "{m}");
+            assert!(m.starts_with("egressd-xxx"), "{m}");
+            assert_eq!(manager(name), m, "deterministic");
+        }
+        assert_ne!(manager(&long_a), manager(&long_b), "distinct names stay distinct");
+        let exactly = "y".repeat(NAME_LIMIT - "egressd-".len());
+        assert_eq!(manager(&exactly), format!("egressd-{exactly}"), "a name that fits is kept");
+        assert_eq!(bounded(&"é".repeat(100), 20).len(), 19, "cut at a character boundary");
     }
 
     #[test]
