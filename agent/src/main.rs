@@ -468,7 +468,7 @@ fn run(args: RunArgs) -> ExitCode {
             v = KubeView::start(&client) => v,
             _ = &mut shutdown => return Ok(()),
         };
-        let writer = KubeStatusWriter::start(client, args.node.node_name.clone(), leadership);
+        let writer = KubeStatusWriter::start(client, args.node.node_name.clone(), leadership, view.status_board());
         egressd::agent::run(config, view, syncer, writer, shutdown).await
     });
     match result {

@@ -30,6 +30,7 @@ use tokio::sync::mpsc;
 use crate::api::parse::Parsed;
 use crate::api::{Kind, Object, ObjectKey, parse_document};
 use crate::view::ClusterView;
+use crate::view::observed::{Observed, StatusBoard};
 
 /// What a watcher reports.
 #[derive(Debug)]
@@ -42,8 +43,8 @@ pub enum KubeMsg {
         key: ObjectKey,
         /// The decoded object, or why it was rejected.
         object: Result<Box<Object>, String>,
-        /// Its `status` as stored, for the status writer.
-        status: Option<Value>,
+        /// Its `uid` and `status` as stored, for the status writer (custom kinds).
+        observed: Option<Observed>,
     },
     /// An object was deleted.
     Delete(ObjectKey),
@@ -93,19 +94,19 @@ fn custom(kind: Kind, obj: DynamicObject) -> KubeMsg {
     let key = key_of(kind, &obj.metadata);
     let mut value = match serde_json::to_value(&obj) {
         Ok(v) => v,
-        Err(e) => return KubeMsg::Apply { key, object: Err(format!("cannot encode: {e}")), status: None },
+        Err(e) => return KubeMsg::Apply { key, object: Err(format!("cannot encode: {e}")), observed: None },
     };
     if let Some(map) = value.as_object_mut() {
         map.insert("apiVersion".into(), Value::String(kind.api_version().into()));
         map.insert("kind".into(), Value::String(kind.as_str().into()));
     }
-    let status = value.get("status").cloned();
+    let observed = Observed { uid: obj.metadata.uid.clone(), status: value.get("status").cloned() };
     let object = match parse_document(&value, "", false) {
         Ok(Parsed::Object(o)) => Ok(Box::new(o)),
         Ok(Parsed::Ignored { kind, .. }) => Err(format!("unexpected kind {kind}")),
         Err(e) => Err(e.violations.join("; ")),
     };
-    KubeMsg::Apply { key, object, status }
+    KubeMsg::Apply { key, object, observed: Some(observed) }
 }
 
 async fn forward<K, F>(kind: Kind, api: Api<K>, tx: mpsc::Sender<KubeMsg>, convert: F)
@@ -135,17 +136,17 @@ pub fn start_watches(client: &Client) -> mpsc::Receiver<KubeMsg> {
     tokio::spawn(forward(Kind::Namespace, Api::<Namespace>::all(client.clone()), tx.clone(), |o| KubeMsg::Apply {
         key: key_of(Kind::Namespace, &o.metadata),
         object: Ok(Box::new(Object::Namespace(o))),
-        status: None,
+        observed: None,
     }));
     tokio::spawn(forward(Kind::Node, Api::<Node>::all(client.clone()), tx.clone(), |o| KubeMsg::Apply {
         key: key_of(Kind::Node, &o.metadata),
         object: Ok(Box::new(Object::Node(o))),
-        status: None,
+        observed: None,
     }));
     tokio::spawn(forward(Kind::Pod, Api::<Pod>::all(client.clone()), tx.clone(), |o| KubeMsg::Apply {
         key: key_of(Kind::Pod, &o.metadata),
         object: Ok(Box::new(Object::Pod(o))),
-        status: None,
+        observed: None,
     }));
     for kind in [Kind::EgressFirewall, Kind::EgressQoS, Kind::EgressIP, Kind::CloudPrivateIPConfig] {
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &api_resource(kind));
@@ -168,6 +169,8 @@ pub struct KubeSource {
     errors: BTreeMap<Kind, String>,
     /// Objects rejected by the parser, with the reason.
     rejected: BTreeMap<ObjectKey, String>,
+    /// Stored uids and statuses (not part of the view: never a reason to recompile).
+    board: StatusBoard,
 }
 
 /// The Kubernetes watches as a [`crate::agent::ViewSource`].
@@ -177,6 +180,11 @@ pub struct KubeView {
 }
 
 impl KubeView {
+    /// The stored uids and statuses (for the status writer).
+    pub fn status_board(&self) -> StatusBoard {
+        self.source.status_board()
+    }
+
     /// Start the watches and wait until every kind is listed (the agent applies nothing
     /// before that). Logs progress while the API server is unreachable.
     pub async fn start(client: &Client) -> Self {
@@ -237,9 +245,9 @@ impl KubeSource {
         KINDS.iter().all(|k| self.synced.contains(k))
     }
 
-    /// The stored `status` of an object.
-    pub fn observed_status(&self, key: &ObjectKey) -> Option<&Value> {
-        self.view.api_status.get(key)
+    /// The stored uids and statuses, for the status writer.
+    pub fn status_board(&self) -> StatusBoard {
+        self.board.clone()
     }
 
     /// Watch errors and rejected objects, for the status file.
@@ -249,36 +257,34 @@ impl KubeSource {
         out
     }
 
-    /// Apply one message. Returns whether the view (or an observed status) changed.
+    /// Apply one message. Returns whether the view changed (a change of a stored status
+    /// alone goes to the [`StatusBoard`] and is not a view change).
     pub fn handle(&mut self, msg: KubeMsg) -> bool {
         match msg {
             KubeMsg::Init(kind) => {
                 self.relisting.insert(kind, BTreeSet::new());
                 false
             }
-            KubeMsg::Apply { key, object, status } => {
+            KubeMsg::Apply { key, object, observed } => {
                 self.errors.remove(&key.kind);
                 if let Some(seen) = self.relisting.get_mut(&key.kind) {
                     seen.insert(key.clone());
                 }
                 self.present.entry(key.kind).or_default().insert(key.clone());
-                let mut changed = false;
-                if let Some(s) = status.filter(|_| matches!(key.kind, Kind::EgressFirewall | Kind::EgressQoS)) {
-                    changed |= self.view.api_status.get(&key) != Some(&s);
-                    self.view.api_status.insert(key.clone(), s);
+                if let Some(o) = observed {
+                    self.board.set(&key, o);
                 }
-                changed
-                    | match object {
-                        Ok(o) => {
-                            self.rejected.remove(&key);
-                            self.view.upsert(&o)
-                        }
-                        Err(e) => {
-                            tracing::warn!(object = %key, error = %e, "object rejected");
-                            self.rejected.insert(key.clone(), e.clone());
-                            self.view.reject(&key, e)
-                        }
+                match object {
+                    Ok(o) => {
+                        self.rejected.remove(&key);
+                        self.view.upsert(&o)
                     }
+                    Err(e) => {
+                        tracing::warn!(object = %key, error = %e, "object rejected");
+                        self.rejected.insert(key.clone(), e.clone());
+                        self.view.reject(&key, e)
+                    }
+                }
             }
             KubeMsg::Delete(key) => {
                 self.remove(&key);
@@ -310,6 +316,7 @@ impl KubeSource {
 
     fn remove(&mut self, key: &ObjectKey) {
         self.view.remove(key);
+        self.board.remove(key);
         self.rejected.remove(key);
         if let Some(p) = self.present.get_mut(&key.kind) {
             p.remove(key);
@@ -327,7 +334,7 @@ mod tests {
         KubeMsg::Apply {
             key: ObjectKey::new(Kind::Namespace, "", name),
             object: Ok(Box::new(Object::Namespace(n))),
-            status: None,
+            observed: None,
         }
     }
 
@@ -368,9 +375,17 @@ mod tests {
             "status": {"messages": ["n1: EgressFirewall Rules applied"]}
         }))
         .unwrap();
-        s.handle(custom(Kind::EgressFirewall, good.clone()));
+        assert!(s.handle(custom(Kind::EgressFirewall, good.clone())));
         assert!(s.view().firewalls["a"].policy.is_some());
-        assert!(s.observed_status(&ObjectKey::new(Kind::EgressFirewall, "a", "default")).is_some());
+        let key = ObjectKey::new(Kind::EgressFirewall, "a", "default");
+        assert_eq!(s.status_board().snapshot()[&key].uid.as_deref(), Some("x"));
+        // Another node's status write comes back as a new version with the same spec:
+        // the board sees it, the view does not change (no recompile).
+        let mut echo = good.clone();
+        echo.data["status"] =
+            serde_json::json!({"messages": ["n1: EgressFirewall Rules applied", "n2: EgressFirewall Rules applied"]});
+        assert!(!s.handle(custom(Kind::EgressFirewall, echo)), "a status echo is not a view change");
+        assert_eq!(s.status_board().snapshot()[&key].status.as_ref().unwrap()["messages"].as_array().unwrap().len(), 2);
         let mut bad = good;
         bad.data["spec"]["egress"][0]["to"]["cidrSelector"] = serde_json::json!("1.2.3./32");
         s.handle(custom(Kind::EgressFirewall, bad));

@@ -36,6 +36,7 @@ use crate::api::{Kind, ObjectKey};
 use crate::compile::{Desired, Outcome};
 use crate::source::kube::api_resource;
 use crate::view::ClusterView;
+use crate::view::observed::{Observed, StatusBoard};
 
 const EF_APPLIED: &str = "EgressFirewall Rules applied";
 const EF_NOT_APPLIED: &str = "EgressFirewall Rules not correctly applied";
@@ -64,11 +65,48 @@ pub struct KubeStatusWriter {
 }
 
 impl KubeStatusWriter {
-    /// Start the writer task for node `node`.
-    pub fn start(client: Client, node: String, leadership: Leadership) -> Self {
+    /// Start the writer task for node `node`; `board` is what the API stores (the
+    /// Kubernetes source keeps it up to date).
+    pub fn start(client: Client, node: String, leadership: Leadership, board: StatusBoard) -> Self {
         let (tx, rx) = watch::channel(None);
-        tokio::spawn(writer_task(client, node, leadership, rx));
+        tokio::spawn(writer_task(client, node, leadership, rx, board));
         Self { tx }
+    }
+}
+
+/// What the API stores, by object.
+pub type ObservedObjects = BTreeMap<ObjectKey, Observed>;
+
+fn stored<'a>(observed: &'a ObservedObjects, key: &ObjectKey) -> Option<&'a Value> {
+    observed.get(key).and_then(|o| o.status.as_ref())
+}
+
+/// The writes done, so that the same write is not repeated while nothing changed. An
+/// entry counts only for the same object (`uid`: a deleted and re-created object is
+/// written again) whose stored status is still what it was when written (anyone
+/// changing it — the echo of the write included — makes the writer look again, and it
+/// writes only what differs).
+#[derive(Debug, Default)]
+pub struct WriteLog {
+    done: BTreeMap<(ObjectKey, String), (Observed, Value)>,
+}
+
+impl WriteLog {
+    /// Whether `w` must be sent, given what is stored now.
+    pub fn needed(&self, w: &StatusWrite, observed: &ObservedObjects) -> bool {
+        let now = observed.get(&w.key).cloned().unwrap_or_default();
+        self.done.get(&(w.key.clone(), w.manager.clone())) != Some(&(now, w.status.clone()))
+    }
+
+    /// `w` was written while `observed` was stored.
+    pub fn record(&mut self, w: StatusWrite, observed: &ObservedObjects) {
+        let now = observed.get(&w.key).cloned().unwrap_or_default();
+        self.done.insert((w.key, w.manager), (now, w.status));
+    }
+
+    /// Forget objects that are gone.
+    pub fn retain_present(&mut self, observed: &ObservedObjects) {
+        self.done.retain(|(k, _), _| observed.contains_key(k));
     }
 }
 
@@ -118,10 +156,10 @@ fn conditions(api_status: Option<&Value>) -> Vec<Value> {
 
 /// What this node writes: its own EgressFirewall message and EgressQoS condition, where
 /// the stored status differs.
-pub fn node_writes(node: &str, view: &ClusterView, desired: &Desired, now: &str) -> Vec<StatusWrite> {
+pub fn node_writes(node: &str, observed: &ObservedObjects, desired: &Desired, now: &str) -> Vec<StatusWrite> {
     let mut out = Vec::new();
     for s in &desired.statuses {
-        let stored = view.api_status.get(&s.key);
+        let stored = stored(observed, &s.key);
         match s.key.kind {
             Kind::EgressFirewall
                 if !matches!(s.outcome, Outcome::Ignored(_)) && !messages(stored).contains(&s.message) =>
@@ -168,12 +206,12 @@ fn node_of(message: &str) -> Option<&str> {
 }
 
 /// What the leader writes: aggregates and removal of deleted nodes' entries.
-pub fn leader_writes(view: &ClusterView) -> Vec<StatusWrite> {
+pub fn leader_writes(view: &ClusterView, observed: &ObservedObjects) -> Vec<StatusWrite> {
     let mut out = Vec::new();
     let ready: BTreeSet<&str> = view.nodes.iter().filter(|(_, n)| n.ready).map(|(n, _)| n.as_str()).collect();
     let exists = |n: &str| view.nodes.contains_key(n);
     for entry in view.firewalls.values() {
-        let stored = view.api_status.get(&entry.key);
+        let stored = stored(observed, &entry.key);
         let msgs = messages(stored);
         let mut gone: BTreeSet<&str> = BTreeSet::new();
         for m in &msgs {
@@ -191,7 +229,7 @@ pub fn leader_writes(view: &ClusterView) -> Vec<StatusWrite> {
         out.extend(aggregate_write(&entry.key, stored, failed, complete, (EF_APPLIED, EF_NOT_APPLIED)));
     }
     for entry in view.qos.values() {
-        let stored = view.api_status.get(&entry.key);
+        let stored = stored(observed, &entry.key);
         let conds = conditions(stored);
         let zone = |c: &Value| c["type"].as_str().and_then(|t| t.strip_prefix("Ready-In-Zone-")).map(String::from);
         let mut reported = BTreeSet::new();
@@ -342,27 +380,31 @@ async fn writer_task(
     node: String,
     leadership: Leadership,
     mut rx: watch::Receiver<Option<Arc<Snapshot>>>,
+    board: StatusBoard,
 ) {
-    // (object, manager) → status last written successfully.
-    let mut written: BTreeMap<(ObjectKey, String), Value> = BTreeMap::new();
-    let mut evented: BTreeMap<ObjectKey, String> = BTreeMap::new();
-    let mut node_evented: BTreeMap<ObjectKey, String> = BTreeMap::new();
+    let mut log = WriteLog::default();
+    // Events already recorded: (object, uid) → error; a re-created object gets its own.
+    let mut evented: BTreeMap<(ObjectKey, Option<String>), String> = BTreeMap::new();
+    let mut node_evented: BTreeMap<(ObjectKey, Option<String>), String> = BTreeMap::new();
     let mut recheck = tokio::time::interval(Duration::from_secs(5));
     loop {
         tokio::select! {
             r = rx.changed() => if r.is_err() { return },
+            _ = board.changed() => {}
             _ = recheck.tick() => {}
         }
         let Some(snap) = rx.borrow_and_update().clone() else { continue };
+        let observed = board.snapshot();
+        log.retain_present(&observed);
+        let uid = |key: &ObjectKey| observed.get(key).and_then(|o| o.uid.clone());
         let now =
             jiff::Timestamp::now().round(jiff::Unit::Second).unwrap_or_else(|_| jiff::Timestamp::now()).to_string();
-        let mut writes = node_writes(&node, &snap.view, &snap.desired, &now);
+        let mut writes = node_writes(&node, &observed, &snap.desired, &now);
         if leadership.is_leader() {
-            writes.extend(leader_writes(&snap.view));
+            writes.extend(leader_writes(&snap.view, &observed));
         }
         for w in writes {
-            let id = (w.key.clone(), w.manager.clone());
-            if written.get(&id) == Some(&w.status) {
+            if !log.needed(&w, &observed) {
                 continue;
             }
             if w.manager != manager(&node) && !leadership.is_leader() {
@@ -371,19 +413,20 @@ async fn writer_task(
             match apply_status(&client, &w).await {
                 Ok(()) => {
                     tracing::debug!(object = %w.key, manager = %w.manager, "status written");
-                    written.insert(id, w.status);
+                    log.record(w, &observed);
                 }
                 Err(e) => tracing::warn!(object = %w.key, error = %e, "status write failed; will retry"),
             }
         }
         if leadership.is_leader() {
             for (key, error) in rejections(&snap.view) {
-                if evented.get(&key) == Some(&error) {
+                let id = (key.clone(), uid(&key));
+                if evented.get(&id) == Some(&error) {
                     continue;
                 }
                 match emit_event(&client, &node, &key, &error, EventKind::Invalid).await {
                     Ok(()) => {
-                        evented.insert(key, error);
+                        evented.insert(id, error);
                     }
                     Err(e) => tracing::warn!(object = %key, error = %e, "event not recorded"),
                 }
@@ -392,12 +435,13 @@ async fn writer_task(
         // This node's own EgressIP problems (conflicts, addresses it cannot host): the
         // object has no per-node status field, so an Event is where they show.
         for (key, message) in node_problems(&snap.desired) {
-            if node_evented.get(&key) == Some(&message) {
+            let id = (key.clone(), uid(&key));
+            if node_evented.get(&id) == Some(&message) {
                 continue;
             }
             match emit_event(&client, &node, &key, &message, EventKind::NotApplied).await {
                 Ok(()) => {
-                    node_evented.insert(key, message);
+                    node_evented.insert(id, message);
                 }
                 Err(e) => tracing::warn!(object = %key, error = %e, "event not recorded"),
             }
@@ -418,16 +462,17 @@ mod tests {
         ObjectKey::new(Kind::EgressFirewall, "a", "default")
     }
 
-    fn view(nodes: &[(&str, bool)], stored: Option<Value>) -> ClusterView {
+    fn view(nodes: &[(&str, bool)]) -> ClusterView {
         let mut v = ClusterView::default();
         for (n, ready) in nodes {
             v.nodes.insert(n.to_string(), NodeInfo { ready: *ready, ..Default::default() });
         }
         v.firewalls.insert("a".into(), Entry { key: key(), policy: None, error: None });
-        if let Some(s) = stored {
-            v.api_status.insert(key(), s);
-        }
         v
+    }
+
+    fn obs(uid: &str, stored: Option<Value>) -> ObservedObjects {
+        BTreeMap::from([(key(), Observed { uid: Some(uid.into()), status: stored })])
     }
 
     fn desired(message: &str) -> Desired {
@@ -463,18 +508,41 @@ mod tests {
     }
 
     #[test]
+    fn a_write_is_repeated_for_a_re_created_object_or_a_cleared_status_only() {
+        let msg = "n1: EgressFirewall Rules applied";
+        let mut log = WriteLog::default();
+        let before = obs("u1", None);
+        let w = node_writes("n1", &before, &desired(msg), "t").remove(0);
+        assert!(log.needed(&w, &before));
+        log.record(w.clone(), &before);
+        assert!(!log.needed(&w, &before), "the same write while nothing changed is not repeated");
+        // The echo arrives: nothing to write any more.
+        let echoed = obs("u1", Some(json!({"messages": [msg]})));
+        assert!(node_writes("n1", &echoed, &desired(msg), "t").is_empty());
+        // The object is deleted and re-created with the same name: new uid, empty status.
+        let recreated = obs("u2", None);
+        let again = node_writes("n1", &recreated, &desired(msg), "t");
+        assert_eq!(again, vec![w.clone()]);
+        assert!(log.needed(&again[0], &recreated), "a re-created object gets this node's status again");
+        // Someone clears the status of the same object after the echo: written again.
+        log.record(w.clone(), &echoed);
+        let cleared = obs("u1", Some(json!({"messages": []})));
+        let w3 = node_writes("n1", &cleared, &desired(msg), "t");
+        assert!(log.needed(&w3[0], &cleared));
+        log.retain_present(&BTreeMap::new());
+        assert!(log.done.is_empty(), "deleted objects are forgotten");
+    }
+
+    #[test]
     fn a_node_writes_only_what_the_api_does_not_have() {
         let msg = "n1: EgressFirewall Rules applied";
-        let w = node_writes("n1", &view(&[("n1", true)], None), &desired(msg), "t");
+        let w = node_writes("n1", &obs("u1", None), &desired(msg), "t");
         assert_eq!(
             w,
             vec![StatusWrite { key: key(), manager: "egressd-n1".into(), status: json!({"messages": [msg]}) }]
         );
         let stored = json!({"messages": [msg]});
-        assert!(
-            node_writes("n1", &view(&[("n1", true)], Some(stored)), &desired(msg), "t").is_empty(),
-            "restart rewrites nothing"
-        );
+        assert!(node_writes("n1", &obs("u1", Some(stored)), &desired(msg), "t").is_empty(), "restart rewrites nothing");
     }
 
     #[test]
@@ -482,21 +550,21 @@ mod tests {
         let ok = |n: &str| format!("{n}: EgressFirewall Rules applied");
         let one = json!({"messages": [ok("n1")]});
         assert!(
-            leader_writes(&view(&[("n1", true), ("n2", true)], Some(one.clone()))).is_empty(),
+            leader_writes(&view(&[("n1", true), ("n2", true)]), &obs("u1", Some(one.clone()))).is_empty(),
             "n2 has not reported"
         );
         // n2 is not Ready: n1's report is enough.
-        let w = leader_writes(&view(&[("n1", true), ("n2", false)], Some(one)));
+        let w = leader_writes(&view(&[("n1", true), ("n2", false)]), &obs("u1", Some(one)));
         assert_eq!(w[0].status, json!({"status": EF_APPLIED}));
         let bad = json!({"messages": [ok("n1"), "n2: EgressFirewall Rules not correctly applied: x"]});
-        let w = leader_writes(&view(&[("n1", true), ("n2", true)], Some(bad)));
+        let w = leader_writes(&view(&[("n1", true), ("n2", true)]), &obs("u1", Some(bad)));
         assert_eq!(w[0].status, json!({"status": EF_NOT_APPLIED}));
     }
 
     #[test]
     fn a_deleted_nodes_entry_is_removed_by_its_own_field_manager() {
         let stored = json!({"messages": ["gone: EgressFirewall Rules applied", "n1: EgressFirewall Rules applied"], "status": EF_APPLIED});
-        let w = leader_writes(&view(&[("n1", true)], Some(stored)));
+        let w = leader_writes(&view(&[("n1", true)]), &obs("u1", Some(stored)));
         assert_eq!(
             w,
             vec![StatusWrite { key: key(), manager: "egressd-gone".into(), status: json!({"messages": []}) }]
@@ -506,11 +574,15 @@ mod tests {
     #[test]
     fn qos_condition_keeps_its_transition_time_while_unchanged() {
         let qkey = ObjectKey::new(Kind::EgressQoS, "a", "default");
-        let mut v = ClusterView::default();
-        v.api_status.insert(
+        let v = BTreeMap::from([(
             qkey.clone(),
-            json!({"conditions": [{"type": "Ready-In-Zone-n1", "status": "True", "reason": "SetupSucceeded", "message": "old", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}),
-        );
+            Observed {
+                uid: None,
+                status: Some(
+                    json!({"conditions": [{"type": "Ready-In-Zone-n1", "status": "True", "reason": "SetupSucceeded", "message": "old", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}),
+                ),
+            },
+        )]);
         let cond = StatusCondition {
             type_: "Ready-In-Zone-n1".into(),
             status: "True".into(),

@@ -6,6 +6,7 @@
 //! policy object that fails validation keeps its last good version here (so nothing
 //! already applied is lost) together with the error, which becomes its status.
 
+pub mod observed;
 pub mod policy;
 pub mod selector;
 
@@ -158,9 +159,6 @@ pub struct ClusterView {
     pub cloud_ips: BTreeMap<String, Entry<CloudPrivateIp>>,
     /// Objects that are valid but not acted on, with the reason.
     pub ignored: BTreeMap<ObjectKey, String>,
-    /// The `status` the API server stores for EgressFirewall and EgressQoS objects
-    /// (Kubernetes source only), so status writers write only what differs.
-    pub api_status: BTreeMap<ObjectKey, serde_json::Value>,
 }
 
 /// Store a conversion result; returns whether the entry changed.
@@ -262,7 +260,6 @@ impl ClusterView {
     /// Remove an object.
     pub fn remove(&mut self, key: &ObjectKey) {
         self.ignored.remove(key);
-        self.api_status.remove(key);
         let same = |e: &ObjectKey| e == key;
         match key.kind {
             Kind::EgressFirewall => {
