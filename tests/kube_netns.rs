@@ -277,7 +277,7 @@ fn follows_the_cluster_writes_statuses_and_survives_restarts_and_410() {
     eprintln!("stale watch answered with 410: {saw_410}");
     assert!(!t.node.nft_list().contains("fw-team-a"), "namespace chain left behind");
     // Re-created under the same name: this node reports on the new object too.
-    firewall(&api, "team-a", "  - {type: Deny, to: {cidrSelector: 203.0.113.0/24}}\n");
+    firewall(&api, "team-a", "  - {type: Deny, to: {cidrSelector: 198.51.100.0/24}}\n");
     let rewritten = wait_for(Duration::from_secs(15), || {
         api.get(&["egressfirewall", "default", "-n", "team-a", "-o", "jsonpath={.status.messages}"])
             .contains("node-a: EgressFirewall Rules applied")
@@ -371,4 +371,62 @@ fn daemonset_manifests_pass_a_server_side_dry_run() {
     assert!(!can("patch", "egressfirewalls.k8s.ovn.org", ""));
     assert!(!can("get", "secrets", ""));
     assert!(!can("create", "customresourcedefinitions.apiextensions.k8s.io", ""));
+}
+
+/// A cluster without OpenShift's CloudPrivateIPConfig CRD, where RBAC does not grant
+/// EgressQoS: both kinds count as empty, the rest is enforced and reported at once;
+/// /readyz and the metric name them; the CRD, once installed, is picked up.
+#[test]
+fn a_missing_crd_and_a_forbidden_kind_do_not_block_policy() {
+    let t = Topology::with_pods(&[("", "")]);
+    let (api_ns, dir) = cluster(&t);
+    let api = ApiServer::start(&api_ns, dir);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let crds = std::fs::read_to_string(root.join("daemonset/crds/crds.yaml")).unwrap();
+    let i = crds.find("name: cloudprivateipconfigs.cloud.network.openshift.io").unwrap();
+    let (without_cpic, cpic) = crds.split_at(crds[..i].rfind("---").unwrap());
+    api.apply(without_cpic);
+    let rbac = std::fs::read_to_string(root.join("daemonset/rbac.yaml")).unwrap();
+    let no_qos =
+        rbac.replace("resources: [egressfirewalls, egressqoses, egressips]", "resources: [egressfirewalls, egressips]");
+    assert_ne!(no_qos, rbac);
+    api.apply(&no_qos);
+    let served = wait_for(Duration::from_secs(10), || api.kubectl(&["get", "egressfirewalls", "-A"], "").0);
+    assert!(served.is_some(), "CRDs not served");
+    api.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: team-a}\n");
+    node(&api, "node-a", "198.18.254.1", true);
+    pod(&api, "team-a", "pod0", "node-a", "198.18.1.2", "2001:db8:1:1::2");
+    firewall(&api, "team-a", "  - {type: Deny, to: {cidrSelector: 203.0.113.0/24}}\n");
+
+    let agent = start_agent(&t, &api, "node-a", "egressd");
+    let p0 = &t.pods[0];
+    assert_eq!(tcp(p0, "203.0.113.2", 8080), None, "policy applied:\n{}", agent.log_text());
+    assert!(tcp(p0, "192.0.2.10", 8080).is_some());
+    let status = wait_for(Duration::from_secs(15), || {
+        api.get(&["egressfirewall", "default", "-n", "team-a", "-o", "jsonpath={.status.messages}"])
+            .contains("node-a: EgressFirewall Rules applied")
+    });
+    assert!(status.is_some(), "status not written:\n{}", agent.log_text());
+
+    let health = format!("127.0.0.1:{}", 9780 + u16::from(b'a') % 16);
+    let (code, body) = netns::http_get(&t.node, &health, "/readyz").unwrap();
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("EgressQoS: forbidden by RBAC"), "{body}");
+    let (_, metrics) = netns::http_get(&t.node, &health, "/metrics").unwrap();
+    assert!(
+        metrics.contains("egressd_kind_unavailable{kind=\"CloudPrivateIPConfig\",reason=\"missing\"} 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("egressd_kind_unavailable{kind=\"EgressQoS\",reason=\"forbidden\"} 1"), "{metrics}");
+    let log = agent.log_text();
+    assert!(log.contains("listing this kind is forbidden"), "{log}");
+    assert_eq!(log.matches("kind not served").count(), 1, "logged once:\n{log}");
+
+    // The CRD is installed later: the watch picks it up (backoff at most 30 s).
+    api.apply(cpic);
+    let picked_up = wait_for(Duration::from_secs(45), || {
+        let (_, m) = netns::http_get(&t.node, &health, "/metrics").unwrap_or_default();
+        m.contains("egressd_kind_unavailable{kind=\"CloudPrivateIPConfig\",reason=\"missing\"} 0")
+    });
+    assert!(picked_up.is_some(), "CRD not picked up:\n{}", agent.log_text());
 }

@@ -465,7 +465,7 @@ fn run(args: RunArgs) -> ExitCode {
         };
         tokio::spawn(egressd::status::lease::run(client.clone(), lease, leadership.clone()));
         let view = tokio::select! {
-            v = KubeView::start(&client) => v,
+            v = KubeView::start(&client, telemetry.clone()) => v,
             _ = &mut shutdown => return Ok(()),
         };
         let writer = KubeStatusWriter::start(client, args.node.node_name.clone(), leadership, view.status_board());

@@ -51,7 +51,35 @@ pub enum KubeMsg {
     /// The (re-)list of `kind` is complete.
     InitDone(Kind),
     /// The watch failed (it retries with backoff).
-    Error(Kind, String),
+    Error(Kind, WatchProblem, String),
+}
+
+/// Why a watch failed, as far as it matters to the agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WatchProblem {
+    /// 404: the kind is not served (its CRD is not installed). The kind is empty.
+    Missing,
+    /// 403: RBAC does not allow listing it. The kind is empty, and that is an error.
+    Forbidden,
+    /// Anything else (the API server unreachable, a timeout): retried, nothing changes.
+    Other,
+}
+
+impl WatchProblem {
+    fn of(e: &watcher::Error) -> Self {
+        let code = match e {
+            watcher::Error::InitialListFailed(kube::Error::Api(s))
+            | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+            | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.code,
+            watcher::Error::WatchError(s) => s.code,
+            _ => 0,
+        };
+        match code {
+            404 => Self::Missing,
+            403 => Self::Forbidden,
+            _ => Self::Other,
+        }
+    }
 }
 
 /// The kinds watched.
@@ -122,7 +150,7 @@ where
             Ok(Event::InitDone) => KubeMsg::InitDone(kind),
             Ok(Event::Apply(o) | Event::InitApply(o)) => convert(o),
             Ok(Event::Delete(o)) => KubeMsg::Delete(key_of(kind, o.meta())),
-            Err(e) => KubeMsg::Error(kind, e.to_string()),
+            Err(e) => KubeMsg::Error(kind, WatchProblem::of(&e), e.to_string()),
         };
         if tx.send(msg).await.is_err() {
             return;
@@ -171,12 +199,16 @@ pub struct KubeSource {
     rejected: BTreeMap<ObjectKey, String>,
     /// Stored uids and statuses (not part of the view: never a reason to recompile).
     board: StatusBoard,
+    /// Kinds that cannot be listed (CRD missing, or forbidden), with the error: empty.
+    unavailable: BTreeMap<Kind, (WatchProblem, String)>,
 }
 
 /// The Kubernetes watches as a [`crate::agent::ViewSource`].
 pub struct KubeView {
     source: KubeSource,
     rx: mpsc::Receiver<KubeMsg>,
+    telemetry: std::sync::Arc<crate::telemetry::Telemetry>,
+    reported: BTreeMap<Kind, WatchProblem>,
 }
 
 impl KubeView {
@@ -185,10 +217,39 @@ impl KubeView {
         self.source.status_board()
     }
 
+    /// Readiness and the `kind_unavailable` metric follow the unavailable kinds.
+    fn report_kinds(&mut self) {
+        use crate::telemetry::metrics::KindLabels;
+        let now: BTreeMap<Kind, WatchProblem> = self.source.unavailable().iter().map(|(k, (p, _))| (*k, *p)).collect();
+        if now == self.reported {
+            return;
+        }
+        let label = |p: WatchProblem| if p == WatchProblem::Forbidden { "forbidden" } else { "missing" };
+        for (kind, p) in &self.reported {
+            let labels = KindLabels { kind: kind.to_string(), reason: label(*p).into() };
+            self.telemetry.metrics.kind_unavailable.get_or_create(&labels).set(0);
+        }
+        for (kind, p) in &now {
+            let labels = KindLabels { kind: kind.to_string(), reason: label(*p).into() };
+            self.telemetry.metrics.kind_unavailable.get_or_create(&labels).set(1);
+        }
+        self.telemetry.health.set_unavailable_kinds(
+            now.iter()
+                .map(|(k, p)| crate::telemetry::UnavailableKind {
+                    kind: k.to_string(),
+                    blocking: *p == WatchProblem::Forbidden,
+                    reason: unavailable_text(*p).into(),
+                })
+                .collect(),
+        );
+        self.reported = now;
+    }
+
     /// Start the watches and wait until every kind is listed (the agent applies nothing
     /// before that). Logs progress while the API server is unreachable.
-    pub async fn start(client: &Client) -> Self {
-        let mut view = Self { source: KubeSource::new(), rx: start_watches(client) };
+    pub async fn start(client: &Client, telemetry: std::sync::Arc<crate::telemetry::Telemetry>) -> Self {
+        let mut view =
+            Self { source: KubeSource::new(), rx: start_watches(client), telemetry, reported: BTreeMap::new() };
         while !view.source.synced() {
             match view.rx.recv().await {
                 Some(msg) => {
@@ -197,6 +258,7 @@ impl KubeView {
                 None => break,
             }
         }
+        view.report_kinds();
         tracing::info!(
             pods = view.source.view().pods.len(),
             nodes = view.source.view().nodes.len(),
@@ -225,6 +287,7 @@ impl crate::agent::ViewSource for KubeView {
         while let Ok(Some(msg)) = tokio::time::timeout_at(deadline, self.rx.recv()).await {
             changed |= self.source.handle(msg);
         }
+        self.report_kinds();
         changed
     }
 }
@@ -240,9 +303,22 @@ impl KubeSource {
         &self.view
     }
 
-    /// Whether every kind has been listed completely.
+    /// Whether every kind has been listed completely, or cannot be listed at all (then
+    /// it counts as empty; the watch keeps retrying and picks it up when it appears).
     pub fn synced(&self) -> bool {
-        KINDS.iter().all(|k| self.synced.contains(k))
+        KINDS.iter().all(|k| self.synced.contains(k) || self.unavailable.contains_key(k))
+    }
+
+    /// Kinds that cannot be listed, with why.
+    pub fn unavailable(&self) -> &BTreeMap<Kind, (WatchProblem, String)> {
+        &self.unavailable
+    }
+
+    /// `kind` can be listed again.
+    fn available(&mut self, kind: Kind) {
+        if self.unavailable.remove(&kind).is_some() {
+            tracing::info!(kind = %kind, "kind can be listed again; following it");
+        }
     }
 
     /// The stored uids and statuses, for the status writer.
@@ -253,6 +329,7 @@ impl KubeSource {
     /// Watch errors and rejected objects, for the status file.
     pub fn problems(&self) -> Vec<String> {
         let mut out: Vec<String> = self.errors.iter().map(|(k, e)| format!("watch {k}: {e}")).collect();
+        out.extend(self.unavailable.iter().map(|(k, (p, e))| format!("watch {k}: {}: {e}", unavailable_text(*p))));
         out.extend(self.rejected.iter().map(|(k, e)| format!("{k}: {e}")));
         out
     }
@@ -267,6 +344,7 @@ impl KubeSource {
             }
             KubeMsg::Apply { key, object, observed } => {
                 self.errors.remove(&key.kind);
+                self.available(key.kind);
                 if let Some(seen) = self.relisting.get_mut(&key.kind) {
                     seen.insert(key.clone());
                 }
@@ -291,6 +369,8 @@ impl KubeSource {
                 true
             }
             KubeMsg::InitDone(kind) => {
+                self.errors.remove(&kind);
+                self.available(kind);
                 let seen = self.relisting.remove(&kind).unwrap_or_default();
                 let gone: Vec<ObjectKey> =
                     self.present.get(&kind).map(|p| p.difference(&seen).cloned().collect()).unwrap_or_default();
@@ -301,7 +381,30 @@ impl KubeSource {
                 tracing::debug!(kind = %kind, removed = gone.len(), "list complete");
                 first || !gone.is_empty()
             }
-            KubeMsg::Error(kind, e) => {
+            KubeMsg::Error(kind, problem @ (WatchProblem::Missing | WatchProblem::Forbidden), e) => {
+                self.relisting.remove(&kind);
+                let first = self.unavailable.insert(kind, (problem, e.clone())).is_none_or(|(p, _)| p != problem);
+                if first {
+                    match problem {
+                        WatchProblem::Missing => tracing::warn!(
+                            kind = %kind, error = %e,
+                            "kind not served (CRD not installed?): treated as empty, re-checked with backoff"
+                        ),
+                        _ => tracing::error!(
+                            kind = %kind, error = %e,
+                            "listing this kind is forbidden: treated as empty; grant get/list/watch (daemonset/rbac.yaml)"
+                        ),
+                    }
+                }
+                // Whatever was listed of it is gone with it.
+                let gone: Vec<ObjectKey> =
+                    self.present.get(&kind).map(|p| p.iter().cloned().collect()).unwrap_or_default();
+                for key in &gone {
+                    self.remove(key);
+                }
+                first || !gone.is_empty()
+            }
+            KubeMsg::Error(kind, WatchProblem::Other, e) => {
                 // Each different error is logged once (a 410 after connection errors
                 // must show); repeats of the same one only at debug level.
                 if self.errors.insert(kind, e.clone()).as_deref() != Some(e.as_str()) {
@@ -321,6 +424,15 @@ impl KubeSource {
         if let Some(p) = self.present.get_mut(&key.kind) {
             p.remove(key);
         }
+    }
+}
+
+/// How an unavailable kind is described (status file, log, readiness).
+pub fn unavailable_text(p: WatchProblem) -> &'static str {
+    match p {
+        WatchProblem::Missing => "not served (CRD not installed?), treated as empty",
+        WatchProblem::Forbidden => "forbidden by RBAC, treated as empty",
+        WatchProblem::Other => "failing",
     }
 }
 
@@ -347,6 +459,35 @@ mod tests {
             s.handle(KubeMsg::InitDone(k));
         }
         assert!(s.synced());
+    }
+
+    #[test]
+    fn kinds_that_cannot_be_listed_count_as_empty_until_they_can() {
+        let mut s = KubeSource::new();
+        for k in KINDS.iter().filter(|k| !matches!(k, Kind::CloudPrivateIPConfig | Kind::EgressQoS)) {
+            s.handle(KubeMsg::Init(*k));
+            s.handle(KubeMsg::InitDone(*k));
+        }
+        assert!(!s.synced());
+        let other = KubeMsg::Error(Kind::EgressQoS, WatchProblem::Other, "connection refused".into());
+        assert!(!s.handle(other));
+        assert!(!s.synced(), "an unreachable server is not an empty kind");
+        assert!(s.handle(KubeMsg::Error(Kind::CloudPrivateIPConfig, WatchProblem::Missing, "404".into())));
+        assert!(s.handle(KubeMsg::Error(Kind::EgressQoS, WatchProblem::Forbidden, "403".into())));
+        assert!(s.synced(), "missing and forbidden kinds do not block the first sync");
+        assert!(!s.handle(KubeMsg::Error(Kind::CloudPrivateIPConfig, WatchProblem::Missing, "404".into())));
+        assert_eq!(s.unavailable().len(), 2);
+        assert!(s.problems().iter().any(|p| p.contains("EgressQoS") && p.contains("forbidden")));
+        // The CRD appears: listed, followed.
+        s.handle(KubeMsg::Init(Kind::CloudPrivateIPConfig));
+        assert!(s.handle(KubeMsg::InitDone(Kind::CloudPrivateIPConfig)));
+        assert_eq!(s.unavailable().len(), 1);
+        // A kind that disappears (CRD deleted) loses its objects.
+        s.handle(KubeMsg::Init(Kind::Namespace));
+        s.handle(ns("a"));
+        s.handle(KubeMsg::InitDone(Kind::Namespace));
+        assert!(s.handle(KubeMsg::Error(Kind::Namespace, WatchProblem::Forbidden, "403".into())));
+        assert!(s.view().namespaces.is_empty());
     }
 
     #[test]

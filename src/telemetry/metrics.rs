@@ -52,6 +52,15 @@ pub struct SnoopLabels {
     pub result: String,
 }
 
+/// Labels of `egressd_kind_unavailable`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    /// The kind (one of the seven watched).
+    pub kind: String,
+    /// `missing` (not served) or `forbidden`.
+    pub reason: String,
+}
+
 /// `result` label of DNS lookups.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DnsLabels {
@@ -82,6 +91,8 @@ pub struct Metrics {
     pub dns_snooped: Family<SnoopLabels, Counter>,
     /// Unix time of the last successful sync.
     pub last_sync_timestamp: Gauge,
+    /// 1 for a kind that cannot be listed (treated as empty), by kind and reason.
+    pub kind_unavailable: Family<KindLabels, Gauge>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -107,6 +118,7 @@ impl Default for Metrics {
             dns_names: Gauge::default(),
             egress_ips_hosted: Gauge::default(),
             last_sync_timestamp: Gauge::default(),
+            kind_unavailable: Family::default(),
             registry: Registry::default(),
         };
         registry.register("sync_duration_seconds", "Compile and apply time of a sync", m.sync_duration.clone());
@@ -122,6 +134,11 @@ impl Default for Metrics {
             "last_sync_timestamp_seconds",
             "Unix time of the last successful sync",
             m.last_sync_timestamp.clone(),
+        );
+        registry.register(
+            "kind_unavailable",
+            "1 for a kind that cannot be listed (CRD missing or forbidden) and is treated as empty",
+            m.kind_unavailable.clone(),
         );
         Self { registry, ..m }
     }

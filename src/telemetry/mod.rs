@@ -16,6 +16,19 @@ use prereq::Check;
 pub struct Health {
     synced: AtomicBool,
     checks: Mutex<Vec<Check>>,
+    kinds: Mutex<Vec<UnavailableKind>>,
+}
+
+/// A kind the source cannot list (Kubernetes mode).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnavailableKind {
+    /// The kind.
+    pub kind: String,
+    /// Whether it keeps the agent from being ready (forbidden: yes; a CRD that is not
+    /// installed — OpenShift's CloudPrivateIPConfig on other clusters — no).
+    pub blocking: bool,
+    /// Why.
+    pub reason: String,
 }
 
 impl Health {
@@ -31,6 +44,21 @@ impl Health {
         }
     }
 
+    /// Replace the kinds that cannot be listed.
+    pub fn set_unavailable_kinds(&self, kinds: Vec<UnavailableKind>) {
+        if let Ok(mut k) = self.kinds.lock() {
+            *k = kinds;
+        }
+    }
+
+    /// What does not block readiness but should be seen (kinds treated as empty).
+    pub fn notes(&self) -> Vec<String> {
+        self.kinds
+            .lock()
+            .map(|k| k.iter().filter(|k| !k.blocking).map(|k| format!("{}: {}", k.kind, k.reason)).collect())
+            .unwrap_or_default()
+    }
+
     /// `Ok(())` when ready, else the named reasons.
     pub fn readiness(&self) -> Result<(), Vec<String>> {
         let mut reasons = Vec::new();
@@ -39,6 +67,9 @@ impl Health {
         }
         if let Ok(checks) = self.checks.lock() {
             reasons.extend(checks.iter().filter(|c| c.required && !c.ok).map(|c| format!("{}: {}", c.name, c.detail)));
+        }
+        if let Ok(kinds) = self.kinds.lock() {
+            reasons.extend(kinds.iter().filter(|k| k.blocking).map(|k| format!("{}: {}", k.kind, k.reason)));
         }
         if reasons.is_empty() { Ok(()) } else { Err(reasons) }
     }
@@ -72,5 +103,11 @@ mod tests {
         assert_eq!(h.readiness(), Err(vec!["net.ipv4.ip_forward: is 0, needs 1".to_string()]));
         h.set_checks(vec![Check { name: "info".into(), ok: false, required: false, detail: "x".into() }]);
         assert!(h.readiness().is_ok(), "informational checks do not block readiness");
+        h.set_unavailable_kinds(vec![
+            UnavailableKind { kind: "CloudPrivateIPConfig".into(), blocking: false, reason: "not served".into() },
+            UnavailableKind { kind: "EgressQoS".into(), blocking: true, reason: "forbidden".into() },
+        ]);
+        assert_eq!(h.readiness(), Err(vec!["EgressQoS: forbidden".to_string()]));
+        assert_eq!(h.notes(), vec!["CloudPrivateIPConfig: not served".to_string()]);
     }
 }

@@ -1,5 +1,6 @@
 //! The health listener: `/healthz` (the process answers), `/readyz` (first complete sync
-//! applied and prerequisites met; 503 with the named reasons otherwise) and `/metrics`.
+//! applied and prerequisites met; 503 with the named reasons otherwise; `note:` lines for
+//! what does not block readiness, such as a kind whose CRD is not installed) and `/metrics`.
 //! Default address 127.0.0.1:9780 (probes use `host: 127.0.0.1` with hostNetwork).
 
 use std::net::SocketAddr;
@@ -19,7 +20,10 @@ async fn healthz() -> &'static str {
 
 async fn readyz(State(t): State<Arc<Telemetry>>) -> impl IntoResponse {
     match t.health.readiness() {
-        Ok(()) => (StatusCode::OK, "ok\n".to_string()),
+        Ok(()) => {
+            let notes: String = t.health.notes().iter().map(|n| format!("note: {n}\n")).collect();
+            (StatusCode::OK, format!("ok\n{notes}"))
+        }
         Err(reasons) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready:\n{}\n", reasons.join("\n"))),
     }
 }
