@@ -17,14 +17,14 @@ use tokio::sync::mpsc;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use futures::StreamExt;
 
 use crate::compile::HostLinks;
 use crate::compile::{Desired, NodeConfig, ObjectStatus, Outcome, compile, dns_names, dns_set_names};
 use crate::dataplane::netlink::Netlink;
 use crate::dataplane::nft::{NftBackend, NftError, NftSyncer, SyncKind};
 use crate::dns::resolver::DnsResolver;
-use crate::dns::{DnsAnswers, DnsTracker, FAST_RETRIES};
+use crate::dns::worker::{DnsRound, DnsWorker};
+use crate::dns::{DnsAnswers, DnsTracker};
 use crate::source::manifests::{LoadReport, ManifestSource, SourceError, watch};
 use crate::view::ClusterView;
 
@@ -88,57 +88,6 @@ fn record_sync(
     m.observe_view(view);
 }
 
-/// How many names are resolved at once.
-const DNS_CONCURRENCY: usize = 64;
-/// Names due within this window are resolved together (slightly early), so that one
-/// round — and one nft transaction refreshing their timeouts — serves them all.
-const DNS_BATCH_WINDOW: Duration = Duration::from_secs(1);
-
-/// Resolve every name due now. Returns whether any name's addresses changed, and the
-/// names attempted (whose kernel timeouts are then refreshed).
-async fn resolve_due(
-    resolver: &DnsResolver,
-    tracker: &mut DnsTracker,
-    families: crate::dns::resolver::Families,
-    metrics: &crate::telemetry::metrics::Metrics,
-) -> (bool, Vec<String>) {
-    use crate::telemetry::metrics::{DnsLabels, DnsResult};
-    let due = tracker.due(tokio::time::Instant::now().into_std() + DNS_BATCH_WINDOW);
-    if due.is_empty() {
-        return (false, due);
-    }
-    let results: Vec<(String, Result<crate::dns::Resolved, String>)> = futures::stream::iter(due.clone())
-        .map(|name| async move {
-            let r = resolver.resolve(&name, families).await;
-            (name, r)
-        })
-        .buffer_unordered(DNS_CONCURRENCY)
-        .collect()
-        .await;
-    let now = tokio::time::Instant::now().into_std();
-    let mut changed = false;
-    for (name, result) in results {
-        let r = if result.is_ok() { DnsResult::Ok } else { DnsResult::Error };
-        metrics.dns_lookups.get_or_create(&DnsLabels { result: r }).inc();
-        if let Err(e) = &result {
-            let failures = tracker.state(&name).map_or(0, |s| s.failures) + 1;
-            if failures == 1 || failures == FAST_RETRIES + 1 {
-                tracing::warn!(name = %name, failures, error = %e, "DNS resolution failed; keeping the last good addresses");
-            } else {
-                tracing::debug!(name = %name, failures, error = %e, "DNS resolution failed");
-            }
-        } else if tracker.state(&name).is_some_and(|s| s.failures > 0) {
-            tracing::info!(name = %name, "DNS resolution recovered");
-        }
-        let addrs = result.as_ref().map(|r| r.addresses.len()).unwrap_or_default();
-        if tracker.record(&name, result, now) {
-            tracing::info!(name = %name, addresses = addrs, "DNS addresses changed");
-            changed = true;
-        }
-    }
-    (changed, due)
-}
-
 /// One netlink check: `true` when the links changed (recompile); otherwise owned state
 /// that drifted from `desired` is repaired in place.
 async fn check_net(net: &Netlink, desired: &Desired, last_links: &mut Option<HostLinks>) -> bool {
@@ -173,6 +122,14 @@ async fn check_net(net: &Netlink, desired: &Desired, last_links: &mut Option<Hos
         Err(e) => tracing::warn!(error = %e, "netlink repair failed"),
     }
     false
+}
+
+/// The next round of the background resolver (never, without one).
+async fn next_round(dns: &mut Option<DnsWorker>) -> DnsRound {
+    match dns {
+        Some(d) => d.next_round().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Names that have never resolved, with the reason (for the status problems).
@@ -462,21 +419,22 @@ pub async fn run<S: ViewSource, B: NftBackend, K: StatusSink>(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), AgentError> {
     let families = config.node.families();
-    let resolver = match DnsResolver::new(&config.dns_servers, config.dns_timeout) {
-        Ok(r) => Some(r),
+    let telemetry = config.telemetry.clone();
+    let mut names = dns_names(source.view());
+    // Names are resolved in the background: applying the view never waits for DNS.
+    let mut dns = match DnsResolver::new(&config.dns_servers, config.dns_timeout) {
+        Ok(r) => Some(DnsWorker::start(r, families, names.clone(), telemetry.clone())),
         Err(e) => {
             tracing::error!(error = %e, "dnsName rules cannot be resolved");
             None
         }
     };
-    let mut tracker = DnsTracker::new();
-    let mut names = dns_names(source.view());
-    tracker.set_names(&names, tokio::time::Instant::now().into_std());
-    // Resolve before the first apply so Allow rules by name hold their addresses from
-    // the start (each query is bounded by the DNS timeout).
-    let telemetry = config.telemetry.clone();
-    if let Some(r) = &resolver {
-        resolve_due(r, &mut tracker, families, &telemetry.metrics).await;
+    // At start-up only, the first answers get one query timeout to arrive, so Allow rules
+    // by name hold their addresses in the first table when the server answers.
+    if let Some(d) = dns.as_mut().filter(|_| !names.is_empty())
+        && d.first_round(config.dns_timeout).await.is_none()
+    {
+        tracing::warn!("DNS answers are late; applying without them (they follow as their own change)");
     }
 
     let net = match Netlink::connect(config.node.egress.clone()) {
@@ -520,9 +478,9 @@ pub async fn run<S: ViewSource, B: NftBackend, K: StatusSink>(
     }
     let mut cache = crate::compile::CompileCache::default();
     macro_rules! apply {
-        ($view:expr, $tracker:expr, $syncer:expr) => {{
+        ($view:expr, $dns:expr, $syncer:expr) => {{
             let view = $view;
-            let answers = $tracker.answers();
+            let answers = $dns.as_ref().map(DnsWorker::answers).unwrap_or_default();
             let started = std::time::Instant::now();
             let (desired, result) = apply_once(view, &config.node, &answers, $syncer, net.as_ref(), &mut cache).await;
             record_sync(&telemetry, view, &desired, &result, started.elapsed());
@@ -537,14 +495,18 @@ pub async fn run<S: ViewSource, B: NftBackend, K: StatusSink>(
                     }
                 }
             }
-            telemetry.metrics.dns_names.set(i64::try_from($tracker.len()).unwrap_or(i64::MAX));
+            let tracked = $dns.as_ref().map_or(0, |d| d.with_tracker(DnsTracker::len));
+            telemetry.metrics.dns_names.set(i64::try_from(tracked).unwrap_or(i64::MAX));
             (desired, result)
         }};
     }
-    let (mut desired, mut last_result) = apply!(source.view(), &tracker, &mut syncer);
+    let (mut desired, mut last_result) = apply!(source.view(), &dns, &mut syncer);
     log_status_changes(&[], &desired.statuses);
     sink.applied(source.view(), &desired);
-    let mut problems = [source.problems(), dns_problems(&tracker, &names)].concat();
+    let problems_of = |dns: &Option<DnsWorker>, names: &BTreeSet<String>| {
+        dns.as_ref().map(|d| d.with_tracker(|t| dns_problems(t, names))).unwrap_or_default()
+    };
+    let mut problems = [source.problems(), problems_of(&dns, &names)].concat();
     // When each name's kernel timeouts were last restarted: a restart is needed only when
     // half the grace is used up (each costs a set lookup in the kernel).
     let refresh_every = config.node.dns_grace / 2;
@@ -571,39 +533,33 @@ pub async fn run<S: ViewSource, B: NftBackend, K: StatusSink>(
     };
     tokio::pin!(shutdown);
     loop {
-        let dns_wake = tracker
-            .next_due()
-            .filter(|_| resolver.is_some())
-            .map(tokio::time::Instant::from_std)
-            .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
         // A failed sync is retried at every wake.
         let mut changed = last_result.is_err();
+        let mut attempted = Vec::new();
         tokio::select! {
             _ = &mut shutdown => break,
             c = source.next_change() => {
                 changed |= c;
                 if c {
                     names = dns_names(source.view());
-                    tracker.set_names(&names, tokio::time::Instant::now().into_std());
+                    if let Some(d) = &dns {
+                        d.set_names(&names);
+                    }
                 }
             }
-            _ = tokio::time::sleep_until(dns_wake) => {}
+            round = next_round(&mut dns) => {
+                changed |= round.changed;
+                attempted = round.attempted;
+            }
             _ = net_check.tick() => {
                 if let Some(n) = &net {
                     changed |= check_net(n, &desired, &mut last_links).await;
                 }
             }
         }
-        // New names are due at once; due names are resolved before applying.
-        let mut attempted = Vec::new();
-        if let Some(r) = &resolver {
-            let (c, a) = resolve_due(r, &mut tracker, families, &config.telemetry.metrics).await;
-            changed |= c;
-            attempted = a;
-        }
-        let now_problems = [source.problems(), dns_problems(&tracker, &names)].concat();
+        let now_problems = [source.problems(), problems_of(&dns, &names)].concat();
         if changed {
-            let (next, result) = apply!(source.view(), &tracker, &mut syncer);
+            let (next, result) = apply!(source.view(), &dns, &mut syncer);
             log_status_changes(&desired.statuses, &next.statuses);
             desired = next;
             last_result = result;

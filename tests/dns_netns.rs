@@ -93,3 +93,48 @@ fn node_selector_rules_follow_node_labels_and_addresses() {
     t.remove_manifest("node-db.yaml");
     assert!(wait_for(Duration::from_secs(1), || tcp(p0, "198.51.100.10", 8080).is_none()).is_some(), "node deleted");
 }
+
+/// With the DNS server blackholed (packets dropped, so every query runs into its
+/// timeout), a new pod and an edited firewall still reach the kernel within 1 s:
+/// resolution runs beside the agent loop, never in front of it.
+#[test]
+fn a_dns_outage_never_delays_other_changes() {
+    let t = Topology::new(&["team-a"]);
+    let hosts = t.dir.path().join("hosts");
+    std::fs::write(&hosts, "192.0.2.10 api.example.com\n2001:db8:ff:1::10 api.example.com\n").unwrap();
+    let _dns = Dnsmasq::start(&t.ext, DNS, hosts, 1);
+    t.set_firewall("team-a", &firewall());
+    let agent = t.start_agent_with("agent", &["--dns-server", DNS]);
+    assert!(tcp(&t.pods[0], "192.0.2.10", 8080).is_some(), "resolved at start:\n{}", agent.log_text());
+
+    // Blackhole the server: queries are dropped, not refused.
+    t.ext.exec(&["nft", "add", "table", "inet", "blackhole"]);
+    t.ext.exec(&["nft", "add", "chain", "inet", "blackhole", "in", "{ type filter hook input priority -300 ; }"]);
+    t.ext.exec(&["nft", "add", "rule", "inet", "blackhole", "in", "meta l4proto { tcp, udp } th dport 53 drop"]);
+    let failing = wait_for(Duration::from_secs(30), || agent.log_text().contains("DNS resolution failed"));
+    assert!(failing.is_some(), "{}", agent.log_text());
+
+    // Changes every 0.7 s for ~9 s: some land while a query hangs in its timeout.
+    let mut slowest = Duration::ZERO;
+    for k in 0..13u32 {
+        let ip = format!("198.18.2.{}", k + 10);
+        t.write_manifest(
+            &format!("extra-pod-{k}.yaml"),
+            &format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: extra-{k}, namespace: team-a}}\nspec: {{nodeName: node-a}}\nstatus:\n  phase: Running\n  podIPs: [{{ip: {ip}}}]\n"
+            ),
+        );
+        let rule = format!("198.51.100.{}", k + 20);
+        t.set_firewall("team-a", &format!("  - {{type: Deny, to: {{cidrSelector: {rule}/32}}}}\n{}", firewall()));
+        let took = wait_for(Duration::from_secs(5), || {
+            let ruleset = t.node.nft_list();
+            ruleset.contains(&format!("{ip} : jump fw-team-a")) && ruleset.contains(&format!("ip daddr {rule} "))
+        });
+        let took = took.unwrap_or_else(|| panic!("change {k} not applied within 5 s:\n{}", agent.log_text()));
+        slowest = slowest.max(took);
+        std::thread::sleep(Duration::from_millis(700));
+    }
+    assert!(slowest < Duration::from_secs(1), "a change waited {slowest:?} behind DNS:\n{}", agent.log_text());
+    // The last good addresses are still allowed.
+    assert!(tcp(&t.pods[0], "192.0.2.10", 8080).is_some(), "last good address kept");
+}

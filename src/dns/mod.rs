@@ -15,6 +15,7 @@
 pub mod listener;
 pub mod resolver;
 pub mod snoop;
+pub mod worker;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
