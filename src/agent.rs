@@ -17,7 +17,6 @@ use tokio::sync::mpsc;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-
 use crate::compile::HostLinks;
 use crate::compile::{Desired, NodeConfig, ObjectStatus, Outcome, compile, dns_names, dns_set_names};
 use crate::dataplane::netlink::Netlink;
@@ -150,7 +149,7 @@ fn dns_problems(tracker: &DnsTracker, names: &BTreeSet<String>) -> Vec<String> {
 }
 
 /// The file in the state directory holding the last statuses.
-pub const STATUS_FILE: &str = "status";
+pub use crate::state::STATUS_FILE;
 
 /// The status report `egressd status` prints: a header line (node, time, sync
 /// outcome), one line per object, then problems.
@@ -180,12 +179,9 @@ pub fn status_report(
     out
 }
 
-/// Write `text` to `dir/status` atomically (temporary file + rename).
+/// Write `text` to `dir/status` (privately and atomically, see [`crate::state`]).
 pub fn write_status(dir: &std::path::Path, text: &str) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(".status.tmp");
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, dir.join(STATUS_FILE))
+    crate::state::write_private(dir, STATUS_FILE, text.as_bytes())
 }
 
 fn publish(config: &RunConfig, desired: &Desired, sync: &Result<SyncKind, NftError>, problems: &[String]) {
@@ -334,6 +330,9 @@ fn log_status_changes(old: &[ObjectStatus], new: &[ObjectStatus]) {
 pub trait ViewSource {
     /// The current view.
     fn view(&self) -> &ClusterView;
+    /// The current view, to give invalid objects their saved last good versions after a
+    /// restart ([`ClusterView::adopt_last_good`]).
+    fn view_mut(&mut self) -> &mut ClusterView;
     /// Problems to report in the status file (rejected documents, watch errors).
     fn problems(&self) -> Vec<String>;
     /// Wait for the next change. `Ok(true)`: the view (may have) changed and must be
@@ -369,6 +368,10 @@ impl ManifestsView {
 impl ViewSource for ManifestsView {
     fn view(&self) -> &ClusterView {
         self.source.view()
+    }
+
+    fn view_mut(&mut self) -> &mut ClusterView {
+        self.source.view_mut()
     }
 
     fn problems(&self) -> Vec<String> {
@@ -477,9 +480,22 @@ pub async fn run<S: ViewSource, B: NftBackend, K: StatusSink>(
         }
     }
     let mut cache = crate::compile::CompileCache::default();
+    // Last good versions of invalid objects, saved by an earlier run: a restart keeps
+    // filtering with them instead of failing open.
+    let mut saved = match config.state_dir.as_deref().map(crate::state::load_last_good) {
+        Some(Ok(s)) => s,
+        Some(Err(e)) => {
+            tracing::warn!(error = %e, "saved last good versions not used");
+            Default::default()
+        }
+        None => Default::default(),
+    };
     macro_rules! apply {
-        ($view:expr, $dns:expr, $syncer:expr) => {{
-            let view = $view;
+        ($source:expr, $dns:expr, $syncer:expr) => {{
+            if $source.view_mut().adopt_last_good(&saved) {
+                tracing::info!("invalid objects keep the last good version saved before the restart");
+            }
+            let view = $source.view();
             let answers = $dns.as_ref().map(DnsWorker::answers).unwrap_or_default();
             let started = std::time::Instant::now();
             let (desired, result) = apply_once(view, &config.node, &answers, $syncer, net.as_ref(), &mut cache).await;
@@ -497,10 +513,17 @@ pub async fn run<S: ViewSource, B: NftBackend, K: StatusSink>(
             }
             let tracked = $dns.as_ref().map_or(0, |d| d.with_tracker(DnsTracker::len));
             telemetry.metrics.dns_names.set(i64::try_from(tracked).unwrap_or(i64::MAX));
+            let kept = view.kept_last_good();
+            if let Some(dir) = config.state_dir.as_deref().filter(|_| kept != saved) {
+                match crate::state::save_last_good(dir, &kept) {
+                    Ok(()) => saved = kept,
+                    Err(e) => tracing::warn!(dir = %dir.display(), error = %e, "last good versions not saved"),
+                }
+            }
             (desired, result)
         }};
     }
-    let (mut desired, mut last_result) = apply!(source.view(), &dns, &mut syncer);
+    let (mut desired, mut last_result) = apply!(source, &dns, &mut syncer);
     log_status_changes(&[], &desired.statuses);
     sink.applied(source.view(), &desired);
     let problems_of = |dns: &Option<DnsWorker>, names: &BTreeSet<String>| {
@@ -559,7 +582,7 @@ pub async fn run<S: ViewSource, B: NftBackend, K: StatusSink>(
         }
         let now_problems = [source.problems(), problems_of(&dns, &names)].concat();
         if changed {
-            let (next, result) = apply!(source.view(), &dns, &mut syncer);
+            let (next, result) = apply!(source, &dns, &mut syncer);
             log_status_changes(&desired.statuses, &next.statuses);
             desired = next;
             last_result = result;

@@ -17,6 +17,7 @@ pub mod dataplane;
 pub mod dns;
 pub mod nft;
 pub mod source;
+pub mod state;
 pub mod status;
 pub mod telemetry;
 pub mod view;

@@ -207,3 +207,65 @@ fn restart_keeps_policy_with_no_window_and_cleanup_removes_only_our_table() {
         .unwrap();
     assert!(again.success());
 }
+
+fn status_text(t: &Topology) -> String {
+    let out = std::process::Command::new(netns::egressd_bin())
+        .args(["status", "--state-dir", t.dir.path().join("state").to_str().unwrap()])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The last good version of an object that is now invalid is saved in the state
+/// directory: after a restart the namespace is still filtered by it (not fail-open).
+#[test]
+fn an_invalid_object_keeps_its_last_good_version_across_restarts() {
+    let t = Topology::new(&["team-a"]);
+    let p0 = &t.pods[0];
+    t.set_firewall("team-a", "  - {type: Deny, to: {cidrSelector: 203.0.113.0/24}}\n");
+    let mut agent = t.start_agent("first");
+    assert_eq!(tcp(p0, "203.0.113.2", 8080), None, "{}", agent.log_text());
+
+    t.set_firewall("team-a", "  - {type: Deny, to: {cidrSelector: 203.0.113.0/33}}\n");
+    let reported = wait_for(Duration::from_secs(5), || status_text(&t).contains("203.0.113.0/33"));
+    assert!(reported.is_some(), "{}", status_text(&t));
+    assert_eq!(tcp(p0, "203.0.113.2", 8080), None, "last good version kept while running");
+    let saved = t.dir.path().join("state/last-good.json");
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&saved).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600);
+    assert_eq!(agent.stop(), Some(0));
+
+    // A new agent reads only the invalid version from the manifests.
+    let agent = t.start_agent("second");
+    assert_eq!(tcp(p0, "203.0.113.2", 8080), None, "restart failed open:\n{}", agent.log_text());
+    assert!(agent.log_text().contains("last good version saved before the restart"), "{}", agent.log_text());
+    let text = status_text(&t);
+    assert!(text.contains("EgressFirewall team-a/default\tfailed"), "{text}");
+
+    // Fixed: the new version applies and nothing is saved any more.
+    t.set_firewall("team-a", "  - {type: Deny, to: {cidrSelector: 192.0.2.0/24}}\n");
+    let fixed = wait_for(Duration::from_secs(5), || tcp(p0, "203.0.113.2", 8080).is_some());
+    assert!(fixed.is_some(), "{}", agent.log_text());
+    assert_eq!(tcp(p0, "192.0.2.10", 8080), None);
+    let cleared = wait_for(Duration::from_secs(5), || {
+        std::fs::read_to_string(&saved).is_ok_and(|s| s.contains("\"objects\": []"))
+    });
+    assert!(cleared.is_some(), "{}", std::fs::read_to_string(&saved).unwrap_or_default());
+}
+
+/// `type` values the CRD admits besides Allow/Deny deny, as in the reference, with a
+/// warning in the status.
+#[test]
+fn a_type_other_than_allow_denies_with_a_warning() {
+    let t = Topology::new(&["team-a"]);
+    let p0 = &t.pods[0];
+    t.set_firewall("team-a", "  - {type: Allowed, to: {cidrSelector: 203.0.113.0/24}}\n");
+    let agent = t.start_agent("agent");
+    assert_eq!(tcp(p0, "203.0.113.2", 8080), None, "{}", agent.log_text());
+    assert!(tcp(p0, "192.0.2.10", 8080).is_some());
+    let text = status_text(&t);
+    assert!(
+        text.contains("EgressFirewall team-a/default\tapplied\tnode-a: EgressFirewall Rules applied (warning: spec.egress[0].type: \"Allowed\" is neither"),
+        "{text}"
+    );
+}

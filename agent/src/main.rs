@@ -309,9 +309,11 @@ fn main() -> ExitCode {
         Command::Run(args) => run(*args),
         Command::Status(args) => {
             let path = args.state_dir.join(egressd::agent::STATUS_FILE);
-            match std::fs::read_to_string(&path) {
+            let read = egressd::state::read_private(&args.state_dir, egressd::agent::STATUS_FILE)
+                .and_then(|t| t.ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound)));
+            match read {
                 Ok(text) => {
-                    print!("{text}");
+                    print!("{}", String::from_utf8_lossy(&text));
                     ExitCode::SUCCESS
                 }
                 Err(e) => {

@@ -10,7 +10,7 @@ pub mod types;
 pub use parse::{Object, ParseError, parse_document};
 
 /// The kinds egressd reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Kind {
     /// k8s.ovn.org/v1 EgressFirewall (namespaced).
     EgressFirewall,
@@ -106,7 +106,7 @@ impl std::fmt::Display for Kind {
 }
 
 /// Identity of one object: kind, namespace (empty for cluster-scoped) and name.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 pub struct ObjectKey {
     /// The kind.
     pub kind: Kind,

@@ -288,8 +288,11 @@ pub(super) fn compile(
                 table.chains.insert(name, chain);
             }
         }
-        let (outcome, message) = if problems.is_empty() {
+        let warnings = entry.policy.as_ref().map(|p| p.warnings.as_slice()).unwrap_or_default();
+        let (outcome, message) = if problems.is_empty() && warnings.is_empty() {
             (Outcome::Applied, format!("{}: {APPLIED}", node.node_name))
+        } else if problems.is_empty() {
+            (Outcome::Applied, format!("{}: {APPLIED} (warning: {})", node.node_name, warnings.join("; ")))
         } else {
             let reason = problems.join("; ");
             (Outcome::Failed(reason.clone()), format!("{}: {NOT_APPLIED}: {reason}", node.node_name))

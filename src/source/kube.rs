@@ -273,6 +273,10 @@ impl crate::agent::ViewSource for KubeView {
         self.source.view()
     }
 
+    fn view_mut(&mut self) -> &mut ClusterView {
+        &mut self.source.view
+    }
+
     fn problems(&self) -> Vec<String> {
         self.source.problems()
     }

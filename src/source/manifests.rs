@@ -141,6 +141,11 @@ impl ManifestSource {
         &self.view
     }
 
+    /// The current view, mutably (last good versions adopted after a restart).
+    pub fn view_mut(&mut self) -> &mut ClusterView {
+        &mut self.view
+    }
+
     /// The manifest files, sorted by name.
     pub fn files(&self) -> Result<Vec<PathBuf>, SourceError> {
         let entries =

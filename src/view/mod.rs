@@ -6,6 +6,7 @@
 //! policy object that fails validation keeps its last good version here (so nothing
 //! already applied is lost) together with the error, which becomes its status.
 
+pub mod last_good;
 pub mod observed;
 pub mod policy;
 pub mod selector;

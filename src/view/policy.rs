@@ -1,11 +1,12 @@
 //! The controller layer: wire objects → validated policy egressd can act on.
 //!
 //! The apiserver stores more than the reference controller accepts (a `cidrSelector` of
-//! `1.2.3./32`, an egress IP with nine groups, a rule `type` of `Allowed` thanks to the
-//! CRD's loosely anchored pattern). These conversions reject such objects with the
-//! reference's wording where it has one, naming the field. egressd is stricter than the
-//! CRD where the CRD's patterns are loose: it accepts exactly `Allow`, `Deny`, `TCP`,
-//! `UDP` and `SCTP`.
+//! `1.2.3./32`, an egress IP with nine groups). These conversions reject such objects
+//! with the reference's wording where it has one, naming the field. The CRD's loosely
+//! anchored patterns also admit values the reference reads in its own way: a rule `type`
+//! other than exactly `Allow` denies, a port entry whose protocol is not exactly `TCP`,
+//! `UDP` or `SCTP` is skipped. egressd does the same and says so in the status, never
+//! reading such a value in a way that allows more than the reference would.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv6Addr};
@@ -25,7 +26,7 @@ pub const MAX_QOS_RULES: usize = 1000;
 pub const SINGLETON_NAME: &str = "default";
 
 /// Allow or deny.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Action {
     /// Let the traffic through.
     Allow,
@@ -34,7 +35,7 @@ pub enum Action {
 }
 
 /// A transport protocol a port rule may name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub enum Protocol {
     /// TCP.
     Tcp,
@@ -57,7 +58,7 @@ impl Protocol {
 
 /// A DNS name of a rule: lowercase, absolute (trailing dot removed for display), maybe
 /// a one-label wildcard.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct DnsName {
     /// The name without the `*.` prefix and without a trailing dot, lowercase.
     pub base: String,
@@ -72,7 +73,7 @@ impl std::fmt::Display for DnsName {
 }
 
 /// Where an EgressFirewall rule points.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Target {
     /// A canonical CIDR (host bits cleared).
     Cidr(IpNet),
@@ -83,7 +84,7 @@ pub enum Target {
 }
 
 /// One validated EgressFirewall rule.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FirewallRule {
     /// Allow or deny.
     pub action: Action,
@@ -94,16 +95,20 @@ pub struct FirewallRule {
 }
 
 /// The validated EgressFirewall of one namespace.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FirewallPolicy {
     /// The namespace it applies to.
     pub namespace: String,
     /// The rules, in order.
     pub rules: Vec<FirewallRule>,
+    /// Values the CRD admits that egressd, like the reference, reads in the restrictive
+    /// way (a `type` other than `Allow` denies, unknown protocols are skipped).
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }
 
 /// One validated EgressQoS rule.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct QosRule {
     /// The DSCP value, 0–63.
     pub dscp: u8,
@@ -114,7 +119,7 @@ pub struct QosRule {
 }
 
 /// The validated EgressQoS of one namespace.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct QosPolicy {
     /// The namespace.
     pub namespace: String,
@@ -123,7 +128,7 @@ pub struct QosPolicy {
 }
 
 /// A validated EgressIP.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct EgressIpPolicy {
     /// Object name.
     pub name: String,
@@ -140,7 +145,7 @@ pub struct EgressIpPolicy {
 }
 
 /// A validated CloudPrivateIPConfig.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CloudPrivateIp {
     /// The IP named by the object.
     pub ip: IpAddr,
@@ -203,15 +208,19 @@ pub fn firewall_policy(ef: &EgressFirewall) -> Conversion<FirewallPolicy> {
         ));
     }
     let mut rules = Vec::with_capacity(egress.len());
+    let mut warnings = Vec::new();
     for (i, rule) in egress.iter().enumerate() {
         let path = format!("spec.egress[{i}]");
+        // The CRD's loosely anchored pattern admits `Allowed`, `xDeny`, ...; the reference
+        // treats every type but exactly `Allow` as deny, and so does egressd (warned).
         let action = match rule.rule_type.as_str() {
             "Allow" => Action::Allow,
             "Deny" => Action::Deny,
             other => {
-                return invalid(format!(
-                    "{path}.type: Unsupported value: {other:?}: supported values: \"Allow\", \"Deny\""
+                warnings.push(format!(
+                    "{path}.type: {other:?} is neither \"Allow\" nor \"Deny\": treated as Deny, as OVN-Kubernetes does"
                 ));
+                Action::Deny
             }
         };
         let to = &rule.to;
@@ -236,15 +245,21 @@ pub fn firewall_policy(ef: &EgressFirewall) -> Conversion<FirewallPolicy> {
             return invalid(format!("{path}.to: Required value"));
         };
         let mut ports = BTreeSet::new();
+        let mut unknown = 0;
         for (j, p) in rule.ports.iter().flatten().enumerate() {
+            // The CRD admits `TCPX`, `xUDPx`, ...; the reference skips such entries. So
+            // does egressd (warned); a rule left with none of its ports is kept only when
+            // it denies (then on every port), so nothing is ever allowed by accident.
             let protocol = match p.protocol.as_str() {
                 "TCP" => Protocol::Tcp,
                 "UDP" => Protocol::Udp,
                 "SCTP" => Protocol::Sctp,
                 other => {
-                    return invalid(format!(
-                        "{path}.ports[{j}].protocol: Unsupported value: {other:?}: supported values: \"TCP\", \"UDP\", \"SCTP\""
+                    warnings.push(format!(
+                        "{path}.ports[{j}].protocol: {other:?} is not \"TCP\", \"UDP\" or \"SCTP\": entry skipped"
                     ));
+                    unknown += 1;
+                    continue;
                 }
             };
             let port = match u16::try_from(p.port) {
@@ -258,9 +273,16 @@ pub fn firewall_policy(ef: &EgressFirewall) -> Conversion<FirewallPolicy> {
             };
             ports.insert((protocol, port));
         }
+        if unknown > 0 && ports.is_empty() {
+            if action == Action::Allow {
+                warnings.push(format!("{path}: no known protocol left: the Allow rule is not used"));
+                continue;
+            }
+            warnings.push(format!("{path}: no known protocol left: the Deny rule applies to every port"));
+        }
         rules.push(FirewallRule { action, target, ports });
     }
-    Ok(FirewallPolicy { namespace, rules })
+    Ok(FirewallPolicy { namespace, rules, warnings })
 }
 
 /// Convert an EgressQoS.

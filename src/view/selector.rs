@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use crate::api::meta;
 
 /// One requirement of a selector.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Requirement {
     /// The label's value is one of the set.
     In(String, BTreeSet<String>),
@@ -21,7 +21,7 @@ pub enum Requirement {
 }
 
 /// A validated label selector; the requirements are ANDed; empty matches everything.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Selector {
     requirements: Vec<Requirement>,
 }

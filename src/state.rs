@@ -1,0 +1,120 @@
+//! The agent's state directory (`--state-dir`): the status file `egressd status` reads
+//! and the last good versions of invalid objects ([`crate::view::last_good`]).
+//!
+//! Every file is written privately and atomically: a new temporary file (mode 0600,
+//! created exclusively, never through a symlink), synced, then renamed over the old one,
+//! which replaces a symlink planted there instead of following it. Files are read without
+//! following symlinks.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::Path;
+
+use crate::view::last_good::{FORMAT, LastGood};
+
+/// The status file.
+pub const STATUS_FILE: &str = "status";
+/// The last good versions of invalid objects.
+pub const LAST_GOOD_FILE: &str = "last-good.json";
+
+/// Write `dir/name` privately and atomically (see the module docs).
+pub fn write_private(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    let tmp = dir.join(format!(".{name}.tmp"));
+    // A left-over temporary file (or anything planted there) goes first; unlink never
+    // follows a symlink.
+    match std::fs::remove_file(&tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, dir.join(name))
+}
+
+/// Read `dir/name` without following a symlink; `Ok(None)` when it does not exist.
+pub fn read_private(dir: &Path, name: &str) -> std::io::Result<Option<Vec<u8>>> {
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(dir.join(name));
+    let mut file = match file {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut out = Vec::new();
+    file.read_to_end(&mut out)?;
+    Ok(Some(out))
+}
+
+/// The saved last good versions (none when there is no file). A file that cannot be
+/// read or parsed, or is of another format, is an error the caller logs; nothing is
+/// adopted from it.
+pub fn load_last_good(dir: &Path) -> Result<LastGood, String> {
+    let path = dir.join(LAST_GOOD_FILE);
+    let Some(bytes) = read_private(dir, LAST_GOOD_FILE).map_err(|e| format!("{}: {e}", path.display()))? else {
+        return Ok(LastGood::default());
+    };
+    let saved: LastGood = serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    if saved.format != FORMAT {
+        return Err(format!("{}: format {} is not {FORMAT}", path.display(), saved.format));
+    }
+    Ok(saved)
+}
+
+/// Save the last good versions.
+pub fn save_last_good(dir: &Path, saved: &LastGood) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec_pretty(saved).map_err(std::io::Error::other)?;
+    write_private(dir, LAST_GOOD_FILE, &bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn writes_are_private_atomic_and_never_follow_symlinks() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        write_private(&state, "status", b"one").unwrap();
+        let meta = std::fs::metadata(state.join("status")).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        assert_eq!(std::fs::metadata(&state).unwrap().permissions().mode() & 0o777, 0o700);
+
+        // A symlink planted at the file or at the temporary name is replaced, and its
+        // target is never written.
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "untouched").unwrap();
+        std::fs::remove_file(state.join("status")).unwrap();
+        std::os::unix::fs::symlink(&victim, state.join("status")).unwrap();
+        std::os::unix::fs::symlink(&victim, state.join(".status.tmp")).unwrap();
+        write_private(&state, "status", b"two").unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "untouched");
+        assert!(!std::fs::symlink_metadata(state.join("status")).unwrap().file_type().is_symlink());
+        assert_eq!(std::fs::read_to_string(state.join("status")).unwrap(), "two");
+
+        // Reading refuses a symlink.
+        std::fs::remove_file(state.join("status")).unwrap();
+        std::os::unix::fs::symlink(&victim, state.join("status")).unwrap();
+        assert!(read_private(&state, "status").is_err());
+        assert_eq!(read_private(&state, "absent").unwrap(), None);
+    }
+
+    #[test]
+    fn last_good_round_trips_and_bad_files_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(load_last_good(dir.path()).unwrap(), LastGood::default());
+        save_last_good(dir.path(), &LastGood::default()).unwrap();
+        assert_eq!(load_last_good(dir.path()).unwrap(), LastGood::default());
+        std::fs::write(dir.path().join(LAST_GOOD_FILE), "{not json").unwrap();
+        assert!(load_last_good(dir.path()).is_err());
+        std::fs::write(dir.path().join(LAST_GOOD_FILE), r#"{"format": 99, "objects": []}"#).unwrap();
+        assert!(load_last_good(dir.path()).unwrap_err().contains("format 99"));
+    }
+}

@@ -1,0 +1,145 @@
+//! The last good version of every policy object whose current version is invalid.
+//!
+//! The view keeps such a version in memory (nothing applied is lost because of a bad
+//! edit); [`LastGood`] is that set as a value the agent saves in its state directory, so
+//! that after a restart the namespace is still filtered by it instead of failing open.
+
+use serde::{Deserialize, Serialize};
+
+use super::policy::{CloudPrivateIp, EgressIpPolicy, FirewallPolicy, QosPolicy};
+use super::{ClusterView, Entry};
+use crate::api::ObjectKey;
+
+/// A saved policy, by kind.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SavedPolicy {
+    /// An EgressFirewall.
+    EgressFirewall(FirewallPolicy),
+    /// An EgressQoS.
+    EgressQoS(QosPolicy),
+    /// An EgressIP.
+    EgressIP(EgressIpPolicy),
+    /// A CloudPrivateIPConfig.
+    CloudPrivateIPConfig(CloudPrivateIp),
+}
+
+/// The format version written; a file of another version is ignored (with a warning).
+pub const FORMAT: u32 = 1;
+
+/// Last good versions of the objects that are invalid now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastGood {
+    /// [`FORMAT`].
+    pub format: u32,
+    /// (object, its last good version), sorted by object.
+    pub objects: Vec<(ObjectKey, SavedPolicy)>,
+}
+
+impl Default for LastGood {
+    fn default() -> Self {
+        Self { format: FORMAT, objects: Vec::new() }
+    }
+}
+
+fn kept<T: Clone>(
+    entries: &std::collections::BTreeMap<String, Entry<T>>,
+    wrap: fn(T) -> SavedPolicy,
+) -> Vec<(ObjectKey, SavedPolicy)> {
+    entries
+        .values()
+        .filter(|e| e.error.is_some())
+        .filter_map(|e| e.policy.clone().map(|p| (e.key.clone(), wrap(p))))
+        .collect()
+}
+
+fn adopt<T: Clone>(entries: &mut std::collections::BTreeMap<String, Entry<T>>, key: &ObjectKey, policy: &T) -> bool {
+    match entries.values_mut().find(|e| &e.key == key) {
+        Some(e) if e.error.is_some() && e.policy.is_none() => {
+            e.policy = Some(policy.clone());
+            true
+        }
+        _ => false,
+    }
+}
+
+impl ClusterView {
+    /// The last good versions the view holds for objects that are invalid now.
+    pub fn kept_last_good(&self) -> LastGood {
+        let mut objects = kept(&self.firewalls, SavedPolicy::EgressFirewall);
+        objects.extend(kept(&self.qos, SavedPolicy::EgressQoS));
+        objects.extend(kept(&self.egress_ips, SavedPolicy::EgressIP));
+        objects.extend(kept(&self.cloud_ips, SavedPolicy::CloudPrivateIPConfig));
+        objects.sort_by(|a, b| a.0.cmp(&b.0));
+        LastGood { format: FORMAT, objects }
+    }
+
+    /// Give every object that is invalid and has no good version in the view (after a
+    /// restart) its saved last good version. Objects that are valid, gone, or already
+    /// have one are left alone. Returns whether the view changed.
+    pub fn adopt_last_good(&mut self, saved: &LastGood) -> bool {
+        let mut changed = false;
+        for (key, policy) in &saved.objects {
+            changed |= match policy {
+                SavedPolicy::EgressFirewall(p) => adopt(&mut self.firewalls, key, p),
+                SavedPolicy::EgressQoS(p) => adopt(&mut self.qos, key, p),
+                SavedPolicy::EgressIP(p) => adopt(&mut self.egress_ips, key, p),
+                SavedPolicy::CloudPrivateIPConfig(p) => adopt(&mut self.cloud_ips, key, p),
+            };
+        }
+        changed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::Kind;
+    use crate::view::policy::{Action, FirewallRule, Target};
+
+    fn policy(cidr: &str) -> FirewallPolicy {
+        FirewallPolicy {
+            namespace: "a".into(),
+            rules: vec![FirewallRule {
+                action: Action::Deny,
+                target: Target::Cidr(cidr.parse().unwrap()),
+                ports: Default::default(),
+            }],
+            warnings: vec![],
+        }
+    }
+
+    #[test]
+    fn only_invalid_objects_with_a_good_version_are_kept_and_adopted_after_a_restart() {
+        let key = ObjectKey::new(Kind::EgressFirewall, "a", "default");
+        let mut before = ClusterView::default();
+        before
+            .firewalls
+            .insert("a".into(), Entry { key: key.clone(), policy: Some(policy("192.0.2.0/24")), error: None });
+        assert!(before.kept_last_good().objects.is_empty(), "a valid object needs nothing saved");
+        before.firewalls.get_mut("a").unwrap().error = Some("spec.egress[0]: bad".into());
+        let saved = before.kept_last_good();
+        assert_eq!(saved.objects, vec![(key.clone(), SavedPolicy::EgressFirewall(policy("192.0.2.0/24")))]);
+        let json = serde_json::to_string(&saved).unwrap();
+        let back: LastGood = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, saved);
+
+        // After a restart the view has only the invalid version.
+        let mut after = ClusterView::default();
+        after.firewalls.insert("a".into(), Entry { key: key.clone(), policy: None, error: Some("bad".into()) });
+        assert!(after.adopt_last_good(&back));
+        assert_eq!(after.firewalls["a"].policy, Some(policy("192.0.2.0/24")));
+        assert!(!after.adopt_last_good(&back), "adopted once");
+        assert_eq!(after.kept_last_good(), saved, "and kept while still invalid");
+
+        // A valid version, or another object of the same namespace, is never overridden.
+        let mut fixed = ClusterView::default();
+        fixed
+            .firewalls
+            .insert("a".into(), Entry { key: key.clone(), policy: Some(policy("198.51.100.0/24")), error: None });
+        assert!(!fixed.adopt_last_good(&back));
+        let mut other = ClusterView::default();
+        let other_key = ObjectKey::new(Kind::EgressFirewall, "b", "default");
+        other.firewalls.insert("b".into(), Entry { key: other_key, policy: None, error: Some("bad".into()) });
+        assert!(!other.adopt_last_good(&back));
+    }
+}
