@@ -138,3 +138,39 @@ fn a_dns_outage_never_delays_other_changes() {
     // The last good addresses are still allowed.
     assert!(tcp(&t.pods[0], "192.0.2.10", 8080).is_some(), "last good address kept");
 }
+
+/// The reported scenario: Nodes and the EgressFirewall in one manifest file, node-b's
+/// label edited in place with `sed -i`: its address leaves the namespace chain.
+#[test]
+fn node_selector_rules_follow_a_label_edit_in_a_shared_file() {
+    let t = Topology::new(&["team-a"]);
+    let file = t.manifests().join("all.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: node-b\n  labels:\n    role: worker\nstatus:\n  addresses:\n  - {type: InternalIP, address: 192.0.2.10}\n\
+         ---\napiVersion: v1\nkind: Node\nmetadata:\n  name: node-c\n  labels:\n    role: infra\nstatus:\n  addresses:\n  - {type: InternalIP, address: 198.51.100.10}\n\
+         ---\napiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {name: default, namespace: team-a}\nspec:\n  egress:\n  \
+         - type: Allow\n    to:\n      nodeSelector:\n        matchLabels: {role: worker}\n  - type: Deny\n    to: {cidrSelector: 0.0.0.0/0}\n",
+    )
+    .unwrap();
+    let agent = t.start_agent("agent");
+    let p0 = &t.pods[0];
+    assert!(tcp(p0, "192.0.2.10", 8080).is_some(), "worker node allowed:\n{}", agent.log_text());
+    assert_eq!(tcp(p0, "198.51.100.10", 8080), None);
+    assert!(t.node.exec(&["nft", "list", "chain", "inet", "egressd", "fw-team-a"]).contains("ip daddr 192.0.2.10 "));
+
+    // node-b's label only (the selector keeps `role: worker`).
+    netns::sh(&["sed", "-i", "0,/    role: worker/s//    role: db/", file.to_str().unwrap()]);
+    let gone = wait_for(Duration::from_secs(2), || {
+        !t.node.exec(&["nft", "list", "chain", "inet", "egressd", "fw-team-a"]).contains("192.0.2.10")
+    });
+    assert!(gone.is_some(), "stale node address kept:\n{}", t.node.nft_list());
+    assert_eq!(tcp(p0, "192.0.2.10", 8080), None);
+    // And back, then node-c becomes a worker.
+    netns::sh(&["sed", "-i", "0,/    role: db/s//    role: worker/", file.to_str().unwrap()]);
+    netns::sh(&["sed", "-i", "0,/    role: infra/s//    role: worker/", file.to_str().unwrap()]);
+    let both = wait_for(Duration::from_secs(2), || {
+        tcp(p0, "192.0.2.10", 8080).is_some() && tcp(p0, "198.51.100.10", 8080).is_some()
+    });
+    assert!(both.is_some(), "{}", t.node.nft_list());
+}

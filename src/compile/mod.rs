@@ -119,9 +119,13 @@ pub struct Desired {
 }
 
 /// What one compile can reuse from the previous one. The output never depends on it:
-/// an entry is used only when the input that produced it is equal.
+/// an entry is used only when the input that produced it is equal — the namespace's
+/// policy, and the node's settings (a different [`NodeConfig`] empties the cache);
+/// chains that read more of the view (nodeSelector rules) are never cached. The
+/// property test in `tests/incremental.rs` checks it against a fresh compile.
 #[derive(Debug, Default)]
 pub struct CompileCache {
+    node: Option<NodeConfig>,
     firewall: firewall::ChainCache,
 }
 
@@ -140,6 +144,9 @@ pub fn compile_cached(
     host: &HostLinks,
     cache: &mut CompileCache,
 ) -> Desired {
+    if cache.node.as_ref() != Some(node) {
+        *cache = CompileCache { node: Some(node.clone()), ..CompileCache::default() };
+    }
     let mut table = Table::new(node.table_name.clone());
     let mut net = NetDesired::default();
     let mut statuses = Vec::new();

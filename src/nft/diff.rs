@@ -11,8 +11,8 @@ use super::{FAMILY, Table};
 ///
 /// Order inside the one transaction: new chains (so map elements may jump to them), new
 /// sets, rules of new/changed regular chains, element deletions, element additions,
-/// rules of changed base chains, then removal of chains and sets nothing references any
-/// more.
+/// rules of changed base chains, then removal of what is gone: chains flushed, sets and
+/// maps deleted, chains deleted (nothing references any of them by then).
 pub fn diff(old: &Table, new: &Table) -> Option<String> {
     if old == new {
         return None;
@@ -95,17 +95,18 @@ pub fn diff(old: &Table, new: &Table) -> Option<String> {
             let _ = writeln!(out, "add rule {t} {name} {rule}");
         }
     }
-    // 6. Chains and sets that are gone. Chains may still jump to each other, so flush
-    //    them all before deleting any.
+    // 6. Chains and sets that are gone. Chains may still jump to each other and use
+    //    sets, and gone maps may still jump to gone chains: flush the chains, delete the
+    //    sets and maps, then delete the chains.
     let gone_chains: Vec<&String> = old.chains.keys().filter(|n| !new.chains.contains_key(*n)).collect();
     for name in &gone_chains {
         let _ = writeln!(out, "flush chain {t} {name}");
     }
-    for name in &gone_chains {
-        let _ = writeln!(out, "delete chain {t} {name}");
-    }
     for (name, set) in old.sets.iter().filter(|(n, _)| !new.sets.contains_key(*n)) {
         let _ = writeln!(out, "delete {} {t} {name}", set.keyword());
+    }
+    for name in &gone_chains {
+        let _ = writeln!(out, "delete chain {t} {name}");
     }
     Some(out)
 }
@@ -186,5 +187,205 @@ mod tests {
         let mut new = table();
         new.chains.get_mut("firewall").unwrap().hook.as_mut().unwrap().priority = "mangle";
         assert!(diff(&old, &new).unwrap().starts_with("add table inet egressd\ndelete table inet egressd\n"));
+    }
+}
+
+/// The applied-table cache: the script [`diff`] sends, run against a model of nft's
+/// semantics (elements must exist to be deleted, a map key cannot be re-added with
+/// another verdict, a chain must be empty and unreferenced to be deleted, references
+/// must exist when added), turns the applied table into exactly the desired one — for
+/// random pairs of tables.
+#[cfg(test)]
+mod props {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::super::{Chain, Hook, KeyType, Set, Table};
+    use super::diff;
+
+    const CHAINS: [&str; 4] = ["c0", "c1", "c2", "c3"];
+    const ADDRS: [&str; 5] = ["192.0.2.1", "192.0.2.2", "192.0.2.3", "198.51.100.1", "198.51.100.2"];
+
+    fn hook() -> Hook {
+        Hook { chain_type: "filter", hook: "forward", priority: "filter" }
+    }
+
+    prop_compose! {
+        fn table()(
+            chains in proptest::sample::subsequence(CHAINS.to_vec(), 0..=4),
+            rule_picks in proptest::collection::vec((0usize..4, 0usize..6), 0..10),
+            plain in proptest::option::of(proptest::sample::subsequence(ADDRS.to_vec(), 0..=5)),
+            timed in proptest::option::of(proptest::collection::btree_map(proptest::sample::select(ADDRS.to_vec()), 1u32..4, 0..5)),
+            map in proptest::option::of(proptest::collection::btree_map(proptest::sample::select(ADDRS.to_vec()), 0usize..4, 0..5)),
+            base in proptest::collection::vec(0usize..4, 0..4),
+        ) -> Table {
+            let mut t = Table::new("egressd");
+            let mut regular: BTreeMap<String, Vec<String>> = chains.iter().map(|c| (c.to_string(), Vec::new())).collect();
+            let names: Vec<String> = regular.keys().cloned().collect();
+            if let Some(p) = &plain {
+                let mut s = Set::new(KeyType::Ipv4, false);
+                s.elements.extend(p.iter().map(|a| (a.to_string(), String::new())));
+                t.sets.insert("plain".into(), s);
+            }
+            if let Some(tm) = &timed {
+                let mut s = Set::with_timeout(KeyType::Ipv4);
+                s.elements.extend(tm.iter().map(|(a, n)| (a.to_string(), format!("timeout {}s", n * 100))));
+                t.sets.insert("timed".into(), s);
+            }
+            if let Some(m) = map.as_ref().filter(|_| !names.is_empty()) {
+                let mut s = Set::verdict_map(KeyType::Ipv4);
+                s.elements.extend(m.iter().map(|(a, c)| (a.to_string(), format!("jump {}", names[c % names.len()]))));
+                t.sets.insert("map".into(), s);
+            }
+            for (i, (c, r)) in rule_picks.iter().enumerate() {
+                if names.is_empty() {
+                    break;
+                }
+                let chain = &names[c % names.len()];
+                let rule = match r {
+                    0 => "counter accept".to_string(),
+                    1 => format!("ip daddr 192.0.2.{i} drop"),
+                    2 if t.sets.contains_key("plain") => "ip daddr @plain accept".to_string(),
+                    3 if t.sets.contains_key("timed") => "ip daddr @timed accept".to_string(),
+                    // A later chain only (no loops).
+                    _ => match names.iter().find(|n| *n > chain) {
+                        Some(target) => format!("jump {target}"),
+                        None => "counter drop".to_string(),
+                    },
+                };
+                if let Some(rules) = regular.get_mut(chain) {
+                    rules.push(rule);
+                }
+            }
+            for (name, rules) in regular {
+                t.chains.insert(name, Chain::regular(rules));
+            }
+            let mut base_rules = vec!["ct direction reply accept".to_string()];
+            for b in base {
+                match b {
+                    0 if t.sets.contains_key("map") => base_rules.push("ip saddr vmap @map".into()),
+                    1 if t.sets.contains_key("plain") => base_rules.push("ip daddr @plain drop".into()),
+                    2 => base_rules.push("counter".into()),
+                    _ => {}
+                }
+            }
+            t.chains.insert("firewall".into(), Chain::base(hook(), base_rules));
+            t
+        }
+    }
+
+    fn braces(line: &str) -> Vec<String> {
+        let inner = line.split_once('{').and_then(|(_, r)| r.rsplit_once('}')).map(|(i, _)| i).unwrap_or("");
+        inner.split(", ").map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()
+    }
+
+    fn referenced(t: &Table, name: &str) -> bool {
+        let jump = format!("jump {name}");
+        let at = format!("@{name}");
+        t.chains
+            .values()
+            .any(|c| c.rules.iter().any(|r| r.split_whitespace().any(|w| w == name || w == at) || r.ends_with(&jump)))
+            || t.sets.values().any(|s| s.elements.values().any(|v| *v == jump))
+    }
+
+    /// Run `script` against `t` as nft would (one transaction: any error fails it).
+    fn run(mut t: Table, script: &str, desired: &Table) -> Result<Table, String> {
+        if script.starts_with("add table") {
+            return Ok(desired.clone());
+        }
+        let prefix = "inet egressd ";
+        for line in script.lines() {
+            let (verb, rest) = line.split_once(prefix).ok_or(format!("bad line {line}"))?;
+            let name = rest.split_whitespace().next().unwrap_or_default().to_string();
+            match verb.trim() {
+                "add chain" => {
+                    t.chains.entry(name).or_default();
+                }
+                "add set" | "add map" => {
+                    let template = desired.sets.get(&name).ok_or(format!("{line}: not desired"))?;
+                    let mut s = template.clone();
+                    s.elements.clear();
+                    if t.sets.insert(name.clone(), s).is_some() {
+                        return Err(format!("{line}: exists"));
+                    }
+                }
+                "add rule" => {
+                    let rule = rest[name.len()..].trim().to_string();
+                    for w in rule.split_whitespace() {
+                        if let Some(set) = w.strip_prefix('@') {
+                            t.sets.get(set).ok_or(format!("{line}: no set {set}"))?;
+                        }
+                    }
+                    if let Some(target) = rule.strip_prefix("jump ") {
+                        t.chains.get(target).ok_or(format!("{line}: no chain {target}"))?;
+                    }
+                    let chain = t.chains.get_mut(&name).ok_or(format!("{line}: no chain"))?;
+                    std::sync::Arc::make_mut(&mut chain.rules).push(rule);
+                }
+                "flush chain" => {
+                    let chain = t.chains.get_mut(&name).ok_or(format!("{line}: no chain"))?;
+                    chain.rules = Default::default();
+                }
+                "delete chain" => {
+                    let chain = t.chains.get(&name).ok_or(format!("{line}: no chain"))?;
+                    if !chain.rules.is_empty() || referenced(&t, &name) {
+                        return Err(format!("{line}: busy"));
+                    }
+                    t.chains.remove(&name);
+                }
+                "delete set" | "delete map" => {
+                    t.sets.get(&name).ok_or(format!("{line}: no set"))?;
+                    if referenced(&t, &name) {
+                        return Err(format!("{line}: busy"));
+                    }
+                    t.sets.remove(&name);
+                }
+                "delete element" => {
+                    let set = t.sets.get_mut(&name).ok_or(format!("{line}: no set"))?;
+                    for k in braces(line) {
+                        set.elements.remove(&k).ok_or(format!("{line}: no element {k}"))?;
+                    }
+                }
+                "add element" => {
+                    let chains: Vec<String> = t.chains.keys().cloned().collect();
+                    let set = t.sets.get_mut(&name).ok_or(format!("{line}: no set"))?;
+                    for item in braces(line) {
+                        let (k, v) = if set.verdict_map {
+                            let (k, v) = item.split_once(" : ").ok_or(format!("{line}: {item}"))?;
+                            let target = v.strip_prefix("jump ").unwrap_or_default();
+                            if !chains.iter().any(|c| c == target) {
+                                return Err(format!("{line}: no chain {target}"));
+                            }
+                            (k.to_string(), v.to_string())
+                        } else {
+                            match item.split_once(' ') {
+                                Some((k, v)) => (k.to_string(), v.to_string()),
+                                None => (item.clone(), String::new()),
+                            }
+                        };
+                        if set.verdict_map && set.elements.get(&k).is_some_and(|old| *old != v) {
+                            return Err(format!("{line}: {k} exists with another verdict"));
+                        }
+                        set.elements.insert(k, v);
+                    }
+                }
+                other => return Err(format!("unknown verb {other:?} in {line}")),
+            }
+        }
+        Ok(t)
+    }
+
+    proptest! {
+        #[test]
+        fn the_delta_turns_the_applied_table_into_the_desired_one(old in table(), new in table()) {
+            match diff(&old, &new) {
+                None => prop_assert_eq!(&old, &new),
+                Some(script) => {
+                    let got = run(old.clone(), &script, &new).map_err(|e| TestCaseError::fail(format!("{e}\n{script}")))?;
+                    prop_assert_eq!(got, new, "{}", script);
+                }
+            }
+        }
     }
 }

@@ -276,9 +276,7 @@ impl ManifestSource {
         }
         for (key, (message, file)) in rejected {
             changed |= self.view.reject(&key, message);
-            if key.kind.is_custom() {
-                self.origins.insert(key, file);
-            }
+            self.origins.insert(key, file);
         }
         report.changed = changed;
         Ok(report)

@@ -1,4 +1,5 @@
-//! The last good version of every policy object whose current version is invalid.
+//! The last good version of every object whose current version is invalid (policy
+//! objects, and Namespaces, Pods and Nodes from manifests with a schema error).
 //!
 //! The view keeps such a version in memory (nothing applied is lost because of a bad
 //! edit); [`LastGood`] is that set as a value the agent saves in its state directory, so
@@ -7,8 +8,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::policy::{CloudPrivateIp, EgressIpPolicy, FirewallPolicy, QosPolicy};
-use super::{ClusterView, Entry};
-use crate::api::ObjectKey;
+use super::{ClusterView, Entry, NamespaceInfo, NodeInfo, PodInfo};
+use crate::api::{Kind, ObjectKey};
 
 /// A saved policy, by kind.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -21,6 +22,12 @@ pub enum SavedPolicy {
     EgressIP(EgressIpPolicy),
     /// A CloudPrivateIPConfig.
     CloudPrivateIPConfig(CloudPrivateIp),
+    /// A Namespace.
+    Namespace(NamespaceInfo),
+    /// A Pod.
+    Pod(PodInfo),
+    /// A Node.
+    Node(NodeInfo),
 }
 
 /// The format version written; a file of another version is ignored (with a warning).
@@ -62,6 +69,15 @@ fn adopt<T: Clone>(entries: &mut std::collections::BTreeMap<String, Entry<T>>, k
     }
 }
 
+/// A rejected core object without a version in the view gets the saved one.
+fn adopt_core<K: Ord, T: Clone>(map: &mut std::collections::BTreeMap<K, T>, id: K, saved: &T) -> bool {
+    if map.contains_key(&id) {
+        return false;
+    }
+    map.insert(id, saved.clone());
+    true
+}
+
 impl ClusterView {
     /// The last good versions the view holds for objects that are invalid now.
     pub fn kept_last_good(&self) -> LastGood {
@@ -69,6 +85,15 @@ impl ClusterView {
         objects.extend(kept(&self.qos, SavedPolicy::EgressQoS));
         objects.extend(kept(&self.egress_ips, SavedPolicy::EgressIP));
         objects.extend(kept(&self.cloud_ips, SavedPolicy::CloudPrivateIPConfig));
+        for key in &self.rejected_core {
+            let saved = match key.kind {
+                Kind::Namespace => self.namespaces.get(&key.name).cloned().map(SavedPolicy::Namespace),
+                Kind::Pod => self.pods.get(&(key.namespace.clone(), key.name.clone())).cloned().map(SavedPolicy::Pod),
+                Kind::Node => self.nodes.get(&key.name).cloned().map(SavedPolicy::Node),
+                _ => None,
+            };
+            objects.extend(saved.map(|s| (key.clone(), s)));
+        }
         objects.sort_by(|a, b| a.0.cmp(&b.0));
         LastGood { format: FORMAT, objects }
     }
@@ -84,6 +109,16 @@ impl ClusterView {
                 SavedPolicy::EgressQoS(p) => adopt(&mut self.qos, key, p),
                 SavedPolicy::EgressIP(p) => adopt(&mut self.egress_ips, key, p),
                 SavedPolicy::CloudPrivateIPConfig(p) => adopt(&mut self.cloud_ips, key, p),
+                SavedPolicy::Namespace(n) => {
+                    self.rejected_core.contains(key) && adopt_core(&mut self.namespaces, key.name.clone(), n)
+                }
+                SavedPolicy::Pod(p) => {
+                    self.rejected_core.contains(key)
+                        && adopt_core(&mut self.pods, (key.namespace.clone(), key.name.clone()), p)
+                }
+                SavedPolicy::Node(n) => {
+                    self.rejected_core.contains(key) && adopt_core(&mut self.nodes, key.name.clone(), n)
+                }
             };
         }
         changed

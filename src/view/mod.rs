@@ -33,14 +33,14 @@ pub struct Entry<T> {
 }
 
 /// A namespace's labels.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct NamespaceInfo {
     /// Labels.
     pub labels: BTreeMap<String, String>,
 }
 
 /// The fields of a pod egressd uses (and nothing else, to keep memory small).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PodInfo {
     /// Namespace.
     pub namespace: String,
@@ -98,7 +98,7 @@ impl PodInfo {
 }
 
 /// The fields of a node egressd uses.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct NodeInfo {
     /// Labels.
     pub labels: BTreeMap<String, String>,
@@ -160,6 +160,9 @@ pub struct ClusterView {
     pub cloud_ips: BTreeMap<String, Entry<CloudPrivateIp>>,
     /// Objects that are valid but not acted on, with the reason.
     pub ignored: BTreeMap<ObjectKey, String>,
+    /// Namespaces, Pods and Nodes whose current version was rejected (a manifest with
+    /// a schema error): the previous version, if any, stays in use.
+    pub rejected_core: std::collections::BTreeSet<ObjectKey>,
 }
 
 /// Store a conversion result; returns whether the entry changed.
@@ -227,6 +230,10 @@ impl ClusterView {
             Object::CloudPrivateIPConfig(o) => {
                 policy!(cloud_ips, key.name.clone(), policy::cloud_private_ip(o))
             }
+            Object::Namespace(_) | Object::Pod(_) | Object::Node(_) if self.rejected_core.remove(&key) => {
+                self.upsert(object);
+                true
+            }
             Object::Namespace(ns) => {
                 let info = NamespaceInfo { labels: ns.metadata.labels.clone().unwrap_or_default() };
                 replace(&mut self.namespaces, key.name, info)
@@ -252,15 +259,16 @@ impl ClusterView {
             Kind::EgressQoS => put(&mut self.qos, id, key.clone(), Err(error)),
             Kind::EgressIP => put(&mut self.egress_ips, id, key.clone(), Err(error)),
             Kind::CloudPrivateIPConfig => put(&mut self.cloud_ips, id, key.clone(), Err(error)),
-            // Core objects have no status; the source logs the error and keeps the
-            // previous version.
-            Kind::Namespace | Kind::Pod | Kind::Node => false,
+            // Core objects have no status; the source logs the error and the previous
+            // version stays in use (saved across restarts like a policy's last good one).
+            Kind::Namespace | Kind::Pod | Kind::Node => self.rejected_core.insert(key.clone()),
         }
     }
 
     /// Remove an object.
     pub fn remove(&mut self, key: &ObjectKey) {
         self.ignored.remove(key);
+        self.rejected_core.remove(key);
         let same = |e: &ObjectKey| e == key;
         match key.kind {
             Kind::EgressFirewall => {

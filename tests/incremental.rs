@@ -1,0 +1,351 @@
+//! Every cache and incremental path gives exactly what a fresh start gives, for random
+//! sequences of changes of every kind:
+//!
+//! * the compile cache (namespace chains reused across compiles): after each change,
+//!   the cached compile equals a compile with an empty cache;
+//! * the manifests source (parse cache per file, view updated per changed object):
+//!   after each change of the directory, the view equals the view of a fresh source
+//!   reading the same directory — which, like a restarted agent, gets the last good
+//!   versions of invalid objects from the saved state.
+//!
+//! Changes: Namespaces (labels), Nodes (labels, addresses), Pods (labels, node, IPs,
+//! phase), the four custom resources (valid, invalid, ignored), DNS answers, the node's
+//! links, removals.
+
+use std::collections::BTreeMap;
+
+use egressd::api::ObjectKey;
+use egressd::api::parse::{Parsed, parse_document, split_documents, yaml_to_value};
+use egressd::compile::{CompileCache, EgressSettings, HostLink, HostLinks, NodeConfig, SnoopSettings, compile_cached};
+use egressd::dns::{DnsAnswers, Resolved};
+use egressd::source::manifests::ManifestSource;
+use egressd::view::ClusterView;
+use proptest::prelude::*;
+
+fn pick<T: Clone + std::fmt::Debug + 'static>(items: &[T]) -> impl Strategy<Value = T> + use<T> {
+    proptest::sample::select(items.to_vec())
+}
+
+fn namespace() -> impl Strategy<Value = String> {
+    (pick(&["a", "b"]), pick(&["", "team: x", "team: y"])).prop_map(|(name, label)| {
+        format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n  labels: {{kubernetes.io/metadata.name: {name}{}}}\n",
+            if label.is_empty() { String::new() } else { format!(", {label}") }
+        )
+    })
+}
+
+fn node() -> impl Strategy<Value = String> {
+    (
+        pick(&["n1", "n2"]),
+        pick(&["{}", "{role: web}", "{role: db}"]),
+        proptest::sample::subsequence(vec!["192.0.2.101", "192.0.2.102", "198.51.100.7", "2001:db8::101"], 0..=2),
+        any::<bool>(),
+    )
+        .prop_map(|(name, labels, addrs, ready)| {
+            let addrs: String =
+                addrs.iter().map(|a| format!("  - {{type: InternalIP, address: \"{a}\"}}\n")).collect();
+            let ready = if ready { "True" } else { "False" };
+            format!(
+                "apiVersion: v1\nkind: Node\nmetadata: {{name: {name}, labels: {labels}}}\nstatus:\n  conditions: [{{type: Ready, status: \"{ready}\"}}]\n  addresses:\n{addrs}"
+            )
+        })
+}
+
+fn pod() -> impl Strategy<Value = String> {
+    (
+        pick(&["p0", "p1", "p2", "p3"]),
+        pick(&["a", "b"]),
+        pick(&["{app: web}", "{app: db}", "{}"]),
+        pick(&["n1", "n2"]),
+        proptest::sample::subsequence(vec!["198.18.1.1", "198.18.1.2", "198.18.1.3", "2001:db8:1::1"], 0..=2),
+        pick(&["Running", "Running", "Succeeded"]),
+        prop_oneof![9 => Just(false), 1 => Just(true)],
+        0i64..3,
+    )
+        .prop_map(|(name, ns, labels, node, ips, phase, host, created)| {
+            let ips: Vec<String> = ips.iter().map(|ip| format!("{{ip: \"{ip}\"}}")).collect();
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}, labels: {labels}, creationTimestamp: \"2026-01-0{}T00:00:00Z\"}}\n\
+                 spec: {{nodeName: {node}, hostNetwork: {host}}}\nstatus:\n  phase: {phase}\n  podIPs: [{}]\n",
+                created + 1,
+                ips.join(", ")
+            )
+        })
+}
+
+fn firewall_rule() -> impl Strategy<Value = String> {
+    let to = prop_oneof![
+        pick(&["192.0.2.0/24", "198.51.100.0/24", "0.0.0.0/0", "::/0", "192.0.2.7/32", "192.0.2.0/33"])
+            .prop_map(|c| format!("{{cidrSelector: \"{c}\"}}")),
+        pick(&["a.example.com", "B.example.com", "*.example.com"]).prop_map(|d| format!("{{dnsName: \"{d}\"}}")),
+        pick(&["web", "db"]).prop_map(|r| format!("{{nodeSelector: {{matchLabels: {{role: {r}}}}}}}")),
+    ];
+    let ports = pick(&[
+        "",
+        ", ports: [{protocol: TCP, port: 443}]",
+        ", ports: [{protocol: UDP, port: 53}, {protocol: TCPX, port: 80}]",
+    ]);
+    (pick(&["Allow", "Deny", "Allowed"]), to, ports).prop_map(|(t, to, p)| format!("  - {{type: {t}, to: {to}{p}}}\n"))
+}
+
+fn firewall() -> impl Strategy<Value = String> {
+    (pick(&["a", "b"]), pick(&["default", "default", "other"]), proptest::collection::vec(firewall_rule(), 0..4))
+        .prop_map(|(ns, name, rules)| {
+            format!(
+                "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  egress:{}",
+                if rules.is_empty() { " []\n".to_string() } else { format!("\n{}", rules.concat()) }
+            )
+        })
+}
+
+fn qos() -> impl Strategy<Value = String> {
+    (
+        pick(&["a", "b"]),
+        pick(&[0u8, 10, 46, 64]),
+        pick(&["", ", dstCIDR: 192.0.2.0/24"]),
+        pick(&["", ", podSelector: {matchLabels: {app: web}}"]),
+    )
+        .prop_map(|(ns, dscp, dst, sel)| {
+            format!(
+                "apiVersion: k8s.ovn.org/v1\nkind: EgressQoS\nmetadata: {{name: default, namespace: {ns}}}\nspec:\n  egress:\n  - {{dscp: {dscp}{dst}{sel}}}\n"
+            )
+        })
+}
+
+fn egress_ip() -> impl Strategy<Value = String> {
+    (
+        pick(&["e1", "e2"]),
+        pick(&["198.19.0.50", "198.19.0.51", "192.0.2.101", "198.19.0.50.1"]),
+        pick(&["a", "b"]),
+        pick(&["", "\n  podSelector: {matchLabels: {app: web}}"]),
+        pick(&["", "n1", "n2"]),
+        0i64..3,
+    )
+        .prop_map(|(name, ip, ns, pods, host, created)| {
+            let status =
+                if host.is_empty() { String::new() } else { format!("status:\n  items: [{{egressIP: \"{ip}\", node: {host}}}]\n") };
+            format!(
+                "apiVersion: k8s.ovn.org/v1\nkind: EgressIP\nmetadata: {{name: {name}, creationTimestamp: \"2026-01-0{}T00:00:00Z\"}}\nspec:\n  egressIPs: [\"{ip}\"]\n  \
+                 namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: {ns}}}}}{pods}\n{status}",
+                created + 1
+            )
+        })
+}
+
+fn cloud_ip() -> impl Strategy<Value = String> {
+    (pick(&["198.19.0.50", "198.19.0.51"]), pick(&["n1", "n2"])).prop_map(|(ip, node)| {
+        format!(
+            "apiVersion: cloud.network.openshift.io/v1\nkind: CloudPrivateIPConfig\nmetadata: {{name: \"{ip}\"}}\nspec: {{node: {node}}}\n"
+        )
+    })
+}
+
+/// One document of any kind.
+fn document() -> impl Strategy<Value = String> {
+    prop_oneof![
+        2 => namespace(),
+        2 => node(),
+        4 => pod(),
+        4 => firewall(),
+        2 => qos(),
+        2 => egress_ip(),
+        1 => cloud_ip(),
+    ]
+}
+
+fn key_of(doc: &str) -> Option<ObjectKey> {
+    let (_, _, text) = split_documents(doc).into_iter().next()?;
+    match parse_document(&yaml_to_value(&text).ok()?, "default", true) {
+        Ok(Parsed::Object(o)) => Some(o.key()),
+        Ok(Parsed::Ignored { .. }) => None,
+        Err(e) => e.key,
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Change {
+    /// Add or replace the object of this document.
+    Put(String),
+    /// Remove the object of this document.
+    Remove(String),
+    /// New answers for a name.
+    Dns(String, Vec<String>),
+    /// The node's links (index into [`links`]).
+    Links(usize),
+}
+
+fn change() -> impl Strategy<Value = Change> {
+    prop_oneof![
+        6 => document().prop_map(Change::Put),
+        2 => document().prop_map(Change::Remove),
+        2 => (
+            pick(&["a.example.com.", "b.example.com."]),
+            proptest::sample::subsequence(vec!["192.0.2.10", "192.0.2.11", "198.18.9.9", "2001:db8::10"], 0..=3)
+        )
+            .prop_map(|(n, a)| Change::Dns(n.to_string(), a.into_iter().map(String::from).collect())),
+        1 => (0usize..3).prop_map(Change::Links),
+    ]
+}
+
+fn links(choice: usize) -> HostLinks {
+    let link = |addrs: &[&str]| HostLink {
+        index: 2,
+        name: "eth0".into(),
+        up: true,
+        addrs: addrs.iter().map(|a| a.parse().unwrap()).collect(),
+        gateways: vec!["198.19.0.254".parse().unwrap()],
+    };
+    match choice {
+        0 => HostLinks::default(),
+        1 => HostLinks { links: vec![link(&["198.19.0.1/24"])], default_link: [Some(2), None] },
+        _ => HostLinks { links: vec![link(&["198.19.0.1/24", "192.0.2.101/24"])], default_link: [Some(2), None] },
+    }
+}
+
+fn node_config(snoop: bool) -> NodeConfig {
+    NodeConfig {
+        node_name: "n1".into(),
+        cluster_cidrs: vec!["198.18.0.0/16".parse().unwrap(), "2001:db8:1::/48".parse().unwrap()],
+        service_cidrs: vec!["198.19.128.0/17".parse().unwrap()],
+        table_name: "egressd".into(),
+        dns_grace: std::time::Duration::from_secs(300),
+        egress: EgressSettings::default(),
+        snoop: snoop.then(|| SnoopSettings { group: 4747, servers: vec!["192.0.2.53".parse().unwrap()] }),
+    }
+}
+
+/// Apply a document to a view as a source does (rejected documents keep the last good
+/// version of their object).
+fn put(view: &mut ClusterView, doc: &str) {
+    for (_, _, text) in split_documents(doc) {
+        match parse_document(&yaml_to_value(&text).expect("generated YAML"), "default", true) {
+            Ok(Parsed::Object(o)) => {
+                view.upsert(&o);
+            }
+            Ok(Parsed::Ignored { .. }) => {}
+            Err(e) => {
+                if let Some(key) = e.key {
+                    view.reject(&key, e.violations.join("; "));
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #[test]
+    fn the_compile_cache_gives_what_a_fresh_compile_gives(
+        changes in proptest::collection::vec(change(), 1..24),
+        snoop in any::<bool>(),
+    ) {
+        let node = node_config(snoop);
+        let mut view = ClusterView::default();
+        let mut dns = DnsAnswers::new();
+        let mut host = HostLinks::default();
+        let mut cache = CompileCache::default();
+        for (step, c) in changes.iter().enumerate() {
+            match c {
+                Change::Put(doc) => put(&mut view, doc),
+                Change::Remove(doc) => {
+                    if let Some(key) = key_of(doc) {
+                        view.remove(&key);
+                    }
+                }
+                Change::Dns(name, addrs) => {
+                    let resolved = Resolved {
+                        addresses: addrs.iter().map(|a| a.parse().unwrap()).collect(),
+                        ttl: std::time::Duration::from_secs(30),
+                    };
+                    dns.insert(name.clone(), resolved);
+                }
+                Change::Links(i) => host = links(*i),
+            }
+            let cached = compile_cached(&view, &node, &dns, &host, &mut cache);
+            let fresh = compile_cached(&view, &node, &dns, &host, &mut CompileCache::default());
+            prop_assert_eq!(cached, fresh, "step {}: {:?}", step, c);
+        }
+    }
+}
+
+/// The files of a directory state: file name → documents.
+type Files = BTreeMap<usize, Vec<String>>;
+
+#[derive(Debug, Clone)]
+enum FileChange {
+    /// Write file `n` with these documents (in place, or by rename as editors do).
+    Write(usize, Vec<String>, bool),
+    /// Edit one document of file `n` in place (like `sed -i` on one object).
+    Edit(usize, usize, String),
+    /// Delete file `n`.
+    Delete(usize),
+}
+
+fn file_change() -> impl Strategy<Value = FileChange> {
+    prop_oneof![
+        4 => (0usize..3, proptest::collection::vec(document(), 0..5), any::<bool>())
+            .prop_map(|(n, d, r)| FileChange::Write(n, d, r)),
+        4 => (0usize..3, 0usize..5, document()).prop_map(|(n, i, d)| FileChange::Edit(n, i, d)),
+        1 => (0usize..3).prop_map(FileChange::Delete),
+    ]
+}
+
+fn write_file(dir: &std::path::Path, n: usize, docs: &[String], rename: bool) {
+    let text: String = docs.iter().map(|d| format!("---\n{d}")).collect();
+    let path = dir.join(format!("f{n}.yaml"));
+    if rename {
+        let tmp = dir.join(format!(".f{n}.yaml.tmp"));
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    } else {
+        std::fs::write(&path, text).unwrap();
+    }
+}
+
+proptest! {
+    #[test]
+    fn the_manifests_source_gives_what_a_fresh_start_gives(
+        changes in proptest::collection::vec(file_change(), 1..16),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut files: Files = BTreeMap::new();
+        let mut source = ManifestSource::new(dir.path());
+        source.load().unwrap();
+        for (step, c) in changes.iter().enumerate() {
+            match c {
+                FileChange::Write(n, docs, rename) => {
+                    write_file(dir.path(), *n, docs, *rename);
+                    files.insert(*n, docs.clone());
+                }
+                FileChange::Edit(n, i, doc) => {
+                    let docs = files.entry(*n).or_default();
+                    if docs.is_empty() {
+                        docs.push(doc.clone());
+                    } else {
+                        let i = i % docs.len();
+                        docs[i] = doc.clone();
+                    }
+                    let docs = docs.clone();
+                    write_file(dir.path(), *n, &docs, true);
+                }
+                FileChange::Delete(n) => {
+                    if files.remove(n).is_some() {
+                        std::fs::remove_file(dir.path().join(format!("f{n}.yaml"))).unwrap();
+                    }
+                }
+            }
+            source.load().unwrap();
+            // A restarted agent: a fresh source, plus the last good versions the running
+            // one would have saved.
+            let mut fresh = ManifestSource::new(dir.path());
+            fresh.load().unwrap();
+            fresh.view_mut().adopt_last_good(&source.view().kept_last_good());
+            prop_assert_eq!(source.view(), fresh.view(), "step {}: {:?}", step, c);
+            // And what both compile to is the same.
+            let node = node_config(true);
+            let a = compile_cached(source.view(), &node, &DnsAnswers::new(), &links(1), &mut CompileCache::default());
+            let b = compile_cached(fresh.view(), &node, &DnsAnswers::new(), &links(1), &mut CompileCache::default());
+            prop_assert_eq!(a, b);
+        }
+    }
+}
