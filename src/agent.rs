@@ -12,19 +12,19 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
-
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use crate::compile::HostLinks;
 use crate::compile::{Desired, NodeConfig, ObjectStatus, Outcome, compile, dns_names, dns_set_names};
 use crate::dataplane::netlink::Netlink;
 use crate::dataplane::nft::{NftBackend, NftError, NftSyncer, SyncKind};
 use crate::dns::resolver::DnsResolver;
 use crate::dns::worker::{DnsRound, DnsWorker};
 use crate::dns::{DnsAnswers, DnsTracker};
-use crate::source::manifests::{LoadReport, ManifestSource, SourceError, watch};
+use crate::net::HostLinks;
+use crate::source::ViewSource;
+use crate::source::manifests::{ManifestSource, SourceError};
+use crate::status::StatusSink;
 use crate::view::ClusterView;
 
 /// Errors that stop the agent.
@@ -84,7 +84,7 @@ fn record_sync(
     m.rules.set(i64::try_from(desired.table.rule_count()).unwrap_or(i64::MAX));
     m.elements.set(i64::try_from(desired.table.element_count()).unwrap_or(i64::MAX));
     m.egress_ips_hosted.set(i64::try_from(desired.net.addresses.len()).unwrap_or(i64::MAX));
-    m.observe_view(view);
+    m.observe_objects(&view.object_counts());
 }
 
 /// One netlink check: `true` when the links changed (recompile); otherwise owned state
@@ -212,16 +212,6 @@ pub fn render_manifests(dir: &std::path::Path, node: &NodeConfig) -> Result<Stri
     Ok(out)
 }
 
-/// Log a load report: each bad document at warn level, ignored kinds at debug.
-pub fn log_report(report: &LoadReport) {
-    for e in &report.errors {
-        tracing::warn!(error = %e, "manifest rejected");
-    }
-    for i in &report.ignored {
-        tracing::debug!(document = %i, "kind not used by egressd; ignored");
-    }
-}
-
 /// Compile and sync once: netlink state first (addresses, rules, routes), then the nft
 /// table; returns the statuses with kernel failures folded in.
 pub async fn apply_once<B: NftBackend>(
@@ -325,93 +315,6 @@ fn log_status_changes(old: &[ObjectStatus], new: &[ObjectStatus]) {
     }
 }
 
-/// Where the view comes from, for the agent loop.
-#[allow(async_fn_in_trait)]
-pub trait ViewSource {
-    /// The current view.
-    fn view(&self) -> &ClusterView;
-    /// The current view, to give invalid objects their saved last good versions after a
-    /// restart ([`ClusterView::adopt_last_good`]).
-    fn view_mut(&mut self) -> &mut ClusterView;
-    /// Problems to report in the status file (rejected documents, watch errors).
-    fn problems(&self) -> Vec<String>;
-    /// Wait for the next change. `Ok(true)`: the view (may have) changed and must be
-    /// recompiled; `Ok(false)`: nothing to do.
-    async fn next_change(&mut self) -> bool;
-}
-
-/// The manifests directory as a [`ViewSource`]: directory events (debounced) and a
-/// periodic re-read.
-pub struct ManifestsView {
-    source: ManifestSource,
-    report: LoadReport,
-    events: mpsc::Receiver<()>,
-    resync: tokio::time::Interval,
-    _watcher: notify::RecommendedWatcher,
-}
-
-impl ManifestsView {
-    /// Read `dir` once (fails when it is unreadable) and start watching it.
-    pub async fn open(dir: &std::path::Path, debounce: Duration, resync: Duration) -> Result<Self, AgentError> {
-        let mut source = ManifestSource::new(dir);
-        let report = source.load()?;
-        log_report(&report);
-        tracing::info!(dir = %dir.display(), objects = report.objects, errors = report.errors.len(), "manifests loaded");
-        let (tx, events) = mpsc::channel(1);
-        let watcher = watch(dir, debounce, debounce * 5, tx)?;
-        let mut resync = tokio::time::interval(resync);
-        resync.tick().await;
-        Ok(Self { source, report, events, resync, _watcher: watcher })
-    }
-}
-
-impl ViewSource for ManifestsView {
-    fn view(&self) -> &ClusterView {
-        self.source.view()
-    }
-
-    fn view_mut(&mut self) -> &mut ClusterView {
-        self.source.view_mut()
-    }
-
-    fn problems(&self) -> Vec<String> {
-        self.report.errors.iter().map(ToString::to_string).collect()
-    }
-
-    async fn next_change(&mut self) -> bool {
-        // The periodic re-read catches missed events; what changed is what the view says.
-        tokio::select! {
-            Some(()) = self.events.recv() => {}
-            _ = self.resync.tick() => {}
-        }
-        match self.source.load() {
-            Ok(report) => {
-                if report.changed || !report.errors.is_empty() {
-                    log_report(&report);
-                }
-                let changed = report.changed;
-                self.report = report;
-                changed
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "manifests unreadable; keeping the current dataplane");
-                false
-            }
-        }
-    }
-}
-
-/// Receives each compiled state after it was applied (the Kubernetes status writer).
-pub trait StatusSink {
-    /// `desired` was just applied (or failed to apply: its statuses say so).
-    fn applied(&mut self, view: &ClusterView, desired: &Desired);
-}
-
-/// No sink (manifests mode: the status file is all).
-impl StatusSink for () {
-    fn applied(&mut self, _: &ClusterView, _: &Desired) {}
-}
-
 /// Run until `shutdown` completes: resolve DNS names, compile, sync, report; again on
 /// every change of the source and whenever a DNS name falls due.
 pub async fn run<S: ViewSource, B: NftBackend, K: StatusSink>(
@@ -449,7 +352,11 @@ pub async fn run<S: ViewSource, B: NftBackend, K: StatusSink>(
     };
     let snoop = match &config.node.snoop {
         Some(settings) => {
-            match crate::dns::listener::SnoopHandle::start(settings.group, &config.node.table_name, telemetry.clone()) {
+            match crate::dataplane::nflog::SnoopHandle::start(
+                settings.group,
+                &config.node.table_name,
+                telemetry.clone(),
+            ) {
                 Ok(h) => {
                     tracing::info!(group = settings.group, servers = ?settings.servers, "DNS snooping on");
                     Some(h)

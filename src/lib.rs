@@ -15,6 +15,7 @@ pub mod api;
 pub mod compile;
 pub mod dataplane;
 pub mod dns;
+pub mod net;
 pub mod nft;
 pub mod source;
 pub mod state;

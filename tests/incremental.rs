@@ -16,8 +16,10 @@ use std::collections::BTreeMap;
 
 use egressd::api::ObjectKey;
 use egressd::api::parse::{Parsed, parse_document, split_documents, yaml_to_value};
-use egressd::compile::{CompileCache, EgressSettings, HostLink, HostLinks, NodeConfig, SnoopSettings, compile_cached};
+use egressd::compile::{CompileCache, NodeConfig, compile_cached};
+use egressd::dns::targets::SnoopSettings;
 use egressd::dns::{DnsAnswers, Resolved};
+use egressd::net::{EgressSettings, HostLink, HostLinks};
 use egressd::source::manifests::ManifestSource;
 use egressd::view::ClusterView;
 use proptest::prelude::*;

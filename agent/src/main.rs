@@ -8,10 +8,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use egressd::agent::{AgentError, ManifestsView, RunConfig, render_manifests};
+use egressd::agent::{AgentError, RunConfig, render_manifests};
 use egressd::compile::NodeConfig;
 use egressd::dataplane::nft::{NftCli, NftSyncer};
 use egressd::source::kube::KubeView;
+use egressd::source::manifests::ManifestsView;
 use egressd::status::lease::{Leadership, LeaseConfig};
 use egressd::status::writer::KubeStatusWriter;
 use egressd::telemetry::Telemetry;
@@ -125,7 +126,7 @@ struct EgressArgs {
     /// egressd's routing tables are TABLE_BASE+1 ..= TABLE_BASE+255 (255 ..= 4294967039,
     /// so the range never wraps nor covers the kernel's tables 253-255).
     #[arg(long, env = "EGRESSD_EGRESS_IP_TABLE_BASE", default_value_t = 7470,
-          value_parser = clap::value_parser!(u32).range(egressd::compile::MIN_TABLE_BASE as i64..=egressd::compile::MAX_TABLE_BASE as i64))]
+          value_parser = clap::value_parser!(u32).range(egressd::net::MIN_TABLE_BASE as i64..=egressd::net::MAX_TABLE_BASE as i64))]
     egress_ip_table_base: u32,
     /// Priority of egressd's `ip rule fwmark` rules, 1 ..= 32765 (before the main
     /// table's 32766).
@@ -146,8 +147,8 @@ struct EgressArgs {
 }
 
 impl EgressArgs {
-    fn settings(&self) -> egressd::compile::EgressSettings {
-        egressd::compile::EgressSettings {
+    fn settings(&self) -> egressd::net::EgressSettings {
+        egressd::net::EgressSettings {
             mark_mask: self.egress_ip_mark_mask,
             table_base: self.egress_ip_table_base,
             rule_priority: self.egress_ip_rule_priority,
@@ -165,7 +166,7 @@ fn parse_mark_mask(s: &str) -> Result<u32, String> {
         None => s.parse(),
     };
     let mask = parsed.map_err(|e| format!("{e}: a number, decimal or 0x-prefixed hex"))?;
-    egressd::compile::EgressSettings::check_mark_mask(mask)?;
+    egressd::net::EgressSettings::check_mark_mask(mask)?;
     Ok(mask)
 }
 
@@ -178,7 +179,7 @@ impl NodeArgs {
             table_name: self.table.clone(),
             dns_grace: Duration::from_secs(self.dns_grace_secs),
             egress: self.egress.settings(),
-            snoop: (!self.no_dns_snoop).then(|| egressd::compile::SnoopSettings {
+            snoop: (!self.no_dns_snoop).then(|| egressd::dns::targets::SnoopSettings {
                 group: self.dns_snoop_group,
                 servers: self.cluster_dns.clone(),
             }),

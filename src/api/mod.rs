@@ -29,6 +29,12 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// The dynamic API resource (group, version, kind, plural) of this kind.
+    pub fn api_resource(self) -> kube::api::ApiResource {
+        let gvk = kube::api::GroupVersionKind::gvk(self.group(), "v1", self.as_str());
+        kube::api::ApiResource::from_gvk_with_plural(&gvk, self.plural())
+    }
+
     /// The kind's name as in `kind:`.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -27,6 +27,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use super::{NodeConfig, ObjectStatus, Outcome};
+use crate::net::{EgressSettings, HostLinks, MarkRule, NetDesired, NextHop};
 use crate::nft::{Chain, Hook, KeyType, Set, Table, chain_name};
 use crate::view::policy::EgressIpPolicy;
 use crate::view::{ClusterView, PodInfo};
@@ -46,177 +47,6 @@ const SNAT_V6: &str = "eip-snat-v6";
 const GATEWAYS_V4: &str = "eip-gateways-v4";
 const GATEWAYS_V6: &str = "eip-gateways-v6";
 const DROP_CHAIN: &str = "eip-drop";
-
-/// How egressd marks and routes steered packets. Everything it creates is found again by
-/// these values (rule priority, table range, route protocol, address protocol).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EgressSettings {
-    /// The mark bits egressd owns; other bits of the packet mark are left alone.
-    pub mark_mask: u32,
-    /// Routing tables `table_base + 1 ..= table_base + tables` are egressd's.
-    pub table_base: u32,
-    /// Number of routing tables (and mark values) egressd may use.
-    pub tables: u32,
-    /// Priority of egressd's policy-routing rules.
-    pub rule_priority: u32,
-    /// Route protocol number of egressd's routes.
-    pub route_protocol: u8,
-    /// Address protocol (`IFA_PROTO`) tagging egressd's addresses.
-    pub address_protocol: u8,
-    /// Drop selected pods' outside traffic when no node hosts an IP of their EgressIP.
-    pub fail_closed: bool,
-}
-
-impl Default for EgressSettings {
-    fn default() -> Self {
-        Self {
-            mark_mask: 0x00ff_0000,
-            table_base: 7470,
-            tables: 255,
-            rule_priority: 5470,
-            route_protocol: 0xe9,
-            address_protocol: 0xe9,
-            fail_closed: false,
-        }
-    }
-}
-
-/// The lowest `--egress-ip-table-base`: egressd's tables start above the kernel's own
-/// (253 default, 254 main, 255 local).
-pub const MIN_TABLE_BASE: u32 = 255;
-/// The highest `--egress-ip-table-base`: base + 255 stays below `u32::MAX` (never wraps).
-pub const MAX_TABLE_BASE: u32 = u32::MAX - 256;
-/// Packet-mark bits kube-proxy uses (0x4000 masquerade, 0x8000 drop); egressd's mask
-/// must not touch them.
-pub const KUBE_PROXY_MARKS: u32 = 0x0000_c000;
-
-impl EgressSettings {
-    /// Check a mark mask: non-zero, contiguous (the mark values are counted inside it)
-    /// and clear of kube-proxy's bits. The error says why.
-    pub fn check_mark_mask(mask: u32) -> Result<(), String> {
-        if mask == 0 {
-            return Err("must not be 0".into());
-        }
-        let shifted = mask >> mask.trailing_zeros();
-        if shifted & shifted.wrapping_add(1) != 0 {
-            return Err(format!("{mask:#010x}: the bits must be contiguous (e.g. 0x00ff0000)"));
-        }
-        if mask & KUBE_PROXY_MARKS != 0 {
-            return Err(format!(
-                "{mask:#010x} overlaps kube-proxy's mark bits {KUBE_PROXY_MARKS:#010x} (0x4000 masquerade, 0x8000 drop)"
-            ));
-        }
-        Ok(())
-    }
-
-    /// The mark value for routing table index `k` (1-based), shifted into the mask.
-    pub fn mark(&self, k: u32) -> u32 {
-        k.checked_shl(self.mark_mask.trailing_zeros()).unwrap_or(0) & self.mark_mask
-    }
-
-    /// How many distinct mark values the mask and table range allow.
-    pub fn capacity(&self) -> u32 {
-        let values = self.mark_mask.checked_shr(self.mark_mask.trailing_zeros()).unwrap_or(0);
-        values.min(self.tables)
-    }
-
-    /// Whether `table` is in egressd's range.
-    pub fn owns_table(&self, table: u32) -> bool {
-        table > self.table_base && table <= self.table_base.saturating_add(self.tables)
-    }
-}
-
-/// One network link of this node as egressd sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct HostLink {
-    /// Interface index.
-    pub index: u32,
-    /// Interface name.
-    pub name: String,
-    /// Administratively and operationally up (or at least not down).
-    pub up: bool,
-    /// Its addresses with prefix length, without the ones egressd added.
-    pub addrs: Vec<IpNet>,
-    /// Gateways of the main table's default routes through this link (any metric).
-    pub gateways: Vec<IpAddr>,
-}
-
-/// The node's links (read by the netlink driver before each compile).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct HostLinks {
-    /// The links.
-    pub links: Vec<HostLink>,
-    /// The link of the main table's preferred default route: [IPv4, IPv6].
-    pub default_link: [Option<u32>; 2],
-}
-
-impl HostLinks {
-    /// The up link whose subnet contains `ip`, longest prefix first; host routes
-    /// (/32, /128) and IPv6 link-local subnets never count.
-    pub fn link_for(&self, ip: IpAddr) -> Option<&HostLink> {
-        let mut best: Option<(u8, &HostLink)> = None;
-        for link in self.links.iter().filter(|l| l.up) {
-            for net in &link.addrs {
-                if net.prefix_len() == net.max_prefix_len() || is_link_local(net.addr()) || !net.contains(&ip) {
-                    continue;
-                }
-                if best
-                    .is_none_or(|(len, b)| net.prefix_len() > len || (net.prefix_len() == len && link.index < b.index))
-                {
-                    best = Some((net.prefix_len(), link));
-                }
-            }
-        }
-        best.map(|(_, l)| l)
-    }
-
-    /// Every address of every link.
-    pub fn addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
-        self.links.iter().flat_map(|l| l.addrs.iter().map(IpNet::addr))
-    }
-}
-
-fn is_link_local(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => v4.is_link_local(),
-        IpAddr::V6(v6) => v6.segments()[0] & 0xffc0 == 0xfe80,
-    }
-}
-
-/// One next hop of a steering route.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct NextHop {
-    /// The hosting node's address.
-    pub gateway: IpAddr,
-    /// The link it is reached on.
-    pub link: u32,
-}
-
-/// A policy-routing rule: packets with `mark` (under `mask`) look up `table`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct MarkRule {
-    /// IPv6 (else IPv4).
-    pub v6: bool,
-    /// Mark value.
-    pub mark: u32,
-    /// Mask.
-    pub mask: u32,
-    /// Routing table.
-    pub table: u32,
-    /// Priority.
-    pub priority: u32,
-}
-
-/// The netlink state egressd wants on this node.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct NetDesired {
-    /// Egress IPs hosted here → (link index, link name).
-    pub addresses: BTreeMap<IpAddr, (u32, String)>,
-    /// Default routes of egressd's tables: (table, IPv6) → next hops.
-    pub routes: BTreeMap<(u32, bool), Vec<NextHop>>,
-    /// Policy-routing rules.
-    pub rules: BTreeSet<MarkRule>,
-}
 
 /// The label every namespace carries (added by the API server since 1.21; added here for
 /// manifests and older servers).
@@ -638,6 +468,7 @@ mod tests {
     use crate::api::parse::{Parsed, parse_document, split_documents, yaml_to_value};
     use crate::compile::{CompileCache, DEFAULT_DNS_GRACE, compile_cached};
     use crate::dns::DnsAnswers;
+    use crate::net::HostLink;
 
     fn view(docs: &str) -> ClusterView {
         let mut v = ClusterView::default();
@@ -922,54 +753,5 @@ mod tests {
         assert_eq!(s.capacity(), 15);
         assert_eq!(mark_statement(&s, 2), "meta mark set meta mark and 0xffff0fff or 0x00002000");
         assert!(s.owns_table(7471) && !s.owns_table(7470) && !s.owns_table(7470 + 256));
-    }
-
-    #[test]
-    fn mark_masks_are_checked_and_table_ids_never_wrap() {
-        assert!(EgressSettings::check_mark_mask(0x00ff_0000).is_ok());
-        assert!(EgressSettings::check_mark_mask(0x8000_0000).is_ok());
-        assert!(EgressSettings::check_mark_mask(0).is_err());
-        assert!(EgressSettings::check_mark_mask(0x0001_0100).unwrap_err().contains("contiguous"));
-        for kube_proxy in [0x4000, 0x8000, 0xff00, 0xffff_ffff] {
-            assert!(EgressSettings::check_mark_mask(kube_proxy).unwrap_err().contains("kube-proxy"), "{kube_proxy:#x}");
-        }
-        let top = EgressSettings { table_base: MAX_TABLE_BASE, ..Default::default() };
-        let ids: Vec<u32> = (1..=top.tables).map(|k| top.table_base + k).collect();
-        assert!(ids.iter().all(|t| top.owns_table(*t) && *t > MAX_TABLE_BASE && *t < u32::MAX));
-        let bottom = EgressSettings { table_base: MIN_TABLE_BASE, ..Default::default() };
-        assert!((1..=bottom.tables).all(|k| !(253..=255).contains(&(bottom.table_base + k))));
-    }
-
-    #[test]
-    fn link_choice_is_the_longest_prefix_and_ignores_host_and_link_local_routes() {
-        let links = HostLinks {
-            links: vec![
-                HostLink {
-                    index: 2,
-                    name: "wide".into(),
-                    up: true,
-                    addrs: vec!["198.19.0.1/16".parse().unwrap()],
-                    ..Default::default()
-                },
-                HostLink {
-                    index: 3,
-                    name: "narrow".into(),
-                    up: true,
-                    addrs: vec!["198.19.0.9/24".parse().unwrap(), "fe80::1/64".parse().unwrap()],
-                    ..Default::default()
-                },
-                HostLink {
-                    index: 4,
-                    name: "host".into(),
-                    up: true,
-                    addrs: vec!["198.19.0.100/32".parse().unwrap()],
-                    ..Default::default()
-                },
-            ],
-            ..Default::default()
-        };
-        assert_eq!(links.link_for("198.19.0.100".parse().unwrap()).map(|l| l.name.as_str()), Some("narrow"));
-        assert_eq!(links.link_for("198.19.5.5".parse().unwrap()).map(|l| l.name.as_str()), Some("wide"));
-        assert_eq!(links.link_for("fe80::5".parse().unwrap()), None);
     }
 }

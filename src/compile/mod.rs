@@ -7,25 +7,21 @@
 mod egress_ip;
 mod firewall;
 mod qos;
-mod snoop;
+mod snoop_copies;
 
 use ipnet::IpNet;
 
 use crate::api::ObjectKey;
 use crate::dns::DnsAnswers;
+use crate::dns::targets::{SnoopSettings, SnoopTargets};
+use crate::net::{EgressSettings, HostLinks, NetDesired};
 use crate::nft::Table;
 use crate::view::ClusterView;
 
-pub use egress_ip::{
-    EgressSettings, HostLink, HostLinks, KUBE_PROXY_MARKS, MAX_TABLE_BASE, MIN_TABLE_BASE, MarkRule, NetDesired,
-    NextHop, SNAT_CHAIN, STEER_CHAIN,
-};
+pub use egress_ip::{SNAT_CHAIN, STEER_CHAIN};
 pub use firewall::{FIREWALL_CHAIN, FIREWALL_LOCAL_CHAIN, dns_names, dns_rule_names, dns_set_names, wildcard_sets};
 pub use qos::QOS_CHAIN;
-pub use snoop::{
-    PREFIX_ANSWER, PREFIX_QUERY, PREFIX_UNTRACKED, PREFIX_UNTRUSTED, SnoopName, SnoopSettings, SnoopTargets,
-    snooped_namespaces,
-};
+pub use snoop_copies::snooped_namespaces;
 
 /// What egressd knows about the node it runs on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -166,8 +162,8 @@ pub fn compile_cached(
     firewall::compile(view, node, dns, &owners, &mut table, &mut statuses, &mut cache.firewall);
     qos::compile(view, node, &owners, &mut table, &mut statuses);
     egress_ip::compile(view, node, host, &owners, &mut table, &mut net, &mut statuses);
-    snoop::compile(view, node, &owners, &mut table);
-    let snoop = snoop::targets(view, node, &owners);
+    snoop_copies::compile(view, node, &owners, &mut table);
+    let snoop = snoop_copies::targets(view, node, &owners);
 
     for (key, reason) in &view.ignored {
         statuses.push(ObjectStatus {

@@ -22,7 +22,7 @@ use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteHeader, Rou
 use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use rtnetlink::{Handle, IpVersion, RouteMessageBuilder, RouteNextHopBuilder};
 
-use crate::compile::{EgressSettings, HostLink, HostLinks, MarkRule, NetDesired, NextHop};
+use crate::net::{EgressSettings, HostLink, HostLinks, MarkRule, NetDesired, NextHop};
 
 /// A netlink failure, with what was being done.
 #[derive(Debug, thiserror::Error)]

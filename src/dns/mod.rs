@@ -12,9 +12,9 @@
 //!
 //! A name used by several rules or namespaces is tracked — and resolved — once.
 
-pub mod listener;
 pub mod resolver;
 pub mod snoop;
+pub mod targets;
 pub mod worker;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::Client;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+use kube::api::{Api, DynamicObject};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use serde_json::Value;
@@ -107,12 +107,6 @@ pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client, Stri
     Client::try_from(config).map_err(|e| e.to_string())
 }
 
-/// The dynamic API resource of a custom resource kind.
-pub fn api_resource(kind: Kind) -> ApiResource {
-    let gvk = GroupVersionKind::gvk(kind.group(), "v1", kind.as_str());
-    ApiResource::from_gvk_with_plural(&gvk, kind.plural())
-}
-
 fn key_of(kind: Kind, meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> ObjectKey {
     let ns = if kind.namespaced() { meta.namespace.clone().unwrap_or_default() } else { String::new() };
     ObjectKey::new(kind, ns, meta.name.clone().unwrap_or_default())
@@ -177,7 +171,7 @@ pub fn start_watches(client: &Client) -> mpsc::Receiver<KubeMsg> {
         observed: None,
     }));
     for kind in [Kind::EgressFirewall, Kind::EgressQoS, Kind::EgressIP, Kind::CloudPrivateIPConfig] {
-        let api: Api<DynamicObject> = Api::all_with(client.clone(), &api_resource(kind));
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &kind.api_resource());
         tokio::spawn(forward(kind, api, tx.clone(), move |o| custom(kind, o)));
     }
     rx
@@ -203,7 +197,7 @@ pub struct KubeSource {
     unavailable: BTreeMap<Kind, (WatchProblem, String)>,
 }
 
-/// The Kubernetes watches as a [`crate::agent::ViewSource`].
+/// The Kubernetes watches as a [`super::ViewSource`].
 pub struct KubeView {
     source: KubeSource,
     rx: mpsc::Receiver<KubeMsg>,
@@ -268,7 +262,7 @@ impl KubeView {
     }
 }
 
-impl crate::agent::ViewSource for KubeView {
+impl super::ViewSource for KubeView {
     fn view(&self) -> &ClusterView {
         self.source.view()
     }

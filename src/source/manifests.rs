@@ -321,6 +321,77 @@ pub fn watch(
     Ok(watcher)
 }
 
+/// Log a load report: each bad document at warn level, ignored kinds at debug.
+pub fn log_report(report: &LoadReport) {
+    for e in &report.errors {
+        tracing::warn!(error = %e, "manifest rejected");
+    }
+    for i in &report.ignored {
+        tracing::debug!(document = %i, "kind not used by egressd; ignored");
+    }
+}
+
+/// The manifests directory as a [`super::ViewSource`]: directory events (debounced) and a
+/// periodic re-read.
+pub struct ManifestsView {
+    source: ManifestSource,
+    report: LoadReport,
+    events: mpsc::Receiver<()>,
+    resync: tokio::time::Interval,
+    _watcher: notify::RecommendedWatcher,
+}
+
+impl ManifestsView {
+    /// Read `dir` once (fails when it is unreadable) and start watching it.
+    pub async fn open(dir: &std::path::Path, debounce: Duration, resync: Duration) -> Result<Self, SourceError> {
+        let mut source = ManifestSource::new(dir);
+        let report = source.load()?;
+        log_report(&report);
+        tracing::info!(dir = %dir.display(), objects = report.objects, errors = report.errors.len(), "manifests loaded");
+        let (tx, events) = mpsc::channel(1);
+        let watcher = watch(dir, debounce, debounce * 5, tx)?;
+        let mut resync = tokio::time::interval(resync);
+        resync.tick().await;
+        Ok(Self { source, report, events, resync, _watcher: watcher })
+    }
+}
+
+impl super::ViewSource for ManifestsView {
+    fn view(&self) -> &ClusterView {
+        self.source.view()
+    }
+
+    fn view_mut(&mut self) -> &mut ClusterView {
+        self.source.view_mut()
+    }
+
+    fn problems(&self) -> Vec<String> {
+        self.report.errors.iter().map(ToString::to_string).collect()
+    }
+
+    async fn next_change(&mut self) -> bool {
+        // The periodic re-read catches missed events; what changed is what the view says.
+        tokio::select! {
+            Some(()) = self.events.recv() => {}
+            _ = self.resync.tick() => {}
+        }
+        match self.source.load() {
+            Ok(report) => {
+                if report.changed || !report.errors.is_empty() {
+                    log_report(&report);
+                }
+                let changed = report.changed;
+                self.report = report;
+                changed
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "manifests unreadable; keeping the current dataplane");
+                false
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

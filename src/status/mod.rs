@@ -4,3 +4,17 @@
 
 pub mod lease;
 pub mod writer;
+
+use crate::compile::Desired;
+use crate::view::ClusterView;
+
+/// Receives each compiled state after it was applied (the Kubernetes status writer).
+pub trait StatusSink {
+    /// `desired` was just applied (or failed to apply: its statuses say so).
+    fn applied(&mut self, view: &ClusterView, desired: &Desired);
+}
+
+/// No sink (manifests mode: the status file is all).
+impl StatusSink for () {
+    fn applied(&mut self, _: &ClusterView, _: &Desired) {}
+}

@@ -30,11 +30,10 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
+use super::StatusSink;
 use super::lease::Leadership;
-use crate::agent::StatusSink;
 use crate::api::{Kind, ObjectKey};
 use crate::compile::{Desired, Outcome};
-use crate::source::kube::api_resource;
 use crate::view::ClusterView;
 use crate::view::observed::{Observed, StatusBoard};
 
@@ -299,7 +298,7 @@ fn node_problems(desired: &Desired) -> Vec<(ObjectKey, String)> {
 }
 
 async fn apply_status(client: &Client, w: &StatusWrite) -> Result<(), kube::Error> {
-    let ar = api_resource(w.key.kind);
+    let ar = w.key.kind.api_resource();
     let api: Api<DynamicObject> = if w.key.kind.namespaced() {
         Api::namespaced_with(client.clone(), &w.key.namespace, &ar)
     } else {

@@ -152,28 +152,17 @@ impl Metrics {
         out
     }
 
-    /// Update the object gauges from a view.
-    pub fn observe_view(&self, view: &crate::view::ClusterView) {
-        let set = |kind: &str, valid: bool, n: usize| {
-            let labels = ObjectLabels { kind: kind.into(), valid: valid.to_string() };
-            self.objects.get_or_create(&labels).set(i64::try_from(n).unwrap_or(i64::MAX));
-        };
-        // (total, invalid) per policy kind.
-        fn split<T>(entries: &std::collections::BTreeMap<String, crate::view::Entry<T>>) -> (usize, usize) {
-            (entries.len(), entries.values().filter(|e| e.error.is_some()).count())
+    /// Update the object gauges: (kind, valid, invalid) per kind.
+    pub fn observe_objects(&self, counts: &[(crate::api::Kind, usize, usize)]) {
+        for (kind, valid, invalid) in counts {
+            for (is_valid, n) in [(true, valid), (false, invalid)] {
+                if !is_valid && !kind.is_custom() {
+                    continue;
+                }
+                let labels = ObjectLabels { kind: kind.to_string(), valid: is_valid.to_string() };
+                self.objects.get_or_create(&labels).set(i64::try_from(*n).unwrap_or(i64::MAX));
+            }
         }
-        for (kind, (total, bad)) in [
-            ("EgressFirewall", split(&view.firewalls)),
-            ("EgressQoS", split(&view.qos)),
-            ("EgressIP", split(&view.egress_ips)),
-            ("CloudPrivateIPConfig", split(&view.cloud_ips)),
-        ] {
-            set(kind, true, total - bad);
-            set(kind, false, bad);
-        }
-        set("Pod", true, view.pods.len());
-        set("Node", true, view.nodes.len());
-        set("Namespace", true, view.namespaces.len());
     }
 }
 

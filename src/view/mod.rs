@@ -299,6 +299,24 @@ impl ClusterView {
         }
     }
 
+    /// Objects per kind: (kind, valid, invalid). Core kinds are always valid.
+    pub fn object_counts(&self) -> Vec<(Kind, usize, usize)> {
+        fn split<T>(entries: &BTreeMap<String, Entry<T>>) -> (usize, usize) {
+            let invalid = entries.values().filter(|e| e.error.is_some()).count();
+            (entries.len() - invalid, invalid)
+        }
+        let counts = [
+            (Kind::EgressFirewall, split(&self.firewalls)),
+            (Kind::EgressQoS, split(&self.qos)),
+            (Kind::EgressIP, split(&self.egress_ips)),
+            (Kind::CloudPrivateIPConfig, split(&self.cloud_ips)),
+            (Kind::Pod, (self.pods.len(), 0)),
+            (Kind::Node, (self.nodes.len(), 0)),
+            (Kind::Namespace, (self.namespaces.len(), 0)),
+        ];
+        counts.into_iter().map(|(k, (valid, invalid))| (k, valid, invalid)).collect()
+    }
+
     /// Every key of an object currently in the view (ignored objects included).
     pub fn keys(&self) -> Vec<ObjectKey> {
         let mut keys: Vec<ObjectKey> = self.ignored.keys().cloned().collect();

@@ -17,9 +17,9 @@ use netlink_packet_netfilter::nflog::{ConfigCmd, ConfigFlags, ConfigMode, Packet
 use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily};
 use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
 
-use super::snoop::{Ignored, Snooper, dns_message, name_matches, parse_packet};
-use crate::compile::{PREFIX_ANSWER, PREFIX_QUERY, PREFIX_UNTRACKED, PREFIX_UNTRUSTED, SnoopTargets};
 use crate::dataplane::elements::{Element, ElementWriter};
+use crate::dns::snoop::{Ignored, Snooper, dns_message, name_matches, parse_packet};
+use crate::dns::targets::{PREFIX_ANSWER, PREFIX_QUERY, PREFIX_UNTRACKED, PREFIX_UNTRUSTED, SnoopTargets};
 use crate::telemetry::metrics::{Metrics, SnoopLabels};
 
 /// Expired entries are pruned when the memory of learned elements reaches a power of
@@ -201,7 +201,7 @@ impl SnoopHandle {
                 if targets.exempt.iter().any(|n| n.contains(&l.address)) {
                     continue;
                 }
-                let timeout = super::element_timeout(l.ttl, targets.grace);
+                let timeout = crate::dns::element_timeout(l.ttl, targets.grace);
                 for name in targets.names.get(namespace).into_iter().flatten() {
                     if !l.names.iter().any(|n| name_matches(&name.base, name.wildcard, n)) {
                         continue;

@@ -18,27 +18,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use super::NodeConfig;
+use crate::dns::targets::{PREFIX_ANSWER, PREFIX_QUERY, PREFIX_UNTRACKED, PREFIX_UNTRUSTED, SnoopName, SnoopTargets};
 use crate::nft::{Chain, Hook, KeyType, Set, Table};
 use crate::view::policy::Target;
 use crate::view::{ClusterView, PodInfo};
-
-/// Snooping settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SnoopSettings {
-    /// The NFLOG group the copies go to.
-    pub group: u16,
-    /// Trusted DNS server addresses (as the pods address them).
-    pub servers: Vec<IpAddr>,
-}
-
-/// The prefixes of the copies.
-pub const PREFIX_QUERY: &str = "dns-q";
-/// Answers from a trusted server.
-pub const PREFIX_ANSWER: &str = "dns-a";
-/// Answers from any other server.
-pub const PREFIX_UNTRUSTED: &str = "dns-u";
-/// Answer-shaped packets outside any flow a pod opened.
-pub const PREFIX_UNTRACKED: &str = "dns-x";
 
 /// Namespaces whose EgressFirewall has a `dnsName` rule.
 pub fn snooped_namespaces(view: &ClusterView) -> BTreeSet<&str> {
@@ -102,30 +85,6 @@ pub(super) fn compile(view: &ClusterView, node: &NodeConfig, owners: &BTreeMap<I
     table.chains.insert("dns-snoop".into(), base("forward"));
     table.chains.insert("dns-snoop-in".into(), base("input"));
     table.chains.insert("dns-snoop-out".into(), base("output"));
-}
-
-/// One `dnsName` of a namespace, as the snooping listener matches it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SnoopName {
-    /// Normalised base name.
-    pub base: String,
-    /// `*.base`.
-    pub wildcard: bool,
-    /// Its sets: IPv4, IPv6 (`None` for a family not in use).
-    pub sets: [Option<String>; 2],
-}
-
-/// What the snooping listener needs to know, rebuilt after every compile.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SnoopTargets {
-    /// Local snooped pods → namespace.
-    pub pods: std::collections::HashMap<IpAddr, String>,
-    /// Namespace → its `dnsName` rules.
-    pub names: std::collections::HashMap<String, Vec<SnoopName>>,
-    /// Learned addresses inside these (cluster, Service) ranges are not added.
-    pub exempt: Vec<ipnet::IpNet>,
-    /// Added to the answer's TTL (floor 5 s) for the kernel timeout.
-    pub grace: std::time::Duration,
 }
 
 /// The listener's view of `view` on this node.
