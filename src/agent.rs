@@ -264,9 +264,7 @@ pub async fn apply_once<B: NftBackend>(
     if let Some(e) = &net_error {
         tracing::error!(error = %e, "netlink sync failed; will retry");
         for s in desired.statuses.iter_mut().filter(|s| s.key.kind == crate::api::Kind::EgressIP) {
-            let reason = format!("kernel error: {e}");
-            s.message = format!("{}: EgressIP not applied: {reason}", node.node_name);
-            s.outcome = Outcome::Failed(reason);
+            s.fail(&format!("kernel error: {e}"));
         }
     }
     let result = tokio::task::block_in_place(|| syncer.sync(&desired.table));
@@ -282,14 +280,7 @@ pub async fn apply_once<B: NftBackend>(
         Err(e) => {
             tracing::error!(error = %e, "nft sync failed; will retry in full");
             for s in &mut desired.statuses {
-                if s.outcome == Outcome::Applied {
-                    let reason = format!("kernel error: {e}");
-                    s.message = s.message.replace(
-                        "EgressFirewall Rules applied",
-                        &format!("EgressFirewall Rules not correctly applied: {reason}"),
-                    );
-                    s.outcome = Outcome::Failed(reason);
-                }
+                s.fail(&format!("kernel error: {e}"));
             }
         }
     }
@@ -309,8 +300,8 @@ fn log_status_changes(old: &[ObjectStatus], new: &[ObjectStatus]) {
             continue;
         }
         match &s.outcome {
-            Outcome::Failed(_) => tracing::warn!(object = %s.key, status = %s.message, "status"),
-            _ => tracing::info!(object = %s.key, status = %s.message, "status"),
+            Outcome::Failed(_) => tracing::warn!(object = %s.key, status = %s.message(), "status"),
+            _ => tracing::info!(object = %s.key, status = %s.message(), "status"),
         }
     }
 }

@@ -443,22 +443,12 @@ pub(super) fn compile(
             plan.snat_here.len(),
             plan.steered.len()
         );
-        let (outcome, message) = if problems.is_empty() {
-            (Outcome::Applied, format!("{me}: EgressIP applied: {summary}"))
-        } else {
-            let reason = problems.join("; ");
-            (Outcome::Failed(reason.clone()), format!("{me}: EgressIP not fully applied: {reason}; {summary}"))
-        };
-        statuses.push(ObjectStatus { key: e.key.clone(), outcome, message, condition: None });
+        let outcome = if problems.is_empty() { Outcome::Applied } else { Outcome::Failed(problems.join("; ")) };
+        statuses.push(ObjectStatus::new(e.key.clone(), me, outcome).with_detail(summary));
     }
     for e in ordered.iter().filter(|e| e.policy.is_none()) {
         let error = e.error.clone().unwrap_or_default();
-        statuses.push(ObjectStatus {
-            key: e.key.clone(),
-            outcome: Outcome::Failed(error.clone()),
-            message: format!("{me}: {error}"),
-            condition: None,
-        });
+        statuses.push(ObjectStatus::new(e.key.clone(), me, Outcome::Failed(error)));
     }
 }
 
@@ -640,9 +630,9 @@ mod tests {
         let d = run_on(&format!("{CLUSTER}{web}"), "b", &links, false);
         assert!(d.table.sets[STEER_V4].elements.is_empty());
         assert!(
-            d.statuses[0].message.contains("is on eth1, which is not the default route's link"),
+            d.statuses[0].message().contains("is on eth1, which is not the default route's link"),
             "{}",
-            d.statuses[0].message
+            d.statuses[0].message()
         );
     }
 
@@ -682,7 +672,7 @@ mod tests {
             "egress IP 198.19.0.3 is the address of a node; not used",
             "egress IP 203.0.113.9 cannot be hosted on node b: no up link has a subnet containing it",
         ] {
-            assert!(young.message.contains(expected), "{expected}\nin {}", young.message);
+            assert!(young.message().contains(expected), "{expected}\nin {}", young.message());
         }
         // A down link never hosts; an unknown node is reported where it matters.
         let down = eip("down", "2024-01-01T00:00:00Z", &["192.0.2.5"], &[("192.0.2.5", "b")], "{}");
@@ -690,7 +680,7 @@ mod tests {
         assert!(d.net.addresses.is_empty());
         let ghost = eip("ghost", "2024-01-01T00:00:00Z", &["198.19.0.100"], &[("198.19.0.100", "z")], "{}");
         let d = run(&format!("{CLUSTER}{ghost}"), "a", "198.19.0.1/24", false);
-        assert!(d.statuses[0].message.contains("placed on node z, which is unknown"), "{}", d.statuses[0].message);
+        assert!(d.statuses[0].message().contains("placed on node z, which is unknown"), "{}", d.statuses[0].message());
     }
 
     #[test]
@@ -698,7 +688,7 @@ mod tests {
         let web = eip("web", "2024-01-01T00:00:00Z", &["198.19.0.100"], &[], "{matchLabels: {app: web}}");
         let open = run(&format!("{CLUSTER}{web}"), "a", "198.19.0.1/24", false);
         assert!(open.table.sets[STEER_V4].elements.is_empty());
-        assert!(open.statuses[0].message.contains("1 with the node's own SNAT"), "{}", open.statuses[0].message);
+        assert!(open.statuses[0].message().contains("1 with the node's own SNAT"), "{}", open.statuses[0].message());
         let closed = run(&format!("{CLUSTER}{web}"), "a", "198.19.0.1/24", true);
         assert_eq!(elements(&closed, STEER_V4), vec![("198.18.1.2".into(), "jump eip-drop".into())]);
         assert_eq!(*closed.table.chains[DROP_CHAIN].rules, vec!["counter drop".to_string()]);
@@ -713,9 +703,9 @@ mod tests {
         assert_eq!(elements(&d, STEER_V4).len(), 1, "IPv4 dropped (fail-closed)");
         assert!(d.table.sets[STEER_V6].elements.is_empty(), "IPv6 untouched: the EgressIP has no IPv6 address");
         assert!(
-            d.statuses[0].message.contains("1 local pods selected: 0 SNATed here, 0 steered, 1 dropped"),
+            d.statuses[0].message().contains("1 local pods selected: 0 SNATed here, 0 steered, 1 dropped"),
             "{}",
-            d.statuses[0].message
+            d.statuses[0].message()
         );
     }
 

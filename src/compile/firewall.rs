@@ -109,9 +109,6 @@ const CLUSTER_V6: &str = "cluster-v6";
 const PODS_V4: &str = "fw-pods-v4";
 const PODS_V6: &str = "fw-pods-v6";
 
-const APPLIED: &str = "EgressFirewall Rules applied";
-const NOT_APPLIED: &str = "EgressFirewall Rules not correctly applied";
-
 fn exempt_sets(node: &NodeConfig, table: &mut Table) -> Vec<IpNet> {
     let all: Vec<IpNet> = node.cluster_cidrs.iter().chain(&node.service_cidrs).map(IpNet::trunc).collect();
     // Merge overlaps and duplicates: the kernel rejects overlapping interval elements.
@@ -288,16 +285,9 @@ pub(super) fn compile(
                 table.chains.insert(name, chain);
             }
         }
-        let warnings = entry.policy.as_ref().map(|p| p.warnings.as_slice()).unwrap_or_default();
-        let (outcome, message) = if problems.is_empty() && warnings.is_empty() {
-            (Outcome::Applied, format!("{}: {APPLIED}", node.node_name))
-        } else if problems.is_empty() {
-            (Outcome::Applied, format!("{}: {APPLIED} (warning: {})", node.node_name, warnings.join("; ")))
-        } else {
-            let reason = problems.join("; ");
-            (Outcome::Failed(reason.clone()), format!("{}: {NOT_APPLIED}: {reason}", node.node_name))
-        };
-        statuses.push(ObjectStatus { key: entry.key.clone(), outcome, message, condition: None });
+        let warnings = entry.policy.as_ref().map(|p| p.warnings.clone()).unwrap_or_default();
+        let outcome = if problems.is_empty() { Outcome::Applied } else { Outcome::Failed(problems.join("; ")) };
+        statuses.push(ObjectStatus::new(entry.key.clone(), &node.node_name, outcome).with_warnings(warnings));
     }
 
     table.sets.insert(PODS_V4.into(), pods_v4);

@@ -8,10 +8,10 @@ mod egress_ip;
 mod firewall;
 mod qos;
 mod snoop_copies;
+mod status;
 
 use ipnet::IpNet;
 
-use crate::api::ObjectKey;
 use crate::dns::DnsAnswers;
 use crate::dns::targets::{SnoopSettings, SnoopTargets};
 use crate::net::{EgressSettings, HostLinks, NetDesired};
@@ -22,6 +22,10 @@ pub use egress_ip::{SNAT_CHAIN, STEER_CHAIN};
 pub use firewall::{FIREWALL_CHAIN, FIREWALL_LOCAL_CHAIN, dns_names, dns_rule_names, dns_set_names, wildcard_sets};
 pub use qos::QOS_CHAIN;
 pub use snoop_copies::snooped_namespaces;
+pub use status::{
+    FIREWALL_APPLIED, FIREWALL_NOT_APPLIED, ObjectStatus, Outcome, QOS_APPLIED, QOS_NOT_APPLIED, StatusCondition,
+    condition_node, parse_message,
+};
 
 /// What egressd knows about the node it runs on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,45 +63,6 @@ pub const MAX_DNS_GRACE_SECS: u64 = 7 * 24 * 3600;
 
 /// The default [`NodeConfig::dns_grace`].
 pub const DEFAULT_DNS_GRACE: std::time::Duration = std::time::Duration::from_secs(300);
-
-/// The outcome for one object on this node.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    /// Compiled into the desired state.
-    Applied,
-    /// Not (fully) applied; the reason names the field.
-    Failed(String),
-    /// Valid, but not acted on (name other than `default`).
-    Ignored(String),
-    /// Valid; this version of egressd does not act on this kind yet.
-    Validated,
-}
-
-/// A status condition as the reference writes it (EgressQoS `Ready-In-Zone-<node>`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StatusCondition {
-    /// `type`.
-    pub type_: String,
-    /// `True` or `False`.
-    pub status: String,
-    /// `SetupSucceeded` / `SetupFailed`.
-    pub reason: String,
-    /// Human-readable message.
-    pub message: String,
-}
-
-/// The per-object status this node reports.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ObjectStatus {
-    /// The object.
-    pub key: ObjectKey,
-    /// What happened.
-    pub outcome: Outcome,
-    /// The message in the reference's wording, as it would be written to the object.
-    pub message: String,
-    /// The condition this node writes, for kinds that report conditions.
-    pub condition: Option<StatusCondition>,
-}
 
 /// The desired dataplane state and the statuses that go with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -166,28 +131,12 @@ pub fn compile_cached(
     let snoop = snoop_copies::targets(view, node, &owners);
 
     for (key, reason) in &view.ignored {
-        statuses.push(ObjectStatus {
-            key: key.clone(),
-            outcome: Outcome::Ignored(reason.clone()),
-            message: reason.clone(),
-            condition: None,
-        });
+        statuses.push(ObjectStatus::new(key.clone(), &node.node_name, Outcome::Ignored(reason.clone())));
     }
-    let validated = |key: &ObjectKey, error: &Option<String>| match error {
-        Some(e) => ObjectStatus {
-            key: key.clone(),
-            outcome: Outcome::Failed(e.clone()),
-            message: format!("{}: {e}", node.node_name),
-            condition: None,
-        },
-        None => ObjectStatus {
-            key: key.clone(),
-            outcome: Outcome::Validated,
-            message: format!("{}: valid; {} is not enforced by this version", node.node_name, key.kind),
-            condition: None,
-        },
-    };
-    statuses.extend(view.cloud_ips.values().map(|e| validated(&e.key, &e.error)));
+    statuses.extend(view.cloud_ips.values().map(|e| {
+        let outcome = e.error.clone().map_or(Outcome::Validated, Outcome::Failed);
+        ObjectStatus::new(e.key.clone(), &node.node_name, outcome)
+    }));
     statuses.sort_by(|a, b| a.key.cmp(&b.key));
     Desired { table, net, snoop, statuses, warnings }
 }
@@ -196,13 +145,7 @@ pub fn compile_cached(
 pub fn render_statuses(statuses: &[ObjectStatus]) -> String {
     let mut out = String::new();
     for s in statuses {
-        let state = match &s.outcome {
-            Outcome::Applied => "applied",
-            Outcome::Failed(_) => "failed",
-            Outcome::Ignored(_) => "ignored",
-            Outcome::Validated => "validated",
-        };
-        out.push_str(&format!("{}\t{state}\t{}\n", s.key, s.message));
+        out.push_str(&format!("{}\t{}\t{}\n", s.key, s.state(), s.message()));
     }
     out
 }

@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use super::{NodeConfig, ObjectStatus, Outcome, StatusCondition};
+use super::{NodeConfig, ObjectStatus, Outcome};
 use crate::nft::{Chain, Hook, KeyType, Set, Table, chain_name};
 use crate::view::policy::QosRule;
 use crate::view::{ClusterView, PodInfo};
@@ -24,9 +24,6 @@ use crate::view::{ClusterView, PodInfo};
 pub const QOS_CHAIN: &str = "qos";
 const PODS_V4: &str = "qos-pods-v4";
 const PODS_V6: &str = "qos-pods-v6";
-
-const APPLIED: &str = "EgressQoS Rules applied";
-const NOT_APPLIED: &str = "EgressQoS Rules not correctly applied";
 
 fn rule_statements(index: usize, rule: &QosRule, pod_sets: Option<(&str, &str)>) -> Vec<String> {
     let mut out = Vec::new();
@@ -64,7 +61,6 @@ pub(super) fn compile(
             local.entry(pod.namespace.as_str()).or_default().push((*ip, pod));
         }
     }
-    let condition_type = format!("Ready-In-Zone-{}", node.node_name);
 
     for (namespace, entry) in &view.qos {
         if let (Some(policy), Some(pods)) = (&entry.policy, local.get(namespace.as_str())) {
@@ -91,32 +87,8 @@ pub(super) fn compile(
             }
             table.chains.insert(name, Chain::regular(rules));
         }
-        let (outcome, condition) = match &entry.error {
-            None => (
-                Outcome::Applied,
-                StatusCondition {
-                    type_: condition_type.clone(),
-                    status: "True".into(),
-                    reason: "SetupSucceeded".into(),
-                    message: APPLIED.into(),
-                },
-            ),
-            Some(e) => (
-                Outcome::Failed(e.clone()),
-                StatusCondition {
-                    type_: condition_type.clone(),
-                    status: "False".into(),
-                    reason: "SetupFailed".into(),
-                    message: format!("{NOT_APPLIED}: {e}"),
-                },
-            ),
-        };
-        statuses.push(ObjectStatus {
-            key: entry.key.clone(),
-            outcome,
-            message: format!("{}={} {}: {}", condition.type_, condition.status, condition.reason, condition.message),
-            condition: Some(condition),
-        });
+        let outcome = entry.error.clone().map_or(Outcome::Applied, Outcome::Failed);
+        statuses.push(ObjectStatus::new(entry.key.clone(), &node.node_name, outcome));
     }
 
     table.sets.insert(PODS_V4.into(), pods_v4);

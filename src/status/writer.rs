@@ -33,14 +33,12 @@ use tokio::sync::watch;
 use super::StatusSink;
 use super::lease::Leadership;
 use crate::api::{Kind, ObjectKey};
-use crate::compile::{Desired, Outcome};
+use crate::compile::{
+    Desired, FIREWALL_APPLIED as EF_APPLIED, FIREWALL_NOT_APPLIED as EF_NOT_APPLIED, Outcome, QOS_APPLIED,
+    QOS_NOT_APPLIED, condition_node, parse_message,
+};
 use crate::view::ClusterView;
 use crate::view::observed::{Observed, StatusBoard};
-
-const EF_APPLIED: &str = "EgressFirewall Rules applied";
-const EF_NOT_APPLIED: &str = "EgressFirewall Rules not correctly applied";
-const QOS_APPLIED: &str = "EgressQoS Rules applied";
-const QOS_NOT_APPLIED: &str = "EgressQoS Rules not correctly applied";
 
 /// One server-side apply of a status.
 #[derive(Debug, Clone, PartialEq)]
@@ -161,16 +159,16 @@ pub fn node_writes(node: &str, observed: &ObservedObjects, desired: &Desired, no
         let stored = stored(observed, &s.key);
         match s.key.kind {
             Kind::EgressFirewall
-                if !matches!(s.outcome, Outcome::Ignored(_)) && !messages(stored).contains(&s.message) =>
+                if !matches!(s.outcome, Outcome::Ignored(_)) && !messages(stored).contains(&s.message()) =>
             {
                 out.push(StatusWrite {
                     key: s.key.clone(),
                     manager: manager(node),
-                    status: json!({ "messages": [s.message] }),
+                    status: json!({ "messages": [s.message()] }),
                 });
             }
             Kind::EgressQoS => {
-                let Some(c) = &s.condition else { continue };
+                let Some(c) = s.condition() else { continue };
                 let existing = conditions(stored).into_iter().find(|v| v["type"] == c.type_.as_str());
                 let same = existing.as_ref().is_some_and(|v| {
                     v["status"] == c.status.as_str()
@@ -200,10 +198,6 @@ pub fn node_writes(node: &str, observed: &ObservedObjects, desired: &Desired, no
     out
 }
 
-fn node_of(message: &str) -> Option<&str> {
-    message.split_once(": ").map(|(n, _)| n)
-}
-
 /// What the leader writes: aggregates and removal of deleted nodes' entries.
 pub fn leader_writes(view: &ClusterView, observed: &ObservedObjects) -> Vec<StatusWrite> {
     let mut out = Vec::new();
@@ -212,25 +206,22 @@ pub fn leader_writes(view: &ClusterView, observed: &ObservedObjects) -> Vec<Stat
     for entry in view.firewalls.values() {
         let stored = stored(observed, &entry.key);
         let msgs = messages(stored);
-        let mut gone: BTreeSet<&str> = BTreeSet::new();
-        for m in &msgs {
-            if let Some(n) = node_of(m).filter(|n| !exists(n)) {
-                gone.insert(n);
-            }
-        }
+        // Each node's entry, read back in the one place that also renders it.
+        let entries: Vec<(&str, bool)> = msgs.iter().filter_map(|m| parse_message(m)).collect();
+        let gone: BTreeSet<&str> = entries.iter().map(|(n, _)| *n).filter(|n| !exists(n)).collect();
         for n in gone {
             out.push(StatusWrite { key: entry.key.clone(), manager: manager(n), status: json!({ "messages": [] }) });
         }
-        let live: Vec<&String> = msgs.iter().filter(|m| node_of(m).is_some_and(exists)).collect();
-        let reported: BTreeSet<&str> = live.iter().filter_map(|m| node_of(m)).collect();
-        let failed = live.iter().any(|m| m.contains(EF_NOT_APPLIED));
+        let live: Vec<&(&str, bool)> = entries.iter().filter(|(n, _)| exists(n)).collect();
+        let reported: BTreeSet<&str> = live.iter().map(|(n, _)| *n).collect();
+        let failed = live.iter().any(|(_, applied)| !applied);
         let complete = !ready.is_empty() && ready.iter().all(|n| reported.contains(n));
         out.extend(aggregate_write(&entry.key, stored, failed, complete, (EF_APPLIED, EF_NOT_APPLIED)));
     }
     for entry in view.qos.values() {
         let stored = stored(observed, &entry.key);
         let conds = conditions(stored);
-        let zone = |c: &Value| c["type"].as_str().and_then(|t| t.strip_prefix("Ready-In-Zone-")).map(String::from);
+        let zone = |c: &Value| c["type"].as_str().and_then(condition_node).map(String::from);
         let mut reported = BTreeSet::new();
         let mut failed = false;
         for c in &conds {
@@ -293,7 +284,7 @@ fn node_problems(desired: &Desired) -> Vec<(ObjectKey, String)> {
         .statuses
         .iter()
         .filter(|s| s.key.kind == Kind::EgressIP && matches!(s.outcome, Outcome::Failed(_)))
-        .map(|s| (s.key.clone(), s.message.clone()))
+        .map(|s| (s.key.clone(), s.message()))
         .collect()
 }
 
@@ -453,7 +444,7 @@ async fn writer_task(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compile::{ObjectStatus, StatusCondition};
+    use crate::compile::ObjectStatus;
     use crate::nft::Table;
     use crate::view::{Entry, NodeInfo};
 
@@ -474,17 +465,13 @@ mod tests {
         BTreeMap::from([(key(), Observed { uid: Some(uid.into()), status: stored })])
     }
 
-    fn desired(message: &str) -> Desired {
+    /// n1 applied the EgressFirewall.
+    fn desired() -> Desired {
         Desired {
             table: Table::new("egressd"),
             net: Default::default(),
             snoop: Default::default(),
-            statuses: vec![ObjectStatus {
-                key: key(),
-                outcome: Outcome::Applied,
-                message: message.into(),
-                condition: None,
-            }],
+            statuses: vec![ObjectStatus::new(key(), "n1", Outcome::Applied)],
             warnings: vec![],
         }
     }
@@ -511,22 +498,22 @@ mod tests {
         let msg = "n1: EgressFirewall Rules applied";
         let mut log = WriteLog::default();
         let before = obs("u1", None);
-        let w = node_writes("n1", &before, &desired(msg), "t").remove(0);
+        let w = node_writes("n1", &before, &desired(), "t").remove(0);
         assert!(log.needed(&w, &before));
         log.record(w.clone(), &before);
         assert!(!log.needed(&w, &before), "the same write while nothing changed is not repeated");
         // The echo arrives: nothing to write any more.
         let echoed = obs("u1", Some(json!({"messages": [msg]})));
-        assert!(node_writes("n1", &echoed, &desired(msg), "t").is_empty());
+        assert!(node_writes("n1", &echoed, &desired(), "t").is_empty());
         // The object is deleted and re-created with the same name: new uid, empty status.
         let recreated = obs("u2", None);
-        let again = node_writes("n1", &recreated, &desired(msg), "t");
+        let again = node_writes("n1", &recreated, &desired(), "t");
         assert_eq!(again, vec![w.clone()]);
         assert!(log.needed(&again[0], &recreated), "a re-created object gets this node's status again");
         // Someone clears the status of the same object after the echo: written again.
         log.record(w.clone(), &echoed);
         let cleared = obs("u1", Some(json!({"messages": []})));
-        let w3 = node_writes("n1", &cleared, &desired(msg), "t");
+        let w3 = node_writes("n1", &cleared, &desired(), "t");
         assert!(log.needed(&w3[0], &cleared));
         log.retain_present(&BTreeMap::new());
         assert!(log.done.is_empty(), "deleted objects are forgotten");
@@ -535,13 +522,13 @@ mod tests {
     #[test]
     fn a_node_writes_only_what_the_api_does_not_have() {
         let msg = "n1: EgressFirewall Rules applied";
-        let w = node_writes("n1", &obs("u1", None), &desired(msg), "t");
+        let w = node_writes("n1", &obs("u1", None), &desired(), "t");
         assert_eq!(
             w,
             vec![StatusWrite { key: key(), manager: "egressd-n1".into(), status: json!({"messages": [msg]}) }]
         );
         let stored = json!({"messages": [msg]});
-        assert!(node_writes("n1", &obs("u1", Some(stored)), &desired(msg), "t").is_empty(), "restart rewrites nothing");
+        assert!(node_writes("n1", &obs("u1", Some(stored)), &desired(), "t").is_empty(), "restart rewrites nothing");
     }
 
     #[test]
@@ -582,22 +569,11 @@ mod tests {
                 ),
             },
         )]);
-        let cond = StatusCondition {
-            type_: "Ready-In-Zone-n1".into(),
-            status: "True".into(),
-            reason: "SetupSucceeded".into(),
-            message: "EgressQoS Rules applied".into(),
-        };
         let d = Desired {
             table: Table::new("egressd"),
             net: Default::default(),
             snoop: Default::default(),
-            statuses: vec![ObjectStatus {
-                key: qkey,
-                outcome: Outcome::Applied,
-                message: String::new(),
-                condition: Some(cond),
-            }],
+            statuses: vec![ObjectStatus::new(qkey, "n1", Outcome::Applied)],
             warnings: vec![],
         };
         let w = node_writes("n1", &v, &d, "2026-11-22T00:00:00Z");
