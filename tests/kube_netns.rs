@@ -246,6 +246,18 @@ fn follows_the_cluster_writes_statuses_and_survives_restarts_and_410() {
     });
     assert!(event.is_some(), "no Event for the rejected object");
 
+    // Deleted and re-created under the same name: this node reports on the new object
+    // too (its status is empty, and the object has a new uid).
+    let (ok, out) = api.kubectl(&["delete", "egressfirewall", "default", "-n", "team-a"], "");
+    assert!(ok, "{out}");
+    firewall(&api, "team-a", "  - {type: Deny, to: {cidrSelector: 192.0.2.0/24}}\n");
+    let rewritten = wait_for(Duration::from_secs(15), || {
+        api.get(&["egressfirewall", "default", "-n", "team-a", "-o", "jsonpath={.status.messages}"])
+            .contains("node-a: EgressFirewall Rules applied")
+    });
+    assert!(rewritten.is_some(), "no status on the re-created object:\n{}", agent.log_text());
+    assert!(tcp(p0, "192.0.2.10", 8080).is_none(), "re-created policy applied");
+
     // API server down: the dataplane stays; back up: changes flow again.
     api.script("stop-apiserver");
     std::thread::sleep(Duration::from_secs(2));
@@ -276,13 +288,6 @@ fn follows_the_cluster_writes_statuses_and_survives_restarts_and_410() {
     let saw_410 = log.contains("410") || log.contains("too old resource version") || log.contains("Expired");
     eprintln!("stale watch answered with 410: {saw_410}");
     assert!(!t.node.nft_list().contains("fw-team-a"), "namespace chain left behind");
-    // Re-created under the same name: this node reports on the new object too.
-    firewall(&api, "team-a", "  - {type: Deny, to: {cidrSelector: 198.51.100.0/24}}\n");
-    let rewritten = wait_for(Duration::from_secs(15), || {
-        api.get(&["egressfirewall", "default", "-n", "team-a", "-o", "jsonpath={.status.messages}"])
-            .contains("node-a: EgressFirewall Rules applied")
-    });
-    assert!(rewritten.is_some(), "no status on the re-created object:\n{}", agent.log_text());
 
     // EgressQoS conditions.
     api.apply("apiVersion: k8s.ovn.org/v1\nkind: EgressQoS\nmetadata: {name: default, namespace: team-a}\nspec:\n  egress:\n  - {dscp: 46}\n");
