@@ -15,15 +15,7 @@ use egressd::compile::NodeConfig;
 use ipnet::IpNet;
 
 fn node_config(args: &str) -> NodeConfig {
-    let mut node = NodeConfig {
-        node_name: String::new(),
-        cluster_cidrs: vec![],
-        service_cidrs: vec![],
-        table_name: "egressd".into(),
-        dns_grace: egressd::compile::DEFAULT_DNS_GRACE,
-        egress: Default::default(),
-        snoop: None,
-    };
+    let mut node = NodeConfig::new("", vec![]);
     let mut snoop = true;
     let cidrs = |v: &str| -> Vec<IpNet> { v.split(',').map(|c| c.trim().parse().unwrap()).collect() };
     for line in args.lines().filter(|l| !l.trim().is_empty()) {

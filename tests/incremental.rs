@@ -19,7 +19,7 @@ use egressd::api::parse::{Parsed, parse_document, split_documents, yaml_to_value
 use egressd::compile::{CompileCache, NodeConfig, compile_cached};
 use egressd::dns::targets::SnoopSettings;
 use egressd::dns::{DnsAnswers, Resolved};
-use egressd::net::{EgressSettings, HostLink, HostLinks};
+use egressd::net::{HostLink, HostLinks};
 use egressd::source::manifests::ManifestSource;
 use egressd::view::ClusterView;
 use proptest::prelude::*;
@@ -206,15 +206,9 @@ fn links(choice: usize) -> HostLinks {
 }
 
 fn node_config(snoop: bool) -> NodeConfig {
-    NodeConfig {
-        node_name: "n1".into(),
-        cluster_cidrs: vec!["198.18.0.0/16".parse().unwrap(), "2001:db8:1::/48".parse().unwrap()],
-        service_cidrs: vec!["198.19.128.0/17".parse().unwrap()],
-        table_name: "egressd".into(),
-        dns_grace: std::time::Duration::from_secs(300),
-        egress: EgressSettings::default(),
-        snoop: snoop.then(|| SnoopSettings { group: 4747, servers: vec!["192.0.2.53".parse().unwrap()] }),
-    }
+    NodeConfig::new("n1", vec!["198.18.0.0/16".parse().unwrap(), "2001:db8:1::/48".parse().unwrap()])
+        .with_service_cidrs(vec!["198.19.128.0/17".parse().unwrap()])
+        .with_snoop(snoop.then(|| SnoopSettings { group: 4747, servers: vec!["192.0.2.53".parse().unwrap()] }))
 }
 
 /// Apply a document to a view as a source does (rejected documents keep the last good

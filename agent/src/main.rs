@@ -172,18 +172,15 @@ fn parse_mark_mask(s: &str) -> Result<u32, String> {
 
 impl NodeArgs {
     fn config(&self) -> NodeConfig {
-        NodeConfig {
-            node_name: self.node_name.clone(),
-            cluster_cidrs: self.cluster_cidrs.clone(),
-            service_cidrs: self.service_cidrs.clone(),
-            table_name: self.table.clone(),
-            dns_grace: Duration::from_secs(self.dns_grace_secs),
-            egress: self.egress.settings(),
-            snoop: (!self.no_dns_snoop).then(|| egressd::dns::targets::SnoopSettings {
+        NodeConfig::new(self.node_name.clone(), self.cluster_cidrs.clone())
+            .with_service_cidrs(self.service_cidrs.clone())
+            .with_table(self.table.clone())
+            .with_dns_grace(Duration::from_secs(self.dns_grace_secs))
+            .with_egress(self.egress.settings())
+            .with_snoop((!self.no_dns_snoop).then(|| egressd::dns::targets::SnoopSettings {
                 group: self.dns_snoop_group,
                 servers: self.cluster_dns.clone(),
-            }),
-        }
+            }))
     }
 }
 

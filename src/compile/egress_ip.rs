@@ -258,7 +258,7 @@ pub(super) fn compile(
             continue;
         };
         let f = fam(*ip);
-        let local = pod.node.as_deref() == Some(me);
+        let local = node.is_local(pod);
         let id = (pod.namespace.as_str(), pod.name.as_str());
         if local {
             plan.selected_local.insert(id);
@@ -324,7 +324,7 @@ pub(super) fn compile(
     }
 
     // Destinations never steered nor SNATed to an egress IP: cluster, services, nodes.
-    let mut exempt_nets: Vec<IpNet> = node.cluster_cidrs.iter().chain(&node.service_cidrs).map(IpNet::trunc).collect();
+    let mut exempt_nets = node.exempt_ranges();
     exempt_nets.extend(node_addrs.iter().map(|a| IpNet::from(*a)));
     let mut exempt = [Set::new(KeyType::Ipv4, true), Set::new(KeyType::Ipv6, true)];
     for n in IpNet::aggregate(&exempt_nets) {
@@ -456,7 +456,7 @@ pub(super) fn compile(
 mod tests {
     use super::*;
     use crate::api::parse::{Parsed, parse_document, split_documents, yaml_to_value};
-    use crate::compile::{CompileCache, DEFAULT_DNS_GRACE, compile_cached};
+    use crate::compile::{CompileCache, compile_cached};
     use crate::dns::DnsAnswers;
     use crate::net::HostLink;
 
@@ -472,15 +472,8 @@ mod tests {
     }
 
     fn node(name: &str, fail_closed: bool) -> NodeConfig {
-        NodeConfig {
-            node_name: name.into(),
-            cluster_cidrs: vec!["198.18.0.0/16".parse().unwrap()],
-            service_cidrs: vec![],
-            table_name: "egressd".into(),
-            dns_grace: DEFAULT_DNS_GRACE,
-            egress: EgressSettings { fail_closed, ..Default::default() },
-            snoop: None,
-        }
+        NodeConfig::new(name, vec!["198.18.0.0/16".parse().unwrap()])
+            .with_egress(EgressSettings { fail_closed, ..Default::default() })
     }
 
     fn host(addr: &str) -> HostLinks {

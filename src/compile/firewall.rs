@@ -110,9 +110,7 @@ const PODS_V4: &str = "fw-pods-v4";
 const PODS_V6: &str = "fw-pods-v6";
 
 fn exempt_sets(node: &NodeConfig, table: &mut Table) -> Vec<IpNet> {
-    let all: Vec<IpNet> = node.cluster_cidrs.iter().chain(&node.service_cidrs).map(IpNet::trunc).collect();
-    // Merge overlaps and duplicates: the kernel rejects overlapping interval elements.
-    let merged = IpNet::aggregate(&all);
+    let merged = node.exempt_ranges();
     let exempt = merged.clone();
     let mut v4 = Set::new(KeyType::Ipv4, true);
     let mut v6 = Set::new(KeyType::Ipv6, true);
@@ -266,7 +264,7 @@ pub(super) fn compile(
     // Local pods by namespace (by the pod-identity rule).
     let mut local: BTreeMap<&str, Vec<IpAddr>> = BTreeMap::new();
     for (ip, pod) in owners {
-        if pod.node.as_deref() == Some(node.node_name.as_str()) {
+        if node.is_local(pod) {
             local.entry(pod.namespace.as_str()).or_default().push(*ip);
         }
     }

@@ -16,7 +16,7 @@ use crate::dns::DnsAnswers;
 use crate::dns::targets::{SnoopSettings, SnoopTargets};
 use crate::net::{EgressSettings, HostLinks, NetDesired};
 use crate::nft::Table;
-use crate::view::ClusterView;
+use crate::view::{ClusterView, PodInfo};
 
 pub use egress_ip::{SNAT_CHAIN, STEER_CHAIN};
 pub use firewall::{FIREWALL_CHAIN, FIREWALL_LOCAL_CHAIN, dns_names, dns_rule_names, dns_set_names, wildcard_sets};
@@ -47,6 +47,64 @@ pub struct NodeConfig {
 }
 
 impl NodeConfig {
+    /// Node `node_name` with pod ranges `cluster_cidrs` and every other setting at its
+    /// default (no Service ranges, table `egressd`, the default DNS grace, default EgressIP
+    /// settings, DNS snooping off); the `with_*` methods change one each.
+    pub fn new(node_name: impl Into<String>, cluster_cidrs: Vec<IpNet>) -> Self {
+        Self {
+            node_name: node_name.into(),
+            cluster_cidrs,
+            service_cidrs: Vec::new(),
+            table_name: "egressd".into(),
+            dns_grace: DEFAULT_DNS_GRACE,
+            egress: EgressSettings::default(),
+            snoop: None,
+        }
+    }
+
+    /// With Service ranges.
+    pub fn with_service_cidrs(mut self, service_cidrs: Vec<IpNet>) -> Self {
+        self.service_cidrs = service_cidrs;
+        self
+    }
+
+    /// With another table name.
+    pub fn with_table(mut self, table_name: impl Into<String>) -> Self {
+        self.table_name = table_name.into();
+        self
+    }
+
+    /// With another DNS grace.
+    pub fn with_dns_grace(mut self, dns_grace: std::time::Duration) -> Self {
+        self.dns_grace = dns_grace;
+        self
+    }
+
+    /// With EgressIP settings.
+    pub fn with_egress(mut self, egress: EgressSettings) -> Self {
+        self.egress = egress;
+        self
+    }
+
+    /// With DNS snooping on (`Some`) or off.
+    pub fn with_snoop(mut self, snoop: Option<SnoopSettings>) -> Self {
+        self.snoop = snoop;
+        self
+    }
+
+    /// Whether `pod` runs on this node (`spec.nodeName`).
+    pub fn is_local(&self, pod: &PodInfo) -> bool {
+        pod.node.as_deref() == Some(self.node_name.as_str())
+    }
+
+    /// The cluster and Service ranges, host bits cleared, overlaps merged (the kernel
+    /// rejects overlapping interval elements): destinations never filtered, steered or
+    /// learned from DNS.
+    pub fn exempt_ranges(&self) -> Vec<IpNet> {
+        let all: Vec<IpNet> = self.cluster_cidrs.iter().chain(&self.service_cidrs).map(IpNet::trunc).collect();
+        IpNet::aggregate(&all)
+    }
+
     /// The DNS record families to ask for: A when an IPv4 cluster range is configured,
     /// AAAA when an IPv6 one is.
     pub fn families(&self) -> crate::dns::resolver::Families {
@@ -167,15 +225,7 @@ mod tests {
     }
 
     fn node() -> NodeConfig {
-        NodeConfig {
-            node_name: "n1".into(),
-            cluster_cidrs: vec!["198.18.0.0/16".parse().unwrap()],
-            service_cidrs: vec![],
-            table_name: "egressd".into(),
-            dns_grace: DEFAULT_DNS_GRACE,
-            egress: EgressSettings::default(),
-            snoop: None,
-        }
+        NodeConfig::new("n1", vec!["198.18.0.0/16".parse().unwrap()])
     }
 
     const POLICY: &str = "apiVersion: k8s.ovn.org/v1\nkind: EgressQoS\nmetadata: {name: default, namespace: a}\nspec:\n  egress:\n  - dscp: 46\n    podSelector: {matchLabels: {app: web}}\n---\napiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {name: default, namespace: a}\nspec:\n  egress:\n  - {type: Deny, to: {cidrSelector: 192.0.2.0/24}}\n";

@@ -57,7 +57,7 @@ pub(super) fn compile(
     let mut pods_v6 = Set::verdict_map(KeyType::Ipv6);
     let mut local: BTreeMap<&str, Vec<(IpAddr, &PodInfo)>> = BTreeMap::new();
     for (ip, pod) in owners {
-        if pod.node.as_deref() == Some(node.node_name.as_str()) {
+        if node.is_local(pod) {
             local.entry(pod.namespace.as_str()).or_default().push((*ip, pod));
         }
     }

@@ -41,7 +41,7 @@ pub(super) fn compile(view: &ClusterView, node: &NodeConfig, owners: &BTreeMap<I
     }
     let mut pods = [Set::new(KeyType::Ipv4, false), Set::new(KeyType::Ipv6, false)];
     for (ip, pod) in owners {
-        if pod.node.as_deref() == Some(node.node_name.as_str()) && namespaces.contains(pod.namespace.as_str()) {
+        if node.is_local(pod) && namespaces.contains(pod.namespace.as_str()) {
             pods[usize::from(ip.is_ipv6())].elements.insert(ip.to_string(), String::new());
         }
     }
@@ -89,11 +89,7 @@ pub(super) fn compile(view: &ClusterView, node: &NodeConfig, owners: &BTreeMap<I
 
 /// The listener's view of `view` on this node.
 pub fn targets(view: &ClusterView, node: &NodeConfig, owners: &BTreeMap<IpAddr, &PodInfo>) -> SnoopTargets {
-    let mut t = SnoopTargets {
-        exempt: node.cluster_cidrs.iter().chain(&node.service_cidrs).copied().collect(),
-        grace: node.dns_grace,
-        ..Default::default()
-    };
+    let mut t = SnoopTargets { exempt: node.exempt_ranges(), grace: node.dns_grace, ..Default::default() };
     if node.snoop.is_none() {
         return t;
     }
@@ -118,7 +114,7 @@ pub fn targets(view: &ClusterView, node: &NodeConfig, owners: &BTreeMap<IpAddr, 
         }
     }
     for (ip, pod) in owners {
-        if pod.node.as_deref() == Some(node.node_name.as_str()) && t.names.contains_key(&pod.namespace) {
+        if node.is_local(pod) && t.names.contains_key(&pod.namespace) {
             t.pods.insert(*ip, pod.namespace.clone());
         }
     }

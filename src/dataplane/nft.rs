@@ -195,19 +195,7 @@ impl<B: NftBackend> NftSyncer<B> {
     /// sync is a full replace.
     pub fn refresh_timeouts(&mut self, sets: &[String]) -> Result<bool, NftError> {
         let Some(applied) = &self.applied else { return Ok(false) };
-        let mut script = String::new();
-        for name in sets {
-            let Some(set) = applied.sets.get(name).filter(|s| s.timeout && !s.elements.is_empty()) else {
-                continue;
-            };
-            let items: Vec<String> = set.elements.iter().map(|(k, v)| format!("{k} {v}")).collect();
-            script.push_str(&format!(
-                "add element {} {} {name} {{ {} }}\n",
-                crate::nft::FAMILY,
-                applied.name,
-                items.join(", ")
-            ));
-        }
+        let script = applied.refresh_script(sets);
         if script.is_empty() {
             return Ok(false);
         }

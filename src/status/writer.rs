@@ -365,6 +365,32 @@ async fn emit_event(
     Api::<Event>::namespaced(client.clone(), ns).create(&PostParams::default(), &event).await.map(drop)
 }
 
+/// Events already recorded: (object, uid) → message; a re-created object gets its own.
+type EventLog = BTreeMap<(ObjectKey, Option<String>), String>;
+
+/// Record an Event for each (object, message) not recorded yet.
+async fn emit_once(
+    client: &Client,
+    node: &str,
+    done: &mut EventLog,
+    items: Vec<(ObjectKey, String)>,
+    kind: EventKind,
+    observed: &ObservedObjects,
+) {
+    for (key, message) in items {
+        let id = (key.clone(), observed.get(&key).and_then(|o| o.uid.clone()));
+        if done.get(&id) == Some(&message) {
+            continue;
+        }
+        match emit_event(client, node, &key, &message, kind).await {
+            Ok(()) => {
+                done.insert(id, message);
+            }
+            Err(e) => tracing::warn!(object = %key, error = %e, "event not recorded"),
+        }
+    }
+}
+
 async fn writer_task(
     client: Client,
     node: String,
@@ -373,9 +399,8 @@ async fn writer_task(
     board: StatusBoard,
 ) {
     let mut log = WriteLog::default();
-    // Events already recorded: (object, uid) → error; a re-created object gets its own.
-    let mut evented: BTreeMap<(ObjectKey, Option<String>), String> = BTreeMap::new();
-    let mut node_evented: BTreeMap<(ObjectKey, Option<String>), String> = BTreeMap::new();
+    let mut evented = EventLog::new();
+    let mut node_evented = EventLog::new();
     let mut recheck = tokio::time::interval(Duration::from_secs(5));
     loop {
         tokio::select! {
@@ -386,7 +411,6 @@ async fn writer_task(
         let Some(snap) = rx.borrow_and_update().clone() else { continue };
         let observed = board.snapshot();
         log.retain_present(&observed);
-        let uid = |key: &ObjectKey| observed.get(key).and_then(|o| o.uid.clone());
         let now =
             jiff::Timestamp::now().round(jiff::Unit::Second).unwrap_or_else(|_| jiff::Timestamp::now()).to_string();
         let mut writes = node_writes(&node, &observed, &snap.desired, &now);
@@ -409,33 +433,13 @@ async fn writer_task(
             }
         }
         if leadership.is_leader() {
-            for (key, error) in rejections(&snap.view) {
-                let id = (key.clone(), uid(&key));
-                if evented.get(&id) == Some(&error) {
-                    continue;
-                }
-                match emit_event(&client, &node, &key, &error, EventKind::Invalid).await {
-                    Ok(()) => {
-                        evented.insert(id, error);
-                    }
-                    Err(e) => tracing::warn!(object = %key, error = %e, "event not recorded"),
-                }
-            }
+            let invalid = rejections(&snap.view);
+            emit_once(&client, &node, &mut evented, invalid, EventKind::Invalid, &observed).await;
         }
         // This node's own EgressIP problems (conflicts, addresses it cannot host): the
         // object has no per-node status field, so an Event is where they show.
-        for (key, message) in node_problems(&snap.desired) {
-            let id = (key.clone(), uid(&key));
-            if node_evented.get(&id) == Some(&message) {
-                continue;
-            }
-            match emit_event(&client, &node, &key, &message, EventKind::NotApplied).await {
-                Ok(()) => {
-                    node_evented.insert(id, message);
-                }
-                Err(e) => tracing::warn!(object = %key, error = %e, "event not recorded"),
-            }
-        }
+        let problems = node_problems(&snap.desired);
+        emit_once(&client, &node, &mut node_evented, problems, EventKind::NotApplied, &observed).await;
         // Pace writes: at most one batch per 200 ms; later states replace earlier ones.
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
