@@ -306,209 +306,390 @@ fn log_status_changes(old: &[ObjectStatus], new: &[ObjectStatus]) {
     }
 }
 
+/// The agent: one node's source, dataplane and status, and what it last applied.
+///
+/// [`Agent::start`] sets up (DNS worker, netlink, snooping listener, saved last good
+/// versions) and applies the first complete view; [`Agent::run`] then waits for changes
+/// of the source, DNS rounds and netlink checks, and after each calls
+/// [`Agent::on_change`] / [`Agent::apply`] / [`Agent::refresh_dns`].
+pub struct Agent<S, B, K> {
+    config: RunConfig,
+    source: S,
+    syncer: NftSyncer<B>,
+    sink: K,
+    dns: Option<DnsWorker>,
+    /// The DNS names of the current view.
+    names: BTreeSet<String>,
+    net: Option<Netlink>,
+    snoop: Option<crate::dataplane::nflog::SnoopHandle>,
+    cache: crate::compile::CompileCache,
+    /// Last good versions as saved in the state directory.
+    saved: crate::view::last_good::LastGood,
+    /// What was last applied, and how that went.
+    desired: Desired,
+    last_result: Result<SyncKind, NftError>,
+    /// Problems last published in the status file.
+    problems: Vec<String>,
+    /// When each name's kernel timeouts were last restarted: a restart is needed only
+    /// when half the grace is used up (each costs a set lookup in the kernel).
+    refreshed: std::collections::HashMap<String, tokio::time::Instant>,
+    last_links: Option<HostLinks>,
+}
+
+impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
+    /// Set up and apply the source's first complete view.
+    pub async fn start(mut config: RunConfig, source: S, syncer: NftSyncer<B>, sink: K) -> Self {
+        let families = config.node.families();
+        let telemetry = config.telemetry.clone();
+        let names = dns_names(source.view());
+        // Names are resolved in the background: applying the view never waits for DNS.
+        let mut dns = match DnsResolver::new(&config.dns_servers, config.dns_timeout) {
+            Ok(r) => Some(DnsWorker::start(r, families, names.clone(), telemetry.clone())),
+            Err(e) => {
+                tracing::error!(error = %e, "dnsName rules cannot be resolved");
+                None
+            }
+        };
+        // At start-up only, the first answers get one query timeout to arrive, so Allow
+        // rules by name hold their addresses in the first table when the server answers.
+        if let Some(d) = dns.as_mut().filter(|_| !names.is_empty())
+            && d.first_round(config.dns_timeout).await.is_none()
+        {
+            tracing::warn!("DNS answers are late; applying without them (they follow as their own change)");
+        }
+        let net = match Netlink::connect(config.node.egress.clone()) {
+            Ok(n) => Some(n),
+            Err(e) => {
+                tracing::error!(error = %e, "no netlink socket: EgressIP cannot be applied");
+                None
+            }
+        };
+        let snoop = start_snooping(&config, source.view());
+        if snoop.is_none() {
+            // Without a listener nothing fills the wildcard sets: say so in the statuses.
+            config.node.snoop = None;
+        }
+        // Last good versions of invalid objects, saved by an earlier run: a restart keeps
+        // filtering with them instead of failing open.
+        let saved = match config.state_dir.as_deref().map(crate::state::load_last_good) {
+            Some(Ok(s)) => s,
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "saved last good versions not used");
+                Default::default()
+            }
+            None => Default::default(),
+        };
+        let last_links = match &net {
+            Some(n) => n.links().await.ok(),
+            None => None,
+        };
+        let empty = Desired {
+            table: crate::nft::Table::new(config.node.table_name.clone()),
+            net: Default::default(),
+            snoop: Default::default(),
+            statuses: Vec::new(),
+            warnings: Vec::new(),
+        };
+        let mut agent = Self {
+            config,
+            source,
+            syncer,
+            sink,
+            dns,
+            names,
+            net,
+            snoop,
+            cache: Default::default(),
+            saved,
+            desired: empty,
+            last_result: Ok(SyncKind::Unchanged),
+            problems: Vec::new(),
+            refreshed: Default::default(),
+            last_links,
+        };
+        agent.apply().await;
+        agent.publish_if_changed(true);
+        agent
+    }
+
+    /// The source changed: follow its DNS names. Returns whether it must be applied.
+    pub fn on_change(&mut self, changed: bool) -> bool {
+        if changed {
+            self.names = dns_names(self.source.view());
+            if let Some(d) = &self.dns {
+                d.set_names(&self.names);
+            }
+        }
+        changed
+    }
+
+    /// Compile the current view and make the kernel match it; then the snooping
+    /// listener, the saved last good versions, the metrics and the status sink follow.
+    pub async fn apply(&mut self) {
+        if self.source.view_mut().adopt_last_good(&self.saved) {
+            tracing::info!("invalid objects keep the last good version saved before the restart");
+        }
+        let view = self.source.view();
+        let answers = self.dns.as_ref().map(DnsWorker::answers).unwrap_or_default();
+        let started = std::time::Instant::now();
+        let (desired, result) =
+            apply_once(view, &self.config.node, &answers, &mut self.syncer, self.net.as_ref(), &mut self.cache).await;
+        let telemetry = &self.config.telemetry;
+        record_sync(telemetry, view, &desired, &result, started.elapsed());
+        if let Some(h) = &self.snoop {
+            h.update(desired.snoop.clone());
+            if matches!(result, Ok(SyncKind::Full)) {
+                let sets: BTreeSet<String> = desired.table.sets.keys().cloned().collect();
+                match h.reinstall(&sets) {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(elements = n, "learned DNS addresses put back after a full sync"),
+                    Err(e) => tracing::warn!(error = %e, "learned DNS addresses not put back"),
+                }
+            }
+        }
+        let tracked = self.dns.as_ref().map_or(0, |d| d.with_tracker(DnsTracker::len));
+        telemetry.metrics.dns_names.set(i64::try_from(tracked).unwrap_or(i64::MAX));
+        let kept = view.kept_last_good();
+        if let Some(dir) = self.config.state_dir.as_deref().filter(|_| kept != self.saved) {
+            match crate::state::save_last_good(dir, &kept) {
+                Ok(()) => self.saved = kept,
+                Err(e) => tracing::warn!(dir = %dir.display(), error = %e, "last good versions not saved"),
+            }
+        }
+        log_status_changes(&self.desired.statuses, &desired.statuses);
+        if matches!(result, Ok(SyncKind::Full)) {
+            // A full replace wrote every element with a fresh timeout.
+            let now = tokio::time::Instant::now();
+            self.refreshed = self.names.iter().map(|n| (n.clone(), now)).collect();
+        }
+        self.desired = desired;
+        self.last_result = result;
+        self.sink.applied(self.source.view(), &self.desired);
+    }
+
+    /// Restart the kernel timeouts of the names a DNS round attempted, where half the
+    /// grace is used up (a failing server keeps the last good addresses alive).
+    pub fn refresh_dns(&mut self, attempted: Vec<String>) {
+        let now = tokio::time::Instant::now();
+        let every = self.config.node.dns_grace / 2;
+        let stale: Vec<String> = attempted
+            .into_iter()
+            .filter(|n| self.refreshed.get(n).is_none_or(|t| now.duration_since(*t) >= every))
+            .collect();
+        if stale.is_empty() {
+            return;
+        }
+        let sets: Vec<String> = stale.iter().flat_map(|n| dns_set_names(n)).collect();
+        match tokio::task::block_in_place(|| self.syncer.refresh_timeouts(&sets)) {
+            Ok(_) => self.refreshed.extend(stale.into_iter().map(|n| (n, now))),
+            Err(e) => {
+                tracing::warn!(error = %e, "refreshing DNS element timeouts failed; next sync replaces the table")
+            }
+        }
+    }
+
+    /// Write the status file when something was applied or the problems changed.
+    fn publish_if_changed(&mut self, applied: bool) {
+        let problems = [self.source.problems(), self.dns_problems()].concat();
+        if applied || problems != self.problems {
+            self.problems = problems;
+            publish(&self.config, &self.desired, &self.last_result, &self.problems);
+        }
+    }
+
+    fn dns_problems(&self) -> Vec<String> {
+        self.dns.as_ref().map(|d| d.with_tracker(|t| dns_problems(t, &self.names))).unwrap_or_default()
+    }
+
+    /// What was last applied.
+    pub fn desired(&self) -> &Desired {
+        &self.desired
+    }
+
+    /// How the last sync went.
+    pub fn last_result(&self) -> &Result<SyncKind, NftError> {
+        &self.last_result
+    }
+
+    /// The nft syncer (tests read the recording backend).
+    pub fn syncer(&self) -> &NftSyncer<B> {
+        &self.syncer
+    }
+
+    /// Run until `shutdown` completes: on every change of the source, DNS round and
+    /// netlink check, apply what changed.
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
+        // The netlink state is checked on its own every `net_check`: links or their
+        // addresses changed → recompile; owned addresses, rules or routes changed by
+        // someone → repaired.
+        let mut net_check = tokio::time::interval(self.config.net_check);
+        net_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        net_check.tick().await;
+        tokio::pin!(shutdown);
+        loop {
+            // A failed sync is retried at every wake.
+            let mut changed = self.last_result.is_err();
+            let mut attempted = Vec::new();
+            tokio::select! {
+                _ = &mut shutdown => break,
+                c = self.source.next_change() => changed |= self.on_change(c),
+                round = next_round(&mut self.dns) => {
+                    changed |= round.changed;
+                    attempted = round.attempted;
+                }
+                _ = net_check.tick() => {
+                    if let Some(n) = &self.net {
+                        changed |= check_net(n, &self.desired, &mut self.last_links).await;
+                    }
+                }
+            }
+            if changed {
+                self.apply().await;
+            }
+            self.publish_if_changed(changed);
+            self.refresh_dns(attempted);
+        }
+        tracing::info!("shutting down; the dataplane stays in place");
+    }
+}
+
+/// Start the DNS snooping listener when configured, keeping what an earlier run learned
+/// for the wildcard sets (filled only by snooping).
+fn start_snooping(config: &RunConfig, view: &ClusterView) -> Option<crate::dataplane::nflog::SnoopHandle> {
+    let settings = config.node.snoop.as_ref()?;
+    let handle = match crate::dataplane::nflog::SnoopHandle::start(
+        settings.group,
+        &config.node.table_name,
+        config.telemetry.clone(),
+    ) {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::error!(
+                group = settings.group,
+                error = %e,
+                "DNS snooping unavailable; wildcard dnsName rules are reported as not applied"
+            );
+            return None;
+        }
+    };
+    tracing::info!(group = settings.group, servers = ?settings.servers, "DNS snooping on");
+    let sets: Vec<String> = crate::compile::wildcard_sets(view).into_iter().collect();
+    match handle.recover(&sets) {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(elements = n, "addresses learned by an earlier run kept"),
+        Err(e) => tracing::warn!(error = %e, "addresses learned by an earlier run not read back"),
+    }
+    Some(handle)
+}
+
 /// Run until `shutdown` completes: resolve DNS names, compile, sync, report; again on
 /// every change of the source and whenever a DNS name falls due.
 pub async fn run<S: ViewSource, B: NftBackend, K: StatusSink>(
-    mut config: RunConfig,
-    mut source: S,
-    mut syncer: NftSyncer<B>,
-    mut sink: K,
+    config: RunConfig,
+    source: S,
+    syncer: NftSyncer<B>,
+    sink: K,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), AgentError> {
-    let families = config.node.families();
-    let telemetry = config.telemetry.clone();
-    let mut names = dns_names(source.view());
-    // Names are resolved in the background: applying the view never waits for DNS.
-    let mut dns = match DnsResolver::new(&config.dns_servers, config.dns_timeout) {
-        Ok(r) => Some(DnsWorker::start(r, families, names.clone(), telemetry.clone())),
-        Err(e) => {
-            tracing::error!(error = %e, "dnsName rules cannot be resolved");
-            None
-        }
-    };
-    // At start-up only, the first answers get one query timeout to arrive, so Allow rules
-    // by name hold their addresses in the first table when the server answers.
-    if let Some(d) = dns.as_mut().filter(|_| !names.is_empty())
-        && d.first_round(config.dns_timeout).await.is_none()
-    {
-        tracing::warn!("DNS answers are late; applying without them (they follow as their own change)");
-    }
-
-    let net = match Netlink::connect(config.node.egress.clone()) {
-        Ok(n) => Some(n),
-        Err(e) => {
-            tracing::error!(error = %e, "no netlink socket: EgressIP cannot be applied");
-            None
-        }
-    };
-    let snoop = match &config.node.snoop {
-        Some(settings) => {
-            match crate::dataplane::nflog::SnoopHandle::start(
-                settings.group,
-                &config.node.table_name,
-                telemetry.clone(),
-            ) {
-                Ok(h) => {
-                    tracing::info!(group = settings.group, servers = ?settings.servers, "DNS snooping on");
-                    Some(h)
-                }
-                Err(e) => {
-                    tracing::error!(
-                        group = settings.group,
-                        error = %e,
-                        "DNS snooping unavailable; wildcard dnsName rules are reported as not applied"
-                    );
-                    None
-                }
-            }
-        }
-        None => None,
-    };
-    if snoop.is_none() {
-        // Without a listener nothing fills the wildcard sets: say so in the statuses.
-        config.node.snoop = None;
-    }
-    if let Some(h) = &snoop {
-        // Sets filled only by snooping (wildcards): keep what an earlier run learned.
-        let sets: Vec<String> = crate::compile::wildcard_sets(source.view()).into_iter().collect();
-        match h.recover(&sets) {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(elements = n, "addresses learned by an earlier run kept"),
-            Err(e) => tracing::warn!(error = %e, "addresses learned by an earlier run not read back"),
-        }
-    }
-    let mut cache = crate::compile::CompileCache::default();
-    // Last good versions of invalid objects, saved by an earlier run: a restart keeps
-    // filtering with them instead of failing open.
-    let mut saved = match config.state_dir.as_deref().map(crate::state::load_last_good) {
-        Some(Ok(s)) => s,
-        Some(Err(e)) => {
-            tracing::warn!(error = %e, "saved last good versions not used");
-            Default::default()
-        }
-        None => Default::default(),
-    };
-    macro_rules! apply {
-        ($source:expr, $dns:expr, $syncer:expr) => {{
-            if $source.view_mut().adopt_last_good(&saved) {
-                tracing::info!("invalid objects keep the last good version saved before the restart");
-            }
-            let view = $source.view();
-            let answers = $dns.as_ref().map(DnsWorker::answers).unwrap_or_default();
-            let started = std::time::Instant::now();
-            let (desired, result) = apply_once(view, &config.node, &answers, $syncer, net.as_ref(), &mut cache).await;
-            record_sync(&telemetry, view, &desired, &result, started.elapsed());
-            if let Some(h) = &snoop {
-                h.update(desired.snoop.clone());
-                if matches!(result, Ok(SyncKind::Full)) {
-                    let sets: BTreeSet<String> = desired.table.sets.keys().cloned().collect();
-                    match h.reinstall(&sets) {
-                        Ok(0) => {}
-                        Ok(n) => tracing::info!(elements = n, "learned DNS addresses put back after a full sync"),
-                        Err(e) => tracing::warn!(error = %e, "learned DNS addresses not put back"),
-                    }
-                }
-            }
-            let tracked = $dns.as_ref().map_or(0, |d| d.with_tracker(DnsTracker::len));
-            telemetry.metrics.dns_names.set(i64::try_from(tracked).unwrap_or(i64::MAX));
-            let kept = view.kept_last_good();
-            if let Some(dir) = config.state_dir.as_deref().filter(|_| kept != saved) {
-                match crate::state::save_last_good(dir, &kept) {
-                    Ok(()) => saved = kept,
-                    Err(e) => tracing::warn!(dir = %dir.display(), error = %e, "last good versions not saved"),
-                }
-            }
-            (desired, result)
-        }};
-    }
-    let (mut desired, mut last_result) = apply!(source, &dns, &mut syncer);
-    log_status_changes(&[], &desired.statuses);
-    sink.applied(source.view(), &desired);
-    let problems_of = |dns: &Option<DnsWorker>, names: &BTreeSet<String>| {
-        dns.as_ref().map(|d| d.with_tracker(|t| dns_problems(t, names))).unwrap_or_default()
-    };
-    let mut problems = [source.problems(), problems_of(&dns, &names)].concat();
-    // When each name's kernel timeouts were last restarted: a restart is needed only when
-    // half the grace is used up (each costs a set lookup in the kernel).
-    let refresh_every = config.node.dns_grace / 2;
-    let mut refreshed: std::collections::HashMap<String, tokio::time::Instant> = std::collections::HashMap::new();
-    let full_sync_now = |refreshed: &mut std::collections::HashMap<String, tokio::time::Instant>,
-                         names: &BTreeSet<String>| {
-        let now = tokio::time::Instant::now();
-        refreshed.clear();
-        refreshed.extend(names.iter().map(|n| (n.clone(), now)));
-    };
-    if matches!(last_result, Ok(SyncKind::Full)) {
-        full_sync_now(&mut refreshed, &names);
-    }
-    publish(&config, &desired, &last_result, &problems);
-
-    // The netlink state is checked on its own every `net_check`: links or their addresses
-    // changed → recompile; owned addresses, rules or routes changed by someone → repaired.
-    let mut net_check = tokio::time::interval(config.net_check);
-    net_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    net_check.tick().await;
-    let mut last_links = match &net {
-        Some(n) => n.links().await.ok(),
-        None => None,
-    };
-    tokio::pin!(shutdown);
-    loop {
-        // A failed sync is retried at every wake.
-        let mut changed = last_result.is_err();
-        let mut attempted = Vec::new();
-        tokio::select! {
-            _ = &mut shutdown => break,
-            c = source.next_change() => {
-                changed |= c;
-                if c {
-                    names = dns_names(source.view());
-                    if let Some(d) = &dns {
-                        d.set_names(&names);
-                    }
-                }
-            }
-            round = next_round(&mut dns) => {
-                changed |= round.changed;
-                attempted = round.attempted;
-            }
-            _ = net_check.tick() => {
-                if let Some(n) = &net {
-                    changed |= check_net(n, &desired, &mut last_links).await;
-                }
-            }
-        }
-        let now_problems = [source.problems(), problems_of(&dns, &names)].concat();
-        if changed {
-            let (next, result) = apply!(source, &dns, &mut syncer);
-            log_status_changes(&desired.statuses, &next.statuses);
-            desired = next;
-            last_result = result;
-            sink.applied(source.view(), &desired);
-            if matches!(last_result, Ok(SyncKind::Full)) {
-                full_sync_now(&mut refreshed, &names);
-            }
-        }
-        if changed || now_problems != problems {
-            problems = now_problems;
-            publish(&config, &desired, &last_result, &problems);
-        }
-        let now = tokio::time::Instant::now();
-        let stale: Vec<String> = attempted
-            .into_iter()
-            .filter(|n| refreshed.get(n).is_none_or(|t| now.duration_since(*t) >= refresh_every))
-            .collect();
-        if !stale.is_empty() {
-            match tokio::task::block_in_place(|| {
-                syncer.refresh_timeouts(&stale.iter().flat_map(|n| dns_set_names(n)).collect::<Vec<_>>())
-            }) {
-                Ok(_) => refreshed.extend(stale.into_iter().map(|n| (n, now))),
-                Err(e) => {
-                    tracing::warn!(error = %e, "refreshing DNS element timeouts failed; next sync replaces the table")
-                }
-            }
-        }
-    }
-    tracing::info!("shutting down; the dataplane stays in place");
+    Agent::start(config, source, syncer, sink).await.run(shutdown).await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::parse::{Parsed, parse_document, split_documents, yaml_to_value};
+    use crate::dataplane::nft::RecordingBackend;
+
+    /// A source whose view the test sets.
+    struct FakeSource {
+        view: ClusterView,
+    }
+
+    impl ViewSource for FakeSource {
+        fn view(&self) -> &ClusterView {
+            &self.view
+        }
+        fn view_mut(&mut self) -> &mut ClusterView {
+            &mut self.view
+        }
+        fn problems(&self) -> Vec<String> {
+            Vec::new()
+        }
+        async fn next_change(&mut self) -> bool {
+            std::future::pending().await
+        }
+    }
+
+    fn view(docs: &str) -> ClusterView {
+        let mut v = ClusterView::default();
+        for (_, _, text) in split_documents(docs) {
+            let Ok(Parsed::Object(o)) = parse_document(&yaml_to_value(&text).unwrap(), "default", true) else {
+                panic!("bad test document: {text}");
+            };
+            v.upsert(&o);
+        }
+        v
+    }
+
+    const FIREWALL: &str = "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {name: default, namespace: a}\nspec:\n  egress:\n  - {type: Deny, to: {cidrSelector: 192.0.2.0/24}}\n";
+
+    fn pod(name: &str, ip: &str) -> String {
+        format!(
+            "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: a}}\nspec: {{nodeName: n1}}\nstatus: {{podIP: {ip}}}\n"
+        )
+    }
+
+    async fn agent(docs: &str, backend: RecordingBackend) -> Agent<FakeSource, RecordingBackend, ()> {
+        let config = RunConfig {
+            node: NodeConfig::new("n1", vec!["198.18.0.0/16".parse().unwrap()]),
+            state_dir: None,
+            dns_servers: vec!["127.0.0.1".parse().unwrap()],
+            dns_timeout: Duration::from_millis(100),
+            telemetry: Default::default(),
+            net_check: Duration::from_secs(10),
+        };
+        Agent::start(config, FakeSource { view: view(docs) }, NftSyncer::new(backend), ()).await
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_first_apply_replaces_the_table_then_changes_are_deltas() {
+        let mut a = agent(&format!("{FIREWALL}{}", pod("p1", "198.18.1.1")), RecordingBackend::default()).await;
+        let scripts = &a.syncer().backend().scripts;
+        assert_eq!(scripts.len(), 1);
+        assert!(scripts[0].starts_with("add table inet egressd\ndelete table inet egressd\n"), "{}", scripts[0]);
+        assert!(matches!(a.last_result(), Ok(SyncKind::Full)));
+        assert_eq!(a.desired().statuses[0].outcome, Outcome::Applied);
+
+        // A new pod: one element, nothing else.
+        a.source.view = view(&format!("{FIREWALL}{}{}", pod("p1", "198.18.1.1"), pod("p2", "198.18.1.2")));
+        assert!(a.on_change(true));
+        a.apply().await;
+        assert_eq!(a.syncer().backend().scripts[1], "add element inet egressd fw-pods-v4 { 198.18.1.2 : jump fw-a }\n");
+        // The same view again sends nothing.
+        a.apply().await;
+        assert_eq!(a.syncer().backend().scripts.len(), 2);
+        assert!(matches!(a.last_result(), Ok(SyncKind::Unchanged)));
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_failed_sync_is_reported_in_the_statuses_and_retried_in_full() {
+        let mut a = agent(&format!("{FIREWALL}{}", pod("p1", "198.18.1.1")), RecordingBackend::default()).await;
+        a.source.view = view(&format!("{FIREWALL}{}{}", pod("p1", "198.18.1.1"), pod("p2", "198.18.1.2")));
+        a.on_change(true);
+        // The delta fails, then the full replace it falls back to fails too.
+        a.syncer.backend_mut().fail_next = 2;
+        a.apply().await;
+        assert!(a.last_result().is_err());
+        match &a.desired().statuses[0].outcome {
+            Outcome::Failed(reason) => assert!(reason.contains("kernel error"), "{reason}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(a.desired().statuses[0].message().contains("EgressFirewall Rules not correctly applied: kernel error"));
+        // The next wake retries: a full replace, and the status is applied again.
+        a.apply().await;
+        assert!(matches!(a.last_result(), Ok(SyncKind::Full)));
+        assert_eq!(a.desired().statuses[0].outcome, Outcome::Applied);
+        assert!(a.syncer().backend().scripts.last().unwrap().starts_with("add table"));
+    }
 }

@@ -17,6 +17,7 @@ use egressd::status::lease::{Leadership, LeaseConfig};
 use egressd::status::writer::KubeStatusWriter;
 use egressd::telemetry::Telemetry;
 use ipnet::IpNet;
+use tracing::{Instrument, info_span};
 
 /// Exit code for configuration errors (EX_USAGE), as linkerd2-proxy does.
 const EXIT_CONFIG: u8 = 64;
@@ -446,13 +447,15 @@ fn run(args: RunArgs) -> ExitCode {
         if let Err(e) = egressd::telemetry::server::serve(args.health_addr, telemetry.clone()).await {
             return Err(AgentError::Config(format!("--health-addr {}: {e}", args.health_addr)));
         }
-        tokio::spawn(prerequisites(telemetry.clone(), families, nft_version, manage));
+        tokio::spawn(
+            prerequisites(telemetry.clone(), families, nft_version, manage).instrument(info_span!("prerequisites")),
+        );
         let syncer = NftSyncer::new(nft);
         if let Some(dir) = &args.manifests {
             let debounce = Duration::from_millis(args.debounce_ms);
             let resync = Duration::from_secs(args.resync_secs);
             let source = ManifestsView::open(dir, debounce, resync).await?;
-            return egressd::agent::run(config, source, syncer, (), shutdown).await;
+            return egressd::agent::run(config, source, syncer, (), shutdown).instrument(info_span!("agent")).await;
         }
         let client = egressd::source::kube::client(args.kubeconfig.as_deref()).await.map_err(AgentError::Kube)?;
         let leadership = Leadership::default();
@@ -463,13 +466,16 @@ fn run(args: RunArgs) -> ExitCode {
             duration: Duration::from_secs(args.lease_duration_secs),
             renew_every: Duration::from_secs(args.lease_renew_secs),
         };
-        tokio::spawn(egressd::status::lease::run(client.clone(), lease, leadership.clone()));
+        tokio::spawn(
+            egressd::status::lease::run(client.clone(), lease, leadership.clone())
+                .instrument(info_span!("leader_lease")),
+        );
         let view = tokio::select! {
             v = KubeView::start(&client, telemetry.clone()) => v,
             _ = &mut shutdown => return Ok(()),
         };
         let writer = KubeStatusWriter::start(client, args.node.node_name.clone(), leadership, view.status_board());
-        egressd::agent::run(config, view, syncer, writer, shutdown).await
+        egressd::agent::run(config, view, syncer, writer, shutdown).instrument(info_span!("agent")).await
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -101,7 +101,8 @@ pub fn announce(ip: IpAddr, ifindex: u32, link_name: &str) -> io::Result<()> {
 /// Announce `ip` three times over two seconds (neighbours ignore repeats within their
 /// lock time, one second by default on Linux), in the background.
 pub fn announce_repeatedly(ip: IpAddr, ifindex: u32, link_name: String) {
-    tokio::spawn(async move {
+    let span = tracing::info_span!("announce", %ip);
+    let task = async move {
         for i in 0..3 {
             if i > 0 {
                 tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
@@ -116,7 +117,8 @@ pub fn announce_repeatedly(ip: IpAddr, ifindex: u32, link_name: String) {
                 Err(_) => return,
             }
         }
-    });
+    };
+    tokio::spawn(tracing::Instrument::instrument(task, span));
 }
 
 #[cfg(test)]

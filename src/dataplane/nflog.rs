@@ -85,9 +85,10 @@ impl SnoopHandle {
             table: table.to_string(),
         };
         let h = handle.clone();
-        std::thread::Builder::new()
-            .name("dns-snoop".into())
-            .spawn(move || h.run(socket, writer, &telemetry.metrics))?;
+        std::thread::Builder::new().name("dns-snoop".into()).spawn(move || {
+            let _span = tracing::info_span!("dns_snoop", group).entered();
+            h.run(socket, writer, &telemetry.metrics)
+        })?;
         Ok(handle)
     }
 

@@ -49,7 +49,11 @@ impl DnsWorker {
         let tracker = Arc::new(Mutex::new(DnsTracker::new()));
         let (names_tx, names_rx) = watch::channel(names);
         let (tx, rounds) = mpsc::channel(16);
-        tokio::spawn(run(resolver, families, tracker.clone(), names_rx, tx, metrics));
+        let span = tracing::info_span!("dns_resolver");
+        tokio::spawn(tracing::Instrument::instrument(
+            run(resolver, families, tracker.clone(), names_rx, tx, metrics),
+            span,
+        ));
         Self { tracker, names: names_tx, rounds }
     }
 

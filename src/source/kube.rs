@@ -131,6 +131,16 @@ fn custom(kind: Kind, obj: DynamicObject) -> KubeMsg {
     KubeMsg::Apply { key, object, observed: Some(observed) }
 }
 
+/// Run [`forward`] as a task of its own, its logs in a `watch{kind}` span.
+fn spawn_watch<K, F>(kind: Kind, api: Api<K>, tx: mpsc::Sender<KubeMsg>, convert: F)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    F: Fn(K) -> KubeMsg + Send + 'static,
+{
+    let span = tracing::info_span!("watch", kind = %kind);
+    tokio::spawn(tracing::Instrument::instrument(forward(kind, api, tx, convert), span));
+}
+
 async fn forward<K, F>(kind: Kind, api: Api<K>, tx: mpsc::Sender<KubeMsg>, convert: F)
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
@@ -155,24 +165,24 @@ where
 /// Start one watcher task per kind; messages arrive on the returned channel.
 pub fn start_watches(client: &Client) -> mpsc::Receiver<KubeMsg> {
     let (tx, rx) = mpsc::channel(1024);
-    tokio::spawn(forward(Kind::Namespace, Api::<Namespace>::all(client.clone()), tx.clone(), |o| KubeMsg::Apply {
+    spawn_watch(Kind::Namespace, Api::<Namespace>::all(client.clone()), tx.clone(), |o| KubeMsg::Apply {
         key: key_of(Kind::Namespace, &o.metadata),
         object: Ok(Box::new(Object::Namespace(o))),
         observed: None,
-    }));
-    tokio::spawn(forward(Kind::Node, Api::<Node>::all(client.clone()), tx.clone(), |o| KubeMsg::Apply {
+    });
+    spawn_watch(Kind::Node, Api::<Node>::all(client.clone()), tx.clone(), |o| KubeMsg::Apply {
         key: key_of(Kind::Node, &o.metadata),
         object: Ok(Box::new(Object::Node(o))),
         observed: None,
-    }));
-    tokio::spawn(forward(Kind::Pod, Api::<Pod>::all(client.clone()), tx.clone(), |o| KubeMsg::Apply {
+    });
+    spawn_watch(Kind::Pod, Api::<Pod>::all(client.clone()), tx.clone(), |o| KubeMsg::Apply {
         key: key_of(Kind::Pod, &o.metadata),
         object: Ok(Box::new(Object::Pod(o))),
         observed: None,
-    }));
+    });
     for kind in [Kind::EgressFirewall, Kind::EgressQoS, Kind::EgressIP, Kind::CloudPrivateIPConfig] {
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &kind.api_resource());
-        tokio::spawn(forward(kind, api, tx.clone(), move |o| custom(kind, o)));
+        spawn_watch(kind, api, tx.clone(), move |o| custom(kind, o));
     }
     rx
 }

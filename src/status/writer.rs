@@ -66,7 +66,8 @@ impl KubeStatusWriter {
     /// Kubernetes source keeps it up to date).
     pub fn start(client: Client, node: String, leadership: Leadership, board: StatusBoard) -> Self {
         let (tx, rx) = watch::channel(None);
-        tokio::spawn(writer_task(client, node, leadership, rx, board));
+        let span = tracing::info_span!("status_writer", node = %node);
+        tokio::spawn(tracing::Instrument::instrument(writer_task(client, node, leadership, rx, board), span));
         Self { tx }
     }
 }
