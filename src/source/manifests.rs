@@ -107,7 +107,7 @@ pub struct ManifestSource {
     /// Parsed documents of each file with the text they came from: a file whose text is
     /// unchanged is not parsed again (a resync of an unchanged directory reads the files
     /// but parses nothing).
-    parsed: BTreeMap<PathBuf, (String, Vec<ParsedDoc>)>,
+    parsed: ParseCache,
 }
 
 fn parse_file(text: &str) -> Vec<ParsedDoc> {
@@ -156,131 +156,172 @@ impl ManifestSource {
         Ok(files)
     }
 
-    /// Read the whole directory and bring the view up to date.
+    /// Read the whole directory and bring the view up to date: refresh the parse cache
+    /// (every file read, only changed ones parsed), collect the objects and rejections
+    /// of all files, then update the view with what differs.
     pub fn load(&mut self) -> Result<LoadReport, SourceError> {
         let files = self.files()?;
         let mut report = LoadReport::default();
-        let mut objects: BTreeMap<ObjectKey, (&Object, &PathBuf)> = BTreeMap::new();
-        let mut rejected: BTreeMap<ObjectKey, (String, PathBuf)> = BTreeMap::new();
-        let mut seen_at: BTreeMap<ObjectKey, String> = BTreeMap::new();
-        let mut unreadable_files: BTreeSet<PathBuf> = BTreeSet::new();
-        // Files parsed anew in this load (new or with changed text).
-        let mut changed_files: BTreeSet<PathBuf> = BTreeSet::new();
-
-        self.parsed.retain(|path, _| files.contains(path));
-        // First bring the parse cache up to date (reading every file, parsing only the
-        // changed ones), then walk the cached documents by reference.
-        for file in &files {
-            match std::fs::read_to_string(file) {
-                Ok(text) => {
-                    if self.parsed.get(file).is_none_or(|(old, _)| *old != text) {
-                        let docs = parse_file(&text);
-                        self.parsed.insert(file.clone(), (text, docs));
-                        changed_files.insert(file.clone());
-                    }
-                }
-                Err(e) => {
-                    self.parsed.remove(file);
-                    report.errors.push(DocumentError {
-                        file: file.clone(),
-                        document: 0,
-                        line: 0,
-                        key: None,
-                        message: format!("cannot read file: {e}"),
-                    });
-                    unreadable_files.insert(file.clone());
-                }
-            }
-        }
-        for file in &files {
-            let Some((_, docs)) = self.parsed.get(file) else { continue };
-            for doc in docs {
-                let (number, line, result) = match doc {
-                    ParsedDoc::Unreadable { number, line, error } => {
-                        report.errors.push(DocumentError {
-                            file: file.clone(),
-                            document: *number,
-                            line: *line,
-                            key: None,
-                            message: error.clone(),
-                        });
-                        unreadable_files.insert(file.clone());
-                        continue;
-                    }
-                    ParsedDoc::Parsed { number, line, result } => (*number, *line, result),
-                };
-                let err = |key: Option<ObjectKey>, message: String| DocumentError {
-                    file: file.clone(),
-                    document: number,
-                    line,
-                    key,
-                    message,
-                };
-                let here = format!("{} document {number}", file.display());
-                match result {
-                    Ok(Parsed::Ignored { api_version, kind }) => {
-                        report.ignored.push(format!("{here}: {api_version}/{kind}"));
-                    }
-                    Ok(Parsed::Object(obj)) => {
-                        let key = obj.key();
-                        if let Some(first) = seen_at.get(&key) {
-                            report.errors.push(err(
-                                Some(key),
-                                format!("duplicate object: already defined in {first}; this copy is ignored"),
-                            ));
-                            continue;
-                        }
-                        seen_at.insert(key.clone(), here);
-                        objects.insert(key, (obj, file));
-                    }
-                    Err(e) => {
-                        let message = e.violations.join("; ");
-                        if let Some(key) = e.key.clone()
-                            && !seen_at.contains_key(&key)
-                        {
-                            seen_at.insert(key.clone(), here);
-                            // The status names where the bad version is, then the fields.
-                            let located = err(None, message.clone()).to_string();
-                            rejected.insert(key.clone(), (located, file.clone()));
-                        }
-                        report.errors.push(err(e.key.clone(), message));
-                    }
-                }
-            }
-        }
-
-        let mut changed = false;
-        // Objects that are gone: neither read nor rejected, and not from a file with an
-        // unreadable document (which might have held them).
-        let gone: Vec<ObjectKey> = self
-            .origins
-            .iter()
-            .filter(|(k, file)| {
-                !objects.contains_key(*k) && !rejected.contains_key(*k) && !unreadable_files.contains(*file)
-            })
-            .map(|(k, _)| k.clone())
-            .collect();
-        for key in gone {
-            self.view.remove(&key);
-            self.origins.remove(&key);
-            changed = true;
-        }
-        report.objects = objects.len();
-        for (key, (obj, file)) in objects {
-            // The same version from the same unchanged file is in the view already.
-            if !changed_files.contains(file) && self.origins.get(&key) == Some(file) {
-                continue;
-            }
-            changed |= self.view.upsert(obj);
-            self.origins.insert(key, file.clone());
-        }
-        for (key, (message, file)) in rejected {
-            changed |= self.view.reject(&key, message);
-            self.origins.insert(key, file);
-        }
-        report.changed = changed;
+        let read = refresh(&mut self.parsed, &files, &mut report);
+        let mut collected = collect(&files, &self.parsed, &mut report);
+        collected.unreadable.extend(read.unreadable);
+        report.objects = collected.objects.len();
+        report.changed = update_view(&mut self.view, &mut self.origins, collected, &read.changed);
         Ok(report)
     }
+}
+
+/// Parsed documents of each file with the text they came from.
+type ParseCache = BTreeMap<PathBuf, (String, Vec<ParsedDoc>)>;
+
+/// What reading the files found.
+struct Read {
+    /// Files parsed anew (new, or with changed text).
+    changed: BTreeSet<PathBuf>,
+    /// Files that could not be read.
+    unreadable: BTreeSet<PathBuf>,
+}
+
+/// Bring the parse cache up to date with `files`: drop files that are gone, read every
+/// file, parse only the ones whose text changed.
+fn refresh(parsed: &mut ParseCache, files: &[PathBuf], report: &mut LoadReport) -> Read {
+    let present: BTreeSet<&PathBuf> = files.iter().collect();
+    parsed.retain(|path, _| present.contains(path));
+    let mut read = Read { changed: BTreeSet::new(), unreadable: BTreeSet::new() };
+    for file in files {
+        match std::fs::read_to_string(file) {
+            Ok(text) => {
+                if parsed.get(file).is_none_or(|(old, _)| *old != text) {
+                    let docs = parse_file(&text);
+                    parsed.insert(file.clone(), (text, docs));
+                    read.changed.insert(file.clone());
+                }
+            }
+            Err(e) => {
+                parsed.remove(file);
+                report.errors.push(DocumentError {
+                    file: file.clone(),
+                    document: 0,
+                    line: 0,
+                    key: None,
+                    message: format!("cannot read file: {e}"),
+                });
+                read.unreadable.insert(file.clone());
+            }
+        }
+    }
+    read
+}
+
+/// Every object of the directory, by the documents of the parse cache.
+struct Collected<'a> {
+    /// Good objects and their file (the first definition wins; later copies are errors).
+    objects: BTreeMap<ObjectKey, (&'a Object, &'a PathBuf)>,
+    /// Rejected objects: the located error and their file.
+    rejected: BTreeMap<ObjectKey, (String, PathBuf)>,
+    /// Files with a document that is not YAML (their objects cannot be told).
+    unreadable: BTreeSet<PathBuf>,
+}
+
+/// Walk the cached documents of `files` in order (by reference), reporting errors.
+fn collect<'a>(files: &'a [PathBuf], parsed: &'a ParseCache, report: &mut LoadReport) -> Collected<'a> {
+    let mut c = Collected { objects: BTreeMap::new(), rejected: BTreeMap::new(), unreadable: BTreeSet::new() };
+    let mut seen_at: BTreeMap<ObjectKey, String> = BTreeMap::new();
+    for file in files {
+        let Some((_, docs)) = parsed.get(file) else { continue };
+        for doc in docs {
+            let (number, line, result) = match doc {
+                ParsedDoc::Unreadable { number, line, error } => {
+                    report.errors.push(DocumentError {
+                        file: file.clone(),
+                        document: *number,
+                        line: *line,
+                        key: None,
+                        message: error.clone(),
+                    });
+                    c.unreadable.insert(file.clone());
+                    continue;
+                }
+                ParsedDoc::Parsed { number, line, result } => (*number, *line, result),
+            };
+            let err = |key: Option<ObjectKey>, message: String| DocumentError {
+                file: file.clone(),
+                document: number,
+                line,
+                key,
+                message,
+            };
+            let here = format!("{} document {number}", file.display());
+            match result {
+                Ok(Parsed::Ignored { api_version, kind }) => {
+                    report.ignored.push(format!("{here}: {api_version}/{kind}"));
+                }
+                Ok(Parsed::Object(obj)) => {
+                    let key = obj.key();
+                    if let Some(first) = seen_at.get(&key) {
+                        report.errors.push(err(
+                            Some(key),
+                            format!("duplicate object: already defined in {first}; this copy is ignored"),
+                        ));
+                        continue;
+                    }
+                    seen_at.insert(key.clone(), here);
+                    c.objects.insert(key, (obj, file));
+                }
+                Err(e) => {
+                    let message = e.violations.join("; ");
+                    if let Some(key) = e.key.clone()
+                        && !seen_at.contains_key(&key)
+                    {
+                        seen_at.insert(key.clone(), here);
+                        // The status names where the bad version is, then the fields.
+                        let located = err(None, message.clone()).to_string();
+                        c.rejected.insert(key.clone(), (located, file.clone()));
+                    }
+                    report.errors.push(err(e.key.clone(), message));
+                }
+            }
+        }
+    }
+    c
+}
+
+/// Make the view hold what was collected: remove objects that are gone (neither read
+/// nor rejected, and not from a file with an unreadable document, which might hold
+/// them), upsert objects of changed files or that moved, record rejections. Returns
+/// whether the view changed.
+fn update_view(
+    view: &mut ClusterView,
+    origins: &mut BTreeMap<ObjectKey, PathBuf>,
+    c: Collected<'_>,
+    changed_files: &BTreeSet<PathBuf>,
+) -> bool {
+    let mut changed = false;
+    let gone: Vec<ObjectKey> = origins
+        .iter()
+        .filter(|(k, file)| {
+            !c.objects.contains_key(*k) && !c.rejected.contains_key(*k) && !c.unreadable.contains(*file)
+        })
+        .map(|(k, _)| k.clone())
+        .collect();
+    for key in gone {
+        view.remove(&key);
+        origins.remove(&key);
+        changed = true;
+    }
+    for (key, (obj, file)) in c.objects {
+        // The same version from the same unchanged file is in the view already.
+        if !changed_files.contains(file) && origins.get(&key) == Some(file) {
+            continue;
+        }
+        changed |= view.upsert(obj);
+        origins.insert(key, file.clone());
+    }
+    for (key, (message, file)) in c.rejected {
+        changed |= view.reject(&key, message);
+        origins.insert(key, file);
+    }
+    changed
 }
 
 /// Watch `dir` and send `()` on `tx` after each burst of changes, once `quiet` has
