@@ -82,6 +82,33 @@ fn mark_statement(settings: &EgressSettings, k: u32) -> String {
     format!("meta mark set meta mark and {:#010x} or {:#010x}", !settings.mark_mask, settings.mark(k))
 }
 
+/// What every phase reads: the view, this node, its links, and the addresses that can
+/// never be egress IPs.
+struct Ctx<'a> {
+    view: &'a ClusterView,
+    node: &'a NodeConfig,
+    host: &'a HostLinks,
+    /// Every node's addresses (and this node's links').
+    node_addrs: BTreeSet<IpAddr>,
+    /// This node's own addresses.
+    my_addrs: BTreeSet<IpAddr>,
+    /// Who owns each IP: the oldest EgressIP naming it.
+    ip_owner: BTreeMap<IpAddr, &'a str>,
+}
+
+/// A next-hop set (IPv6, hops) and the mark/table index it gets.
+type HopSets = BTreeMap<(bool, Vec<NextHop>), u32>;
+
+/// What assigning the pods produced.
+struct Assigned {
+    steer: [Set; 2],
+    snat: [Set; 2],
+    snat_chains: BTreeSet<IpAddr>,
+    drop_used: bool,
+    /// Some pods could not be steered: more next-hop sets than marks.
+    overflow: bool,
+}
+
 pub(super) fn compile(
     view: &ClusterView,
     node: &NodeConfig,
@@ -91,110 +118,145 @@ pub(super) fn compile(
     net: &mut NetDesired,
     statuses: &mut Vec<ObjectStatus>,
 ) {
-    let settings = &node.egress;
-    let me = node.node_name.as_str();
-    let mut ordered: Vec<_> = view.egress_ips.values().collect();
+    let ordered = oldest_first(view);
     if ordered.is_empty() {
         return;
     }
+    let ctx = context(view, node, host, &ordered);
+    let mut plans: Vec<Plan> =
+        ordered.iter().filter_map(|e| e.policy.as_ref().map(|p| place(&ctx, e, p, net))).collect();
+    let via = own_link_routes(&mut plans, host, net);
+    let hop_sets = number_hop_sets(&plans, &via, &node.egress);
+    let assigned = assign_pods(&ctx, &mut plans, owners, &via, &hop_sets);
+    emit_routes(&node.egress, &hop_sets, &via, table, net);
+    emit_tables(&ctx, assigned.steer, assigned.snat, &assigned.snat_chains, assigned.drop_used, table);
+    for plan in &plans {
+        statuses.push(plan_status(plan, assigned.overflow, node));
+    }
+    for e in ordered.iter().filter(|e| e.policy.is_none()) {
+        let error = e.error.clone().unwrap_or_default();
+        statuses.push(ObjectStatus::new(e.key.clone(), &node.node_name, Outcome::Failed(error)));
+    }
+}
+
+/// The EgressIPs, oldest first (known creation times first), then by name: the order in
+/// which they claim IPs and pods.
+fn oldest_first(view: &ClusterView) -> Vec<&crate::view::Entry<EgressIpPolicy>> {
+    let mut ordered: Vec<_> = view.egress_ips.values().collect();
     ordered.sort_by(|a, b| {
         let created = |e: &&crate::view::Entry<EgressIpPolicy>| e.policy.as_ref().and_then(|p| p.created);
-        // Known creation times first (oldest first), then by name.
         (created(a).is_none(), created(a), &a.key.name).cmp(&(created(b).is_none(), created(b), &b.key.name))
     });
+    ordered
+}
 
+fn context<'a>(
+    view: &'a ClusterView,
+    node: &'a NodeConfig,
+    host: &'a HostLinks,
+    ordered: &[&'a crate::view::Entry<EgressIpPolicy>],
+) -> Ctx<'a> {
     let mut node_addrs: BTreeSet<IpAddr> = host.addresses().collect();
     node_addrs.extend(view.nodes.values().flat_map(|n| n.addresses.iter().copied()));
+    let me = node.node_name.as_str();
     let my_addrs: BTreeSet<IpAddr> =
         host.addresses().chain(view.nodes.get(me).into_iter().flat_map(|n| n.addresses.iter().copied())).collect();
-
-    // Who owns each IP: the oldest EgressIP naming it.
     let mut ip_owner: BTreeMap<IpAddr, &str> = BTreeMap::new();
-    for e in &ordered {
+    for e in ordered {
         if let Some(p) = &e.policy {
             for ip in &p.ips {
                 ip_owner.entry(*ip).or_insert(p.name.as_str());
             }
         }
     }
+    Ctx { view, node, host, node_addrs, my_addrs, ip_owner }
+}
 
-    let mut plans: Vec<Plan> = Vec::new();
-    for e in &ordered {
-        let Some(policy) = &e.policy else { continue };
-        let mut plan = Plan {
-            entry: e,
-            policy,
-            hosted: [None, None],
-            remote: [Vec::new(), Vec::new()],
-            problems: Vec::new(),
-            hosted_list: Vec::new(),
-            remote_nodes: BTreeSet::new(),
-            selected_local: BTreeSet::new(),
-            steered: BTreeSet::new(),
-            snat_here: BTreeSet::new(),
-            fallback: BTreeSet::new(),
-        };
-        for ip in &policy.ips {
-            if node_addrs.contains(ip) {
-                plan.problems.push(format!("egress IP {ip} is the address of a node; not used"));
-            } else if let Some(owner) = ip_owner.get(ip).filter(|o| **o != policy.name) {
-                plan.problems.push(format!("egress IP {ip} is also claimed by the older EgressIP {owner}; not used"));
-            }
+/// Hosting: where each IP of one EgressIP is placed — on this node (the address goes on
+/// the up link whose subnet contains it) or elsewhere (the next hops to steer to) — and
+/// the conflicts that keep an IP out.
+fn place<'a>(
+    ctx: &Ctx<'a>,
+    entry: &'a crate::view::Entry<EgressIpPolicy>,
+    policy: &'a EgressIpPolicy,
+    net: &mut NetDesired,
+) -> Plan<'a> {
+    let me = ctx.node.node_name.as_str();
+    let mut plan = Plan {
+        entry,
+        policy,
+        hosted: [None, None],
+        remote: [Vec::new(), Vec::new()],
+        problems: Vec::new(),
+        hosted_list: Vec::new(),
+        remote_nodes: BTreeSet::new(),
+        selected_local: BTreeSet::new(),
+        steered: BTreeSet::new(),
+        snat_here: BTreeSet::new(),
+        fallback: BTreeSet::new(),
+    };
+    for ip in &policy.ips {
+        if ctx.node_addrs.contains(ip) {
+            plan.problems.push(format!("egress IP {ip} is the address of a node; not used"));
+        } else if let Some(owner) = ctx.ip_owner.get(ip).filter(|o| **o != policy.name) {
+            plan.problems.push(format!("egress IP {ip} is also claimed by the older EgressIP {owner}; not used"));
         }
-        let mut seen = BTreeSet::new();
-        for (ip, host_node) in &policy.placement {
-            if node_addrs.contains(ip) || ip_owner.get(ip) != Some(&policy.name.as_str()) || !seen.insert(*ip) {
-                continue;
-            }
-            let f = fam(*ip);
-            if host_node == me {
-                match host.link_for(*ip) {
-                    None => plan.problems.push(format!(
-                        "egress IP {ip} cannot be hosted on node {me}: no up link has a subnet containing it"
-                    )),
-                    Some(_) if plan.hosted[f].is_some() => plan.problems.push(format!(
-                        "egress IP {ip}: node {me} already hosts another IP of this EgressIP in its family; not hosted"
-                    )),
-                    Some(link) => {
-                        plan.hosted[f] = Some(*ip);
-                        plan.hosted_list.push((*ip, link.name.clone()));
-                        net.addresses.insert(*ip, (link.index, link.name.clone()));
-                    }
-                }
-                continue;
-            }
-            let gateway = view.nodes.get(host_node).and_then(|n| {
-                n.addresses
-                    .iter()
-                    .filter(|a| a.is_ipv6() == ip.is_ipv6() && !my_addrs.contains(a))
-                    .find_map(|a| host.link_for(*a).map(|link| NextHop { gateway: *a, link: link.index }))
-            });
-            match gateway {
-                Some(hop) => {
-                    if !plan.remote[f].contains(&hop) {
-                        plan.remote[f].push(hop);
-                    }
-                    plan.remote_nodes.insert(host_node.clone());
-                }
-                None if !view.nodes.contains_key(host_node) => plan
-                    .problems
-                    .push(format!("egress IP {ip} is placed on node {host_node}, which is unknown; not steered to it")),
-                None => plan.problems.push(format!(
-                    "egress IP {ip} is placed on node {host_node}, which has no {} address on a link shared with node {me}; not steered to it",
-                    if ip.is_ipv6() { "IPv6" } else { "IPv4" }
-                )),
-            }
-        }
-        for hops in &mut plan.remote {
-            hops.sort();
-        }
-        plans.push(plan);
     }
+    let mut seen = BTreeSet::new();
+    for (ip, host_node) in &policy.placement {
+        if ctx.node_addrs.contains(ip) || ctx.ip_owner.get(ip) != Some(&policy.name.as_str()) || !seen.insert(*ip) {
+            continue;
+        }
+        let f = fam(*ip);
+        if host_node == me {
+            match ctx.host.link_for(*ip) {
+                None => plan.problems.push(format!(
+                    "egress IP {ip} cannot be hosted on node {me}: no up link has a subnet containing it"
+                )),
+                Some(_) if plan.hosted[f].is_some() => plan.problems.push(format!(
+                    "egress IP {ip}: node {me} already hosts another IP of this EgressIP in its family; not hosted"
+                )),
+                Some(link) => {
+                    plan.hosted[f] = Some(*ip);
+                    plan.hosted_list.push((*ip, link.name.clone()));
+                    net.addresses.insert(*ip, (link.index, link.name.clone()));
+                }
+            }
+            continue;
+        }
+        let gateway = ctx.view.nodes.get(host_node).and_then(|n| {
+            n.addresses
+                .iter()
+                .filter(|a| a.is_ipv6() == ip.is_ipv6() && !ctx.my_addrs.contains(a))
+                .find_map(|a| ctx.host.link_for(*a).map(|link| NextHop { gateway: *a, link: link.index }))
+        });
+        match gateway {
+            Some(hop) => {
+                if !plan.remote[f].contains(&hop) {
+                    plan.remote[f].push(hop);
+                }
+                plan.remote_nodes.insert(host_node.clone());
+            }
+            None if !ctx.view.nodes.contains_key(host_node) => plan
+                .problems
+                .push(format!("egress IP {ip} is placed on node {host_node}, which is unknown; not steered to it")),
+            None => plan.problems.push(format!(
+                "egress IP {ip} is placed on node {host_node}, which has no {} address on a link shared with node {me}; not steered to it",
+                if ip.is_ipv6() { "IPv6" } else { "IPv4" }
+            )),
+        }
+    }
+    for hops in &mut plan.remote {
+        hops.sort();
+    }
+    plan
+}
 
-    // A hosted address on a link other than the default route's: its traffic leaves by
-    // that link's own default gateway (through one of our tables), or is reported.
+/// A hosted address on a link other than the default route's: its traffic leaves by
+/// that link's own default gateway (through one of our tables), or is reported.
+fn own_link_routes(plans: &mut [Plan], host: &HostLinks, net: &NetDesired) -> BTreeMap<IpAddr, Vec<NextHop>> {
     let mut via: BTreeMap<IpAddr, Vec<NextHop>> = BTreeMap::new();
-    for plan in &mut plans {
+    for plan in plans {
         for (f, hosted) in plan.hosted.iter().enumerate() {
             let Some(ip) = hosted else { continue };
             let Some((index, name)) = net.addresses.get(ip) else { continue };
@@ -216,20 +278,24 @@ pub(super) fn compile(
             }
         }
     }
+    via
+}
 
-    // Distinct next-hop sets get a mark and a table each, in a stable order.
+/// Next-hop numbering: distinct next-hop sets get a mark and a table each, in a stable
+/// order, as many as the mark mask allows.
+fn number_hop_sets(plans: &[Plan], via: &BTreeMap<IpAddr, Vec<NextHop>>, settings: &EgressSettings) -> HopSets {
     let mut hop_sets: BTreeSet<(bool, Vec<NextHop>)> = BTreeSet::new();
-    for plan in &plans {
+    for plan in plans {
         for (f, hops) in plan.remote.iter().enumerate() {
             if !hops.is_empty() && plan.hosted[f].is_none() {
                 hop_sets.insert((f == 1, hops.clone()));
             }
         }
     }
-    for (ip, hops) in &via {
+    for (ip, hops) in via {
         hop_sets.insert((ip.is_ipv6(), hops.clone()));
     }
-    let mut set_index: BTreeMap<(bool, Vec<NextHop>), u32> = BTreeMap::new();
+    let mut set_index = HopSets::new();
     for (i, key) in hop_sets.into_iter().enumerate() {
         let k = u32::try_from(i + 1).unwrap_or(u32::MAX);
         if k > settings.capacity() {
@@ -237,15 +303,28 @@ pub(super) fn compile(
         }
         set_index.insert(key, k);
     }
+    set_index
+}
 
-    let mut steer = [Set::verdict_map(KeyType::Ipv4), Set::verdict_map(KeyType::Ipv6)];
-    let mut snat = [Set::verdict_map(KeyType::Ipv4), Set::verdict_map(KeyType::Ipv6)];
-    let mut snat_chains: BTreeSet<IpAddr> = BTreeSet::new();
-    let mut drop_used = false;
-    let mut overflow = false;
-
+/// Selection: each pod belongs to the first EgressIP selecting it; hosted here → SNAT,
+/// hosted elsewhere → steered (local pods), hosted nowhere → the fallback.
+fn assign_pods<'a>(
+    ctx: &Ctx<'a>,
+    plans: &mut [Plan<'a>],
+    owners: &BTreeMap<IpAddr, &'a PodInfo>,
+    via: &BTreeMap<IpAddr, Vec<NextHop>>,
+    hop_sets: &HopSets,
+) -> Assigned {
+    let settings = &ctx.node.egress;
+    let mut a = Assigned {
+        steer: [Set::verdict_map(KeyType::Ipv4), Set::verdict_map(KeyType::Ipv6)],
+        snat: [Set::verdict_map(KeyType::Ipv4), Set::verdict_map(KeyType::Ipv6)],
+        snat_chains: BTreeSet::new(),
+        drop_used: false,
+        overflow: false,
+    };
     let namespace_labels = |ns: &str| {
-        let mut labels = view.namespaces.get(ns).map(|n| n.labels.clone()).unwrap_or_default();
+        let mut labels = ctx.view.namespaces.get(ns).map(|n| n.labels.clone()).unwrap_or_default();
         labels.entry(NAMESPACE_NAME_LABEL.to_string()).or_insert_with(|| ns.to_string());
         labels
     };
@@ -258,7 +337,7 @@ pub(super) fn compile(
             continue;
         };
         let f = fam(*ip);
-        let local = node.is_local(pod);
+        let local = ctx.node.is_local(pod);
         let id = (pod.namespace.as_str(), pod.name.as_str());
         if local {
             plan.selected_local.insert(id);
@@ -271,40 +350,49 @@ pub(super) fn compile(
             if local {
                 plan.snat_here.insert(id);
             }
-            snat[f].elements.insert(ip.to_string(), format!("jump {}", ip_chain("eip-snat", egress_ip)));
-            snat_chains.insert(egress_ip);
+            a.snat[f].elements.insert(ip.to_string(), format!("jump {}", ip_chain("eip-snat", egress_ip)));
+            a.snat_chains.insert(egress_ip);
             // Out of the address's own link: mark for its table (pods of other nodes too,
             // whose packets are leaving the cluster here, not going back).
-            if let Some(k) = via.get(&egress_ip).and_then(|hops| set_index.get(&(f == 1, hops.clone()))) {
-                steer[f].elements.insert(ip.to_string(), format!("jump eip-mark-{k}"));
+            if let Some(k) = via.get(&egress_ip).and_then(|hops| hop_sets.get(&(f == 1, hops.clone()))) {
+                a.steer[f].elements.insert(ip.to_string(), format!("jump eip-mark-{k}"));
             }
             continue;
         }
         if !local {
             continue;
         }
-        match set_index.get(&(f == 1, plan.remote[f].clone())) {
+        match hop_sets.get(&(f == 1, plan.remote[f].clone())) {
             Some(k) if !plan.remote[f].is_empty() => {
-                steer[f].elements.insert(ip.to_string(), format!("jump eip-mark-{k}"));
+                a.steer[f].elements.insert(ip.to_string(), format!("jump eip-mark-{k}"));
                 plan.steered.insert(id);
             }
             Some(_) | None => {
                 if !plan.remote[f].is_empty() {
-                    overflow = true;
+                    a.overflow = true;
                 }
                 plan.fallback.insert(id);
                 if settings.fail_closed {
-                    steer[f].elements.insert(ip.to_string(), format!("jump {DROP_CHAIN}"));
-                    drop_used = true;
+                    a.steer[f].elements.insert(ip.to_string(), format!("jump {DROP_CHAIN}"));
+                    a.drop_used = true;
                 }
             }
         }
     }
+    a
+}
 
-    // One mark chain, table and rule per next-hop set, whether or not a local pod uses it
-    // now, so pods coming and going (and label changes) are element updates only.
+/// One mark chain, table and rule per next-hop set, whether or not a local pod uses it
+/// now, so pods coming and going (and label changes) are element updates only.
+fn emit_routes(
+    settings: &EgressSettings,
+    hop_sets: &HopSets,
+    via: &BTreeMap<IpAddr, Vec<NextHop>>,
+    table: &mut Table,
+    net: &mut NetDesired,
+) {
     let mut gateways = [Set::new(KeyType::Ipv4, false), Set::new(KeyType::Ipv6, false)];
-    for ((v6, hops), k) in &set_index {
+    for ((v6, hops), k) in hop_sets {
         table.chains.insert(format!("eip-mark-{k}"), Chain::regular(vec![mark_statement(settings, *k)]));
         let table_id = settings.table_base + k;
         net.routes.insert((table_id, *v6), hops.clone());
@@ -322,10 +410,24 @@ pub(super) fn compile(
             }
         }
     }
+    let [g4, g6] = gateways;
+    table.sets.insert(GATEWAYS_V4.into(), g4);
+    table.sets.insert(GATEWAYS_V6.into(), g6);
+}
 
+/// The sets and base chains: exempt destinations, steering, SNAT, the guard.
+fn emit_tables(
+    ctx: &Ctx,
+    steer: [Set; 2],
+    snat: [Set; 2],
+    snat_chains: &BTreeSet<IpAddr>,
+    drop_used: bool,
+    table: &mut Table,
+) {
+    let settings = &ctx.node.egress;
     // Destinations never steered nor SNATed to an egress IP: cluster, services, nodes.
-    let mut exempt_nets = node.exempt_ranges();
-    exempt_nets.extend(node_addrs.iter().map(|a| IpNet::from(*a)));
+    let mut exempt_nets = ctx.node.exempt_ranges();
+    exempt_nets.extend(ctx.node_addrs.iter().map(|a| IpNet::from(*a)));
     let mut exempt = [Set::new(KeyType::Ipv4, true), Set::new(KeyType::Ipv6, true)];
     for n in IpNet::aggregate(&exempt_nets) {
         exempt[fam(n.addr())].elements.insert(n.to_string(), String::new());
@@ -340,13 +442,10 @@ pub(super) fn compile(
     let [n4, n6] = snat;
     table.sets.insert(SNAT_V4.into(), n4);
     table.sets.insert(SNAT_V6.into(), n6);
-    let [g4, g6] = gateways;
-    table.sets.insert(GATEWAYS_V4.into(), g4);
-    table.sets.insert(GATEWAYS_V6.into(), g6);
     if drop_used {
         table.chains.insert(DROP_CHAIN.into(), Chain::regular(vec!["counter drop".into()]));
     }
-    for ip in &snat_chains {
+    for ip in snat_chains {
         let stmt = match ip {
             IpAddr::V4(v4) => format!("snat ip to {v4}"),
             IpAddr::V6(v6) => format!("snat ip6 to {v6}"),
@@ -406,50 +505,49 @@ pub(super) fn compile(
             ],
         ),
     );
+}
 
-    for plan in &plans {
-        let e = plan.entry;
-        let mut problems = plan.problems.clone();
-        if let Some(err) = &e.error {
-            problems.insert(0, format!("{err} (the last valid version is applied)"));
-        }
-        if overflow && !plan.fallback.is_empty() && !plan.remote.iter().all(Vec::is_empty) {
-            problems.push(format!(
-                "more than {} distinct sets of hosting nodes: some pods are not steered (widen --egress-ip-mark-mask)",
-                settings.capacity()
-            ));
-        }
-        let hosted = if plan.hosted_list.is_empty() {
-            "hosts no egress IP".to_string()
-        } else {
-            let list: Vec<String> = plan.hosted_list.iter().map(|(ip, link)| format!("{ip} on {link}")).collect();
-            format!("hosts {}", list.join(", "))
-        };
-        let remote = if plan.remote_nodes.is_empty() {
-            String::new()
-        } else {
-            format!(" (elsewhere: {})", plan.remote_nodes.iter().cloned().collect::<Vec<_>>().join(", "))
-        };
-        let fallback = if plan.fallback.is_empty() {
-            String::new()
-        } else if settings.fail_closed {
-            format!(", {} dropped (no hosting node)", plan.fallback.len())
-        } else {
-            format!(", {} with the node's own SNAT (no hosting node)", plan.fallback.len())
-        };
-        let summary = format!(
-            "{hosted}{remote}; {} local pods selected: {} SNATed here, {} steered{fallback}",
-            plan.selected_local.len(),
-            plan.snat_here.len(),
-            plan.steered.len()
-        );
-        let outcome = if problems.is_empty() { Outcome::Applied } else { Outcome::Failed(problems.join("; ")) };
-        statuses.push(ObjectStatus::new(e.key.clone(), me, outcome).with_detail(summary));
+/// The status text of one EgressIP on this node: its problems, and what the node does
+/// with it (addresses hosted, pods selected, SNATed, steered, left to the fallback).
+fn plan_status(plan: &Plan, overflow: bool, node: &NodeConfig) -> ObjectStatus {
+    let settings = &node.egress;
+    let e = plan.entry;
+    let mut problems = plan.problems.clone();
+    if let Some(err) = &e.error {
+        problems.insert(0, format!("{err} (the last valid version is applied)"));
     }
-    for e in ordered.iter().filter(|e| e.policy.is_none()) {
-        let error = e.error.clone().unwrap_or_default();
-        statuses.push(ObjectStatus::new(e.key.clone(), me, Outcome::Failed(error)));
+    if overflow && !plan.fallback.is_empty() && !plan.remote.iter().all(Vec::is_empty) {
+        problems.push(format!(
+            "more than {} distinct sets of hosting nodes: some pods are not steered (widen --egress-ip-mark-mask)",
+            settings.capacity()
+        ));
     }
+    let hosted = if plan.hosted_list.is_empty() {
+        "hosts no egress IP".to_string()
+    } else {
+        let list: Vec<String> = plan.hosted_list.iter().map(|(ip, link)| format!("{ip} on {link}")).collect();
+        format!("hosts {}", list.join(", "))
+    };
+    let remote = if plan.remote_nodes.is_empty() {
+        String::new()
+    } else {
+        format!(" (elsewhere: {})", plan.remote_nodes.iter().cloned().collect::<Vec<_>>().join(", "))
+    };
+    let fallback = if plan.fallback.is_empty() {
+        String::new()
+    } else if settings.fail_closed {
+        format!(", {} dropped (no hosting node)", plan.fallback.len())
+    } else {
+        format!(", {} with the node's own SNAT (no hosting node)", plan.fallback.len())
+    };
+    let summary = format!(
+        "{hosted}{remote}; {} local pods selected: {} SNATed here, {} steered{fallback}",
+        plan.selected_local.len(),
+        plan.snat_here.len(),
+        plan.steered.len()
+    );
+    let outcome = if problems.is_empty() { Outcome::Applied } else { Outcome::Failed(problems.join("; ")) };
+    ObjectStatus::new(e.key.clone(), &node.node_name, outcome).with_detail(summary)
 }
 
 #[cfg(test)]
