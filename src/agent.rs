@@ -17,7 +17,7 @@ use std::net::IpAddr;
 
 use crate::compile::{Desired, NodeConfig, ObjectStatus, Outcome, compile, dns_names, dns_set_names};
 use crate::dataplane::netlink::Netlink;
-use crate::dataplane::nft::{NftBackend, NftError, NftSyncer, SyncKind};
+use crate::dataplane::nft_sync::{NftBackend, NftError, NftSyncer, SyncKind};
 use crate::dns::resolver::DnsResolver;
 use crate::dns::worker::{DnsRound, DnsWorker};
 use crate::dns::{DnsAnswers, DnsTracker};
@@ -148,45 +148,12 @@ fn dns_problems(tracker: &DnsTracker, names: &BTreeSet<String>) -> Vec<String> {
         .collect()
 }
 
-/// The file in the state directory holding the last statuses.
-pub use crate::state::STATUS_FILE;
-
-/// The status report `egressd status` prints: a header line (node, time, sync
-/// outcome), one line per object, then problems.
-pub fn status_report(
-    node: &NodeConfig,
-    desired: &Desired,
-    sync: &Result<SyncKind, NftError>,
-    problems: &[String],
-) -> String {
-    let outcome = match sync {
-        Ok(_) => "dataplane in sync".to_string(),
-        Err(e) => format!("dataplane NOT in sync: {e}"),
-    };
-    let mut out = format!(
-        "# egressd on node {} at {}: {outcome}\n",
-        node.node_name,
-        jiff::Timestamp::now().round(jiff::Unit::Second).unwrap_or_else(|_| jiff::Timestamp::now())
-    );
-    out.push_str(&crate::compile::render_statuses(&desired.statuses));
-    if !problems.is_empty() || !desired.warnings.is_empty() {
-        out.push_str("# problems\n");
-        for p in problems.iter().chain(&desired.warnings) {
-            out.push_str(p);
-            out.push('\n');
-        }
-    }
-    out
-}
-
-/// Write `text` to `dir/status` (privately and atomically, see [`crate::state`]).
-pub fn write_status(dir: &std::path::Path, text: &str) -> std::io::Result<()> {
-    crate::state::write_private(dir, STATUS_FILE, text.as_bytes())
-}
-
 fn publish(config: &RunConfig, desired: &Desired, sync: &Result<SyncKind, NftError>, problems: &[String]) {
     let Some(dir) = &config.state_dir else { return };
-    if let Err(e) = write_status(dir, &status_report(&config.node, desired, sync, problems)) {
+    let sync = sync.as_ref().map(|_| ()).map_err(ToString::to_string);
+    if let Err(e) =
+        crate::status::file::write(dir, &crate::status::file::report(&config.node, desired, &sync, problems))
+    {
         tracing::warn!(dir = %dir.display(), error = %e, "cannot write the status file");
     }
 }
@@ -599,7 +566,7 @@ pub async fn run<S: ViewSource, B: NftBackend, K: StatusSink>(
 mod tests {
     use super::*;
     use crate::api::parse::{Parsed, parse_document, split_documents, yaml_to_value};
-    use crate::dataplane::nft::RecordingBackend;
+    use crate::dataplane::nft_sync::RecordingBackend;
 
     /// A source whose view the test sets.
     struct FakeSource {

@@ -15,6 +15,7 @@ pub mod api;
 pub mod compile;
 pub mod dataplane;
 pub mod dns;
+pub mod leader;
 pub mod net;
 pub mod nft;
 pub mod source;

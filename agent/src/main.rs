@@ -10,10 +10,10 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use egressd::agent::{AgentError, RunConfig, render_manifests};
 use egressd::compile::NodeConfig;
-use egressd::dataplane::nft::{NftCli, NftSyncer};
-use egressd::source::kube::KubeView;
-use egressd::source::manifests::ManifestsView;
-use egressd::status::lease::{Leadership, LeaseConfig};
+use egressd::dataplane::nft_sync::{NftCli, NftSyncer};
+use egressd::leader::{Leadership, LeaseConfig};
+use egressd::source::kube::KubeWatch;
+use egressd::source::manifests::ManifestsWatch;
 use egressd::status::writer::KubeStatusWriter;
 use egressd::telemetry::Telemetry;
 use ipnet::IpNet;
@@ -307,12 +307,10 @@ fn main() -> ExitCode {
         Command::Cleanup(args) => cleanup(&args),
         Command::Run(args) => run(*args),
         Command::Status(args) => {
-            let path = args.state_dir.join(egressd::agent::STATUS_FILE);
-            let read = egressd::state::read_private(&args.state_dir, egressd::agent::STATUS_FILE)
-                .and_then(|t| t.ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound)));
-            match read {
+            let path = args.state_dir.join(egressd::status::file::STATUS_FILE);
+            match egressd::status::file::read(&args.state_dir) {
                 Ok(text) => {
-                    print!("{}", String::from_utf8_lossy(&text));
+                    print!("{text}");
                     ExitCode::SUCCESS
                 }
                 Err(e) => {
@@ -454,7 +452,7 @@ fn run(args: RunArgs) -> ExitCode {
         if let Some(dir) = &args.manifests {
             let debounce = Duration::from_millis(args.debounce_ms);
             let resync = Duration::from_secs(args.resync_secs);
-            let source = ManifestsView::open(dir, debounce, resync).await?;
+            let source = ManifestsWatch::open(dir, debounce, resync).await?;
             return egressd::agent::run(config, source, syncer, (), shutdown).instrument(info_span!("agent")).await;
         }
         let client = egressd::source::kube::client(args.kubeconfig.as_deref()).await.map_err(AgentError::Kube)?;
@@ -467,11 +465,10 @@ fn run(args: RunArgs) -> ExitCode {
             renew_every: Duration::from_secs(args.lease_renew_secs),
         };
         tokio::spawn(
-            egressd::status::lease::run(client.clone(), lease, leadership.clone())
-                .instrument(info_span!("leader_lease")),
+            egressd::leader::run(client.clone(), lease, leadership.clone()).instrument(info_span!("leader_lease")),
         );
         let view = tokio::select! {
-            v = KubeView::start(&client, telemetry.clone()) => v,
+            v = KubeWatch::start(&client, telemetry.clone()) => v,
             _ = &mut shutdown => return Ok(()),
         };
         let writer = KubeStatusWriter::start(client, args.node.node_name.clone(), leadership, view.status_board());

@@ -1,6 +1,6 @@
 //! Drivers that make the kernel match the desired state.
 //!
-//! * [`nft`]: the nftables driver — one owned table, changed only in atomic
+//! * [`nft_sync`]: the nftables driver — one owned table, changed only in atomic
 //!   transactions, deltas in steady state.
 //! * [`netlink`]: egress addresses, policy-routing rules and routes (EgressIP).
 //! * [`announce`]: gratuitous ARP / unsolicited neighbour advertisements.
@@ -14,7 +14,7 @@ pub mod conntrack;
 pub mod elements;
 pub mod netlink;
 pub mod nflog;
-pub mod nft;
+pub mod nft_sync;
 
 /// Read netfilter netlink messages from `socket` (as many datagrams as needed) and hand
 /// each to `each` until it returns a result.

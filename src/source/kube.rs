@@ -3,7 +3,7 @@
 //! [`ClusterView`] as the manifests source.
 //!
 //! Guarantees:
-//! * [`KubeSource::wait_synced`] returns once every kind has been listed completely: the
+//! * [`KubeObjects::wait_synced`] returns once every kind has been listed completely: the
 //!   agent applies nothing before that.
 //! * Custom resources are watched as dynamic objects and run through the same parser as
 //!   manifests ([`crate::api::parse_document`]), so a malformed object is reported (its
@@ -189,7 +189,7 @@ pub fn start_watches(client: &Client) -> mpsc::Receiver<KubeMsg> {
 
 /// The view built from the watches.
 #[derive(Debug, Default)]
-pub struct KubeSource {
+pub struct KubeObjects {
     view: ClusterView,
     /// Keys seen during a running re-list, per kind.
     relisting: BTreeMap<Kind, BTreeSet<ObjectKey>>,
@@ -208,14 +208,14 @@ pub struct KubeSource {
 }
 
 /// The Kubernetes watches as a [`super::ViewSource`].
-pub struct KubeView {
-    source: KubeSource,
+pub struct KubeWatch {
+    source: KubeObjects,
     rx: mpsc::Receiver<KubeMsg>,
     telemetry: std::sync::Arc<crate::telemetry::Telemetry>,
     reported: BTreeMap<Kind, WatchProblem>,
 }
 
-impl KubeView {
+impl KubeWatch {
     /// The stored uids and statuses (for the status writer).
     pub fn status_board(&self) -> StatusBoard {
         self.source.status_board()
@@ -253,7 +253,7 @@ impl KubeView {
     /// before that). Logs progress while the API server is unreachable.
     pub async fn start(client: &Client, telemetry: std::sync::Arc<crate::telemetry::Telemetry>) -> Self {
         let mut view =
-            Self { source: KubeSource::new(), rx: start_watches(client), telemetry, reported: BTreeMap::new() };
+            Self { source: KubeObjects::new(), rx: start_watches(client), telemetry, reported: BTreeMap::new() };
         while !view.source.synced() {
             match view.rx.recv().await {
                 Some(msg) => {
@@ -272,7 +272,7 @@ impl KubeView {
     }
 }
 
-impl super::ViewSource for KubeView {
+impl super::ViewSource for KubeWatch {
     fn view(&self) -> &ClusterView {
         self.source.view()
     }
@@ -300,7 +300,7 @@ impl super::ViewSource for KubeView {
     }
 }
 
-impl KubeSource {
+impl KubeObjects {
     /// An empty source.
     pub fn new() -> Self {
         Self::default()
@@ -460,7 +460,7 @@ mod tests {
 
     #[test]
     fn synced_only_after_every_kind_listed() {
-        let mut s = KubeSource::new();
+        let mut s = KubeObjects::new();
         for k in KINDS {
             assert!(!s.synced());
             s.handle(KubeMsg::Init(k));
@@ -471,7 +471,7 @@ mod tests {
 
     #[test]
     fn kinds_that_cannot_be_listed_count_as_empty_until_they_can() {
-        let mut s = KubeSource::new();
+        let mut s = KubeObjects::new();
         for k in KINDS.iter().filter(|k| !matches!(k, Kind::CloudPrivateIPConfig | Kind::EgressQoS)) {
             s.handle(KubeMsg::Init(*k));
             s.handle(KubeMsg::InitDone(*k));
@@ -500,7 +500,7 @@ mod tests {
 
     #[test]
     fn a_relist_removes_what_was_deleted_while_away() {
-        let mut s = KubeSource::new();
+        let mut s = KubeObjects::new();
         s.handle(KubeMsg::Init(Kind::Namespace));
         s.handle(ns("a"));
         s.handle(ns("b"));
@@ -516,7 +516,7 @@ mod tests {
 
     #[test]
     fn malformed_custom_resources_are_reported_and_keep_their_last_good_version() {
-        let mut s = KubeSource::new();
+        let mut s = KubeObjects::new();
         let good: DynamicObject = serde_json::from_value(serde_json::json!({
             "apiVersion": "k8s.ovn.org/v1", "kind": "EgressFirewall",
             "metadata": {"name": "default", "namespace": "a", "resourceVersion": "7", "uid": "x", "managedFields": []},

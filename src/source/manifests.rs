@@ -374,7 +374,7 @@ pub fn log_report(report: &LoadReport) {
 
 /// The manifests directory as a [`super::ViewSource`]: directory events (debounced) and a
 /// periodic re-read.
-pub struct ManifestsView {
+pub struct ManifestsWatch {
     source: ManifestSource,
     report: LoadReport,
     events: mpsc::Receiver<()>,
@@ -382,7 +382,7 @@ pub struct ManifestsView {
     _watcher: notify::RecommendedWatcher,
 }
 
-impl ManifestsView {
+impl ManifestsWatch {
     /// Read `dir` once (fails when it is unreadable) and start watching it.
     pub async fn open(dir: &std::path::Path, debounce: Duration, resync: Duration) -> Result<Self, SourceError> {
         let mut source = ManifestSource::new(dir);
@@ -397,7 +397,7 @@ impl ManifestsView {
     }
 }
 
-impl super::ViewSource for ManifestsView {
+impl super::ViewSource for ManifestsWatch {
     fn view(&self) -> &ClusterView {
         self.source.view()
     }

@@ -7,7 +7,7 @@
 //! * EgressQoS: condition `Ready-In-Zone-<node>` (list-type map keyed by `type`),
 //!   `lastTransitionTime` kept while the condition's status stays the same.
 //!
-//! Leader only ([`super::lease::Leadership`], checked right before each write):
+//! Leader only ([`crate::leader::Leadership`], checked right before each write):
 //! * aggregate `status.status`: `... Rules applied` once every Ready node reports success
 //!   (egressd runs on every node, as a DaemonSet with tolerations for all), `... Rules
 //!   not correctly applied` as soon as one reports a failure;
@@ -31,12 +31,12 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use super::StatusSink;
-use super::lease::Leadership;
 use crate::api::{Kind, ObjectKey};
 use crate::compile::{
     Desired, FIREWALL_APPLIED as EF_APPLIED, FIREWALL_NOT_APPLIED as EF_NOT_APPLIED, Outcome, QOS_APPLIED,
     QOS_NOT_APPLIED, condition_node, parse_message,
 };
+use crate::leader::Leadership;
 use crate::view::ClusterView;
 use crate::view::observed::{Observed, StatusBoard};
 
