@@ -35,10 +35,26 @@ pub enum AgentError {
     Source(#[from] SourceError),
     /// The Kubernetes client could not be set up.
     #[error("kubernetes: {0}")]
-    Kube(String),
+    Kube(#[from] crate::source::kube::ClientError),
     /// A setting cannot be used (an address that cannot be bound, say).
     #[error("{0}")]
     Config(String),
+}
+
+/// Why the kernel does not match the desired state after a sync (retried at every
+/// wake).
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    /// The nft transaction failed.
+    #[error(transparent)]
+    Nft(#[from] NftError),
+    /// The netlink half (EgressIP addresses, rules, routes) failed; the nft table itself
+    /// may be in sync.
+    #[error("netlink: {0}")]
+    Netlink(#[from] crate::dataplane::netlink::NetError),
+    /// EgressIPs exist but there is no netlink connection.
+    #[error("netlink: no connection")]
+    NoNetlink,
 }
 
 /// Settings of the agent loop.
@@ -62,7 +78,7 @@ fn record_sync(
     t: &crate::telemetry::Telemetry,
     view: &ClusterView,
     desired: &Desired,
-    result: &Result<SyncKind, NftError>,
+    result: &Result<SyncKind, SyncError>,
     elapsed: Duration,
 ) {
     use crate::telemetry::metrics::{SyncLabels, SyncType};
@@ -148,7 +164,7 @@ fn dns_problems(tracker: &DnsTracker, names: &BTreeSet<String>) -> Vec<String> {
         .collect()
 }
 
-fn publish(config: &RunConfig, desired: &Desired, sync: &Result<SyncKind, NftError>, problems: &[String]) {
+fn publish(config: &RunConfig, desired: &Desired, sync: &Result<SyncKind, SyncError>, problems: &[String]) {
     let Some(dir) = &config.state_dir else { return };
     let sync = sync.as_ref().map(|_| ()).map_err(ToString::to_string);
     if let Err(e) =
@@ -188,16 +204,16 @@ pub async fn apply_once<B: NftBackend>(
     syncer: &mut NftSyncer<B>,
     net: Option<&Netlink>,
     cache: &mut crate::compile::CompileCache,
-) -> (Desired, Result<SyncKind, NftError>) {
+) -> (Desired, Result<SyncKind, SyncError>) {
     let started = std::time::Instant::now();
     let mut host = HostLinks::default();
-    let mut net_error = None;
+    let mut net_error: Option<SyncError> = None;
     let wants_net = !view.egress_ips.is_empty();
     // The links matter to EgressIP only (compile reads them for nothing else).
     if let Some(net) = net.filter(|_| wants_net) {
         match net.links().await {
             Ok(h) => host = h,
-            Err(e) => net_error = Some(e.to_string()),
+            Err(e) => net_error = Some(e.into()),
         }
     }
     let mut desired = tokio::task::block_in_place(|| crate::compile::compile_cached(view, node, dns, &host, cache));
@@ -222,10 +238,10 @@ pub async fn apply_once<B: NftBackend>(
                     tracing::info!(changes = changes.routing, "egress IP rules and routes updated");
                 }
             }
-            Err(e) => net_error = Some(e.to_string()),
+            Err(e) => net_error = Some(e.into()),
         },
         Some(_) => {}
-        None if wants_net => net_error = Some("no netlink connection".to_string()),
+        None if wants_net => net_error = Some(SyncError::NoNetlink),
         None => {}
     }
     if let Some(e) = &net_error {
@@ -234,7 +250,7 @@ pub async fn apply_once<B: NftBackend>(
             s.fail(&format!("kernel error: {e}"));
         }
     }
-    let result = tokio::task::block_in_place(|| syncer.sync(&desired.table));
+    let result = tokio::task::block_in_place(|| syncer.sync(&desired.table)).map_err(SyncError::from);
     match &result {
         Ok(kind) => tracing::info!(
             sync = ?kind,
@@ -255,7 +271,7 @@ pub async fn apply_once<B: NftBackend>(
         tracing::warn!(warning = %w, "cluster view");
     }
     let result = match (result, net_error) {
-        (Ok(_), Some(message)) => Err(NftError::Netlink { message }),
+        (Ok(_), Some(e)) => Err(e),
         (r, _) => r,
     };
     (desired, result)
@@ -294,7 +310,7 @@ pub struct Agent<S, B, K> {
     saved: crate::view::last_good::LastGood,
     /// What was last applied, and how that went.
     desired: Desired,
-    last_result: Result<SyncKind, NftError>,
+    last_result: Result<SyncKind, SyncError>,
     /// Problems last published in the status file.
     problems: Vec<String>,
     /// When each name's kernel timeouts were last restarted: a restart is needed only
@@ -474,7 +490,7 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
     }
 
     /// How the last sync went.
-    pub fn last_result(&self) -> &Result<SyncKind, NftError> {
+    pub fn last_result(&self) -> &Result<SyncKind, SyncError> {
         &self.last_result
     }
 

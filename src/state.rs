@@ -52,17 +52,51 @@ pub fn read_private(dir: &Path, name: &str) -> std::io::Result<Option<Vec<u8>>> 
     Ok(Some(out))
 }
 
+/// A saved file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// It cannot be read (a symlink, say).
+    #[error("{path}: {source}")]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// It is not what egressd writes.
+    #[error("{path}: {source}")]
+    Parse {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The JSON error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// It was written by a version of egressd with another format.
+    #[error("{path}: format {found} is not {FORMAT}")]
+    Format {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Its format.
+        found: u32,
+    },
+}
+
 /// The saved last good versions (none when there is no file). A file that cannot be
 /// read or parsed, or is of another format, is an error the caller logs; nothing is
 /// adopted from it.
-pub fn load_last_good(dir: &Path) -> Result<LastGood, String> {
+pub fn load_last_good(dir: &Path) -> Result<LastGood, StateError> {
     let path = dir.join(LAST_GOOD_FILE);
-    let Some(bytes) = read_private(dir, LAST_GOOD_FILE).map_err(|e| format!("{}: {e}", path.display()))? else {
+    let Some(bytes) =
+        read_private(dir, LAST_GOOD_FILE).map_err(|source| StateError::Read { path: path.clone(), source })?
+    else {
         return Ok(LastGood::default());
     };
-    let saved: LastGood = serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    let saved: LastGood =
+        serde_json::from_slice(&bytes).map_err(|source| StateError::Parse { path: path.clone(), source })?;
     if saved.format != FORMAT {
-        return Err(format!("{}: format {} is not {FORMAT}", path.display(), saved.format));
+        return Err(StateError::Format { path, found: saved.format });
     }
     Ok(saved)
 }
@@ -115,6 +149,6 @@ mod tests {
         std::fs::write(dir.path().join(LAST_GOOD_FILE), "{not json").unwrap();
         assert!(load_last_good(dir.path()).is_err());
         std::fs::write(dir.path().join(LAST_GOOD_FILE), r#"{"format": 99, "objects": []}"#).unwrap();
-        assert!(load_last_good(dir.path()).unwrap_err().contains("format 99"));
+        assert!(load_last_good(dir.path()).unwrap_err().to_string().contains("format 99 is not 1"));
     }
 }

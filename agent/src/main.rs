@@ -455,7 +455,7 @@ fn run(args: RunArgs) -> ExitCode {
             let source = ManifestsWatch::open(dir, debounce, resync).await?;
             return egressd::agent::run(config, source, syncer, (), shutdown).instrument(info_span!("agent")).await;
         }
-        let client = egressd::source::kube::client(args.kubeconfig.as_deref()).await.map_err(AgentError::Kube)?;
+        let client = egressd::source::kube::client(args.kubeconfig.as_deref()).await?;
         let leadership = Leadership::default();
         let lease = LeaseConfig {
             namespace: args.lease_namespace.clone(),
@@ -476,7 +476,7 @@ fn run(args: RunArgs) -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(AgentError::Kube(e) | AgentError::Config(e)) => {
+        Err(e @ (AgentError::Kube(_) | AgentError::Config(_))) => {
             eprintln!("egressd run: {e}");
             ExitCode::from(EXIT_CONFIG)
         }

@@ -37,7 +37,7 @@ pub const STEER_CHAIN: &str = "egress-steer";
 /// The postrouting NAT chain (SNAT to hosted egress IPs, null SNAT of steered packets).
 pub const SNAT_CHAIN: &str = "egress-snat";
 /// The postrouting filter chain that drops steered connections routed elsewhere.
-pub const GUARD_CHAIN: &str = "egress-guard";
+pub(crate) const GUARD_CHAIN: &str = "egress-guard";
 const EXEMPT_V4: &str = "eip-exempt-v4";
 const EXEMPT_V6: &str = "eip-exempt-v6";
 const STEER_V4: &str = "eip-steer-v4";

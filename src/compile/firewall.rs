@@ -32,7 +32,7 @@ struct Ctx<'a> {
 
 /// The absolute name egressd resolves for a rule name (`*.base.` for a wildcard, which
 /// is never resolved, only learned by snooping).
-pub fn absolute(name: &DnsName) -> String {
+pub(crate) fn absolute(name: &DnsName) -> String {
     if name.wildcard { format!("*.{}.", name.base) } else { format!("{}.", name.base) }
 }
 
@@ -206,7 +206,7 @@ fn rule_statements(index: usize, rule: &FirewallRule, ctx: &Ctx, table: &mut Tab
 
 /// Compiled namespace chains of the previous compile, by namespace: reused when the
 /// policy is equal (and has no nodeSelector rule, whose addresses come from the nodes).
-pub type ChainCache = std::collections::HashMap<String, (FirewallPolicy, Chain, Vec<String>)>;
+pub(crate) type ChainCache = std::collections::HashMap<String, (FirewallPolicy, Chain, Vec<String>)>;
 
 fn namespace_chain(
     policy: &FirewallPolicy,

@@ -88,7 +88,7 @@ pub(super) fn compile(view: &ClusterView, node: &NodeConfig, owners: &BTreeMap<I
 }
 
 /// The listener's view of `view` on this node.
-pub fn targets(view: &ClusterView, node: &NodeConfig, owners: &BTreeMap<IpAddr, &PodInfo>) -> SnoopTargets {
+pub(crate) fn targets(view: &ClusterView, node: &NodeConfig, owners: &BTreeMap<IpAddr, &PodInfo>) -> SnoopTargets {
     let mut t = SnoopTargets { exempt: node.exempt_ranges(), grace: node.dns_grace, ..Default::default() };
     if node.snoop.is_none() {
         return t;

@@ -15,7 +15,7 @@ pub const QOS_APPLIED: &str = "EgressQoS Rules applied";
 /// ... when they are not.
 pub const QOS_NOT_APPLIED: &str = "EgressQoS Rules not correctly applied";
 /// The prefix of a node's EgressQoS condition type.
-pub const QOS_CONDITION_PREFIX: &str = "Ready-In-Zone-";
+pub(crate) const QOS_CONDITION_PREFIX: &str = "Ready-In-Zone-";
 
 /// The outcome for one object on this node.
 #[derive(Debug, Clone, PartialEq, Eq)]

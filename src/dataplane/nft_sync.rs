@@ -41,14 +41,6 @@ pub enum NftError {
         /// nft's stderr.
         message: String,
     },
-    /// The netlink half of the dataplane (EgressIP addresses, rules, routes) failed; the
-    /// nft table itself may be in sync. Reported with the sync result so that it is
-    /// retried and shown the same way.
-    #[error("netlink: {message}")]
-    Netlink {
-        /// What failed.
-        message: String,
-    },
 }
 
 /// Something that applies an nft script atomically.
@@ -104,14 +96,16 @@ impl NftBackend for NftCli {
 
 /// Records scripts instead of applying them (unit tests). Fails the next
 /// `fail_next` calls with the given message.
+#[cfg(test)]
 #[derive(Debug, Default)]
-pub struct RecordingBackend {
+pub(crate) struct RecordingBackend {
     /// Every script received, applied or not.
-    pub scripts: Vec<String>,
+    pub(crate) scripts: Vec<String>,
     /// How many of the next calls fail.
-    pub fail_next: usize,
+    pub(crate) fail_next: usize,
 }
 
+#[cfg(test)]
 impl NftBackend for RecordingBackend {
     fn apply(&mut self, script: &str) -> Result<(), NftError> {
         self.scripts.push(script.to_string());
@@ -158,13 +152,9 @@ impl<B: NftBackend> NftSyncer<B> {
     }
 
     /// The table last applied successfully.
-    pub fn applied(&self) -> Option<&Table> {
+    #[cfg(test)]
+    pub(crate) fn applied(&self) -> Option<&Table> {
         self.applied.as_ref()
-    }
-
-    /// Forget what was applied: the next sync is a full replace.
-    pub fn invalidate(&mut self) {
-        self.applied = None;
     }
 
     /// Make the kernel's table equal `desired`.

@@ -27,6 +27,19 @@ pub enum ResolverError {
     Build(String),
 }
 
+/// A name that got no answer (an authoritative "no such name" is an answer, not this).
+#[derive(Debug, thiserror::Error)]
+#[error("{record_type} {name}: {source}")]
+pub struct ResolveError {
+    /// The record type asked for.
+    pub record_type: RecordType,
+    /// The name.
+    pub name: String,
+    /// What went wrong (timeout, SERVFAIL, unreachable server, ...).
+    #[source]
+    pub source: NetError,
+}
+
 /// Which address families to ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Families {
@@ -76,7 +89,7 @@ impl DnsResolver {
     /// Resolve `name` (absolute, e.g. `www.example.com.`) for the given families. An
     /// authoritative "no such name" or "no records" is `Ok` with no addresses and the
     /// negative TTL; anything else that is not an answer is `Err`.
-    pub async fn resolve(&self, name: &str, families: Families) -> Result<Resolved, String> {
+    pub async fn resolve(&self, name: &str, families: Families) -> Result<Resolved, ResolveError> {
         let mut addresses = BTreeSet::new();
         let mut ttl: Option<u32> = None;
         let kinds = [(families.v4, RecordType::A), (families.v6, RecordType::AAAA)];
@@ -101,7 +114,7 @@ impl DnsResolver {
                     let neg = negative_ttl.unwrap_or(0);
                     ttl = Some(ttl.map_or(neg, |t| t.min(neg)));
                 }
-                Err(e) => return Err(format!("{kind} {name}: {e}")),
+                Err(source) => return Err(ResolveError { record_type: kind, name: name.to_string(), source }),
             }
         }
         Ok(Resolved { addresses, ttl: Duration::from_secs(u64::from(ttl.unwrap_or(0))) })

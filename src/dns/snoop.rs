@@ -527,7 +527,7 @@ mod tests_support {
     }
 
     /// Seed packets for the fuzz target.
-    pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
+    pub(super) fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         let name = |s: &str| Name::from_ascii(s).unwrap();
         let mut q = Message::query();
         q.metadata.id = 7;

@@ -148,7 +148,7 @@ async fn resolve(
 ) -> bool {
     let results: Vec<(String, Result<Resolved, String>)> = futures::stream::iter(due.to_vec())
         .map(|name| async move {
-            let r = resolver.resolve(&name, families).await;
+            let r = resolver.resolve(&name, families).await.map_err(|e| e.to_string());
             (name, r)
         })
         .buffer_unordered(DNS_CONCURRENCY)

@@ -93,18 +93,37 @@ pub const KINDS: [Kind; 7] = [
     Kind::CloudPrivateIPConfig,
 ];
 
+/// Why no Kubernetes client could be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The kubeconfig file cannot be read or used.
+    #[error("{path}: {source}")]
+    Kubeconfig {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong with it.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// Not in a pod (or its service account is missing).
+    #[error("in-cluster configuration: {0}")]
+    InCluster(#[source] kube::config::InClusterError),
+    /// The configuration cannot make a client (TLS set-up, say).
+    #[error("cannot create the client: {0}")]
+    Client(#[source] kube::Error),
+}
+
 /// A client from a kubeconfig file, or the in-cluster configuration when `None`.
-pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client, String> {
+pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client, ClientError> {
     let config = match kubeconfig {
         Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(|e| format!("{}: {e}", path.display()))?
+            let err = |source| ClientError::Kubeconfig { path: path.to_path_buf(), source };
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(err)?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await.map_err(err)?
         }
-        None => kube::Config::incluster().map_err(|e| format!("in-cluster configuration: {e}"))?,
+        None => kube::Config::incluster().map_err(ClientError::InCluster)?,
     };
-    Client::try_from(config).map_err(|e| e.to_string())
+    Client::try_from(config).map_err(ClientError::Client)
 }
 
 fn key_of(kind: Kind, meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> ObjectKey {

@@ -131,11 +131,6 @@ impl ManifestSource {
         Self { dir: dir.into(), view: ClusterView::default(), origins: BTreeMap::new(), parsed: BTreeMap::new() }
     }
 
-    /// The directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     /// The current view.
     pub fn view(&self) -> &ClusterView {
         &self.view

@@ -91,11 +91,6 @@ impl Selector {
             Requirement::DoesNotExist(k) => !labels.contains_key(k),
         })
     }
-
-    /// Whether this selector matches everything.
-    pub fn is_everything(&self) -> bool {
-        self.requirements.is_empty()
-    }
 }
 
 fn values_of(r: &Requirement) -> impl Iterator<Item = &String> {
