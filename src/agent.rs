@@ -44,7 +44,7 @@ pub enum AgentError {
 /// Why the kernel does not match the desired state after a sync (retried at every
 /// wake).
 #[derive(Debug, thiserror::Error)]
-pub enum SyncError {
+pub(crate) enum SyncError {
     /// The nft transaction failed.
     #[error(transparent)]
     Nft(#[from] NftError),
@@ -197,7 +197,7 @@ pub fn render_manifests(dir: &std::path::Path, node: &NodeConfig) -> Result<Stri
 
 /// Compile and sync once: netlink state first (addresses, rules, routes), then the nft
 /// table; returns the statuses with kernel failures folded in.
-pub async fn apply_once<B: NftBackend>(
+pub(crate) async fn apply_once<B: NftBackend>(
     view: &ClusterView,
     node: &NodeConfig,
     dns: &DnsAnswers,
@@ -396,7 +396,7 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
     }
 
     /// The source changed: follow its DNS names. Returns whether it must be applied.
-    pub fn on_change(&mut self, changed: bool) -> bool {
+    pub(crate) fn on_change(&mut self, changed: bool) -> bool {
         if changed {
             self.names = dns_names(self.source.view());
             if let Some(d) = &self.dns {
@@ -452,7 +452,7 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
 
     /// Restart the kernel timeouts of the names a DNS round attempted, where half the
     /// grace is used up (a failing server keeps the last good addresses alive).
-    pub fn refresh_dns(&mut self, attempted: Vec<String>) {
+    pub(crate) fn refresh_dns(&mut self, attempted: Vec<String>) {
         let now = tokio::time::Instant::now();
         let every = self.config.node.dns_grace / 2;
         let stale: Vec<String> = attempted
@@ -485,17 +485,20 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
     }
 
     /// What was last applied.
-    pub fn desired(&self) -> &Desired {
+    #[cfg(test)]
+    fn desired(&self) -> &Desired {
         &self.desired
     }
 
     /// How the last sync went.
-    pub fn last_result(&self) -> &Result<SyncKind, SyncError> {
+    #[cfg(test)]
+    fn last_result(&self) -> &Result<SyncKind, SyncError> {
         &self.last_result
     }
 
     /// The nft syncer (tests read the recording backend).
-    pub fn syncer(&self) -> &NftSyncer<B> {
+    #[cfg(test)]
+    fn syncer(&self) -> &NftSyncer<B> {
         &self.syncer
     }
 

@@ -39,7 +39,7 @@ pub struct Leadership(Arc<Mutex<Option<Instant>>>);
 
 impl Leadership {
     /// Whether this agent holds the lease now.
-    pub fn is_leader(&self) -> bool {
+    pub(crate) fn is_leader(&self) -> bool {
         self.0.lock().map(|u| u.is_some_and(|until| Instant::now() < until)).unwrap_or(false)
     }
 
@@ -78,7 +78,7 @@ pub struct Observed {
 
 /// What to do after reading the lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// Another agent holds a lease that is still valid: wait.
     Wait,
     /// Write the lease as ours (renewal, or take-over when `take_over`).
@@ -89,7 +89,13 @@ pub enum Decision {
 }
 
 /// Decide from the stored lease spec, what was observed before, and the local clock.
-pub fn decide(spec: &LeaseSpec, identity: &str, observed: &mut Observed, now: Instant, duration: Duration) -> Decision {
+pub(crate) fn decide(
+    spec: &LeaseSpec,
+    identity: &str,
+    observed: &mut Observed,
+    now: Instant,
+    duration: Duration,
+) -> Decision {
     let holder = spec.holder_identity.clone().unwrap_or_default();
     if holder == identity {
         *observed = Observed::default();

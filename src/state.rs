@@ -15,10 +15,10 @@ use crate::view::last_good::{FORMAT, LastGood};
 /// The status file.
 pub const STATUS_FILE: &str = "status";
 /// The last good versions of invalid objects.
-pub const LAST_GOOD_FILE: &str = "last-good.json";
+pub(crate) const LAST_GOOD_FILE: &str = "last-good.json";
 
 /// Write `dir/name` privately and atomically (see the module docs).
-pub fn write_private(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_private(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
     let tmp = dir.join(format!(".{name}.tmp"));
     // A left-over temporary file (or anything planted there) goes first; unlink never
@@ -40,7 +40,7 @@ pub fn write_private(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()
 }
 
 /// Read `dir/name` without following a symlink; `Ok(None)` when it does not exist.
-pub fn read_private(dir: &Path, name: &str) -> std::io::Result<Option<Vec<u8>>> {
+pub(crate) fn read_private(dir: &Path, name: &str) -> std::io::Result<Option<Vec<u8>>> {
     let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(dir.join(name));
     let mut file = match file {
         Ok(f) => f,
@@ -54,7 +54,7 @@ pub fn read_private(dir: &Path, name: &str) -> std::io::Result<Option<Vec<u8>>> 
 
 /// A saved file that cannot be used.
 #[derive(Debug, thiserror::Error)]
-pub enum StateError {
+pub(crate) enum StateError {
     /// It cannot be read (a symlink, say).
     #[error("{path}: {source}")]
     Read {
@@ -86,7 +86,7 @@ pub enum StateError {
 /// The saved last good versions (none when there is no file). A file that cannot be
 /// read or parsed, or is of another format, is an error the caller logs; nothing is
 /// adopted from it.
-pub fn load_last_good(dir: &Path) -> Result<LastGood, StateError> {
+pub(crate) fn load_last_good(dir: &Path) -> Result<LastGood, StateError> {
     let path = dir.join(LAST_GOOD_FILE);
     let Some(bytes) =
         read_private(dir, LAST_GOOD_FILE).map_err(|source| StateError::Read { path: path.clone(), source })?
@@ -102,7 +102,7 @@ pub fn load_last_good(dir: &Path) -> Result<LastGood, StateError> {
 }
 
 /// Save the last good versions.
-pub fn save_last_good(dir: &Path, saved: &LastGood) -> std::io::Result<()> {
+pub(crate) fn save_last_good(dir: &Path, saved: &LastGood) -> std::io::Result<()> {
     let bytes = serde_json::to_vec_pretty(saved).map_err(std::io::Error::other)?;
     write_private(dir, LAST_GOOD_FILE, &bytes)
 }

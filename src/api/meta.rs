@@ -18,19 +18,19 @@ fn re(cell: &'static OnceLock<Regex>, pattern: &str) -> &'static Regex {
 }
 
 /// Whether `s` is a DNS-1123 subdomain (object names of custom resources, nodes).
-pub fn is_dns1123_subdomain(s: &str) -> bool {
+pub(crate) fn is_dns1123_subdomain(s: &str) -> bool {
     static R: OnceLock<Regex> = OnceLock::new();
     s.len() <= 253 && re(&R, DNS1123_SUBDOMAIN).is_match(s)
 }
 
 /// Whether `s` is a DNS-1123 label (namespace names).
-pub fn is_dns1123_label(s: &str) -> bool {
+pub(crate) fn is_dns1123_label(s: &str) -> bool {
     static R: OnceLock<Regex> = OnceLock::new();
     s.len() <= 63 && re(&R, DNS1123_LABEL).is_match(s)
 }
 
 /// Validate a label key (`[prefix/]name`). Returns the reason when invalid.
-pub fn label_key_error(key: &str) -> Option<String> {
+pub(crate) fn label_key_error(key: &str) -> Option<String> {
     static R: OnceLock<Regex> = OnceLock::new();
     let (prefix, name) = match key.rsplit_once('/') {
         Some((p, n)) => (Some(p), n),
@@ -51,7 +51,7 @@ pub fn label_key_error(key: &str) -> Option<String> {
 }
 
 /// Validate a label value. Returns the reason when invalid.
-pub fn label_value_error(value: &str) -> Option<String> {
+pub(crate) fn label_value_error(value: &str) -> Option<String> {
     static R: OnceLock<Regex> = OnceLock::new();
     if value.len() > 63 || !re(&R, LABEL_VALUE).is_match(value) {
         return Some(format!(

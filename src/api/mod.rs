@@ -30,7 +30,7 @@ pub enum Kind {
 
 impl Kind {
     /// The dynamic API resource (group, version, kind, plural) of this kind.
-    pub fn api_resource(self) -> kube::api::ApiResource {
+    pub(crate) fn api_resource(self) -> kube::api::ApiResource {
         let gvk = kube::api::GroupVersionKind::gvk(self.group(), "v1", self.as_str());
         kube::api::ApiResource::from_gvk_with_plural(&gvk, self.plural())
     }
@@ -58,7 +58,7 @@ impl Kind {
     }
 
     /// The `apiVersion` egressd reads.
-    pub fn api_version(self) -> &'static str {
+    pub(crate) fn api_version(self) -> &'static str {
         match self {
             Kind::EgressFirewall | Kind::EgressIP | Kind::EgressQoS => "k8s.ovn.org/v1",
             Kind::CloudPrivateIPConfig => "cloud.network.openshift.io/v1",
@@ -67,7 +67,7 @@ impl Kind {
     }
 
     /// The resource's plural name.
-    pub fn plural(self) -> &'static str {
+    pub(crate) fn plural(self) -> &'static str {
         match self {
             Kind::EgressFirewall => "egressfirewalls",
             Kind::EgressIP => "egressips",
@@ -80,17 +80,17 @@ impl Kind {
     }
 
     /// Whether objects of this kind live in a namespace.
-    pub fn namespaced(self) -> bool {
+    pub(crate) fn namespaced(self) -> bool {
         matches!(self, Kind::EgressFirewall | Kind::EgressQoS | Kind::Pod)
     }
 
     /// Whether this is one of the four custom resources (validated against a CRD).
-    pub fn is_custom(self) -> bool {
+    pub(crate) fn is_custom(self) -> bool {
         matches!(self, Kind::EgressFirewall | Kind::EgressIP | Kind::EgressQoS | Kind::CloudPrivateIPConfig)
     }
 
     /// Look a kind up by `apiVersion` and `kind`.
-    pub fn from_type(api_version: &str, kind: &str) -> Option<Kind> {
+    pub(crate) fn from_type(api_version: &str, kind: &str) -> Option<Kind> {
         [
             Kind::EgressFirewall,
             Kind::EgressIP,

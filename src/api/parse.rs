@@ -79,7 +79,7 @@ pub struct ParseError {
 
 /// The annotation only ovnkube-cluster-manager may set (ValidatingAdmissionPolicy
 /// `egressip-mark-annotation-validation`, installed by the helm chart and by OpenShift).
-pub const EGRESSIP_MARK_ANNOTATION: &str = "k8s.ovn.org/egressip-mark";
+pub(crate) const EGRESSIP_MARK_ANNOTATION: &str = "k8s.ovn.org/egressip-mark";
 
 /// Decode one document. `default_namespace` fills a missing namespace of namespaced
 /// kinds (as `kubectl apply` does). With `as_created_by_user`, the admission policies

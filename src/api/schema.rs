@@ -23,7 +23,7 @@ use serde_json::Value;
 
 /// One schema violation, with the JSON path of the offending field.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SchemaViolation {
+pub(crate) struct SchemaViolation {
     /// Path in apiserver notation: `spec.egress[0].ports[1].port`.
     pub path: String,
     /// The full message, path included.
@@ -38,7 +38,7 @@ impl std::fmt::Display for SchemaViolation {
 
 /// Validate `value` against `schema` (an `openAPIV3Schema` node). Returns every violation
 /// found, in document order.
-pub fn validate(schema: &Value, value: &Value) -> Vec<SchemaViolation> {
+pub(crate) fn validate(schema: &Value, value: &Value) -> Vec<SchemaViolation> {
     let mut out = Vec::new();
     check(schema, value, "", &mut out);
     out
@@ -100,7 +100,7 @@ fn format_ok(format: &str, s: &str) -> bool {
 
 /// Parse a CIDR the way Go's `net.ParseCIDR` does: an address, a slash and a decimal
 /// prefix length within the family's range. Host bits may be set.
-pub fn parse_go_cidr(s: &str) -> Option<(IpAddr, u8)> {
+pub(crate) fn parse_go_cidr(s: &str) -> Option<(IpAddr, u8)> {
     let (addr, len) = s.split_once('/')?;
     if len.is_empty() || len.len() > 3 || !len.bytes().all(|b| b.is_ascii_digit()) {
         return None;

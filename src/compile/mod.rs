@@ -93,14 +93,14 @@ impl NodeConfig {
     }
 
     /// Whether `pod` runs on this node (`spec.nodeName`).
-    pub fn is_local(&self, pod: &PodInfo) -> bool {
+    pub(crate) fn is_local(&self, pod: &PodInfo) -> bool {
         pod.node.as_deref() == Some(self.node_name.as_str())
     }
 
     /// The cluster and Service ranges, host bits cleared, overlaps merged (the kernel
     /// rejects overlapping interval elements): destinations never filtered, steered or
     /// learned from DNS.
-    pub fn exempt_ranges(&self) -> Vec<IpNet> {
+    pub(crate) fn exempt_ranges(&self) -> Vec<IpNet> {
         let all: Vec<IpNet> = self.cluster_cidrs.iter().chain(&self.service_cidrs).map(IpNet::trunc).collect();
         IpNet::aggregate(&all)
     }
@@ -200,7 +200,7 @@ pub fn compile_cached(
 }
 
 /// Render statuses as text, one object per line (`egressd render` / `egressd status`).
-pub fn render_statuses(statuses: &[ObjectStatus]) -> String {
+pub(crate) fn render_statuses(statuses: &[ObjectStatus]) -> String {
     let mut out = String::new();
     for s in statuses {
         out.push_str(&format!("{}\t{}\t{}\n", s.key, s.state(), s.message()));

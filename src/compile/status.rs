@@ -65,13 +65,13 @@ impl ObjectStatus {
     }
 
     /// With warnings.
-    pub fn with_warnings(mut self, warnings: Vec<String>) -> Self {
+    pub(crate) fn with_warnings(mut self, warnings: Vec<String>) -> Self {
         self.warnings = warnings;
         self
     }
 
     /// With a detail.
-    pub fn with_detail(mut self, detail: String) -> Self {
+    pub(crate) fn with_detail(mut self, detail: String) -> Self {
         self.detail = Some(detail);
         self
     }
@@ -123,7 +123,7 @@ impl ObjectStatus {
     }
 
     /// The condition this node writes, for kinds that report conditions (EgressQoS).
-    pub fn condition(&self) -> Option<StatusCondition> {
+    pub(crate) fn condition(&self) -> Option<StatusCondition> {
         if self.key.kind != Kind::EgressQoS {
             return None;
         }

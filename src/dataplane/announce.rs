@@ -17,7 +17,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 const ETH_P_ARP: u16 = 0x0806;
 
 /// The MAC address of a link, from sysfs.
-pub fn link_mac(link_name: &str) -> io::Result<[u8; 6]> {
+pub(crate) fn link_mac(link_name: &str) -> io::Result<[u8; 6]> {
     let text = std::fs::read_to_string(format!("/sys/class/net/{link_name}/address"))?;
     let mut mac = [0u8; 6];
     let parts: Vec<&str> = text.trim().split(':').collect();
@@ -31,7 +31,7 @@ pub fn link_mac(link_name: &str) -> io::Result<[u8; 6]> {
 }
 
 /// The gratuitous ARP request frame for `ip` from `mac`.
-pub fn garp_frame(ip: Ipv4Addr, mac: [u8; 6]) -> Vec<u8> {
+pub(crate) fn garp_frame(ip: Ipv4Addr, mac: [u8; 6]) -> Vec<u8> {
     let mut f = Vec::with_capacity(42);
     f.extend_from_slice(&[0xff; 6]); // destination: broadcast
     f.extend_from_slice(&mac);
@@ -45,7 +45,7 @@ pub fn garp_frame(ip: Ipv4Addr, mac: [u8; 6]) -> Vec<u8> {
 }
 
 /// The ICMPv6 neighbour advertisement for `ip` from `mac` (Override set, Solicited not).
-pub fn unsolicited_na(ip: Ipv6Addr, mac: [u8; 6]) -> Vec<u8> {
+pub(crate) fn unsolicited_na(ip: Ipv6Addr, mac: [u8; 6]) -> Vec<u8> {
     let mut p = Vec::with_capacity(32);
     p.extend_from_slice(&[136, 0, 0, 0]); // type, code, checksum (kernel)
     p.extend_from_slice(&[0x20, 0, 0, 0]); // flags: Override
@@ -90,7 +90,7 @@ fn send_na(ip: Ipv6Addr, ifindex: u32, link_name: &str, mac: [u8; 6]) -> io::Res
 }
 
 /// Announce `ip` once on the link.
-pub fn announce(ip: IpAddr, ifindex: u32, link_name: &str) -> io::Result<()> {
+pub(crate) fn announce(ip: IpAddr, ifindex: u32, link_name: &str) -> io::Result<()> {
     let mac = link_mac(link_name)?;
     match ip {
         IpAddr::V4(v4) => send_garp(v4, ifindex, mac),
@@ -100,7 +100,7 @@ pub fn announce(ip: IpAddr, ifindex: u32, link_name: &str) -> io::Result<()> {
 
 /// Announce `ip` three times over two seconds (neighbours ignore repeats within their
 /// lock time, one second by default on Linux), in the background.
-pub fn announce_repeatedly(ip: IpAddr, ifindex: u32, link_name: String) {
+pub(crate) fn announce_repeatedly(ip: IpAddr, ifindex: u32, link_name: String) {
     let span = tracing::info_span!("announce", %ip);
     let task = async move {
         for i in 0..3 {

@@ -85,7 +85,7 @@ pub fn count(ip: IpAddr) -> io::Result<usize> {
 }
 
 /// Delete every conntrack entry whose replies go to `ip`; returns how many.
-pub fn forget(ip: IpAddr) -> io::Result<usize> {
+pub(crate) fn forget(ip: IpAddr) -> io::Result<usize> {
     let socket = open()?;
     let originals = originals(&socket, ip)?;
     let count = originals.len();

@@ -22,7 +22,7 @@ use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 
 /// One element to add: set name, address, timeout.
-pub type Element = (String, IpAddr, Duration);
+pub(crate) type Element = (String, IpAddr, Duration);
 
 /// A netlink socket to nf_tables for element additions.
 pub struct ElementWriter {
@@ -93,7 +93,7 @@ impl ElementWriter {
 
     /// The elements of `set` with the time each has left (empty when the set does not
     /// exist): what a previous run learned, read back before the table is replaced.
-    pub fn dump(&mut self, set: &str) -> io::Result<Vec<(IpAddr, Duration)>> {
+    pub(crate) fn dump(&mut self, set: &str) -> io::Result<Vec<(IpAddr, Duration)>> {
         let msg = NfTablesMessage::GetSetElement(SetElementMessage {
             attributes: vec![SetElementList::Table(self.table.clone()), SetElementList::Set(set.to_string())],
         });

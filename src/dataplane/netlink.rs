@@ -40,7 +40,7 @@ fn err(action: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetError {
 
 /// The owned state found in the kernel.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NetState {
+pub(crate) struct NetState {
     /// Owned addresses → (link index, prefix length).
     pub addresses: BTreeMap<IpAddr, (u32, u8)>,
     /// Owned default routes: (table, IPv6) → next hops.
@@ -158,7 +158,7 @@ impl Netlink {
     }
 
     /// egressd's state in the kernel.
-    pub async fn owned(&self) -> Result<NetState, NetError> {
+    pub(crate) async fn owned(&self) -> Result<NetState, NetError> {
         let mut state = NetState::default();
         let mut stream = self.handle.address().get().execute();
         while let Some(msg) = stream.try_next().await.map_err(err("listing addresses"))? {
@@ -216,7 +216,7 @@ impl Netlink {
     /// [`Netlink::sync`] unless the last successful sync already established `desired`:
     /// every apply calls this, and most applies (pod churn) change no netlink state. Drift
     /// is found by the periodic [`Netlink::sync`].
-    pub async fn sync_if_changed(&self, desired: &NetDesired) -> Result<NetChanges, NetError> {
+    pub(crate) async fn sync_if_changed(&self, desired: &NetDesired) -> Result<NetChanges, NetError> {
         if self.synced.lock().is_ok_and(|s| s.as_ref() == Some(desired)) {
             return Ok(NetChanges::default());
         }

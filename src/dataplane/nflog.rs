@@ -31,7 +31,7 @@ type Learned = HashMap<(String, IpAddr), Instant>;
 
 /// The running listener.
 #[derive(Clone)]
-pub struct SnoopHandle {
+pub(crate) struct SnoopHandle {
     targets: Arc<RwLock<Arc<SnoopTargets>>>,
     learned: Arc<Mutex<Learned>>,
     table: String,
@@ -76,7 +76,7 @@ fn bind(group: u16) -> std::io::Result<Socket> {
 
 impl SnoopHandle {
     /// Bind NFLOG `group` and start the listener thread for the `inet` table `table`.
-    pub fn start(group: u16, table: &str, telemetry: Arc<crate::telemetry::Telemetry>) -> std::io::Result<Self> {
+    pub(crate) fn start(group: u16, table: &str, telemetry: Arc<crate::telemetry::Telemetry>) -> std::io::Result<Self> {
         let socket = bind(group)?;
         let writer = ElementWriter::open(table)?;
         let handle = Self {
@@ -93,7 +93,7 @@ impl SnoopHandle {
     }
 
     /// Replace what answers are matched against (after each compile).
-    pub fn update(&self, targets: SnoopTargets) {
+    pub(crate) fn update(&self, targets: SnoopTargets) {
         if let Ok(mut t) = self.targets.write()
             && **t != targets
         {
@@ -103,7 +103,7 @@ impl SnoopHandle {
 
     /// Read back what a previous run learned into `sets` (before the first full sync
     /// replaces the table), so [`SnoopHandle::reinstall`] puts it back; returns how many.
-    pub fn recover(&self, sets: &[String]) -> std::io::Result<usize> {
+    pub(crate) fn recover(&self, sets: &[String]) -> std::io::Result<usize> {
         let mut writer = ElementWriter::open(&self.table)?;
         let now = Instant::now();
         let mut n = 0;
@@ -119,7 +119,7 @@ impl SnoopHandle {
 
     /// Put every learned element that has not expired back (after a full table replace,
     /// which empties the sets); elements of sets that no longer exist are forgotten.
-    pub fn reinstall(&self, sets: &std::collections::BTreeSet<String>) -> std::io::Result<usize> {
+    pub(crate) fn reinstall(&self, sets: &std::collections::BTreeSet<String>) -> std::io::Result<usize> {
         let now = Instant::now();
         let elements: Vec<Element> = {
             let Ok(mut learned) = self.learned.lock() else { return Ok(0) };

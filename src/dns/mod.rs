@@ -22,24 +22,24 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 /// Shortest interval between two resolutions of one name.
-pub const FLOOR: Duration = Duration::from_secs(5);
+pub(crate) const FLOOR: Duration = Duration::from_secs(5);
 /// Longest TTL egressd honours (1 day): a longer one is cut to this, so an answer never
 /// pins an address for years and the kernel timeout (TTL + grace) always fits nft's range.
-pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 /// How long an answer with `ttl` stays valid for egressd: [`FLOOR`] ..= [`MAX_TTL`].
-pub fn effective_ttl(ttl: Duration) -> Duration {
+pub(crate) fn effective_ttl(ttl: Duration) -> Duration {
     ttl.clamp(FLOOR, MAX_TTL)
 }
 
 /// The kernel timeout of a DNS address: its effective TTL plus the grace.
-pub fn element_timeout(ttl: Duration, grace: Duration) -> Duration {
+pub(crate) fn element_timeout(ttl: Duration, grace: Duration) -> Duration {
     effective_ttl(ttl).saturating_add(grace)
 }
 
 /// Failures retried at [`FLOOR`] before backing off.
-pub const FAST_RETRIES: u32 = 10;
+pub(crate) const FAST_RETRIES: u32 = 10;
 /// Longest retry interval after repeated failures.
-pub const MAX_BACKOFF: Duration = Duration::from_secs(120);
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(120);
 
 /// The addresses of one name and how long they are valid.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -55,7 +55,7 @@ pub type DnsAnswers = BTreeMap<String, Resolved>;
 
 /// One name's state.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NameState {
+pub(crate) struct NameState {
     /// Last good answer, if any yet.
     pub last: Option<Resolved>,
     /// When to resolve next.
@@ -68,7 +68,7 @@ pub struct NameState {
 
 /// Which names to resolve when.
 #[derive(Debug, Default)]
-pub struct DnsTracker {
+pub(crate) struct DnsTracker {
     names: BTreeMap<String, NameState>,
 }
 
@@ -84,12 +84,12 @@ pub fn backoff(failures: u32) -> Duration {
 
 impl DnsTracker {
     /// An empty tracker.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Track exactly `names`: new ones are due at once, dropped ones are forgotten.
-    pub fn set_names(&mut self, names: &BTreeSet<String>, now: Instant) {
+    pub(crate) fn set_names(&mut self, names: &BTreeSet<String>, now: Instant) {
         self.names.retain(|n, _| names.contains(n));
         for n in names {
             self.names.entry(n.clone()).or_insert(NameState { last: None, next: now, failures: 0, last_error: None });
@@ -97,17 +97,17 @@ impl DnsTracker {
     }
 
     /// Names due for resolution at `now`.
-    pub fn due(&self, now: Instant) -> Vec<String> {
+    pub(crate) fn due(&self, now: Instant) -> Vec<String> {
         self.names.iter().filter(|(_, s)| s.next <= now).map(|(n, _)| n.clone()).collect()
     }
 
     /// When the next name falls due.
-    pub fn next_due(&self) -> Option<Instant> {
+    pub(crate) fn next_due(&self) -> Option<Instant> {
         self.names.values().map(|s| s.next).min()
     }
 
     /// Record a resolution. Returns whether the name's addresses changed.
-    pub fn record(&mut self, name: &str, result: Result<Resolved, String>, now: Instant) -> bool {
+    pub(crate) fn record(&mut self, name: &str, result: Result<Resolved, String>, now: Instant) -> bool {
         let Some(state) = self.names.get_mut(name) else { return false };
         match result {
             Ok(resolved) => {
@@ -128,23 +128,18 @@ impl DnsTracker {
     }
 
     /// The state of one name.
-    pub fn state(&self, name: &str) -> Option<&NameState> {
+    pub(crate) fn state(&self, name: &str) -> Option<&NameState> {
         self.names.get(name)
     }
 
     /// Number of names tracked.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.names.len()
-    }
-
-    /// Whether no name is tracked.
-    pub fn is_empty(&self) -> bool {
-        self.names.is_empty()
     }
 
     /// Every name with a good answer, and its addresses (the last good ones while the
     /// server fails).
-    pub fn answers(&self) -> DnsAnswers {
+    pub(crate) fn answers(&self) -> DnsAnswers {
         self.names.iter().filter_map(|(n, s)| s.last.clone().map(|r| (n.clone(), r))).collect()
     }
 }

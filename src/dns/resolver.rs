@@ -18,7 +18,7 @@ use super::Resolved;
 
 /// Resolver set-up failures.
 #[derive(Debug, thiserror::Error)]
-pub enum ResolverError {
+pub(crate) enum ResolverError {
     /// resolv.conf could not be read and no `--dns-server` was given.
     #[error("cannot read the system resolver configuration (give --dns-server): {0}")]
     SystemConfig(String),
@@ -30,7 +30,7 @@ pub enum ResolverError {
 /// A name that got no answer (an authoritative "no such name" is an answer, not this).
 #[derive(Debug, thiserror::Error)]
 #[error("{record_type} {name}: {source}")]
-pub struct ResolveError {
+pub(crate) struct ResolveError {
     /// The record type asked for.
     pub record_type: RecordType,
     /// The name.
@@ -51,7 +51,7 @@ pub struct Families {
 
 /// A DNS resolver for rule names.
 #[derive(Clone)]
-pub struct DnsResolver {
+pub(crate) struct DnsResolver {
     inner: TokioResolver,
 }
 
@@ -64,7 +64,7 @@ impl std::fmt::Debug for DnsResolver {
 impl DnsResolver {
     /// Use `servers` (UDP, falling back to TCP), or the name servers of
     /// `/etc/resolv.conf` when empty. `timeout` bounds each query.
-    pub fn new(servers: &[IpAddr], timeout: Duration) -> Result<Self, ResolverError> {
+    pub(crate) fn new(servers: &[IpAddr], timeout: Duration) -> Result<Self, ResolverError> {
         let name_servers: Vec<NameServerConfig> = if servers.is_empty() {
             let (config, _) = hickory_resolver::system_conf::read_system_conf()
                 .map_err(|e| ResolverError::SystemConfig(e.to_string()))?;
@@ -89,7 +89,7 @@ impl DnsResolver {
     /// Resolve `name` (absolute, e.g. `www.example.com.`) for the given families. An
     /// authoritative "no such name" or "no records" is `Ok` with no addresses and the
     /// negative TTL; anything else that is not an answer is `Err`.
-    pub async fn resolve(&self, name: &str, families: Families) -> Result<Resolved, ResolveError> {
+    pub(crate) async fn resolve(&self, name: &str, families: Families) -> Result<Resolved, ResolveError> {
         let mut addresses = BTreeSet::new();
         let mut ttl: Option<u32> = None;
         let kinds = [(families.v4, RecordType::A), (families.v6, RecordType::AAAA)];

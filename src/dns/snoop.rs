@@ -29,9 +29,9 @@ use hickory_proto::op::{Message, MessageType};
 use hickory_proto::rr::{RData, RecordType};
 
 /// How long a query waits for its answer.
-pub const QUERY_LIFETIME: Duration = Duration::from_secs(30);
+pub(crate) const QUERY_LIFETIME: Duration = Duration::from_secs(30);
 /// At most this many queries wait at once (the oldest are dropped beyond it).
-pub const MAX_PENDING: usize = 65_536;
+pub(crate) const MAX_PENDING: usize = 65_536;
 
 /// A transport header and payload of a copied packet.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,13 +14,13 @@ pub struct SnoopSettings {
 }
 
 /// The prefixes of the copies.
-pub const PREFIX_QUERY: &str = "dns-q";
+pub(crate) const PREFIX_QUERY: &str = "dns-q";
 /// Answers from a trusted server.
-pub const PREFIX_ANSWER: &str = "dns-a";
+pub(crate) const PREFIX_ANSWER: &str = "dns-a";
 /// Answers from any other server.
-pub const PREFIX_UNTRUSTED: &str = "dns-u";
+pub(crate) const PREFIX_UNTRUSTED: &str = "dns-u";
 /// Answer-shaped packets outside any flow a pod opened.
-pub const PREFIX_UNTRACKED: &str = "dns-x";
+pub(crate) const PREFIX_UNTRACKED: &str = "dns-x";
 
 /// One `dnsName` of a namespace, as the snooping listener matches it.
 #[derive(Debug, Clone, PartialEq, Eq)]

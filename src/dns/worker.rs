@@ -23,7 +23,7 @@ const DNS_BATCH_WINDOW: Duration = Duration::from_secs(1);
 
 /// One finished round of resolutions.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DnsRound {
+pub(crate) struct DnsRound {
     /// Whether any name's addresses changed (the view must be recompiled).
     pub changed: bool,
     /// The names attempted (their kernel timeouts can be refreshed).
@@ -32,7 +32,7 @@ pub struct DnsRound {
 
 /// The agent's handle on the background resolver.
 #[derive(Debug)]
-pub struct DnsWorker {
+pub(crate) struct DnsWorker {
     tracker: Arc<Mutex<DnsTracker>>,
     names: watch::Sender<BTreeSet<String>>,
     rounds: mpsc::Receiver<DnsRound>,
@@ -40,7 +40,7 @@ pub struct DnsWorker {
 
 impl DnsWorker {
     /// Start resolving `names` (more with [`DnsWorker::set_names`]) on the current runtime.
-    pub fn start(
+    pub(crate) fn start(
         resolver: DnsResolver,
         families: Families,
         names: BTreeSet<String>,
@@ -58,7 +58,7 @@ impl DnsWorker {
     }
 
     /// Track exactly `names` (new ones are resolved at once).
-    pub fn set_names(&self, names: &BTreeSet<String>) {
+    pub(crate) fn set_names(&self, names: &BTreeSet<String>) {
         self.names.send_if_modified(|current| {
             if current == names {
                 false
@@ -70,7 +70,7 @@ impl DnsWorker {
     }
 
     /// The next finished round (pending forever once the task is gone).
-    pub async fn next_round(&mut self) -> DnsRound {
+    pub(crate) async fn next_round(&mut self) -> DnsRound {
         match self.rounds.recv().await {
             Some(r) => r,
             None => std::future::pending().await,
@@ -79,12 +79,12 @@ impl DnsWorker {
 
     /// Wait at most `limit` for the first round (start-up: names that answer quickly are
     /// in the first table; a slow or unreachable server delays it by `limit` at most).
-    pub async fn first_round(&mut self, limit: Duration) -> Option<DnsRound> {
+    pub(crate) async fn first_round(&mut self, limit: Duration) -> Option<DnsRound> {
         tokio::time::timeout(limit, self.next_round()).await.ok()
     }
 
     /// Read the tracker (answers, per-name state).
-    pub fn with_tracker<T>(&self, f: impl FnOnce(&DnsTracker) -> T) -> T {
+    pub(crate) fn with_tracker<T>(&self, f: impl FnOnce(&DnsTracker) -> T) -> T {
         match self.tracker.lock() {
             Ok(t) => f(&t),
             Err(poisoned) => f(&poisoned.into_inner()),
@@ -92,7 +92,7 @@ impl DnsWorker {
     }
 
     /// The current answers.
-    pub fn answers(&self) -> DnsAnswers {
+    pub(crate) fn answers(&self) -> DnsAnswers {
         self.with_tracker(DnsTracker::answers)
     }
 }

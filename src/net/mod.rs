@@ -50,7 +50,7 @@ pub const MIN_TABLE_BASE: u32 = 255;
 pub const MAX_TABLE_BASE: u32 = u32::MAX - 256;
 /// Packet-mark bits kube-proxy uses (0x4000 masquerade, 0x8000 drop); egressd's mask
 /// must not touch them.
-pub const KUBE_PROXY_MARKS: u32 = 0x0000_c000;
+pub(crate) const KUBE_PROXY_MARKS: u32 = 0x0000_c000;
 
 impl EgressSettings {
     /// Check a mark mask: non-zero, contiguous (the mark values are counted inside it)
@@ -77,13 +77,13 @@ impl EgressSettings {
     }
 
     /// How many distinct mark values the mask and table range allow.
-    pub fn capacity(&self) -> u32 {
+    pub(crate) fn capacity(&self) -> u32 {
         let values = self.mark_mask.checked_shr(self.mark_mask.trailing_zeros()).unwrap_or(0);
         values.min(self.tables)
     }
 
     /// Whether `table` is in egressd's range.
-    pub fn owns_table(&self, table: u32) -> bool {
+    pub(crate) fn owns_table(&self, table: u32) -> bool {
         table > self.table_base && table <= self.table_base.saturating_add(self.tables)
     }
 }
@@ -115,7 +115,7 @@ pub struct HostLinks {
 impl HostLinks {
     /// The up link whose subnet contains `ip`, longest prefix first; host routes
     /// (/32, /128) and IPv6 link-local subnets never count.
-    pub fn link_for(&self, ip: IpAddr) -> Option<&HostLink> {
+    pub(crate) fn link_for(&self, ip: IpAddr) -> Option<&HostLink> {
         let mut best: Option<(u8, &HostLink)> = None;
         for link in self.links.iter().filter(|l| l.up) {
             for net in &link.addrs {

@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 pub use diff::diff;
 
 /// The address family of the table: `inet` covers IPv4 and IPv6 in one table.
-pub const FAMILY: &str = "inet";
+pub(crate) const FAMILY: &str = "inet";
 
 /// The key type of a set or map.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,12 +58,12 @@ impl Set {
     }
 
     /// An empty set whose elements time out.
-    pub fn with_timeout(key: KeyType) -> Self {
+    pub(crate) fn with_timeout(key: KeyType) -> Self {
         Self { key, verdict_map: false, interval: false, timeout: true, elements: BTreeMap::new() }
     }
 
     /// An empty verdict map.
-    pub fn verdict_map(key: KeyType) -> Self {
+    pub(crate) fn verdict_map(key: KeyType) -> Self {
         Self { key, verdict_map: true, interval: false, timeout: false, elements: BTreeMap::new() }
     }
 
@@ -113,7 +113,7 @@ pub struct Chain {
 
 impl Chain {
     /// A regular chain with `rules`.
-    pub fn regular(rules: Vec<String>) -> Self {
+    pub(crate) fn regular(rules: Vec<String>) -> Self {
         Self { hook: None, rules: std::sync::Arc::new(rules) }
     }
 
@@ -141,12 +141,12 @@ impl Table {
     }
 
     /// Number of rules in all chains.
-    pub fn rule_count(&self) -> usize {
+    pub(crate) fn rule_count(&self) -> usize {
         self.chains.values().map(|c| c.rules.len()).sum()
     }
 
     /// Number of elements in all sets and maps.
-    pub fn element_count(&self) -> usize {
+    pub(crate) fn element_count(&self) -> usize {
         self.sets.values().map(|s| s.elements.len()).sum()
     }
 
@@ -157,7 +157,7 @@ impl Table {
 
     /// A script that atomically replaces whatever table of this name exists with this
     /// one (`add` makes the `delete` safe when none exists).
-    pub fn replace_script(&self) -> String {
+    pub(crate) fn replace_script(&self) -> String {
         format!("add table {FAMILY} {name}\ndelete table {FAMILY} {name}\n{}", self.render(), name = self.name)
     }
 
@@ -165,7 +165,7 @@ impl Table {
     /// their kernel timeouts (re-adding an existing element updates its timeout). Sets
     /// that do not exist, have no timeout or no elements are skipped; empty when none is
     /// left.
-    pub fn refresh_script(&self, sets: &[String]) -> String {
+    pub(crate) fn refresh_script(&self, sets: &[String]) -> String {
         let mut script = String::new();
         for name in sets {
             let Some(set) = self.sets.get(name).filter(|s| s.timeout && !s.elements.is_empty()) else {
@@ -181,14 +181,14 @@ impl Table {
     }
 
     /// A script that removes the table if it exists.
-    pub fn delete_script(name: &str) -> String {
+    pub(crate) fn delete_script(name: &str) -> String {
         format!("add table {FAMILY} {name}\ndelete table {FAMILY} {name}\n")
     }
 }
 
 /// A readable, nft-safe chain or set name `prefix-<id>` when `id` is a DNS label
 /// (namespace names are), else `prefix-h<hash>`.
-pub fn chain_name(prefix: &str, id: &str) -> String {
+pub(crate) fn chain_name(prefix: &str, id: &str) -> String {
     let readable = !id.is_empty()
         && id.len() <= 63
         && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
@@ -205,7 +205,7 @@ pub fn chain_name(prefix: &str, id: &str) -> String {
 
 /// A readable set name `prefix-<name>` for a DNS name (lowercase letters, digits, `-`
 /// and `.` are valid in nft identifiers), else `prefix-h<hash>`.
-pub fn set_name(prefix: &str, name: &str) -> String {
+pub(crate) fn set_name(prefix: &str, name: &str) -> String {
     let readable = !name.is_empty()
         && name.len() <= 200
         && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')

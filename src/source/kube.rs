@@ -34,7 +34,7 @@ use crate::view::observed::{Observed, StatusBoard};
 
 /// What a watcher reports.
 #[derive(Debug)]
-pub enum KubeMsg {
+pub(crate) enum KubeMsg {
     /// A (re-)list of `kind` starts.
     Init(Kind),
     /// An object was added or changed (or listed, during a re-list).
@@ -56,7 +56,7 @@ pub enum KubeMsg {
 
 /// Why a watch failed, as far as it matters to the agent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WatchProblem {
+pub(crate) enum WatchProblem {
     /// 404: the kind is not served (its CRD is not installed). The kind is empty.
     Missing,
     /// 403: RBAC does not allow listing it. The kind is empty, and that is an error.
@@ -83,7 +83,7 @@ impl WatchProblem {
 }
 
 /// The kinds watched.
-pub const KINDS: [Kind; 7] = [
+pub(crate) const KINDS: [Kind; 7] = [
     Kind::Namespace,
     Kind::Node,
     Kind::Pod,
@@ -182,7 +182,7 @@ where
 }
 
 /// Start one watcher task per kind; messages arrive on the returned channel.
-pub fn start_watches(client: &Client) -> mpsc::Receiver<KubeMsg> {
+pub(crate) fn start_watches(client: &Client) -> mpsc::Receiver<KubeMsg> {
     let (tx, rx) = mpsc::channel(1024);
     spawn_watch(Kind::Namespace, Api::<Namespace>::all(client.clone()), tx.clone(), |o| KubeMsg::Apply {
         key: key_of(Kind::Namespace, &o.metadata),
@@ -208,7 +208,7 @@ pub fn start_watches(client: &Client) -> mpsc::Receiver<KubeMsg> {
 
 /// The view built from the watches.
 #[derive(Debug, Default)]
-pub struct KubeObjects {
+pub(crate) struct KubeObjects {
     view: ClusterView,
     /// Keys seen during a running re-list, per kind.
     relisting: BTreeMap<Kind, BTreeSet<ObjectKey>>,
@@ -321,23 +321,23 @@ impl super::ViewSource for KubeWatch {
 
 impl KubeObjects {
     /// An empty source.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// The view.
-    pub fn view(&self) -> &ClusterView {
+    pub(crate) fn view(&self) -> &ClusterView {
         &self.view
     }
 
     /// Whether every kind has been listed completely, or cannot be listed at all (then
     /// it counts as empty; the watch keeps retrying and picks it up when it appears).
-    pub fn synced(&self) -> bool {
+    pub(crate) fn synced(&self) -> bool {
         KINDS.iter().all(|k| self.synced.contains(k) || self.unavailable.contains_key(k))
     }
 
     /// Kinds that cannot be listed, with why.
-    pub fn unavailable(&self) -> &BTreeMap<Kind, (WatchProblem, String)> {
+    pub(crate) fn unavailable(&self) -> &BTreeMap<Kind, (WatchProblem, String)> {
         &self.unavailable
     }
 
@@ -349,12 +349,12 @@ impl KubeObjects {
     }
 
     /// The stored uids and statuses, for the status writer.
-    pub fn status_board(&self) -> StatusBoard {
+    pub(crate) fn status_board(&self) -> StatusBoard {
         self.board.clone()
     }
 
     /// Watch errors and rejected objects, for the status file.
-    pub fn problems(&self) -> Vec<String> {
+    pub(crate) fn problems(&self) -> Vec<String> {
         let mut out: Vec<String> = self.errors.iter().map(|(k, e)| format!("watch {k}: {e}")).collect();
         out.extend(self.unavailable.iter().map(|(k, (p, e))| format!("watch {k}: {}: {e}", unavailable_text(*p))));
         out.extend(self.rejected.iter().map(|(k, e)| format!("{k}: {e}")));
@@ -363,7 +363,7 @@ impl KubeObjects {
 
     /// Apply one message. Returns whether the view changed (a change of a stored status
     /// alone goes to the [`StatusBoard`] and is not a view change).
-    pub fn handle(&mut self, msg: KubeMsg) -> bool {
+    pub(crate) fn handle(&mut self, msg: KubeMsg) -> bool {
         match msg {
             KubeMsg::Init(kind) => {
                 self.relisting.insert(kind, BTreeSet::new());
@@ -455,7 +455,7 @@ impl KubeObjects {
 }
 
 /// How an unavailable kind is described (status file, log, readiness).
-pub fn unavailable_text(p: WatchProblem) -> &'static str {
+pub(crate) fn unavailable_text(p: WatchProblem) -> &'static str {
     match p {
         WatchProblem::Missing => "not served (CRD not installed?), treated as empty",
         WatchProblem::Forbidden => "forbidden by RBAC, treated as empty",

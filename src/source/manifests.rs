@@ -358,7 +358,7 @@ pub fn watch(
 }
 
 /// Log a load report: each bad document at warn level, ignored kinds at debug.
-pub fn log_report(report: &LoadReport) {
+pub(crate) fn log_report(report: &LoadReport) {
     for e in &report.errors {
         tracing::warn!(error = %e, "manifest rejected");
     }

@@ -8,7 +8,7 @@ use crate::compile::{Desired, NodeConfig, render_statuses};
 pub use crate::state::STATUS_FILE;
 
 /// The report: `sync` is how the last sync went (`Err` with the kernel's message).
-pub fn report(node: &NodeConfig, desired: &Desired, sync: &Result<(), String>, problems: &[String]) -> String {
+pub(crate) fn report(node: &NodeConfig, desired: &Desired, sync: &Result<(), String>, problems: &[String]) -> String {
     let outcome = match sync {
         Ok(()) => "dataplane in sync".to_string(),
         Err(e) => format!("dataplane NOT in sync: {e}"),

@@ -42,7 +42,7 @@ use crate::view::observed::{Observed, StatusBoard};
 
 /// One server-side apply of a status.
 #[derive(Debug, Clone, PartialEq)]
-pub struct StatusWrite {
+pub(crate) struct StatusWrite {
     /// The object.
     pub key: ObjectKey,
     /// The field manager.
@@ -73,7 +73,7 @@ impl KubeStatusWriter {
 }
 
 /// What the API stores, by object.
-pub type ObservedObjects = BTreeMap<ObjectKey, Observed>;
+pub(crate) type ObservedObjects = BTreeMap<ObjectKey, Observed>;
 
 fn stored<'a>(observed: &'a ObservedObjects, key: &ObjectKey) -> Option<&'a Value> {
     observed.get(key).and_then(|o| o.status.as_ref())
@@ -85,25 +85,25 @@ fn stored<'a>(observed: &'a ObservedObjects, key: &ObjectKey) -> Option<&'a Valu
 /// changing it — the echo of the write included — makes the writer look again, and it
 /// writes only what differs).
 #[derive(Debug, Default)]
-pub struct WriteLog {
+pub(crate) struct WriteLog {
     done: BTreeMap<(ObjectKey, String), (Observed, Value)>,
 }
 
 impl WriteLog {
     /// Whether `w` must be sent, given what is stored now.
-    pub fn needed(&self, w: &StatusWrite, observed: &ObservedObjects) -> bool {
+    pub(crate) fn needed(&self, w: &StatusWrite, observed: &ObservedObjects) -> bool {
         let now = observed.get(&w.key).cloned().unwrap_or_default();
         self.done.get(&(w.key.clone(), w.manager.clone())) != Some(&(now, w.status.clone()))
     }
 
     /// `w` was written while `observed` was stored.
-    pub fn record(&mut self, w: StatusWrite, observed: &ObservedObjects) {
+    pub(crate) fn record(&mut self, w: StatusWrite, observed: &ObservedObjects) {
         let now = observed.get(&w.key).cloned().unwrap_or_default();
         self.done.insert((w.key, w.manager), (now, w.status));
     }
 
     /// Forget objects that are gone.
-    pub fn retain_present(&mut self, observed: &ObservedObjects) {
+    pub(crate) fn retain_present(&mut self, observed: &ObservedObjects) {
         self.done.retain(|(k, _), _| observed.contains_key(k));
     }
 }
@@ -154,7 +154,7 @@ fn conditions(api_status: Option<&Value>) -> Vec<Value> {
 
 /// What this node writes: its own EgressFirewall message and EgressQoS condition, where
 /// the stored status differs.
-pub fn node_writes(node: &str, observed: &ObservedObjects, desired: &Desired, now: &str) -> Vec<StatusWrite> {
+pub(crate) fn node_writes(node: &str, observed: &ObservedObjects, desired: &Desired, now: &str) -> Vec<StatusWrite> {
     let mut out = Vec::new();
     for s in &desired.statuses {
         let stored = stored(observed, &s.key);
@@ -200,7 +200,7 @@ pub fn node_writes(node: &str, observed: &ObservedObjects, desired: &Desired, no
 }
 
 /// What the leader writes: aggregates and removal of deleted nodes' entries.
-pub fn leader_writes(view: &ClusterView, observed: &ObservedObjects) -> Vec<StatusWrite> {
+pub(crate) fn leader_writes(view: &ClusterView, observed: &ObservedObjects) -> Vec<StatusWrite> {
     let mut out = Vec::new();
     let ready: BTreeSet<&str> = view.nodes.iter().filter(|(_, n)| n.ready).map(|(n, _)| n.as_str()).collect();
     let exists = |n: &str| view.nodes.contains_key(n);

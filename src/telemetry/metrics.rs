@@ -153,7 +153,7 @@ impl Metrics {
     }
 
     /// Update the object gauges: (kind, valid, invalid) per kind.
-    pub fn observe_objects(&self, counts: &[(crate::api::Kind, usize, usize)]) {
+    pub(crate) fn observe_objects(&self, counts: &[(crate::api::Kind, usize, usize)]) {
         for (kind, valid, invalid) in counts {
             for (is_valid, n) in [(true, valid), (false, invalid)] {
                 if !is_valid && !kind.is_custom() {

@@ -21,7 +21,7 @@ pub struct Health {
 
 /// A kind the source cannot list (Kubernetes mode).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UnavailableKind {
+pub(crate) struct UnavailableKind {
     /// The kind.
     pub kind: String,
     /// Whether it keeps the agent from being ready (forbidden: yes; a CRD that is not
@@ -33,7 +33,7 @@ pub struct UnavailableKind {
 
 impl Health {
     /// Record that a sync succeeded (or failed).
-    pub fn set_synced(&self, ok: bool) {
+    pub(crate) fn set_synced(&self, ok: bool) {
         self.synced.store(ok, Ordering::SeqCst);
     }
 
@@ -45,14 +45,14 @@ impl Health {
     }
 
     /// Replace the kinds that cannot be listed.
-    pub fn set_unavailable_kinds(&self, kinds: Vec<UnavailableKind>) {
+    pub(crate) fn set_unavailable_kinds(&self, kinds: Vec<UnavailableKind>) {
         if let Ok(mut k) = self.kinds.lock() {
             *k = kinds;
         }
     }
 
     /// What does not block readiness but should be seen (kinds treated as empty).
-    pub fn notes(&self) -> Vec<String> {
+    pub(crate) fn notes(&self) -> Vec<String> {
         self.kinds
             .lock()
             .map(|k| k.iter().filter(|k| !k.blocking).map(|k| format!("{}: {}", k.kind, k.reason)).collect())
@@ -60,7 +60,7 @@ impl Health {
     }
 
     /// `Ok(())` when ready, else the named reasons.
-    pub fn readiness(&self) -> Result<(), Vec<String>> {
+    pub(crate) fn readiness(&self) -> Result<(), Vec<String>> {
         let mut reasons = Vec::new();
         if !self.synced.load(Ordering::SeqCst) {
             reasons.push("dataplane: no complete sync applied yet (or the last one failed)".to_string());

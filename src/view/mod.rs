@@ -71,7 +71,7 @@ impl PodInfo {
     }
 
     /// Extract the fields egressd uses from a Pod.
-    pub fn from_pod(pod: &Pod) -> Self {
+    pub(crate) fn from_pod(pod: &Pod) -> Self {
         let spec = pod.spec.as_ref();
         let status = pod.status.as_ref();
         let mut ips: Vec<IpAddr> = status
@@ -110,7 +110,7 @@ pub struct NodeInfo {
 
 impl NodeInfo {
     /// Extract the fields egressd uses from a Node.
-    pub fn from_node(node: &Node) -> Self {
+    pub(crate) fn from_node(node: &Node) -> Self {
         let status = node.status.as_ref();
         let mut addresses: Vec<IpAddr> = status
             .and_then(|s| s.addresses.as_ref())
@@ -132,7 +132,7 @@ impl NodeInfo {
 
 /// Two or more live pods claiming one IP.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IpClash {
+pub(crate) struct IpClash {
     /// The address.
     pub ip: IpAddr,
     /// The pod that keeps it (`namespace/name`).
@@ -300,7 +300,7 @@ impl ClusterView {
     }
 
     /// Objects per kind: (kind, valid, invalid). Core kinds are always valid.
-    pub fn object_counts(&self) -> Vec<(Kind, usize, usize)> {
+    pub(crate) fn object_counts(&self) -> Vec<(Kind, usize, usize)> {
         fn split<T>(entries: &BTreeMap<String, Entry<T>>) -> (usize, usize) {
             let invalid = entries.values().filter(|e| e.error.is_some()).count();
             (entries.len() - invalid, invalid)
@@ -318,7 +318,8 @@ impl ClusterView {
     }
 
     /// Every key of an object currently in the view (ignored objects included).
-    pub fn keys(&self) -> Vec<ObjectKey> {
+    #[cfg(test)]
+    pub(crate) fn keys(&self) -> Vec<ObjectKey> {
         let mut keys: Vec<ObjectKey> = self.ignored.keys().cloned().collect();
         keys.extend(self.firewalls.values().map(|e| e.key.clone()));
         keys.extend(self.qos.values().map(|e| e.key.clone()));
@@ -333,7 +334,7 @@ impl ClusterView {
     /// The owner of every pod IP, by the pod-identity rule: among pods that count, the
     /// newest claim wins (an older pod still listing the IP is the stale one), ties go
     /// to the smallest `namespace/name`. Clashes are returned for reporting.
-    pub fn pod_ip_owners(&self) -> (BTreeMap<IpAddr, &PodInfo>, Vec<IpClash>) {
+    pub(crate) fn pod_ip_owners(&self) -> (BTreeMap<IpAddr, &PodInfo>, Vec<IpClash>) {
         let mut claims: BTreeMap<IpAddr, Vec<&PodInfo>> = BTreeMap::new();
         for pod in self.pods.values().filter(|p| p.counts()) {
             for ip in &pod.ips {

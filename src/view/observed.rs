@@ -50,7 +50,7 @@ impl StatusBoard {
     }
 
     /// A copy of everything observed.
-    pub fn snapshot(&self) -> BTreeMap<ObjectKey, Observed> {
+    pub(crate) fn snapshot(&self) -> BTreeMap<ObjectKey, Observed> {
         self.objects.lock().map(|m| m.clone()).unwrap_or_default()
     }
 

@@ -19,11 +19,11 @@ use crate::api::schema::parse_go_cidr;
 use crate::api::types::{CloudPrivateIPConfig, EgressFirewall, EgressIP, EgressQoS};
 
 /// The reference's limit on EgressFirewall rules per object.
-pub const MAX_FIREWALL_RULES: usize = 8000;
+pub(crate) const MAX_FIREWALL_RULES: usize = 8000;
 /// The reference's limit on EgressQoS rules per object.
-pub const MAX_QOS_RULES: usize = 1000;
+pub(crate) const MAX_QOS_RULES: usize = 1000;
 /// The only object name the reference acts on for EgressFirewall and EgressQoS.
-pub const SINGLETON_NAME: &str = "default";
+pub(crate) const SINGLETON_NAME: &str = "default";
 
 /// Allow or deny.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -154,7 +154,7 @@ pub struct CloudPrivateIp {
 }
 
 /// Outcome of converting one object.
-pub type Conversion<T> = Result<T, PolicyError>;
+pub(crate) type Conversion<T> = Result<T, PolicyError>;
 
 /// A conversion failure.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -177,13 +177,13 @@ fn parse_selector(
 }
 
 /// Parse a CIDR as the reference does (Go `net.ParseCIDR`) and clear host bits.
-pub fn canonical_cidr(s: &str) -> Option<IpNet> {
+pub(crate) fn canonical_cidr(s: &str) -> Option<IpNet> {
     let (ip, len) = parse_go_cidr(s)?;
     IpNet::new(ip, len).ok().map(|n| n.trunc())
 }
 
 /// Normalise a dnsName: lowercase, trailing dot dropped, `*.` split off.
-pub fn normalise_dns_name(s: &str) -> DnsName {
+pub(crate) fn normalise_dns_name(s: &str) -> DnsName {
     let lower = s.to_ascii_lowercase();
     let trimmed = lower.strip_suffix('.').unwrap_or(&lower);
     match trimmed.strip_prefix("*.") {
@@ -362,7 +362,7 @@ pub fn egress_ip_policy(e: &EgressIP) -> Conversion<EgressIpPolicy> {
 
 /// The IP a CloudPrivateIPConfig name stands for: dotted IPv4, or IPv6 fully expanded
 /// with dots in place of colons.
-pub fn cloud_private_ip_from_name(name: &str) -> Option<IpAddr> {
+pub(crate) fn cloud_private_ip_from_name(name: &str) -> Option<IpAddr> {
     if let Ok(ip) = std::net::Ipv4Addr::from_str(name) {
         return Some(IpAddr::V4(ip));
     }

@@ -9,7 +9,7 @@ use crate::api::meta;
 
 /// One requirement of a selector.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum Requirement {
+pub(crate) enum Requirement {
     /// The label's value is one of the set.
     In(String, BTreeSet<String>),
     /// The label is absent or its value is none of the set.
