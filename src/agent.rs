@@ -15,7 +15,7 @@ use std::time::Duration;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use crate::compile::{Desired, NodeConfig, ObjectStatus, Outcome, compile, dns_names, dns_set_names};
+use crate::compile::{Desired, NodeConfig, ObjectStatus, Outcome, dns_names, dns_set_names};
 use crate::dataplane::netlink::Netlink;
 use crate::dataplane::nft_sync::{NftBackend, NftError, NftSyncer, SyncKind};
 use crate::dns::resolver::DnsResolver;
@@ -174,13 +174,22 @@ fn publish(config: &RunConfig, desired: &Desired, sync: &Result<SyncKind, SyncEr
     }
 }
 
-/// What `egressd render` prints for a manifests directory: the nft table that would be
-/// applied, each object's status, then any problems (rejected documents, pod IP clashes).
-pub fn render_manifests(dir: &std::path::Path, node: &NodeConfig) -> Result<String, SourceError> {
+/// What `egressd render` prints for a manifests directory and the node's links `host`:
+/// the nft table that would be applied, the egress addresses, policy-routing rules and
+/// routes (when there are any), each object's status, then any problems (rejected
+/// documents, pod IP clashes).
+pub fn render_manifests(dir: &std::path::Path, node: &NodeConfig, host: &HostLinks) -> Result<String, SourceError> {
     let mut source = ManifestSource::new(dir);
     let report = source.load()?;
-    let desired = compile(source.view(), node, &crate::dns::DnsAnswers::new());
+    let desired = crate::compile::compile_cached(
+        source.view(),
+        node,
+        &crate::dns::DnsAnswers::new(),
+        host,
+        &mut crate::compile::CompileCache::default(),
+    );
     let mut out = desired.table.render();
+    out.push_str(&desired.net.render());
     out.push_str("# status\n");
     out.push_str(&crate::compile::render_statuses(&desired.statuses));
     if !report.errors.is_empty() || !desired.warnings.is_empty() {

@@ -12,7 +12,34 @@ use std::path::Path;
 
 use egressd::agent::render_manifests;
 use egressd::compile::NodeConfig;
+use egressd::net::{HostLink, HostLinks};
 use ipnet::IpNet;
+
+/// The node's links, one per line: `INDEX NAME up|down ADDR/LEN... [gw GATEWAY] [default]`.
+fn host_links(text: &str) -> HostLinks {
+    let mut host = HostLinks::default();
+    for line in text.lines().filter(|l| !l.trim().is_empty() && !l.starts_with('#')) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let mut link = HostLink {
+            index: words[0].parse().unwrap(),
+            name: words[1].to_string(),
+            up: words[2] == "up",
+            ..Default::default()
+        };
+        let mut rest = words[3..].iter();
+        while let Some(w) = rest.next() {
+            match *w {
+                "gw" => link.gateways.push(rest.next().unwrap().parse().unwrap()),
+                "default" => {
+                    host.default_link = [Some(link.index), Some(link.index)];
+                }
+                addr => link.addrs.push(addr.parse().unwrap()),
+            }
+        }
+        host.links.push(link);
+    }
+    host
+}
 
 fn node_config(args: &str) -> NodeConfig {
     let mut node = NodeConfig::new("", vec![]);
@@ -53,7 +80,8 @@ fn rendered_output_matches_golden_files() {
     let mut failures = Vec::new();
     for case in cases {
         let args = std::fs::read_to_string(case.join("args")).unwrap();
-        let got = render_manifests(&case.join("manifests"), &node_config(&args)).unwrap();
+        let links = std::fs::read_to_string(case.join("links")).map(|t| host_links(&t)).unwrap_or_default();
+        let got = render_manifests(&case.join("manifests"), &node_config(&args), &links).unwrap();
         let expected_path = case.join("expected.txt");
         if update {
             std::fs::write(&expected_path, &got).unwrap();

@@ -356,7 +356,9 @@ fn cleanup(args: &CleanupArgs) -> ExitCode {
 }
 
 fn render(args: &RenderArgs) -> ExitCode {
-    match render_manifests(&args.manifests, &args.node.config()) {
+    // The node's links decide which egress IPs it could host: none are read here
+    // (render touches nothing), so EgressIPs show as placed elsewhere or unhostable.
+    match render_manifests(&args.manifests, &args.node.config(), &Default::default()) {
         Ok(text) => {
             print!("{text}");
             ExitCode::SUCCESS

@@ -180,6 +180,34 @@ pub struct NetDesired {
     pub rules: BTreeSet<MarkRule>,
 }
 
+impl NetDesired {
+    /// The state as text (`egressd render`), empty when there is none: one line per
+    /// address, rule and route.
+    pub fn render(&self) -> String {
+        if self.addresses.is_empty() && self.rules.is_empty() && self.routes.is_empty() {
+            return String::new();
+        }
+        let mut out = String::from("# netlink\n");
+        for (ip, (index, link)) in &self.addresses {
+            let len = if ip.is_ipv4() { 32 } else { 128 };
+            out.push_str(&format!("address {ip}/{len} dev {link} (index {index})\n"));
+        }
+        for r in &self.rules {
+            let family = if r.v6 { "-6" } else { "-4" };
+            out.push_str(&format!(
+                "rule {family} fwmark {:#x}/{:#x} lookup {} priority {}\n",
+                r.mark, r.mask, r.table, r.priority
+            ));
+        }
+        for ((table, v6), hops) in &self.routes {
+            let family = if *v6 { "-6" } else { "-4" };
+            let via: Vec<String> = hops.iter().map(|h| format!("via {} (index {})", h.gateway, h.link)).collect();
+            out.push_str(&format!("route {family} default table {table} {}\n", via.join(" ")));
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
