@@ -1,7 +1,7 @@
 //! The nftables driver.
 //!
 //! Backend: the `nft` program fed a script on stdin (`nft -f -`), nft's own error text
-//! captured and returned. Measured on this machine kind (see `../shared/CRATES.md` and
+//! captured and returned. Measured on the project's machines (`bench/RESULTS.md` and
 //! `bench/`): nft syntax and nft JSON cost the same (≈90–100 ms for a 10k-element
 //! table, ≈5–7 ms per small delta, dominated by process start); text is what
 //! `egressd render` shows, so the script applied is exactly the script rendered. The
