@@ -319,6 +319,19 @@ fn update_view(
     changed
 }
 
+/// Whether a directory event can change what the directory holds. Opening, reading and
+/// closing a file unwritten (every reload does that to every file) and access-time
+/// updates cannot: reacting to them would make each reload trigger the next one.
+fn changes_content(kind: &notify::EventKind) -> bool {
+    use notify::event::{AccessKind, AccessMode, MetadataKind, ModifyKind};
+    match kind {
+        notify::EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        notify::EventKind::Access(_) => false,
+        notify::EventKind::Modify(ModifyKind::Metadata(MetadataKind::AccessTime)) => false,
+        _ => true,
+    }
+}
+
 /// Watch `dir` and send `()` on `tx` after each burst of changes, once `quiet` has
 /// passed without further events (at most `max_delay` after the first). The returned
 /// watcher must be kept alive.
@@ -331,7 +344,7 @@ pub fn watch(
     use notify::Watcher;
     let (raw_tx, mut raw_rx) = mpsc::unbounded_channel::<()>();
     let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-        if res.is_ok() {
+        if res.is_ok_and(|e| changes_content(&e.kind)) {
             let _ = raw_tx.send(());
         }
     })
@@ -551,6 +564,24 @@ mod tests {
         assert!(keys.iter().any(|k| k.kind == Kind::Namespace && k.name == "a"));
         assert!(keys.iter().any(|k| k.kind == Kind::Node && k.name == "node-1"));
         assert_eq!(src.view().namespaces["a"].labels["team"], "x");
+    }
+
+    #[tokio::test]
+    async fn reading_the_files_is_not_a_change() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.yaml"), GOOD).unwrap();
+        let (tx, mut rx) = mpsc::channel(1);
+        let _w = watch(dir.path(), Duration::from_millis(50), Duration::from_millis(250), tx).unwrap();
+        // What a reload does: list, open, read, close every file.
+        let mut src = ManifestSource::new(dir.path());
+        for _ in 0..3 {
+            src.load().unwrap();
+        }
+        let got = tokio::time::timeout(Duration::from_millis(600), rx.recv()).await;
+        assert!(got.is_err(), "a reload must not signal a change: {got:?}");
+        std::fs::write(dir.path().join("a.yaml"), GOOD.replace("192.0.2.0/24", "198.51.100.0/24")).unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
+        assert_eq!(got.unwrap(), Some(()), "a write does");
     }
 
     #[tokio::test]
