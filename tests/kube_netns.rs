@@ -361,6 +361,19 @@ fn daemonset_manifests_pass_a_server_side_dry_run() {
     let (ok, out) = api.kubectl(&["apply", "--dry-run=server", "-f", root.to_str().unwrap()], "");
     assert!(ok, "{out}");
     assert!(out.contains("daemonset.apps/egressd created (server dry run)"), "{out}");
+    // The runtime's default seccomp filter, as the server stores it.
+    let (ok, stored) = api.kubectl(
+        &[
+            "apply",
+            "--dry-run=server",
+            "-f",
+            root.join("daemonset.yaml").to_str().unwrap(),
+            "-o",
+            "jsonpath={.spec.template.spec.containers[0].securityContext.seccompProfile.type}",
+        ],
+        "",
+    );
+    assert!(ok && stored.trim() == "RuntimeDefault", "{stored}");
     // The RBAC lets egressd do exactly its work: read pods, write EgressFirewall status,
     // but not change specs or read secrets.
     let can = |verb: &str, what: &str, sub: &str| {
