@@ -105,7 +105,12 @@ fn record_sync(
 
 /// One netlink check: `true` when the links changed (recompile); otherwise owned state
 /// that drifted from `desired` is repaired in place.
-async fn check_net(net: &Netlink, desired: &Desired, last_links: &mut Option<HostLinks>) -> bool {
+async fn check_net(
+    net: &Netlink,
+    desired: &Desired,
+    last_links: &mut Option<HostLinks>,
+    metrics: &crate::telemetry::metrics::Metrics,
+) -> bool {
     let links = match net.links().await {
         Ok(l) => l,
         Err(e) => {
@@ -129,6 +134,8 @@ async fn check_net(net: &Netlink, desired: &Desired, last_links: &mut Option<Hos
                 routing = changes.routing,
                 "egressd's addresses, rules or routes were changed by someone else; restored"
             );
+            let labels = crate::telemetry::metrics::DriftLabels { what: "netlink".into() };
+            metrics.drift_repairs.get_or_create(&labels).inc();
             for (ip, index, link) in changes.added {
                 crate::dataplane::announce::announce_repeatedly(ip, index, link);
             }
@@ -326,6 +333,11 @@ pub struct Agent<S, B, K> {
     /// when half the grace is used up (each costs a set lookup in the kernel).
     refreshed: std::collections::HashMap<String, tokio::time::Instant>,
     last_links: Option<HostLinks>,
+    /// Changes made by someone else to what egressd owns.
+    drift: Option<tokio::sync::mpsc::UnboundedReceiver<crate::dataplane::drift::Drift>>,
+    /// When the table was last replaced because of drift: a fight with another writer
+    /// (or egressd's own changes taken for someone else's) is stopped, not fed.
+    drift_replaces: std::collections::VecDeque<tokio::time::Instant>,
 }
 
 impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
@@ -375,6 +387,13 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
             Some(n) => n.links().await.ok(),
             None => None,
         };
+        let drift = match crate::dataplane::drift::start(&config.node.table_name) {
+            Ok(rx) => Some(rx),
+            Err(e) => {
+                tracing::warn!(error = %e, "changes by others are found by the periodic check only");
+                None
+            }
+        };
         let empty = Desired {
             table: crate::nft::Table::new(config.node.table_name.clone()),
             net: Default::default(),
@@ -398,6 +417,8 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
             problems: Vec::new(),
             refreshed: Default::default(),
             last_links,
+            drift,
+            drift_replaces: Default::default(),
         };
         agent.apply().await;
         agent.publish_if_changed(true);
@@ -480,6 +501,56 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
         }
     }
 
+    /// Someone else changed what egressd owns (a burst is taken together): the nft table
+    /// is replaced in full by the next apply (returns `true`); addresses, rules and
+    /// routes are checked and repaired now.
+    async fn on_drift(&mut self, first: crate::dataplane::drift::Drift) -> bool {
+        use crate::dataplane::drift::Drift;
+        // Let a burst (one transaction, a flapping link) arrive, then take it whole.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let mut all = vec![first];
+        if let Some(rx) = &mut self.drift {
+            while let Ok(d) = rx.try_recv() {
+                all.push(d);
+            }
+        }
+        let mut replace = false;
+        let mut check = false;
+        for d in all {
+            match d {
+                Drift::Nft { pid, process } => {
+                    if !replace {
+                        tracing::warn!(pid, process = %process, table = %self.config.node.table_name, "egressd's nft table was changed by another process; replacing it");
+                    }
+                    replace = true;
+                }
+                Drift::Netlink => check = true,
+            }
+        }
+        let mut changed = false;
+        let now = tokio::time::Instant::now();
+        self.drift_replaces.retain(|t| now.duration_since(*t) < DRIFT_WINDOW);
+        if replace && self.drift_replaces.len() >= DRIFT_LIMIT {
+            tracing::error!(
+                limit = DRIFT_LIMIT,
+                window_secs = DRIFT_WINDOW.as_secs(),
+                "egressd's table keeps being changed by another process; not replacing it again until the window passes (is another agent managing the same table?)"
+            );
+            replace = false;
+        }
+        if replace {
+            self.drift_replaces.push_back(now);
+            let labels = crate::telemetry::metrics::DriftLabels { what: "nft".into() };
+            self.config.telemetry.metrics.drift_repairs.get_or_create(&labels).inc();
+            self.syncer.force_full();
+            changed = true;
+        }
+        if check && let Some(n) = &self.net {
+            changed |= check_net(n, &self.desired, &mut self.last_links, &self.config.telemetry.metrics).await;
+        }
+        changed
+    }
+
     /// Write the status file when something was applied or the problems changed.
     fn publish_if_changed(&mut self, applied: bool) {
         let problems = [self.source.problems(), self.dns_problems()].concat();
@@ -534,9 +605,10 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
                 }
                 _ = net_check.tick() => {
                     if let Some(n) = &self.net {
-                        changed |= check_net(n, &self.desired, &mut self.last_links).await;
+                        changed |= check_net(n, &self.desired, &mut self.last_links, &self.config.telemetry.metrics).await;
                     }
                 }
+                first = next_drift(&mut self.drift) => changed |= self.on_drift(first).await,
             }
             if changed {
                 self.apply().await;
@@ -545,6 +617,24 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
             self.refresh_dns(attempted);
         }
         tracing::info!("shutting down; the dataplane stays in place");
+    }
+}
+
+/// At most this many full replaces because of drift ...
+const DRIFT_LIMIT: usize = 5;
+/// ... within this window.
+const DRIFT_WINDOW: Duration = Duration::from_secs(10);
+
+/// The next drift report (never, without the watches).
+async fn next_drift(
+    drift: &mut Option<tokio::sync::mpsc::UnboundedReceiver<crate::dataplane::drift::Drift>>,
+) -> crate::dataplane::drift::Drift {
+    match drift {
+        Some(rx) => match rx.recv().await {
+            Some(d) => d,
+            None => std::future::pending().await,
+        },
+        None => std::future::pending().await,
     }
 }
 

@@ -269,3 +269,68 @@ fn a_type_other_than_allow_denies_with_a_warning() {
         "{text}"
     );
 }
+
+/// Someone else flushes the ruleset, deletes egressd's table or edits a rule of it:
+/// egressd replaces its table within a second; changes to other tables are left alone.
+#[test]
+fn changes_to_the_table_by_others_are_undone_within_a_second() {
+    let t = Topology::new(&["team-a"]);
+    let p0 = &t.pods[0];
+    t.set_firewall("team-a", "  - {type: Deny, to: {cidrSelector: 203.0.113.0/24}}\n");
+    let agent = t.start_agent("agent");
+    assert_eq!(tcp(p0, "203.0.113.2", 8080), None);
+    let intact = || {
+        let (ok, text) = t.node.try_exec(&["nft", "list", "chain", "inet", "egressd", "fw-team-a"]);
+        ok && text.contains("ip daddr 203.0.113.0/24 counter")
+    };
+    let repairs = || agent.log_text().matches("was changed by another process").count();
+
+    let cases: [&[&str]; 4] = [
+        &["nft", "flush", "ruleset"],
+        &["nft", "delete", "table", "inet", "egressd"],
+        &["nft", "flush", "chain", "inet", "egressd", "fw-team-a"],
+        &["nft", "add", "rule", "inet", "egressd", "fw-team-a", "counter", "accept"],
+    ];
+    let mut slowest = Duration::ZERO;
+    for (i, cmd) in cases.iter().enumerate() {
+        let before = repairs();
+        t.node.exec(cmd);
+        let back = wait_for(Duration::from_secs(5), || {
+            intact()
+                && !t
+                    .node
+                    .exec(&["nft", "list", "chain", "inet", "egressd", "fw-team-a"])
+                    .contains("counter packets 0 bytes 0 accept")
+                && repairs() > before
+        });
+        let took = back.unwrap_or_else(|| panic!("{cmd:?} not undone:\n{}\n{}", t.node.nft_list(), agent.log_text()));
+        slowest = slowest.max(took);
+        assert_eq!(tcp(p0, "203.0.113.2", 8080), None, "case {i}: policy holds again");
+    }
+    assert!(slowest < Duration::from_secs(1), "a repair took {slowest:?}");
+
+    // Another table is none of egressd's business.
+    let before = repairs();
+    t.node.exec(&["nft", "add", "table", "inet", "someone-else"]);
+    t.node.exec(&["nft", "add", "chain", "inet", "someone-else", "c"]);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(repairs(), before, "{}", agent.log_text());
+    assert!(t.node.has_table("someone-else"));
+    let (_, metrics) = netns::http_get(&t.node, "127.0.0.1:9780", "/metrics").unwrap();
+    assert!(metrics.contains("egressd_drift_repairs_total{what=\"nft\"} 4"), "{metrics}");
+
+    // egressd's own changes carry its name in the kernel's notifications (so they are
+    // told apart even where PIDs cannot be compared), and are never taken for drift.
+    let monitor = std::process::Command::new("ip")
+        .args(["netns", "exec", &t.node.name, "timeout", "3", "nft", "monitor"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let before = repairs();
+    t.set_firewall("team-a", "  - {type: Deny, to: {cidrSelector: 192.0.2.0/24}}\n");
+    let out = monitor.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("(egressd-nft)"), "{text}");
+    assert_eq!(repairs(), before, "own change taken for drift:\n{}", agent.log_text());
+}

@@ -426,7 +426,14 @@ fn run(args: RunArgs) -> ExitCode {
         telemetry: telemetry.clone(),
         net_check: Duration::from_secs(args.net_check_secs),
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+    // Threads named `egressd…`: the kernel names nf_tables changes after the thread that
+    // made them, and egressd's own are told apart by that name.
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("egressd-worker")
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("egressd run: cannot start the runtime: {e}");
@@ -450,7 +457,7 @@ fn run(args: RunArgs) -> ExitCode {
         tokio::spawn(
             prerequisites(telemetry.clone(), families, nft_version, manage).instrument(info_span!("prerequisites")),
         );
-        let syncer = NftSyncer::new(nft);
+        let syncer = NftSyncer::new(nft.with_alias_in(&args.state_dir));
         if let Some(dir) = &args.manifests {
             let debounce = Duration::from_millis(args.debounce_ms);
             let resync = Duration::from_secs(args.resync_secs);

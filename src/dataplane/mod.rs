@@ -6,11 +6,14 @@
 //! * [`announce`]: gratuitous ARP / unsolicited neighbour advertisements.
 //! * [`conntrack`]: forgetting the connections of an egress IP that left the node.
 //! * [`elements`]: in-process set element additions (the DNS snooping fast path).
+//! * `drift`: notices changes to egressd's table, addresses, rules and routes made by
+//!   anyone else (nf_tables and rtnetlink notifications).
 //! * [`nflog`]: the DNS snooping listener — reads the kernel's NFLOG copies of pods' DNS
 //!   packets and adds learned addresses through [`elements`].
 
 pub mod announce;
 pub mod conntrack;
+pub(crate) mod drift;
 pub mod elements;
 pub mod netlink;
 pub mod nflog;

@@ -85,7 +85,7 @@ impl SnoopHandle {
             table: table.to_string(),
         };
         let h = handle.clone();
-        std::thread::Builder::new().name("dns-snoop".into()).spawn(move || {
+        std::thread::Builder::new().name("egressd-snoop".into()).spawn(move || {
             let _span = tracing::info_span!("dns_snoop", group).entered();
             h.run(socket, writer, &telemetry.metrics)
         })?;

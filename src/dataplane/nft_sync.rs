@@ -15,12 +15,17 @@
 //! * The same desired table twice sends nothing.
 //! * A failed delta is retried at once as a full replace.
 //!
-//! Assumptions: nothing but egressd changes its table. Caveat: a full replace resets
+//! Assumptions: nothing but egressd changes its table; when something does, the drift
+//! watch ([`crate::dataplane::drift`]) has the agent call [`NftSyncer::force_full`].
+//! Every `nft` run is bounded by [`NFT_TIMEOUT`]. Caveat: a full replace resets
 //! the rule counters.
 
+use std::collections::VecDeque;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::Duration;
 
 use crate::nft::{Table, diff};
 
@@ -41,6 +46,12 @@ pub enum NftError {
         /// nft's stderr.
         message: String,
     },
+    /// nft did not finish in time and was killed.
+    #[error("nft did not finish within {seconds} s; killed")]
+    Timeout {
+        /// The limit.
+        seconds: u64,
+    },
 }
 
 /// Something that applies an nft script atomically.
@@ -55,10 +66,35 @@ pub struct NftCli {
     program: PathBuf,
 }
 
+/// The name egressd's `nft` runs have in the kernel (their `comm`, which nf_tables
+/// reports with each transaction): they are started through a symlink of this name.
+pub(crate) const NFT_ALIAS: &str = "egressd-nft";
+
 impl NftCli {
     /// Use `program` (usually `nft`).
     pub fn new(program: impl Into<PathBuf>) -> Self {
         Self { program: program.into() }
+    }
+
+    /// Run `program` through a symlink named [`NFT_ALIAS`] in `dir`, so the kernel names
+    /// egressd's transactions after it even where PIDs cannot be compared (a container
+    /// without the host's PID namespace). Without a usable directory, `program` is run
+    /// as it is (own transactions are then told apart by PID only).
+    pub fn with_alias_in(self, dir: &std::path::Path) -> Self {
+        let Some(target) = find_program(&self.program) else { return self };
+        let alias = dir.join(NFT_ALIAS);
+        let made =
+            std::fs::DirBuilder::new().recursive(true).create(dir).and_then(|()| match std::fs::remove_file(&alias) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => std::os::unix::fs::symlink(&target, &alias),
+            });
+        match made {
+            Ok(()) => Self { program: alias },
+            Err(e) => {
+                tracing::warn!(alias = %alias.display(), error = %e, "nft runs under its own name; drift is told apart by PID only");
+                self
+            }
+        }
     }
 
     /// `nft --version`, to check nft is usable.
@@ -69,6 +105,48 @@ impl NftCli {
             .map_err(|e| NftError::Spawn { program: self.program.display().to_string(), message: e.to_string() })?;
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     }
+}
+
+/// How long one `nft` run may take before it is killed (and the sync reported failed).
+pub(crate) const NFT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The PIDs of the `nft` processes this agent started (the most recent ones): their
+/// commits are egressd's own, not drift (see [`crate::dataplane::drift`]).
+static OWN_NFT: Mutex<VecDeque<u32>> = Mutex::new(VecDeque::new());
+
+fn record_own(pid: u32) {
+    if let Ok(mut own) = OWN_NFT.lock() {
+        if own.len() >= 64 {
+            own.pop_front();
+        }
+        own.push_back(pid);
+    }
+}
+
+/// `program` as an absolute path (searched in `PATH` when it has no `/`).
+fn find_program(program: &std::path::Path) -> Option<PathBuf> {
+    if program.is_absolute() {
+        return Some(program.to_path_buf());
+    }
+    if program.components().count() > 1 {
+        return std::fs::canonicalize(program).ok();
+    }
+    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| std::path::Path::new(d).join(program)).find(|p| p.is_file())
+}
+
+/// Whether the kernel's name for a committer (`comm`, at most 15 bytes) is one of
+/// egressd's: its `nft` runs ([`NFT_ALIAS`]), the agent and its threads (`egressd…`).
+pub(crate) fn is_own_name(name: &str) -> bool {
+    name.starts_with("egressd")
+}
+
+/// Whether `pid` — as the kernel names the committer of an nf_tables transaction: the
+/// task, so a thread's id — is this agent (any of its threads: the DNS snooping listener
+/// writes elements from its own) or an `nft` process it started.
+pub(crate) fn is_own(pid: u32) -> bool {
+    pid == std::process::id()
+        || std::path::Path::new(&format!("/proc/self/task/{pid}")).exists()
+        || OWN_NFT.lock().is_ok_and(|own| own.contains(&pid))
 }
 
 impl NftBackend for NftCli {
@@ -82,15 +160,30 @@ impl NftBackend for NftCli {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(spawn_err)?;
+        record_own(child.id());
         if let Some(mut stdin) = child.stdin.take() {
             stdin.write_all(script.as_bytes()).map_err(spawn_err)?;
         }
-        let out = child.wait_with_output().map_err(spawn_err)?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(NftError::Rejected { message: String::from_utf8_lossy(&out.stderr).trim().to_string() })
+        let deadline = std::time::Instant::now() + NFT_TIMEOUT;
+        let status = loop {
+            match child.try_wait().map_err(spawn_err)? {
+                Some(status) => break status,
+                None if std::time::Instant::now() >= deadline => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(NftError::Timeout { seconds: NFT_TIMEOUT.as_secs() });
+                }
+                None => std::thread::sleep(Duration::from_millis(2)),
+            }
+        };
+        if status.success() {
+            return Ok(());
         }
+        let mut stderr = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
+        }
+        Err(NftError::Rejected { message: stderr.trim().to_string() })
     }
 }
 
@@ -196,11 +289,36 @@ impl<B: NftBackend> NftSyncer<B> {
         Ok(true)
     }
 
+    /// Forget what was applied: the next sync is a full replace (someone else changed
+    /// the table).
+    pub(crate) fn force_full(&mut self) {
+        self.applied = None;
+    }
+
     /// Remove the table (and everything in it). Safe when it does not exist.
     pub fn delete(&mut self, table_name: &str) -> Result<(), NftError> {
         self.backend.apply(&Table::delete_script(table_name))?;
         self.applied = None;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod alias_tests {
+    use super::*;
+
+    #[test]
+    fn nft_runs_through_an_alias_named_after_egressd() {
+        let dir = tempfile::tempdir().unwrap();
+        let cli = NftCli::new("/bin/true").with_alias_in(&dir.path().join("state"));
+        assert_eq!(cli.program, dir.path().join("state").join(NFT_ALIAS));
+        assert_eq!(std::fs::read_link(&cli.program).unwrap(), std::path::Path::new("/bin/true"));
+        // Again (a restart): the old link is replaced.
+        let again = NftCli::new("/bin/true").with_alias_in(&dir.path().join("state"));
+        assert_eq!(again.program, cli.program);
+        // A program that cannot be found is run as given.
+        let missing = NftCli::new("no-such-nft-program").with_alias_in(dir.path());
+        assert_eq!(missing.program, std::path::Path::new("no-such-nft-program"));
     }
 }
 

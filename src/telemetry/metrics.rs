@@ -61,6 +61,13 @@ pub struct KindLabels {
     pub reason: String,
 }
 
+/// Labels of `egressd_drift_repairs`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct DriftLabels {
+    /// `nft` (the table replaced) or `netlink` (addresses, rules or routes restored).
+    pub(crate) what: String,
+}
+
 /// `result` label of DNS lookups.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DnsLabels {
@@ -93,6 +100,8 @@ pub struct Metrics {
     pub last_sync_timestamp: Gauge,
     /// 1 for a kind that cannot be listed (treated as empty), by kind and reason.
     pub kind_unavailable: Family<KindLabels, Gauge>,
+    /// Changes by someone else to what egressd owns, undone.
+    pub(crate) drift_repairs: Family<DriftLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -119,6 +128,7 @@ impl Default for Metrics {
             egress_ips_hosted: Gauge::default(),
             last_sync_timestamp: Gauge::default(),
             kind_unavailable: Family::default(),
+            drift_repairs: Family::default(),
             registry: Registry::default(),
         };
         registry.register("sync_duration_seconds", "Compile and apply time of a sync", m.sync_duration.clone());
@@ -139,6 +149,11 @@ impl Default for Metrics {
             "kind_unavailable",
             "1 for a kind that cannot be listed (CRD missing or forbidden) and is treated as empty",
             m.kind_unavailable.clone(),
+        );
+        registry.register(
+            "drift_repairs",
+            "Changes by someone else to egressd's table (nft) or its addresses, rules and routes (netlink), undone",
+            m.drift_repairs.clone(),
         );
         Self { registry, ..m }
     }

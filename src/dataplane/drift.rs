@@ -1,0 +1,316 @@
+//! Drift: egressd's kernel state changed by someone else.
+//!
+//! * **nftables**: a thread subscribed to nf_tables change notifications
+//!   (`NFNLGRP_NFTABLES`) follows each transaction: its object messages name the table
+//!   they touch, and the closing `NEWGEN` message names the process that committed it
+//!   (`NFTA_GEN_PROC_PID`). A transaction that touched egressd's table (family `inet`)
+//!   and was committed by anyone but this agent or an `nft` process it started
+//!   ([`super::nft_sync::is_own`]) — `nft flush ruleset` by a distribution's
+//!   nftables.service, an administrator, another agent — is reported, and the agent
+//!   replaces its table in full. Changes to other tables are left alone. A kernel that
+//!   does not name the committing process makes detection impossible; that is logged
+//!   once and nothing is reported (the periodic full check stays the safety net).
+//! * **netlink**: a thread subscribed to link, address, route and rule notifications
+//!   (`RTNLGRP_*`) reports that something changed; the agent then compares what it owns
+//!   with what it wants and repairs it (the same check as the periodic one), so an owned
+//!   address deleted by hand comes back at once. Its own repairs notify too; the check
+//!   after them finds nothing to do.
+//!
+//! Both send on a channel; the agent coalesces bursts.
+
+use std::io;
+
+use netlink_sys::{Socket, protocols::NETLINK_NETFILTER, protocols::NETLINK_ROUTE};
+use tokio::sync::mpsc;
+
+/// `NFNLGRP_NFTABLES`.
+const NFNLGRP_NFTABLES: u32 = 7;
+/// The nf_tables subsystem id in a netfilter message type.
+const NFNL_SUBSYS_NFTABLES: u16 = 10;
+/// `NFT_MSG_NEWGEN`.
+const NFT_MSG_NEWGEN: u16 = 15;
+/// `NFTA_GEN_PROC_PID`.
+const NFTA_GEN_PROC_PID: u16 = 2;
+/// `NFTA_GEN_PROC_NAME`.
+const NFTA_GEN_PROC_NAME: u16 = 3;
+/// `NFPROTO_INET`.
+const NFPROTO_INET: u8 = 1;
+/// `NLMSG_HDRLEN` and the `nfgenmsg` that follows it.
+const NLMSG_HDRLEN: usize = 16;
+const NFGENMSG_LEN: usize = 4;
+
+/// Route groups: links, IPv4/IPv6 addresses, routes and rules.
+const RTNLGRP: [u32; 7] = [
+    1,  // RTNLGRP_LINK
+    5,  // RTNLGRP_IPV4_IFADDR
+    7,  // RTNLGRP_IPV4_ROUTE
+    8,  // RTNLGRP_IPV4_RULE
+    9,  // RTNLGRP_IPV6_IFADDR
+    11, // RTNLGRP_IPV6_ROUTE
+    19, // RTNLGRP_IPV6_RULE
+];
+
+/// What changed behind egressd's back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Drift {
+    /// egressd's nft table, by this process (pid, name).
+    Nft { pid: u32, process: String },
+    /// Addresses, routes or rules (someone's; the agent checks what it owns).
+    Netlink,
+}
+
+/// The attributes of one nf_tables message: (type, payload).
+fn attributes(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    std::iter::from_fn(move || {
+        if b.len() < 4 {
+            return None;
+        }
+        let len = usize::from(u16::from_ne_bytes([b[0], b[1]]));
+        let kind = u16::from_ne_bytes([b[2], b[3]]) & 0x3fff;
+        if len < 4 || len > b.len() {
+            return None;
+        }
+        let payload = &b[4..len];
+        b = &b[len.next_multiple_of(4).min(b.len())..];
+        Some((kind, payload))
+    })
+}
+
+fn c_string(b: &[u8]) -> &[u8] {
+    b.split(|c| *c == 0).next().unwrap_or(b)
+}
+
+/// Follows nf_tables transactions message by message.
+#[derive(Debug, Default)]
+pub(crate) struct Transactions {
+    /// The current transaction touched the watched table.
+    touched: bool,
+}
+
+/// What one notification means.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Seen {
+    /// Nothing to report.
+    Nothing,
+    /// A transaction that touched the table was committed by (pid, process name).
+    Committed(u32, String),
+    /// A transaction that touched the table was committed, by an unknown process.
+    Unknown,
+}
+
+impl Transactions {
+    /// Feed one netlink message (header included); `table` is egressd's.
+    pub(crate) fn feed(&mut self, msg: &[u8], table: &str) -> Seen {
+        if msg.len() < NLMSG_HDRLEN + NFGENMSG_LEN {
+            return Seen::Nothing;
+        }
+        let kind = u16::from_ne_bytes([msg[4], msg[5]]);
+        if kind >> 8 != NFNL_SUBSYS_NFTABLES {
+            return Seen::Nothing;
+        }
+        let family = msg[NLMSG_HDRLEN];
+        let attrs = &msg[NLMSG_HDRLEN + NFGENMSG_LEN..];
+        if kind & 0xff == NFT_MSG_NEWGEN {
+            let touched = std::mem::take(&mut self.touched);
+            if !touched {
+                return Seen::Nothing;
+            }
+            let mut pid = None;
+            let mut name = String::new();
+            for (t, v) in attributes(attrs) {
+                match t {
+                    NFTA_GEN_PROC_PID if v.len() == 4 => pid = Some(u32::from_be_bytes([v[0], v[1], v[2], v[3]])),
+                    NFTA_GEN_PROC_NAME => name = String::from_utf8_lossy(c_string(v)).into_owned(),
+                    _ => {}
+                }
+            }
+            return match pid {
+                Some(p) => Seen::Committed(p, name),
+                None => Seen::Unknown,
+            };
+        }
+        // Every object message carries its table's name as attribute 1.
+        if family == NFPROTO_INET && attributes(attrs).any(|(t, v)| t == 1 && c_string(v) == table.as_bytes()) {
+            self.touched = true;
+        }
+        Seen::Nothing
+    }
+}
+
+/// Whether a committer is egressd itself: by PID where the kernel's PIDs are ours to
+/// compare, else by name (egressd's `nft` runs and threads are named `egressd…`), which
+/// also holds in a container without the host's PID namespace.
+fn is_own(pid: u32, process: &str) -> bool {
+    super::nft_sync::is_own(pid) || super::nft_sync::is_own_name(process)
+}
+
+/// Each netlink message of one datagram.
+fn messages(buf: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = buf;
+    std::iter::from_fn(move || {
+        if rest.len() < NLMSG_HDRLEN {
+            return None;
+        }
+        let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        if len < NLMSG_HDRLEN || len > rest.len() {
+            return None;
+        }
+        let msg = &rest[..len];
+        rest = &rest[len.next_multiple_of(4).min(rest.len())..];
+        Some(msg)
+    })
+}
+
+/// Start both watches (in the caller's network namespace); drift arrives on the
+/// returned channel.
+pub(crate) fn start(table: &str) -> io::Result<mpsc::UnboundedReceiver<Drift>> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut nft = Socket::new(NETLINK_NETFILTER)?;
+    nft.bind_auto()?;
+    nft.add_membership(NFNLGRP_NFTABLES)?;
+    let mut route = Socket::new(NETLINK_ROUTE)?;
+    route.bind_auto()?;
+    for g in RTNLGRP {
+        route.add_membership(g)?;
+    }
+    let table = table.to_string();
+    let nft_tx = tx.clone();
+    std::thread::Builder::new().name("drift-nft".into()).spawn(move || {
+        let _span = tracing::info_span!("drift_nft").entered();
+        watch_nft(&nft, &table, &nft_tx);
+    })?;
+    std::thread::Builder::new().name("drift-netlink".into()).spawn(move || {
+        let _span = tracing::info_span!("drift_netlink").entered();
+        watch_route(&route, &tx);
+    })?;
+    Ok(rx)
+}
+
+fn watch_nft(socket: &Socket, table: &str, tx: &mpsc::UnboundedSender<Drift>) {
+    let mut buf = vec![0u8; 1 << 20];
+    let mut tx_state = Transactions::default();
+    let mut warned = false;
+    loop {
+        let n = match socket.recv(&mut &mut buf[..], 0) {
+            Ok(n) => n,
+            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                // Notifications were lost: whatever happened, check in full.
+                tracing::warn!("nf_tables notifications overran; replacing the table to be sure");
+                tx_state = Transactions::default();
+                if tx.send(Drift::Nft { pid: 0, process: "unknown (notifications lost)".into() }).is_err() {
+                    return;
+                }
+                continue;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "nf_tables notifications unreadable; drift of the table goes unnoticed");
+                return;
+            }
+        };
+        for msg in messages(&buf[..n]) {
+            let drift = match tx_state.feed(msg, table) {
+                Seen::Committed(pid, process) if !is_own(pid, &process) => Drift::Nft { pid, process },
+                Seen::Unknown if !warned => {
+                    warned = true;
+                    tracing::warn!(
+                        "this kernel does not name who changes nf_tables; drift is found by the periodic check only"
+                    );
+                    continue;
+                }
+                _ => continue,
+            };
+            if tx.send(drift).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+fn watch_route(socket: &Socket, tx: &mpsc::UnboundedSender<Drift>) {
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        match socket.recv(&mut &mut buf[..], 0) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {}
+            Err(e) => {
+                tracing::error!(error = %e, "netlink notifications unreadable; drift is found by the periodic check only");
+                return;
+            }
+        }
+        if tx.send(Drift::Netlink).is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nla(kind: u16, payload: &[u8]) -> Vec<u8> {
+        let len = 4 + payload.len();
+        let mut out = Vec::new();
+        out.extend_from_slice(&(len as u16).to_ne_bytes());
+        out.extend_from_slice(&kind.to_ne_bytes());
+        out.extend_from_slice(payload);
+        out.resize(len.next_multiple_of(4), 0);
+        out
+    }
+
+    fn msg(kind: u16, family: u8, attrs: &[Vec<u8>]) -> Vec<u8> {
+        let body: Vec<u8> = attrs.concat();
+        let len = NLMSG_HDRLEN + NFGENMSG_LEN + body.len();
+        let mut out = Vec::new();
+        out.extend_from_slice(&(len as u32).to_ne_bytes());
+        out.extend_from_slice(&((NFNL_SUBSYS_NFTABLES << 8) | kind).to_ne_bytes());
+        // flags, sequence number, port id
+        out.extend_from_slice(&[0; 10]);
+        out.extend_from_slice(&[family, 0, 0, 0]);
+        out.extend_from_slice(&body);
+        out
+    }
+
+    fn newgen(pid: Option<u32>) -> Vec<u8> {
+        let mut attrs = vec![nla(1, &7u32.to_be_bytes())];
+        if let Some(p) = pid {
+            attrs.push(nla(NFTA_GEN_PROC_PID, &p.to_be_bytes()));
+            attrs.push(nla(NFTA_GEN_PROC_NAME, b"nft\0"));
+        }
+        msg(NFT_MSG_NEWGEN, 0, &attrs)
+    }
+
+    #[test]
+    fn a_transaction_touching_the_table_is_reported_with_its_committer() {
+        let mut t = Transactions::default();
+        let delrule = msg(8, NFPROTO_INET, &[nla(1, b"egressd\0"), nla(2, b"fw-a\0")]);
+        let other = msg(6, NFPROTO_INET, &[nla(1, b"other\0")]);
+        let ip_family = msg(2, 2, &[nla(1, b"egressd\0")]);
+        // Another table, or an `ip egressd` table: nothing.
+        assert_eq!(t.feed(&other, "egressd"), Seen::Nothing);
+        assert_eq!(t.feed(&newgen(Some(42)), "egressd"), Seen::Nothing);
+        assert_eq!(t.feed(&ip_family, "egressd"), Seen::Nothing);
+        assert_eq!(t.feed(&newgen(Some(42)), "egressd"), Seen::Nothing);
+        // Our table: the committer is named at the end of the transaction.
+        assert_eq!(t.feed(&other, "egressd"), Seen::Nothing);
+        assert_eq!(t.feed(&delrule, "egressd"), Seen::Nothing);
+        assert_eq!(t.feed(&newgen(Some(42)), "egressd"), Seen::Committed(42, "nft".into()));
+        // Each transaction on its own.
+        assert_eq!(t.feed(&newgen(Some(43)), "egressd"), Seen::Nothing);
+        assert_eq!(t.feed(&delrule, "egressd"), Seen::Nothing);
+        assert_eq!(t.feed(&newgen(None), "egressd"), Seen::Unknown);
+        // Truncated or foreign bytes are ignored.
+        assert_eq!(t.feed(&delrule[..10], "egressd"), Seen::Nothing);
+        let datagram = [delrule.clone(), newgen(Some(5))].concat();
+        assert_eq!(messages(&datagram).count(), 2);
+    }
+
+    #[test]
+    fn own_commits_are_known_by_pid_or_by_name() {
+        // PIDs that are not ours (another PID namespace's view, say): the name decides.
+        let foreign_pid = u32::MAX - 7;
+        assert!(is_own(foreign_pid, "egressd-nft"));
+        assert!(is_own(foreign_pid, "egressd-snoop"));
+        assert!(!is_own(foreign_pid, "nft"));
+        assert!(is_own(std::process::id(), "anything"));
+    }
+}
