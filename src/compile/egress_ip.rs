@@ -19,7 +19,9 @@
 //! * **No hosting node**: normal SNAT (as the reference does), or a drop with
 //!   `--egress-ip-fail-closed`.
 //! * **Conflicts**, reported and not applied: an egress IP equal to a node address, the
-//!   same IP in two EgressIPs (the younger loses it), an IP no local link can host.
+//!   same IP in two EgressIPs (the younger loses it), an IP no local link can host, an
+//!   address no host may take (loopback, link-local, multicast, unspecified, broadcast)
+//!   or the gateway of one of this node's links.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -196,7 +198,9 @@ fn place<'a>(
         fallback: BTreeSet::new(),
     };
     for ip in &policy.ips {
-        if ctx.node_addrs.contains(ip) {
+        if let Some(why) = unusable(*ip, ctx.host) {
+            plan.problems.push(format!("egress IP {ip} is {why}; not used"));
+        } else if ctx.node_addrs.contains(ip) {
             plan.problems.push(format!("egress IP {ip} is the address of a node; not used"));
         } else if let Some(owner) = ctx.ip_owner.get(ip).filter(|o| **o != policy.name) {
             plan.problems.push(format!("egress IP {ip} is also claimed by the older EgressIP {owner}; not used"));
@@ -204,7 +208,11 @@ fn place<'a>(
     }
     let mut seen = BTreeSet::new();
     for (ip, host_node) in &policy.placement {
-        if ctx.node_addrs.contains(ip) || ctx.ip_owner.get(ip) != Some(&policy.name.as_str()) || !seen.insert(*ip) {
+        if ctx.node_addrs.contains(ip)
+            || unusable(*ip, ctx.host).is_some()
+            || ctx.ip_owner.get(ip) != Some(&policy.name.as_str())
+            || !seen.insert(*ip)
+        {
             continue;
         }
         let f = fam(*ip);
@@ -250,6 +258,26 @@ fn place<'a>(
         hops.sort();
     }
     plan
+}
+
+/// Why `ip` can never be an egress IP: an address no host may take as its own source
+/// (loopback, link-local, multicast, unspecified, IPv4 broadcast), or the gateway of one
+/// of this node's links (taking it would hijack the segment's router).
+fn unusable(ip: IpAddr, host: &HostLinks) -> Option<String> {
+    let class = match ip {
+        IpAddr::V4(v4) if v4.is_loopback() => Some("a loopback address"),
+        IpAddr::V6(v6) if v6.is_loopback() => Some("a loopback address"),
+        IpAddr::V4(v4) if v4.is_link_local() => Some("a link-local address"),
+        IpAddr::V6(v6) if v6.is_unicast_link_local() => Some("a link-local address"),
+        _ if ip.is_multicast() => Some("a multicast address"),
+        _ if ip.is_unspecified() => Some("the unspecified address"),
+        IpAddr::V4(v4) if v4.is_broadcast() => Some("the broadcast address"),
+        _ => None,
+    };
+    if let Some(c) = class {
+        return Some(c.to_string());
+    }
+    host.links.iter().find(|l| l.gateways.contains(&ip)).map(|l| format!("the gateway of link {} on this node", l.name))
 }
 
 /// A hosted address on a link other than the default route's: its traffic leaves by
@@ -772,6 +800,30 @@ mod tests {
         let ghost = eip("ghost", "2024-01-01T00:00:00Z", &["198.19.0.100"], &[("198.19.0.100", "z")], "{}");
         let d = run(&format!("{CLUSTER}{ghost}"), "a", "198.19.0.1/24", false);
         assert!(d.statuses[0].message().contains("placed on node z, which is unknown"), "{}", d.statuses[0].message());
+    }
+
+    #[test]
+    fn addresses_no_host_may_take_are_refused() {
+        let mut links = host("198.19.0.2/24");
+        links.links[1].gateways.push("198.19.0.254".parse().unwrap());
+        for (ip, why) in [
+            ("127.0.0.5", "a loopback address"),
+            ("169.254.1.1", "a link-local address"),
+            ("224.0.0.5", "a multicast address"),
+            ("255.255.255.255", "the broadcast address"),
+            ("198.19.0.254", "the gateway of link eth0 on this node"),
+            ("fe80::5", "a link-local address"),
+            ("ff02::1", "a multicast address"),
+        ] {
+            let e = eip("e", "2024-01-01T00:00:00Z", &[ip], &[(ip, "b")], "{}");
+            let d = run_on(&format!("{CLUSTER}{e}"), "b", &links, false);
+            assert!(d.net.addresses.is_empty(), "{ip} hosted");
+            let s = d.statuses.iter().find(|s| s.key.name == "e");
+            // The controller layer may already refuse some of them (then no plan at all).
+            if let Some(s) = s.filter(|s| !s.message().contains("unable to parse")) {
+                assert!(s.message().contains(&format!("egress IP {ip} is {why}; not used")), "{ip}: {}", s.message());
+            }
+        }
     }
 
     #[test]
