@@ -103,22 +103,22 @@ fn record_sync(
     m.observe_objects(&view.object_counts());
 }
 
-/// One netlink check: `true` when the links changed (recompile); otherwise owned state
-/// that drifted from `desired` is repaired in place.
+/// One netlink check: `true` when the links changed and they matter (some EgressIP
+/// exists: links decide what is hosted) — recompile; otherwise owned state that drifted
+/// from `desired` is repaired in place. Without EgressIPs the links are not even read,
+/// so pods' veths coming and going cost no recompile.
 async fn check_net(
     net: &Netlink,
     desired: &Desired,
     last_links: &mut Option<HostLinks>,
+    links_matter: bool,
     metrics: &crate::telemetry::metrics::Metrics,
 ) -> bool {
-    let links = match net.links().await {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::warn!(error = %e, "netlink check failed");
-            return false;
-        }
-    };
-    if last_links.as_ref() != Some(&links) {
+    if !links_matter {
+        *last_links = None;
+    } else if let Some(links) = read_links(net).await
+        && last_links.as_ref() != Some(&links)
+    {
         let first = last_links.is_none();
         *last_links = Some(links);
         if !first {
@@ -151,6 +151,16 @@ async fn next_round(dns: &mut Option<DnsWorker>) -> DnsRound {
     match dns {
         Some(d) => d.next_round().await,
         None => std::future::pending().await,
+    }
+}
+
+async fn read_links(net: &Netlink) -> Option<HostLinks> {
+    match net.links().await {
+        Ok(l) => Some(l),
+        Err(e) => {
+            tracing::warn!(error = %e, "netlink check failed");
+            None
+        }
     }
 }
 
@@ -546,7 +556,9 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
             changed = true;
         }
         if check && let Some(n) = &self.net {
-            changed |= check_net(n, &self.desired, &mut self.last_links, &self.config.telemetry.metrics).await;
+            let links_matter = !self.source.view().egress_ips.is_empty();
+            changed |=
+                check_net(n, &self.desired, &mut self.last_links, links_matter, &self.config.telemetry.metrics).await;
         }
         changed
     }
@@ -605,7 +617,9 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
                 }
                 _ = net_check.tick() => {
                     if let Some(n) = &self.net {
-                        changed |= check_net(n, &self.desired, &mut self.last_links, &self.config.telemetry.metrics).await;
+                        let links_matter = !self.source.view().egress_ips.is_empty();
+            changed |=
+                check_net(n, &self.desired, &mut self.last_links, links_matter, &self.config.telemetry.metrics).await;
                     }
                 }
                 first = next_drift(&mut self.drift) => changed |= self.on_drift(first).await,
