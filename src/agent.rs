@@ -455,8 +455,10 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
         let view = self.source.view();
         let answers = self.dns.as_ref().map(DnsWorker::answers).unwrap_or_default();
         let started = std::time::Instant::now();
+        self.config.telemetry.health.set_syncing(true);
         let (desired, result) =
             apply_once(view, &self.config.node, &answers, &mut self.syncer, self.net.as_ref(), &mut self.cache).await;
+        self.config.telemetry.health.set_syncing(false);
         let telemetry = &self.config.telemetry;
         record_sync(telemetry, view, &desired, &result, started.elapsed());
         if let Some(h) = &self.snoop {

@@ -87,6 +87,9 @@ impl SnoopHandle {
         let h = handle.clone();
         std::thread::Builder::new().name("egressd-snoop".into()).spawn(move || {
             let _span = tracing::info_span!("dns_snoop", group).entered();
+            // The listener never returns while egressd works: if it does (or panics),
+            // /healthz fails and the agent is restarted.
+            let _alive = crate::telemetry::DeadOnExit { telemetry: telemetry.clone(), component: "dns_snoop" };
             h.run(socket, writer, &telemetry.metrics)
         })?;
         Ok(handle)

@@ -17,6 +17,29 @@ pub struct Health {
     synced: AtomicBool,
     checks: Mutex<Vec<Check>>,
     kinds: Mutex<Vec<UnavailableKind>>,
+    /// Parts of egressd that stopped for good (component → why): not alive.
+    dead: Mutex<std::collections::BTreeMap<&'static str, String>>,
+    /// When the sync under way started.
+    sync_started: Mutex<Option<std::time::Instant>>,
+}
+
+/// A sync (compile, netlink, nft) taking longer than this is stuck: `/healthz` fails, so
+/// the agent is restarted (each `nft` run is bounded by 30 s).
+pub(crate) const STUCK_SYNC: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Marks `component` dead in [`Health`] when dropped — when the thread holding it
+/// returns or panics.
+pub(crate) struct DeadOnExit {
+    pub(crate) telemetry: std::sync::Arc<Telemetry>,
+    pub(crate) component: &'static str,
+}
+
+impl Drop for DeadOnExit {
+    fn drop(&mut self) {
+        let why = if std::thread::panicking() { "panicked" } else { "stopped" };
+        tracing::error!(component = self.component, "{why}; /healthz fails from now on");
+        self.telemetry.health.set_dead(self.component, why);
+    }
 }
 
 /// A kind the source cannot list (Kubernetes mode).
@@ -42,6 +65,37 @@ impl Health {
         if let Ok(mut c) = self.checks.lock() {
             *c = checks;
         }
+    }
+
+    /// `component` stopped for good.
+    pub(crate) fn set_dead(&self, component: &'static str, why: &str) {
+        if let Ok(mut d) = self.dead.lock() {
+            d.insert(component, why.to_string());
+        }
+    }
+
+    /// A sync starts (`true`) or ended (`false`).
+    pub(crate) fn set_syncing(&self, syncing: bool) {
+        if let Ok(mut s) = self.sync_started.lock() {
+            *s = syncing.then(std::time::Instant::now);
+        }
+    }
+
+    /// `Ok(())` while every part of egressd works, else what does not (`/healthz`).
+    pub fn liveness(&self) -> Result<(), Vec<String>> {
+        self.liveness_at(std::time::Instant::now())
+    }
+
+    fn liveness_at(&self, now: std::time::Instant) -> Result<(), Vec<String>> {
+        let mut reasons: Vec<String> =
+            self.dead.lock().map(|d| d.iter().map(|(c, why)| format!("{c}: {why}")).collect()).unwrap_or_default();
+        if let Ok(Some(started)) = self.sync_started.lock().map(|s| *s) {
+            let running = now.saturating_duration_since(started);
+            if running > STUCK_SYNC {
+                reasons.push(format!("sync: running for {} s (stuck)", running.as_secs()));
+            }
+        }
+        if reasons.is_empty() { Ok(()) } else { Err(reasons) }
     }
 
     /// Replace the kinds that cannot be listed.
@@ -109,5 +163,25 @@ mod tests {
         ]);
         assert_eq!(h.readiness(), Err(vec!["EgressQoS: forbidden".to_string()]));
         assert_eq!(h.notes(), vec!["CloudPrivateIPConfig: not served".to_string()]);
+    }
+
+    #[test]
+    fn alive_until_a_part_dies_or_a_sync_is_stuck() {
+        let t = std::sync::Arc::new(Telemetry::default());
+        assert!(t.health.liveness().is_ok());
+        t.health.set_syncing(true);
+        let later = std::time::Instant::now() + STUCK_SYNC + std::time::Duration::from_secs(1);
+        let stuck = t.health.liveness_at(later).unwrap_err();
+        assert!(stuck[0].starts_with("sync: running for"), "{stuck:?}");
+        t.health.set_syncing(false);
+        assert!(t.health.liveness_at(later).is_ok(), "a finished sync is not stuck");
+        // A thread holding the guard panics: dead.
+        let telemetry = t.clone();
+        let _ = std::thread::spawn(move || {
+            let _guard = DeadOnExit { telemetry, component: "dns_snoop" };
+            panic!("test");
+        })
+        .join();
+        assert_eq!(t.health.liveness(), Err(vec!["dns_snoop: panicked".to_string()]));
     }
 }

@@ -1,4 +1,6 @@
-//! The health listener: `/healthz` (the process answers), `/readyz` (first complete sync
+//! The health listener: `/healthz` (the process answers and every part of it works: 503
+//! naming a part that stopped — the DNS snooping listener — or a sync stuck for over
+//! two minutes), `/readyz` (first complete sync
 //! applied and prerequisites met; 503 with the named reasons otherwise; `note:` lines for
 //! what does not block readiness, such as a kind whose CRD is not installed) and `/metrics`.
 //! Default address 127.0.0.1:9780 (probes use `host: 127.0.0.1` with hostNetwork).
@@ -14,8 +16,11 @@ use axum::routing::get;
 
 use super::Telemetry;
 
-async fn healthz() -> &'static str {
-    "ok\n"
+async fn healthz(State(t): State<Arc<Telemetry>>) -> impl IntoResponse {
+    match t.health.liveness() {
+        Ok(()) => (StatusCode::OK, "ok\n".to_string()),
+        Err(reasons) => (StatusCode::SERVICE_UNAVAILABLE, format!("not alive:\n{}\n", reasons.join("\n"))),
+    }
 }
 
 async fn readyz(State(t): State<Arc<Telemetry>>) -> impl IntoResponse {
