@@ -156,6 +156,7 @@ impl EgressArgs {
             route_protocol: self.egress_ip_protocol,
             address_protocol: self.egress_ip_protocol,
             fail_closed: self.egress_ip_fail_closed,
+            address_tags: egressd::net::kernel_release().is_none_or(|r| egressd::net::kernel_tags_addresses(&r)),
             ..Default::default()
         }
     }

@@ -217,6 +217,12 @@ fn place<'a>(
         }
         let f = fam(*ip);
         if host_node == me {
+            if !ctx.node.egress.address_tags {
+                plan.problems.push(format!(
+                    "egress IP {ip} cannot be hosted on node {me}: its kernel cannot tag addresses (IFA_PROTO, Linux 6.1 or later), so egressd could not find them again; not hosted"
+                ));
+                continue;
+            }
             match ctx.host.link_for(*ip) {
                 None => plan.problems.push(format!(
                     "egress IP {ip} cannot be hosted on node {me}: no up link has a subnet containing it"
@@ -800,6 +806,38 @@ mod tests {
         let ghost = eip("ghost", "2024-01-01T00:00:00Z", &["198.19.0.100"], &[("198.19.0.100", "z")], "{}");
         let d = run(&format!("{CLUSTER}{ghost}"), "a", "198.19.0.1/24", false);
         assert!(d.statuses[0].message().contains("placed on node z, which is unknown"), "{}", d.statuses[0].message());
+    }
+
+    #[test]
+    fn a_kernel_without_address_tags_hosts_nothing() {
+        let e = eip("e", "2024-01-01T00:00:00Z", &["198.19.0.100"], &[("198.19.0.100", "b")], "{}");
+        let mut node = node("b", false);
+        node.egress.address_tags = false;
+        let d = compile_cached(
+            &view(&format!("{CLUSTER}{e}")),
+            &node,
+            &DnsAnswers::new(),
+            &host("198.19.0.2/24"),
+            &mut CompileCache::default(),
+        );
+        assert!(d.net.addresses.is_empty());
+        assert!(
+            d.statuses[0].message().contains("its kernel cannot tag addresses (IFA_PROTO"),
+            "{}",
+            d.statuses[0].message()
+        );
+        // Steering to another node needs no address here.
+        let elsewhere = eip("e", "2024-01-01T00:00:00Z", &["198.19.0.100"], &[("198.19.0.100", "c")], "{}");
+        let mut a = node.clone();
+        a.node_name = "a".into();
+        let d = compile_cached(
+            &view(&format!("{CLUSTER}{elsewhere}")),
+            &a,
+            &DnsAnswers::new(),
+            &host("198.19.0.1/24"),
+            &mut CompileCache::default(),
+        );
+        assert_eq!(d.statuses[0].outcome, Outcome::Applied, "{}", d.statuses[0].message());
     }
 
     #[test]

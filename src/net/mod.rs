@@ -27,6 +27,9 @@ pub struct EgressSettings {
     pub address_protocol: u8,
     /// Drop selected pods' outside traffic when no node hosts an IP of their EgressIP.
     pub fail_closed: bool,
+    /// The kernel tags addresses with their owner (`IFA_PROTO`, Linux ≥ 6.1): without it
+    /// egressd could not find the addresses it added again, so it hosts none.
+    pub address_tags: bool,
 }
 
 impl Default for EgressSettings {
@@ -39,6 +42,7 @@ impl Default for EgressSettings {
             route_protocol: 0xe9,
             address_protocol: 0xe9,
             fail_closed: false,
+            address_tags: true,
         }
     }
 }
@@ -51,6 +55,24 @@ pub const MAX_TABLE_BASE: u32 = u32::MAX - 256;
 /// Packet-mark bits kube-proxy uses (0x4000 masquerade, 0x8000 drop); egressd's mask
 /// must not touch them.
 pub(crate) const KUBE_PROXY_MARKS: u32 = 0x0000_c000;
+
+/// Whether a kernel of release `release` (`/proc/sys/kernel/osrelease`, e.g.
+/// `6.18.44-…`) tags addresses with `IFA_PROTO` (Linux ≥ 6.1). An unreadable release
+/// counts as yes (the kernel is then trusted, as before the check).
+pub fn kernel_tags_addresses(release: &str) -> bool {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let major: Option<u32> = parts.next().and_then(|p| p.parse().ok());
+    let minor: Option<u32> = parts.next().and_then(|p| p.parse().ok());
+    match (major, minor) {
+        (Some(major), Some(minor)) => (major, minor) >= (6, 1),
+        _ => true,
+    }
+}
+
+/// This machine's kernel release, if readable.
+pub fn kernel_release() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease").ok().map(|s| s.trim().to_string())
+}
 
 impl EgressSettings {
     /// Check a mark mask: non-zero, contiguous (the mark values are counted inside it)
@@ -211,6 +233,21 @@ impl NetDesired {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn address_tags_need_linux_6_1() {
+        for (release, ok) in [
+            ("6.18.44-fc-v669", true),
+            ("6.1.0-13-amd64", true),
+            ("6.0.19", false),
+            ("5.15.0-91-generic", false),
+            ("4.19.0", false),
+            ("10.0", true),
+            ("garbage", true),
+        ] {
+            assert_eq!(kernel_tags_addresses(release), ok, "{release}");
+        }
+    }
 
     #[test]
     fn mark_masks_are_checked_and_table_ids_never_wrap() {

@@ -105,12 +105,18 @@ impl Health {
         }
     }
 
-    /// What does not block readiness but should be seen (kinds treated as empty).
+    /// What does not block readiness but should be seen: informational checks that do
+    /// not hold (a kernel that cannot host egress IPs, say) and kinds treated as empty.
     pub(crate) fn notes(&self) -> Vec<String> {
-        self.kinds
+        let mut notes: Vec<String> = self
+            .checks
             .lock()
-            .map(|k| k.iter().filter(|k| !k.blocking).map(|k| format!("{}: {}", k.kind, k.reason)).collect())
-            .unwrap_or_default()
+            .map(|c| c.iter().filter(|c| !c.required && !c.ok).map(|c| format!("{}: {}", c.name, c.detail)).collect())
+            .unwrap_or_default();
+        if let Ok(k) = self.kinds.lock() {
+            notes.extend(k.iter().filter(|k| !k.blocking).map(|k| format!("{}: {}", k.kind, k.reason)));
+        }
+        notes
     }
 
     /// `Ok(())` when ready, else the named reasons.
@@ -162,7 +168,7 @@ mod tests {
             UnavailableKind { kind: "EgressQoS".into(), blocking: true, reason: "forbidden".into() },
         ]);
         assert_eq!(h.readiness(), Err(vec!["EgressQoS: forbidden".to_string()]));
-        assert_eq!(h.notes(), vec!["CloudPrivateIPConfig: not served".to_string()]);
+        assert_eq!(h.notes(), vec!["info: x".to_string(), "CloudPrivateIPConfig: not served".to_string()]);
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! | `net.ipv4.fib_multipath_hash_policy = 1` (and `net.ipv6.…`) | informational (set with `--manage-sysctls`) | EgressIP steering across several hosting nodes spreads flows by their ports; with 0 every flow between two addresses takes one path |
 //! | `net.ipv4.conf.all.rp_filter` ≠ 1 | informational | strict reverse-path filtering drops packets steered to a hosting node on a network where the pod's range does not route back over the link they arrived on (use 2, loose) |
 //! | `net.bridge.bridge-nf-call-iptables = 1` | informational | EgressQoS/EgressFirewall see same-node bridged pod traffic only with it |
+//! | Linux ≥ 6.1 (`IFA_PROTO` address tags) | informational | without it egress IPs are not hosted on the node (egressd could not find its addresses again); steering to other nodes works |
 
 use std::path::{Path, PathBuf};
 
@@ -137,6 +138,19 @@ pub fn check(sysctls: &Sysctls, v4: bool, v6: bool, nft_version: Option<&str>, m
         }
         None => Check { name: "nft".into(), ok: false, required: true, detail: "not found".into() },
     });
+    if let Some(release) = crate::net::kernel_release() {
+        let ok = crate::net::kernel_tags_addresses(&release);
+        out.push(Check {
+            name: "kernel address tags (IFA_PROTO)".into(),
+            ok,
+            required: false,
+            detail: if ok {
+                format!("Linux {release}")
+            } else {
+                format!("Linux {release}: egress IPs cannot be hosted on this node (needs 6.1 or later)")
+            },
+        });
+    }
     let bridge = sysctls.get("net.bridge.bridge-nf-call-iptables");
     out.push(Check {
         name: "net.bridge.bridge-nf-call-iptables".into(),
