@@ -557,12 +557,17 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
             self.syncer.force_full();
             changed = true;
         }
-        if check && let Some(n) = &self.net {
-            let links_matter = !self.source.view().egress_ips.is_empty();
-            changed |=
-                check_net(n, &self.desired, &mut self.last_links, links_matter, &self.config.telemetry.metrics).await;
+        if check {
+            changed |= self.check_net().await;
         }
         changed
+    }
+
+    /// The netlink check ([`check_net`]); the links matter while some EgressIP exists.
+    async fn check_net(&mut self) -> bool {
+        let Some(n) = &self.net else { return false };
+        let links_matter = !self.source.view().egress_ips.is_empty();
+        check_net(n, &self.desired, &mut self.last_links, links_matter, &self.config.telemetry.metrics).await
     }
 
     /// Write the status file when something was applied or the problems changed.
@@ -617,13 +622,7 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
                     changed |= round.changed;
                     attempted = round.attempted;
                 }
-                _ = net_check.tick() => {
-                    if let Some(n) = &self.net {
-                        let links_matter = !self.source.view().egress_ips.is_empty();
-            changed |=
-                check_net(n, &self.desired, &mut self.last_links, links_matter, &self.config.telemetry.metrics).await;
-                    }
-                }
+                _ = net_check.tick() => changed |= self.check_net().await,
                 first = next_drift(&mut self.drift) => changed |= self.on_drift(first).await,
             }
             if changed {
