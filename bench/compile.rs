@@ -49,15 +49,8 @@ fn view(namespaces: usize, rules_per_ns: usize, pods: usize) -> ClusterView {
 }
 
 fn node() -> NodeConfig {
-    NodeConfig {
-        node_name: "node-a".into(),
-        cluster_cidrs: vec!["198.18.0.0/15".parse().unwrap_or_else(|_| unreachable!())],
-        service_cidrs: vec![],
-        table_name: "egressd".into(),
-        dns_grace: DEFAULT_DNS_GRACE,
-        egress: Default::default(),
-        snoop: None,
-    }
+    NodeConfig::new("node-a", vec!["198.18.0.0/15".parse().unwrap_or_else(|_| unreachable!())])
+        .with_dns_grace(DEFAULT_DNS_GRACE)
 }
 
 fn bench_compile(c: &mut Criterion) {

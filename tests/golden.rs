@@ -53,7 +53,7 @@ fn node_config(args: &str) -> NodeConfig {
             "service-cidr" => node.service_cidrs = cidrs(v),
             "cluster-dns" => {
                 let servers = v.split(',').map(|c| c.trim().parse().unwrap()).collect();
-                node.snoop = Some(egressd::dns::targets::SnoopSettings { group: 4747, servers });
+                node.snoop = Some(egressd::dns::targets::SnoopSettings { group: 4747, servers, rate: 10_000 });
             }
             "no-dns-snoop" => snoop = false,
             other => panic!("unknown key {other} in args"),
@@ -61,7 +61,7 @@ fn node_config(args: &str) -> NodeConfig {
     }
     // As `egressd run`: snooping on unless switched off.
     if snoop && node.snoop.is_none() {
-        node.snoop = Some(egressd::dns::targets::SnoopSettings { group: 4747, servers: vec![] });
+        node.snoop = Some(egressd::dns::targets::SnoopSettings { group: 4747, servers: vec![], rate: 10_000 });
     }
     if !snoop {
         node.snoop = None;

@@ -235,3 +235,184 @@ fn without_snooping_wildcards_are_reported_not_applied() {
     assert!(!t.node.nft_list().contains("dns-snoop"), "no snooping chains");
     assert_eq!(tcp(&t.pods[0], "203.0.113.2", 8080), None, "the rest of the policy still applies");
 }
+
+/// An IPv4/UDP packet with any source (checksum 0: none, as UDP over IPv4 allows).
+fn raw_udp4(src: &str, sport: u16, dst: &str, dport: u16, payload: &[u8]) -> Vec<u8> {
+    let (s, d): (std::net::Ipv4Addr, std::net::Ipv4Addr) = (src.parse().unwrap(), dst.parse().unwrap());
+    let total = 28 + payload.len();
+    let mut b = vec![0x45, 0, (total >> 8) as u8, total as u8, 0, 0, 0x40, 0, 64, 17, 0, 0];
+    b.extend_from_slice(&s.octets());
+    b.extend_from_slice(&d.octets());
+    b.extend_from_slice(&sport.to_be_bytes());
+    b.extend_from_slice(&dport.to_be_bytes());
+    b.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+    b.extend_from_slice(&[0, 0]);
+    b.extend_from_slice(payload);
+    b
+}
+
+/// Send `packet` (a whole IPv4 packet, any source address) from `ns` (needs NET_RAW,
+/// which a pod may have).
+fn send_raw(ns: &Netns, dst: &str, packet: Vec<u8>) {
+    let dst: std::net::Ipv4Addr = dst.parse().unwrap();
+    ns.run(move || {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::RAW, Some(socket2::Protocol::from(255)))
+            .expect("raw socket");
+        s.set_header_included_v4(true).unwrap();
+        s.send_to(&packet, &SocketAddr::new(IpAddr::V4(dst), 0).into()).expect("send raw");
+    });
+}
+
+fn metric(t: &Topology, line_start: &str) -> u64 {
+    let body = http_get(&t.node, "127.0.0.1:9780", "/metrics").map(|(_, b)| b).unwrap_or_default();
+    body.lines()
+        .find(|l| l.starts_with(line_start))
+        .and_then(|l| l.split_whitespace().last()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn another_pod_cannot_forge_an_answer_from_the_servers_address() {
+    // pod0 asks a trusted server that stays silent (a query waits: the snooper knows its
+    // port and id); pod1, with NET_RAW, forges the answer from the server's address and
+    // port into pod0's flow. The reverse-path check sees it enter from pod1's link.
+    const SILENT: &str = "192.0.2.99";
+    let t = Topology::new(&["team-a", "team-b"]);
+    t.set_firewall(
+        "team-a",
+        &[
+            "  - type: Allow\n    to: {dnsName: \"*.example.com\"}\n    ports: [{protocol: TCP, port: 8080}]\n",
+            "  - type: Allow\n    to: {cidrSelector: 192.0.2.99/32}\n    ports: [{protocol: UDP, port: 53}]\n",
+            "  - type: Deny\n    to: {cidrSelector: 0.0.0.0/0}\n",
+        ]
+        .concat(),
+    );
+    let agent = t.start_agent_with("agent", &["--dns-server", TRUSTED, "--cluster-dns", SILENT]);
+    let (p0, p1) = (&t.pods[0], &t.pods[1]);
+    let pod0 = netns::pod_v4(0);
+    let socket = p0.run(|| {
+        let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        s
+    });
+    let port = socket.local_addr().unwrap().port();
+    for (i, victim_name) in ["evil.example.com.", "evil2.example.com."].iter().enumerate() {
+        let id = 100 + i as u16;
+        socket.send_to(&query_message(id, victim_name, RecordType::A).to_vec().unwrap(), (SILENT, 53)).unwrap();
+        let mut forged = query_message(id, victim_name, RecordType::A);
+        forged.metadata.message_type = MessageType::Response;
+        forged.add_answer(Record::from_rdata(
+            Name::from_ascii(victim_name).unwrap(),
+            600,
+            RData::A(A(UNTRUSTED.parse().unwrap())),
+        ));
+        send_raw(p1, &pod0, raw_udp4(SILENT, 53, &pod0, port, &forged.to_vec().unwrap()));
+        // The pod itself did get the forged answer (nothing is dropped)...
+        let mut buf = [0u8; 1500];
+        let (n, from) = socket.recv_from(&mut buf).expect("the forged answer reaches pod0");
+        assert_eq!(from, SocketAddr::new(SILENT.parse().unwrap(), 53));
+        assert!(Message::from_vec(&buf[..n]).is_ok());
+    }
+    // ...but egressd did not learn from it.
+    let counted = wait_for(Duration::from_secs(3), || snooped(&t, "spoofed") >= 2);
+    assert!(counted.is_some(), "spoofed {}:\n{}", snooped(&t, "spoofed"), agent.log_text());
+    assert_eq!(snooped(&t, "learned"), 0, "a forged answer was learned");
+    let set = t.node.exec(&["nft", "list", "set", "inet", "egressd", "dnsw4-example.com"]);
+    assert!(!set.contains(UNTRUSTED), "forged address in the set:\n{set}");
+    assert_eq!(tcp(p0, UNTRUSTED, 8080), None, "forged address allowed");
+}
+
+#[test]
+fn thousands_of_learned_addresses_survive_a_full_replace_and_a_restart() {
+    // 5,040 addresses (112 names × 45 AAAA records) learned from the pod's own answers:
+    // more than one netlink message and one transaction hold, so the in-process writer
+    // must split them, and a restart must read them all back and put them back.
+    const NAMES: usize = 112;
+    const PER_NAME: usize = 45;
+    let t = Topology::new(&["team-a"]);
+    let mut hosts = String::new();
+    for i in 0..NAMES {
+        for j in 0..PER_NAME {
+            hosts.push_str(&format!("2001:db8:aa:{i:x}::{:x} h{i}.bulk.example.com\n", j + 1));
+        }
+    }
+    let hosts_file = t.dir.path().join("hosts");
+    std::fs::write(&hosts_file, hosts).unwrap();
+    let _dns = Dnsmasq::start_with(&t.ext, TRUSTED, hosts_file, 3600, &["--edns-packet-max=4096"]);
+    t.set_firewall(
+        "team-a",
+        &[
+            "  - type: Allow\n    to: {dnsName: \"*.bulk.example.com\"}\n    ports: [{protocol: TCP, port: 8080}]\n",
+            "  - type: Allow\n    to: {cidrSelector: 203.0.113.2/32}\n    ports: [{protocol: UDP, port: 53}]\n",
+            "  - type: Deny\n    to: {cidrSelector: \"::/0\"}\n",
+        ]
+        .concat(),
+    );
+    let mut agent = t.start_agent_with("agent", &["--dns-server", TRUSTED]);
+    let p0 = &t.pods[0];
+    let target = SocketAddr::new(TRUSTED.parse().unwrap(), 53);
+    let answered: usize = p0.run(move || {
+        let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut total = 0;
+        for i in 0..NAMES {
+            let mut q = query_message(i as u16, &format!("h{i}.bulk.example.com."), RecordType::AAAA);
+            let mut edns = hickory_proto::op::Edns::new();
+            edns.set_max_payload(4096);
+            q.set_edns(edns);
+            s.send_to(&q.to_vec().unwrap(), target).unwrap();
+            let mut buf = [0u8; 4096];
+            let (n, _) = s.recv_from(&mut buf).unwrap();
+            let m = Message::from_vec(&buf[..n]).unwrap();
+            assert!(!m.metadata.truncation, "answer {i} truncated");
+            total += m.answers.len();
+        }
+        total
+    });
+    assert_eq!(answered, NAMES * PER_NAME);
+    let count = |t: &Topology| {
+        let set = t.node.exec(&["nft", "list", "set", "inet", "egressd", "dnsw6-bulk.example.com"]);
+        set.matches("2001:db8:aa:").count()
+    };
+    let learned = wait_for(Duration::from_secs(10), || count(&t) == NAMES * PER_NAME);
+    assert!(learned.is_some(), "{} of {} learned:\n{}", count(&t), NAMES * PER_NAME, agent.log_text());
+
+    // A full replace (someone deletes the table: drift repair replaces it).
+    t.node.exec(&["nft", "delete", "table", "inet", "egressd"]);
+    let back = wait_for(Duration::from_secs(5), || t.node.has_table("egressd") && count(&t) == NAMES * PER_NAME);
+    assert!(back.is_some(), "{} after the replace:\n{}", count(&t), agent.log_text());
+
+    // A restart: read back, replaced, put back.
+    agent.stop();
+    let agent = t.start_agent_with("agent2", &["--dns-server", TRUSTED]);
+    let put_back = wait_for(Duration::from_secs(5), || agent.log_text().contains("learned DNS addresses put back"));
+    assert!(put_back.is_some(), "{}", agent.log_text());
+    assert_eq!(count(&t), NAMES * PER_NAME, "after a restart:\n{}", agent.log_text());
+}
+
+#[test]
+fn a_flood_from_port_53_is_copied_only_up_to_the_rate_limit() {
+    let t = Topology::new(&["team-a"]);
+    t.set_firewall(
+        "team-a",
+        "  - type: Allow\n    to: {dnsName: \"*.example.com\"}\n  - type: Deny\n    to: {cidrSelector: 0.0.0.0/0}\n",
+    );
+    let agent = t.start_agent_with("agent", &["--dns-server", TRUSTED]);
+    let pod0 = netns::pod_v4(0);
+    // 3,000 answer-shaped packets from an outside port 53 to the pod: untracked copies,
+    // limited to 200/s (burst 200).
+    t.ext.run(move || {
+        let s = UdpSocket::bind((TRUSTED, 53)).unwrap();
+        for _ in 0..3000 {
+            let _ = s.send_to(b"\x00\x01\x81\x80\x00\x00\x00\x00\x00\x00\x00\x00", (pod0.as_str(), 40000));
+        }
+    });
+    let limited = r#"egressd_dns_snoop_dropped_total{reason="copies_over_rate_untracked"}"#;
+    let seen = wait_for(Duration::from_secs(12), || metric(&t, limited) > 0);
+    assert!(seen.is_some(), "no copies held back:\n{}", agent.log_text());
+    let copied = snooped(&t, "untracked");
+    let held = metric(&t, limited);
+    assert!(copied <= 1000, "{copied} untracked copies taken of 3000");
+    assert!(held >= 1500, "only {held} counted as held back");
+    assert!(copied + held <= 3000, "copied {copied} + held back {held}");
+}

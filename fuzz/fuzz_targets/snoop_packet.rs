@@ -12,22 +12,26 @@ fuzz_target!(|data: &[u8]| {
     let now = Instant::now();
     let mut snooper = Snooper::new();
     if let Ok(packet) = parse_packet(data) {
-        if let Ok(Some(message)) = dns_message(&packet) {
+        let reply = egressd::dns::snoop::Packet {
+            src: packet.dst,
+            dst: packet.src,
+            sport: packet.dport,
+            dport: packet.sport,
+            ..packet.clone()
+        };
+        // The bytes as a query, then (after a SYN-ACK for TCP) as the answer.
+        let _ = snooper.query(&packet, now);
+        let _ = snooper.answer(&egressd::dns::snoop::Packet { syn: true, payload: &[], ..reply.clone() }, now);
+        let _ = snooper.answer(&egressd::dns::snoop::Packet { seq: reply.seq.wrapping_add(1), ..reply.clone() }, now);
+        if let Ok(message) = dns_message(&packet) {
             // Register the message as a query, then hand it back as the answer, so
             // matching and CNAME following run on whatever the input holds.
             let mut query = message.clone();
             query.metadata.message_type = hickory_proto::op::MessageType::Query;
-            let _ = snooper.query(&packet, &query, now);
+            let _ = snooper.query_message(&packet, &query, now);
             let mut message = message;
             message.metadata.message_type = hickory_proto::op::MessageType::Response;
-            let reply = egressd::dns::snoop::Packet {
-                src: packet.dst,
-                dst: packet.src,
-                sport: packet.dport,
-                dport: packet.sport,
-                ..packet.clone()
-            };
-            if let Ok(learned) = snooper.answer(&reply, &message, now) {
+            if let Ok(learned) = snooper.answer_message(&reply, &message, now) {
                 for l in learned {
                     for n in &l.names {
                         let _ = name_matches("example.com", true, n);

@@ -40,6 +40,8 @@ pub struct NodeConfig {
     pub table_name: String,
     /// Added to a resolved address's lifetime for its kernel-side timeout.
     pub dns_grace: std::time::Duration,
+    /// Longest DNS TTL honoured (resolved and snooped answers), at most [`crate::dns::MAX_TTL`].
+    pub dns_max_ttl: std::time::Duration,
     /// EgressIP marks, tables and ownership tags.
     pub egress: EgressSettings,
     /// DNS snooping (`None`: off, and wildcard `dnsName` rules cannot be enforced).
@@ -57,6 +59,7 @@ impl NodeConfig {
             service_cidrs: Vec::new(),
             table_name: "egressd".into(),
             dns_grace: DEFAULT_DNS_GRACE,
+            dns_max_ttl: crate::dns::MAX_TTL,
             egress: EgressSettings::default(),
             snoop: None,
         }
@@ -77,6 +80,13 @@ impl NodeConfig {
     /// With another DNS grace.
     pub fn with_dns_grace(mut self, dns_grace: std::time::Duration) -> Self {
         self.dns_grace = dns_grace;
+        self
+    }
+
+    /// With another longest DNS TTL (cut to [`crate::dns::MAX_TTL`] and at least
+    /// [`crate::dns::FLOOR`]).
+    pub fn with_dns_max_ttl(mut self, max_ttl: std::time::Duration) -> Self {
+        self.dns_max_ttl = max_ttl.clamp(crate::dns::FLOOR, crate::dns::MAX_TTL);
         self
     }
 

@@ -5,7 +5,10 @@
 //! * `dns-snoop` (forward), `dns-snoop-in` (input: queries to a DNS server on this
 //!   node) and `dns-snoop-out` (output: its answers), priority `filter - 5`: an
 //!   answer-shaped packet (source port 53) that opens a flow toward a snooped pod is
-//!   copied with prefix `dns-x` (counted, never used); packets of flows whose original
+//!   copied with prefix `dns-x` (counted, never used); on forward, an answer to a snooped
+//!   pod that fails the reverse-path check (`fib saddr . iif oif missing`: it came in
+//!   from where the server's address is not routed, i.e. a pod forged it) is copied
+//!   with prefix `dns-s` (counted, never used); packets of flows whose original
 //!   destination port is 53 go to `dns-snoop-check`.
 //! * `dns-snoop-check`: queries (original direction) from `@snoop-pods` to
 //!   `@dns-servers` → `dns-q`; answers (reply direction) to `@snoop-pods` of flows whose
@@ -13,12 +16,19 @@
 //!   → `dns-u` (untrusted: counted, never used). `ct original daddr` is the address the
 //!   pod asked (a Service VIP before kube-proxy's DNAT), so the cluster DNS Service
 //!   address is what `--cluster-dns` names.
+//! * every copy goes through `dns-copy-<class>`: `limit rate over` the class's rate
+//!   (`--dns-snoop-rate` for queries and answers, [`COUNTED_ONLY_RATE`] for the
+//!   counted-only classes) is counted in the named counter `snoop-over-<class>` and not
+//!   copied, so a flood from port 53 cannot keep the listener busy.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use super::NodeConfig;
-use crate::dns::targets::{PREFIX_ANSWER, PREFIX_QUERY, PREFIX_UNTRACKED, PREFIX_UNTRUSTED, SnoopName, SnoopTargets};
+use crate::dns::targets::{
+    COUNTED_ONLY_RATE, PREFIX_ANSWER, PREFIX_QUERY, PREFIX_SPOOFED, PREFIX_UNTRACKED, PREFIX_UNTRUSTED, SnoopName,
+    SnoopTargets,
+};
 use crate::nft::{Chain, Hook, KeyType, Set, Table};
 use crate::view::policy::Target;
 use crate::view::{ClusterView, PodInfo};
@@ -56,27 +66,58 @@ pub(super) fn compile(view: &ClusterView, node: &NodeConfig, owners: &BTreeMap<I
     table.sets.insert("dns-servers-v4".into(), s4);
     table.sets.insert("dns-servers-v6".into(), s6);
 
-    let log = |prefix: &str| format!("log prefix \"{prefix}\" group {} queue-threshold 1", settings.group);
+    // One chain per class of copy: a rate limit (what it holds back is counted in a
+    // named counter the agent reads), then the copy. Reached by `goto`, so a packet is
+    // copied once at most and the base chain's policy (accept) applies after it.
+    let classes = [
+        (PREFIX_QUERY, "query", settings.rate),
+        (PREFIX_ANSWER, "answer", settings.rate),
+        (PREFIX_UNTRUSTED, "untrusted", COUNTED_ONLY_RATE),
+        (PREFIX_UNTRACKED, "untracked", COUNTED_ONLY_RATE),
+        (PREFIX_SPOOFED, "spoofed", COUNTED_ONLY_RATE),
+    ];
+    for (prefix, class, rate) in classes {
+        table.chains.insert(
+            format!("dns-copy-{class}"),
+            Chain::regular(vec![
+                format!(
+                    "limit rate over {rate}/second burst {rate} packets counter name \"{}\" return",
+                    copy_counter(class)
+                ),
+                format!("log prefix \"{prefix}\" group {} queue-threshold 1", settings.group),
+            ]),
+        );
+    }
     let mut check = Vec::new();
     for (family, v) in [("ip", "v4"), ("ip6", "v6")] {
         check.push(format!(
-            "ct direction original {family} saddr @snoop-pods-{v} ct original {family} daddr @dns-servers-{v} {} return",
-            log(PREFIX_QUERY)
+            "ct direction original {family} saddr @snoop-pods-{v} ct original {family} daddr @dns-servers-{v} goto dns-copy-query"
         ));
         check.push(format!(
-            "ct direction reply {family} daddr @snoop-pods-{v} ct original {family} daddr @dns-servers-{v} {} return",
-            log(PREFIX_ANSWER)
+            "ct direction reply {family} daddr @snoop-pods-{v} ct original {family} daddr @dns-servers-{v} goto dns-copy-answer"
         ));
-        check.push(format!("ct direction reply {family} daddr @snoop-pods-{v} {}", log(PREFIX_UNTRUSTED)));
+        check.push(format!("ct direction reply {family} daddr @snoop-pods-{v} goto dns-copy-untrusted"));
     }
     table.chains.insert("dns-snoop-check".into(), Chain::regular(check));
     let base = |hook: &'static str| {
         let mut rules = Vec::new();
         for (family, v) in [("ip", "v4"), ("ip6", "v6")] {
             rules.push(format!(
-                "meta l4proto {{ udp, tcp }} th sport 53 ct direction original {family} daddr @snoop-pods-{v} {}",
-                log(PREFIX_UNTRACKED)
+                "meta l4proto {{ udp, tcp }} th sport 53 ct direction original {family} daddr @snoop-pods-{v} goto dns-copy-untracked"
             ));
+        }
+        if hook == "forward" {
+            // Anti-spoofing: an answer to a pod that entered from where the server's
+            // address is not routed (a pod forging the server's address into its own
+            // flow) fails the reverse-path lookup. (`iif` exists on forward and input
+            // only; answers of a server on the node itself come through output.)
+            for (family, v) in [("ip", "v4"), ("ip6", "v6")] {
+                for proto in ["udp", "tcp"] {
+                    rules.push(format!(
+                        "meta l4proto {proto} ct original proto-dst 53 ct direction reply {family} daddr @snoop-pods-{v} fib saddr . iif oif missing goto dns-copy-spoofed"
+                    ));
+                }
+            }
         }
         rules.push("meta l4proto udp ct original proto-dst 53 jump dns-snoop-check".into());
         rules.push("meta l4proto tcp ct original proto-dst 53 jump dns-snoop-check".into());
@@ -87,9 +128,20 @@ pub(super) fn compile(view: &ClusterView, node: &NodeConfig, owners: &BTreeMap<I
     table.chains.insert("dns-snoop-out".into(), base("output"));
 }
 
+/// The named counter of the copies of `class` the rate limit held back (declared in
+/// every table: [`crate::nft::COUNTERS`]).
+pub(crate) fn copy_counter(class: &str) -> String {
+    format!("snoop-over-{class}")
+}
+
 /// The listener's view of `view` on this node.
 pub(crate) fn targets(view: &ClusterView, node: &NodeConfig, owners: &BTreeMap<IpAddr, &PodInfo>) -> SnoopTargets {
-    let mut t = SnoopTargets { exempt: node.exempt_ranges(), grace: node.dns_grace, ..Default::default() };
+    let mut t = SnoopTargets {
+        exempt: node.exempt_ranges(),
+        grace: node.dns_grace,
+        max_ttl: node.dns_max_ttl,
+        ..Default::default()
+    };
     if node.snoop.is_none() {
         return t;
     }

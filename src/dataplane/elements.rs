@@ -5,7 +5,8 @@
 //! ~5 ms, this ~0.1 ms.
 //!
 //! Adding an element that exists restarts its timeout (no `NLM_F_EXCL`), the same as
-//! `nft add element`.
+//! `nft add element`. Many elements (putting back thousands of learned addresses after
+//! a full replace) are split into messages and transactions the kernel takes.
 
 use std::io;
 use std::net::IpAddr;
@@ -38,7 +39,9 @@ impl ElementWriter {
         let mut socket = Socket::new(NETLINK_NETFILTER)?;
         socket.bind_auto()?;
         socket.connect(&SocketAddr::new(0, 0))?;
-        Ok(Self { socket, table: table.to_string(), seq: 0, buf: vec![0; 1 << 16] })
+        // A reply that never comes fails the call instead of blocking its caller.
+        socket2::SockRef::from(&socket).set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+        Ok(Self { socket, table: table.to_string(), seq: 0, buf: vec![0; 1 << 18] })
     }
 
     fn message(
@@ -115,12 +118,12 @@ impl ElementWriter {
         Ok(if exists { found } else { Vec::new() })
     }
 
-    /// Add `elements` in one transaction; an error names what the kernel refused (an
-    /// unknown set, say) and applies nothing.
+    /// Add `elements`: in one transaction when they fit ([`ELEMENTS_PER_MESSAGE`] per
+    /// message, [`BATCH_BYTES`] per transaction), else in as many as needed. Replies
+    /// are matched to messages by sequence number. On an error (an unknown set, a full
+    /// set) the transaction it is in applies nothing, the others still apply, and the
+    /// first error is returned.
     pub fn add(&mut self, elements: &[Element]) -> io::Result<()> {
-        if elements.is_empty() {
-            return Ok(());
-        }
         let mut by_set: std::collections::BTreeMap<&str, Vec<ListAttribute<SetElementAttribute>>> = Default::default();
         for (set, ip, timeout) in elements {
             let key = match ip {
@@ -133,37 +136,69 @@ impl ElementWriter {
                 SetElementAttribute::Timeout(ms),
             ]));
         }
-        let mut batch = self.message(NLM_F_REQUEST, ControlMessage::BatchBegin, NFNL_SUBSYS_NFTABLES);
-        let first = self.seq;
+        let mut first_error = None;
+        let mut batch: Vec<u8> = Vec::new();
+        let mut waiting: Vec<u32> = Vec::new();
         for (set, list) in by_set {
-            let msg = NfTablesMessage::NewSetElement(SetElementMessage {
-                attributes: vec![
-                    SetElementList::Table(self.table.clone()),
-                    SetElementList::Set(set.to_string()),
-                    SetElementList::Elements(list),
-                ],
-            });
-            batch.extend(self.message(NLM_F_REQUEST | NLM_F_CREATE | NLM_F_ACK, msg, 0));
-        }
-        batch.extend(self.message(NLM_F_REQUEST, ControlMessage::BatchEnd, NFNL_SUBSYS_NFTABLES));
-        let last = self.seq;
-        self.socket.send(&batch, 0)?;
-        // One acknowledgement per element message (sequence numbers first+1 .. last-1).
-        let wanted = last - first - 1;
-        let mut acked = 0;
-        super::recv_until(&self.socket, &mut self.buf, |msg| match msg.payload {
-            NetlinkPayload::Error(e) => match e.code {
-                Some(code) => Some(Err(io::Error::from_raw_os_error(-code.get()))),
-                None => {
-                    acked += 1;
-                    (acked >= wanted).then_some(Ok(()))
+            let mut list = list.into_iter().peekable();
+            while list.peek().is_some() {
+                let chunk: Vec<_> = list.by_ref().take(ELEMENTS_PER_MESSAGE).collect();
+                let msg = NfTablesMessage::NewSetElement(SetElementMessage {
+                    attributes: vec![
+                        SetElementList::Table(self.table.clone()),
+                        SetElementList::Set(set.to_string()),
+                        SetElementList::Elements(chunk),
+                    ],
+                });
+                // Room for one more message of at most 48 bytes per element?
+                if !batch.is_empty()
+                    && batch.len() + ELEMENTS_PER_MESSAGE * 48 > BATCH_BYTES
+                    && let Err(e) = self.send_batch(std::mem::take(&mut batch), std::mem::take(&mut waiting))
+                {
+                    first_error.get_or_insert(e);
                 }
-            },
-            _ => None,
+                batch.extend(self.message(NLM_F_REQUEST | NLM_F_CREATE | NLM_F_ACK, msg, 0));
+                waiting.push(self.seq);
+            }
+        }
+        if !batch.is_empty()
+            && let Err(e) = self.send_batch(batch, waiting)
+        {
+            first_error.get_or_insert(e);
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Send `messages` (element messages with sequence numbers `waiting`) as one
+    /// transaction and wait for the reply to each.
+    fn send_batch(&mut self, messages: Vec<u8>, mut waiting: Vec<u32>) -> io::Result<()> {
+        let mut batch = self.message(NLM_F_REQUEST, ControlMessage::BatchBegin, NFNL_SUBSYS_NFTABLES);
+        batch.extend(messages);
+        batch.extend(self.message(NLM_F_REQUEST, ControlMessage::BatchEnd, NFNL_SUBSYS_NFTABLES));
+        self.socket.send(&batch, 0)?;
+        // The kernel answers every message with NLM_F_ACK, also when the transaction
+        // fails (then with the error on the message that failed).
+        let mut error = None;
+        super::recv_until(&self.socket, &mut self.buf, |msg| {
+            let NetlinkPayload::Error(e) = msg.payload else { return None };
+            let at = waiting.iter().position(|s| *s == msg.header.sequence_number)?;
+            waiting.swap_remove(at);
+            if let Some(code) = e.code {
+                error.get_or_insert(io::Error::from_raw_os_error(-code.get()));
+            }
+            waiting.is_empty().then_some(Ok(()))
         })?;
-        Ok(())
+        error.map_or(Ok(()), Err)
     }
 }
+
+/// Most elements in one `NEWSETELEM` message: its element list is one netlink attribute
+/// with a 16-bit length (an IPv6 element with its timeout takes 44 bytes; 1,024 of
+/// them 45 KB).
+pub(crate) const ELEMENTS_PER_MESSAGE: usize = 1024;
+/// Most bytes of element messages in one transaction (one `send`): well under the
+/// socket's default send buffer (~212 KB), beyond which the send fails with EMSGSIZE.
+pub(crate) const BATCH_BYTES: usize = 128 * 1024;
 
 /// The (address, time left) of the elements in one element list attribute.
 fn elements_left(list: SetElementList) -> Vec<(IpAddr, Duration)> {

@@ -18,16 +18,74 @@ use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner, Netfilte
 use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
 
 use crate::dataplane::elements::{Element, ElementWriter};
-use crate::dns::snoop::{Ignored, Snooper, dns_message, name_matches, parse_packet};
-use crate::dns::targets::{PREFIX_ANSWER, PREFIX_QUERY, PREFIX_UNTRACKED, PREFIX_UNTRUSTED, SnoopTargets};
-use crate::telemetry::metrics::{Metrics, SnoopLabels};
+use crate::dns::snoop::{Dropped, Ignored, Snooper, parse_packet};
+use crate::dns::targets::{
+    PREFIX_ANSWER, PREFIX_QUERY, PREFIX_SPOOFED, PREFIX_UNTRACKED, PREFIX_UNTRUSTED, SnoopTargets,
+};
+use crate::telemetry::metrics::{Metrics, SnoopDropLabels, SnoopLabels};
 
 /// Expired entries are pruned when the memory of learned elements reaches a power of
 /// two at least this large (so pruning costs O(1) amortised).
 const PRUNE_AT: usize = 1024;
+/// Most learned elements remembered (all sets): ~100 bytes each.
+pub(crate) const MAX_LEARNED: usize = 262_144;
+/// Most learned elements of one set: half the kernel set's `size`
+/// ([`crate::nft::TIMEOUT_SET_SIZE`]), leaving room beside them for the most addresses
+/// one resolution can bring.
+pub(crate) const MAX_LEARNED_PER_SET: usize = crate::nft::TIMEOUT_SET_SIZE / 2;
 
-/// Elements the listener added: (set, address) → when they expire in the kernel.
-type Learned = HashMap<(String, IpAddr), Instant>;
+/// Elements the listener added: (set, address) → when they expire in the kernel, and
+/// how many each set has.
+#[derive(Debug, Default)]
+struct Learned {
+    until: HashMap<(String, IpAddr), Instant>,
+    per_set: HashMap<String, usize>,
+}
+
+impl Learned {
+    /// Forget what has expired (or, with `keep`, what is in sets no longer wanted).
+    fn retain(&mut self, mut keep: impl FnMut(&str, Instant) -> bool) {
+        self.until.retain(|(set, _), until| keep(set, *until));
+        self.per_set.clear();
+        for (set, _) in self.until.keys() {
+            *self.per_set.entry(set.clone()).or_default() += 1;
+        }
+    }
+
+    /// The elements that fit (refreshing a remembered one always does); the others are
+    /// counted in `refused`.
+    fn admit(&mut self, elements: Vec<Element>, now: Instant, refused: &mut u64) -> Vec<Element> {
+        if self.until.len() >= PRUNE_AT && self.until.len().is_power_of_two() {
+            self.retain(|_, until| until > now);
+        }
+        let mut out = Vec::with_capacity(elements.len());
+        let mut total = self.until.len();
+        let mut added: HashMap<&str, usize> = HashMap::new();
+        for e in &elements {
+            let known = self.until.contains_key(&(e.0.clone(), e.1));
+            let in_set = self.per_set.get(&e.0).copied().unwrap_or(0) + added.get(e.0.as_str()).copied().unwrap_or(0);
+            if !known && (total >= MAX_LEARNED || in_set >= MAX_LEARNED_PER_SET) {
+                *refused += 1;
+                continue;
+            }
+            if !known {
+                total += 1;
+                *added.entry(e.0.as_str()).or_default() += 1;
+            }
+            out.push(e.clone());
+        }
+        out
+    }
+
+    /// Remember elements the kernel took.
+    fn remember(&mut self, elements: &[Element], now: Instant) {
+        for (set, ip, timeout) in elements {
+            if self.until.insert((set.clone(), *ip), now + *timeout).is_none() {
+                *self.per_set.entry(set.clone()).or_default() += 1;
+            }
+        }
+    }
+}
 
 /// The running listener.
 #[derive(Clone)]
@@ -39,6 +97,12 @@ pub(crate) struct SnoopHandle {
 
 fn count(metrics: &Metrics, result: &str) {
     metrics.dns_snooped.get_or_create(&SnoopLabels { result: result.to_string() }).inc();
+}
+
+fn count_dropped(metrics: &Metrics, reason: &str, n: u64) {
+    if n > 0 {
+        metrics.dns_snoop_dropped.get_or_create(&SnoopDropLabels { reason: reason.to_string() }).inc_by(n);
+    }
 }
 
 fn bind(group: u16) -> std::io::Result<Socket> {
@@ -81,7 +145,7 @@ impl SnoopHandle {
         let writer = ElementWriter::open(table)?;
         let handle = Self {
             targets: Arc::new(RwLock::new(Arc::new(SnoopTargets::default()))),
-            learned: Arc::new(Mutex::new(HashMap::new())),
+            learned: Arc::new(Mutex::new(Learned::default())),
             table: table.to_string(),
         };
         let h = handle.clone();
@@ -112,10 +176,11 @@ impl SnoopHandle {
         let mut n = 0;
         let Ok(mut learned) = self.learned.lock() else { return Ok(0) };
         for set in sets {
-            for (ip, left) in writer.dump(set)? {
-                learned.insert((set.clone(), ip), now + left);
-                n += 1;
-            }
+            let found: Vec<Element> = writer.dump(set)?.into_iter().map(|(ip, left)| (set.clone(), ip, left)).collect();
+            let mut refused = 0;
+            let found = learned.admit(found, now, &mut refused);
+            learned.remember(&found, now);
+            n += found.len();
         }
         Ok(n)
     }
@@ -126,8 +191,8 @@ impl SnoopHandle {
         let now = Instant::now();
         let elements: Vec<Element> = {
             let Ok(mut learned) = self.learned.lock() else { return Ok(0) };
-            learned.retain(|(set, _), until| *until > now && sets.contains(set));
-            learned.iter().map(|((set, ip), until)| (set.clone(), *ip, until.duration_since(now))).collect()
+            learned.retain(|set, until| until > now && sets.contains(set));
+            learned.until.iter().map(|((set, ip), until)| (set.clone(), *ip, until.duration_since(now))).collect()
         };
         ElementWriter::open(&self.table)?.add(&elements)?;
         Ok(elements.len())
@@ -135,6 +200,7 @@ impl SnoopHandle {
 
     fn run(&self, socket: Socket, mut writer: ElementWriter, metrics: &Metrics) {
         let mut snooper = Snooper::new();
+        let mut reported = Dropped::default();
         let mut buf = vec![0u8; 1 << 17];
         loop {
             let size = match socket.recv(&mut &mut buf[..], 0) {
@@ -159,6 +225,13 @@ impl SnoopHandle {
                 }) = &msg.payload
                 {
                     self.packet(nlas, &mut snooper, &mut writer, metrics);
+                    let now = snooper.dropped();
+                    if now != reported {
+                        count_dropped(metrics, "pending_evicted", now.pending_evicted - reported.pending_evicted);
+                        count_dropped(metrics, "tcp_flows_evicted", now.tcp_flows_evicted - reported.tcp_flows_evicted);
+                        count_dropped(metrics, "cname_chain_cut", now.cname_chains_cut - reported.cname_chains_cut);
+                        reported = now;
+                    }
                 }
                 if len == 0 {
                     break;
@@ -181,59 +254,50 @@ impl SnoopHandle {
         let (Some(prefix), Some(payload)) = (prefix, payload) else { return };
         let now = Instant::now();
         let outcome: Result<Vec<Element>, Ignored> = (|| {
-            if prefix == PREFIX_UNTRUSTED {
-                return Err(Ignored::Untrusted);
-            }
-            if prefix == PREFIX_UNTRACKED {
-                return Err(Ignored::Untracked);
+            match prefix {
+                PREFIX_UNTRUSTED => return Err(Ignored::Untrusted),
+                PREFIX_UNTRACKED => return Err(Ignored::Untracked),
+                PREFIX_SPOOFED => return Err(Ignored::Spoofed),
+                _ => {}
             }
             let packet = parse_packet(payload)?;
-            let Some(message) = dns_message(&packet)? else { return Ok(Vec::new()) };
             if prefix == PREFIX_QUERY {
-                snooper.query(&packet, &message, now)?;
-                count(metrics, "query");
+                if snooper.query(&packet, now)? > 0 {
+                    count(metrics, "query");
+                }
                 return Ok(Vec::new());
             }
             if prefix != PREFIX_ANSWER {
                 return Err(Ignored::Malformed);
             }
-            let learned = snooper.answer(&packet, &message, now)?;
+            let learned = snooper.answer(&packet, now)?;
             let targets = self.targets.read().map(|t| t.clone()).unwrap_or_default();
-            let mut elements = Vec::new();
-            for l in learned {
-                let Some(namespace) = targets.pods.get(&l.pod) else { continue };
-                if targets.exempt.iter().any(|n| n.contains(&l.address)) {
-                    continue;
-                }
-                let timeout = crate::dns::element_timeout(l.ttl, targets.grace);
-                for name in targets.names.get(namespace).into_iter().flatten() {
-                    if !l.names.iter().any(|n| name_matches(&name.base, name.wildcard, n)) {
-                        continue;
-                    }
-                    if let Some(set) = &name.sets[usize::from(l.address.is_ipv6())] {
-                        elements.push((set.clone(), l.address, timeout));
-                    }
-                }
-            }
-            Ok(elements)
+            Ok(targets.elements(&learned))
         })();
+        let outcome = outcome.map(|elements| {
+            let mut refused = 0;
+            let admitted = match self.learned.lock() {
+                Ok(mut learned) => learned.admit(elements, now, &mut refused),
+                Err(_) => elements,
+            };
+            count_dropped(metrics, "learned_full", refused);
+            admitted
+        });
         match outcome {
             Ok(elements) if elements.is_empty() => {}
             Ok(elements) => match writer.add(&elements) {
                 Ok(()) => {
                     count(metrics, "learned");
                     if let Ok(mut learned) = self.learned.lock() {
-                        for (set, ip, timeout) in &elements {
-                            learned.insert((set.clone(), *ip), now + *timeout);
-                        }
-                        // Forget what the kernel has dropped by itself, now and then.
-                        if learned.len() >= PRUNE_AT && learned.len().is_power_of_two() {
-                            learned.retain(|_, until| *until > now);
-                        }
+                        learned.remember(&elements, now);
                     }
                     for (set, ip, timeout) in &elements {
                         tracing::debug!(set = %set, address = %ip, timeout_s = timeout.as_secs(), "learned from a pod's DNS answer");
                     }
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ENFILE) => {
+                    count_dropped(metrics, "set_full", elements.len() as u64);
+                    tracing::warn!("DNS snooping: a set is full (its size), learned addresses not added");
                 }
                 Err(e) => {
                     count(metrics, "kernel_error");

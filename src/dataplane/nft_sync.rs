@@ -58,6 +58,11 @@ pub enum NftError {
 pub trait NftBackend: Send {
     /// Apply `script` as one transaction.
     fn apply(&mut self, script: &str) -> Result<(), NftError>;
+
+    /// The packet counts of the named counters of `table` (none by default).
+    fn counters(&mut self, _table: &str) -> Result<Vec<(String, u64)>, NftError> {
+        Ok(Vec::new())
+    }
 }
 
 /// Runs the `nft` program.
@@ -150,6 +155,19 @@ pub(crate) fn is_own(pid: u32) -> bool {
 }
 
 impl NftBackend for NftCli {
+    /// `nft -j list counters table inet <table>`: a read, no transaction.
+    fn counters(&mut self, table: &str) -> Result<Vec<(String, u64)>, NftError> {
+        let out = Command::new(&self.program)
+            .args(["-j", "list", "counters", "table", crate::nft::FAMILY, table])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| NftError::Spawn { program: self.program.display().to_string(), message: e.to_string() })?;
+        if !out.status.success() {
+            return Err(NftError::Rejected { message: String::from_utf8_lossy(&out.stderr).trim().to_string() });
+        }
+        Ok(parse_counters(&out.stdout))
+    }
+
     fn apply(&mut self, script: &str) -> Result<(), NftError> {
         let spawn_err =
             |e: std::io::Error| NftError::Spawn { program: self.program.display().to_string(), message: e.to_string() };
@@ -185,6 +203,19 @@ impl NftBackend for NftCli {
         }
         Err(NftError::Rejected { message: stderr.trim().to_string() })
     }
+}
+
+/// (name, packets) of the counters in `nft -j list counters` output.
+fn parse_counters(json: &[u8]) -> Vec<(String, u64)> {
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(json) else { return Vec::new() };
+    let Some(items) = value.get("nftables").and_then(|v| v.as_array()) else { return Vec::new() };
+    items
+        .iter()
+        .filter_map(|item| {
+            let c = item.get("counter")?;
+            Some((c.get("name")?.as_str()?.to_string(), c.get("packets")?.as_u64()?))
+        })
+        .collect()
 }
 
 /// Records scripts instead of applying them (unit tests). Fails the next
@@ -270,6 +301,12 @@ impl<B: NftBackend> NftSyncer<B> {
         self.backend.apply(&desired.replace_script())?;
         self.applied = Some(desired.clone());
         Ok(SyncKind::Full)
+    }
+
+    /// The packet counts of the applied table's named counters.
+    pub fn counters(&mut self) -> Result<Vec<(String, u64)>, NftError> {
+        let Some(name) = self.applied.as_ref().map(|t| t.name.clone()) else { return Ok(Vec::new()) };
+        self.backend.counters(&name)
     }
 
     /// Re-add every element of the named timeout sets as applied, which restarts their
@@ -369,5 +406,17 @@ mod tests {
         assert_eq!(err.to_string(), "nft rejected the transaction: Error: injected failure");
         assert!(s.applied().is_none());
         assert_eq!(s.sync(&table(1)).unwrap(), SyncKind::Full);
+    }
+
+    #[test]
+    fn counters_are_read_from_nfts_json() {
+        let json = br#"{"nftables": [{"metainfo": {"version": "1.0.6", "json_schema_version": 1}},
+            {"counter": {"family": "inet", "name": "snoop-over-query", "table": "egressd", "handle": 3, "packets": 17, "bytes": 1200}},
+            {"counter": {"family": "inet", "name": "snoop-over-answer", "table": "egressd", "handle": 4, "packets": 0, "bytes": 0}}]}"#;
+        assert_eq!(
+            parse_counters(json),
+            vec![("snoop-over-query".to_string(), 17), ("snoop-over-answer".to_string(), 0)]
+        );
+        assert!(parse_counters(b"not json").is_empty());
     }
 }

@@ -70,6 +70,8 @@ pub(crate) struct NameState {
 #[derive(Debug, Default)]
 pub(crate) struct DnsTracker {
     names: BTreeMap<String, NameState>,
+    /// Answers' TTLs are cut to this (`--dns-max-ttl-secs`, at most [`MAX_TTL`]).
+    max_ttl: Option<Duration>,
 }
 
 /// The retry interval after `failures` consecutive failures.
@@ -84,8 +86,14 @@ pub fn backoff(failures: u32) -> Duration {
 
 impl DnsTracker {
     /// An empty tracker.
+    #[cfg(test)]
     pub(crate) fn new() -> Self {
         Self::default()
+    }
+
+    /// A tracker that cuts TTLs to `max_ttl` (besides [`MAX_TTL`]).
+    pub(crate) fn with_max_ttl(max_ttl: Duration) -> Self {
+        Self { names: BTreeMap::new(), max_ttl: Some(max_ttl) }
     }
 
     /// Track exactly `names`: new ones are due at once, dropped ones are forgotten.
@@ -110,7 +118,8 @@ impl DnsTracker {
     pub(crate) fn record(&mut self, name: &str, result: Result<Resolved, String>, now: Instant) -> bool {
         let Some(state) = self.names.get_mut(name) else { return false };
         match result {
-            Ok(resolved) => {
+            Ok(mut resolved) => {
+                resolved.ttl = resolved.ttl.min(self.max_ttl.unwrap_or(MAX_TTL));
                 state.next = now + effective_ttl(resolved.ttl);
                 state.failures = 0;
                 state.last_error = None;

@@ -11,7 +11,16 @@ pub struct SnoopSettings {
     pub group: u16,
     /// Trusted DNS server addresses (as the pods address them).
     pub servers: Vec<IpAddr>,
+    /// Most copies per second of queries, and of answers (each class on its own);
+    /// packets beyond it are not copied (counted in `egressd_dns_snoop_dropped`).
+    pub rate: u32,
 }
+
+/// The default [`SnoopSettings::rate`].
+pub const DEFAULT_SNOOP_RATE: u32 = 10_000;
+/// Most copies per second of each class that is only counted (untrusted, untracked and
+/// spoofed answers): a flood of answer-shaped packets costs the listener nothing more.
+pub(crate) const COUNTED_ONLY_RATE: u32 = 200;
 
 /// The prefixes of the copies.
 pub(crate) const PREFIX_QUERY: &str = "dns-q";
@@ -21,6 +30,8 @@ pub(crate) const PREFIX_ANSWER: &str = "dns-a";
 pub(crate) const PREFIX_UNTRUSTED: &str = "dns-u";
 /// Answer-shaped packets outside any flow a pod opened.
 pub(crate) const PREFIX_UNTRACKED: &str = "dns-x";
+/// Answers from a trusted server's address that entered from the pod-facing side.
+pub(crate) const PREFIX_SPOOFED: &str = "dns-s";
 
 /// One `dnsName` of a namespace, as the snooping listener matches it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,4 +55,83 @@ pub struct SnoopTargets {
     pub exempt: Vec<ipnet::IpNet>,
     /// Added to the answer's TTL (floor 5 s) for the kernel timeout.
     pub grace: std::time::Duration,
+    /// Answers' TTLs are cut to this (`--dns-max-ttl-secs`; zero means [`super::MAX_TTL`]).
+    pub max_ttl: std::time::Duration,
+}
+
+impl SnoopTargets {
+    /// The set elements an answer a pod received teaches: each learned address goes to
+    /// the sets of the `dnsName` rules **of the pod's own namespace** that match a name
+    /// of its chain, with the answer's TTL (capped, plus the grace) as timeout.
+    /// Addresses of the cluster's own ranges, and pods not snooped, teach nothing.
+    ///
+    /// The sets are per name, shared by every namespace with a rule for that name: an
+    /// answer a pod of one namespace received also serves another namespace's rule for
+    /// the same name, but never a name its own namespace has no rule for.
+    pub(crate) fn elements(&self, learned: &[super::snoop::Learned]) -> Vec<(String, IpAddr, std::time::Duration)> {
+        let mut out = Vec::new();
+        for l in learned {
+            let Some(namespace) = self.pods.get(&l.pod) else { continue };
+            if self.exempt.iter().any(|n| n.contains(&l.address)) {
+                continue;
+            }
+            let max_ttl = if self.max_ttl.is_zero() { super::MAX_TTL } else { self.max_ttl };
+            let timeout = super::element_timeout(l.ttl.min(max_ttl), self.grace);
+            for name in self.names.get(namespace).into_iter().flatten() {
+                if !l.names.iter().any(|n| super::snoop::name_matches(&name.base, name.wildcard, n)) {
+                    continue;
+                }
+                if let Some(set) = &name.sets[usize::from(l.address.is_ipv6())] {
+                    out.push((set.clone(), l.address, timeout));
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dns::snoop::Learned;
+    use std::time::Duration;
+
+    fn name(base: &str, wildcard: bool, set: &str) -> SnoopName {
+        SnoopName { base: base.into(), wildcard, sets: [Some(format!("{set}4")), Some(format!("{set}6"))] }
+    }
+
+    #[test]
+    fn a_pod_only_teaches_names_its_own_namespace_allows() {
+        let mut t = SnoopTargets { grace: Duration::from_secs(5), ..Default::default() };
+        t.exempt = vec!["198.18.0.0/15".parse().unwrap()];
+        t.pods.insert("198.18.1.1".parse().unwrap(), "team-a".into());
+        t.pods.insert("198.18.1.2".parse().unwrap(), "team-b".into());
+        t.names.insert("team-a".into(), vec![name("api.example.com", false, "api")]);
+        t.names.insert("team-b".into(), vec![name("api.example.com", false, "api"), name("example.org", true, "org")]);
+        let learn = |pod: &str, names: &[&str], address: &str, ttl: u64| Learned {
+            pod: pod.parse().unwrap(),
+            names: names.iter().map(|n| n.to_string()).collect(),
+            address: address.parse().unwrap(),
+            ttl: Duration::from_secs(ttl),
+        };
+        // A pod of team-a answering for a name only team-b allows: nothing, whatever
+        // the answer claims (here a CNAME chain that ends in team-b's wildcard).
+        assert!(t.elements(&[learn("198.18.1.1", &["x.example.org"], "192.0.2.1", 60)]).is_empty());
+        assert!(t.elements(&[learn("198.18.1.1", &["evil.example.net", "x.example.org"], "192.0.2.1", 60)]).is_empty());
+        // Its own name: the shared set of that name (which team-b's rule uses as well).
+        assert_eq!(
+            t.elements(&[learn("198.18.1.1", &["api.example.com"], "192.0.2.2", 60)]),
+            vec![("api4".to_string(), "192.0.2.2".parse().unwrap(), Duration::from_secs(65))]
+        );
+        // team-b's pod: both of its names, per family.
+        assert_eq!(
+            t.elements(&[learn("198.18.1.2", &["x.example.org"], "2001:db8::1", 10)]),
+            vec![("org6".to_string(), "2001:db8::1".parse().unwrap(), Duration::from_secs(15))]
+        );
+        // Unknown pods, the cluster's own addresses: nothing. Huge TTLs are capped.
+        assert!(t.elements(&[learn("198.18.1.9", &["api.example.com"], "192.0.2.2", 60)]).is_empty());
+        assert!(t.elements(&[learn("198.18.1.1", &["api.example.com"], "198.18.0.9", 60)]).is_empty());
+        let capped = t.elements(&[learn("198.18.1.1", &["api.example.com"], "192.0.2.2", u32::MAX as u64)]);
+        assert_eq!(capped[0].2, crate::dns::MAX_TTL + Duration::from_secs(5));
+    }
 }

@@ -44,9 +44,10 @@ impl DnsWorker {
         resolver: DnsResolver,
         families: Families,
         names: BTreeSet<String>,
+        max_ttl: std::time::Duration,
         metrics: Arc<crate::telemetry::Telemetry>,
     ) -> Self {
-        let tracker = Arc::new(Mutex::new(DnsTracker::new()));
+        let tracker = Arc::new(Mutex::new(DnsTracker::with_max_ttl(max_ttl)));
         let (names_tx, names_rx) = watch::channel(names);
         let (tx, rounds) = mpsc::channel(16);
         let span = tracing::info_span!("dns_resolver");

@@ -17,6 +17,18 @@ pub use diff::diff;
 /// The address family of the table: `inet` covers IPv4 and IPv6 in one table.
 pub(crate) const FAMILY: &str = "inet";
 
+/// Named counters declared in every table: what DNS snooping's copy rate limits held
+/// back, by class ([`crate::compile`]'s `dns-copy-<class>` chains), read by the agent
+/// for `egressd_dns_snoop_dropped`. Constant, so a delta never adds or removes them.
+pub(crate) const COUNTERS: [&str; 5] =
+    ["snoop-over-query", "snoop-over-answer", "snoop-over-untrusted", "snoop-over-untracked", "snoop-over-spoofed"];
+
+/// The `size` of timeout sets (the DNS sets): the kernel refuses elements beyond it.
+/// Room for what resolution brings (a 64 KiB DNS answer holds < 4,100 addresses per
+/// family) beside what snooping may learn ([`crate::dataplane::nflog`] keeps at most
+/// half of it per set).
+pub(crate) const TIMEOUT_SET_SIZE: usize = 65_536;
+
 /// The key type of a set or map.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KeyType {
@@ -76,7 +88,7 @@ impl Set {
         match (self.interval, self.timeout) {
             (true, true) => format!("{ty} flags interval,timeout;"),
             (true, false) => format!("{ty} flags interval;"),
-            (false, true) => format!("{ty} flags timeout;"),
+            (false, true) => format!("{ty} flags timeout; size {TIMEOUT_SET_SIZE};"),
             (false, false) => ty,
         }
     }

@@ -43,6 +43,9 @@ fn chain_block(out: &mut String, name: &str, chain: &Chain) {
 pub(super) fn table_block(table: &Table) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "table {FAMILY} {} {{", table.name);
+    for name in super::COUNTERS {
+        let _ = writeln!(out, "\tcounter {name} {{\n\t}}");
+    }
     for (name, set) in table.sets.iter().filter(|(_, s)| !s.verdict_map) {
         set_block(&mut out, name, set);
     }

@@ -47,9 +47,21 @@ pub enum DnsResult {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SnoopLabels {
     /// `learned` (addresses added), `query`, or why a copy was ignored (`malformed`,
-    /// `tcp_partial`, `untrusted`, `untracked`, `unmatched`, `no_addresses`,
-    /// `no_rule`, `kernel_error`).
+    /// `tcp_partial`, `untrusted`, `untracked`, `spoofed`, `unmatched`,
+    /// `pod_pending_full`, `no_addresses`, `kernel_error`), or `dropped` (copies lost in
+    /// a full receive buffer).
     pub result: String,
+}
+
+/// Labels of `egressd_dns_snoop_dropped`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SnoopDropLabels {
+    /// Which bound dropped something: `pending_evicted` (oldest waiting query forgotten),
+    /// `tcp_flows_evicted`, `cname_chain_cut`, `learned_full` (address not remembered:
+    /// the listener's memory or the name's share of its set is full), `set_full` (the
+    /// kernel set refused it), `copies_over_rate_<class>` (copies the nft rate limit
+    /// did not send; class `query`, `answer`, `untrusted`, `untracked`, `spoofed`).
+    pub reason: String,
 }
 
 /// Labels of `egressd_kind_unavailable`.
@@ -96,6 +108,8 @@ pub struct Metrics {
     pub egress_ips_hosted: Gauge,
     /// Snooped DNS packets by outcome.
     pub dns_snooped: Family<SnoopLabels, Counter>,
+    /// What DNS snooping's bounds dropped, by bound.
+    pub dns_snoop_dropped: Family<SnoopDropLabels, Counter>,
     /// Unix time of the last successful sync.
     pub last_sync_timestamp: Gauge,
     /// 1 for a kind that cannot be listed (treated as empty), by kind and reason.
@@ -124,6 +138,7 @@ impl Default for Metrics {
             elements: Gauge::default(),
             dns_lookups: Family::default(),
             dns_snooped: Family::default(),
+            dns_snoop_dropped: Family::default(),
             dns_names: Gauge::default(),
             egress_ips_hosted: Gauge::default(),
             last_sync_timestamp: Gauge::default(),
@@ -140,6 +155,11 @@ impl Default for Metrics {
         registry.register("dns_names", "DNS names tracked", m.dns_names.clone());
         registry.register("egress_ips_hosted", "Egress IPs hosted on this node", m.egress_ips_hosted.clone());
         registry.register("dns_snooped", "Copied DNS packets of pods by outcome", m.dns_snooped.clone());
+        registry.register(
+            "dns_snoop_dropped",
+            "What DNS snooping's bounds dropped (queries, streams, CNAME links, learned addresses, copies), by bound",
+            m.dns_snoop_dropped.clone(),
+        );
         registry.register(
             "last_sync_timestamp_seconds",
             "Unix time of the last successful sync",
