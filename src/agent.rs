@@ -221,6 +221,26 @@ pub fn render_manifests(dir: &std::path::Path, node: &NodeConfig, host: &HostLin
     Ok(out)
 }
 
+/// Log (and act on) what a netlink sync changed: connections of removed addresses are
+/// forgotten, added ones announced.
+async fn report_net_changes(changes: &crate::dataplane::netlink::NetChanges) {
+    for ip in &changes.removed {
+        let ip = *ip;
+        match tokio::task::spawn_blocking(move || crate::dataplane::conntrack::forget(ip)).await {
+            Ok(Ok(n)) => tracing::info!(%ip, connections = n, "egress IP removed from this node"),
+            Ok(Err(e)) => tracing::warn!(%ip, error = %e, "egress IP removed; its connections not forgotten"),
+            Err(_) => {}
+        }
+    }
+    for (ip, index, link) in &changes.added {
+        tracing::info!(%ip, %link, "egress IP added to this node; announcing it");
+        crate::dataplane::announce::announce_repeatedly(*ip, *index, link.clone());
+    }
+    if changes.routing > 0 {
+        tracing::info!(changes = changes.routing, "egress IP rules and routes updated");
+    }
+}
+
 /// Compile and sync once: netlink state first (addresses, rules, routes), then the nft
 /// table; returns the statuses with kernel failures folded in.
 pub(crate) async fn apply_once<B: NftBackend>(
@@ -243,32 +263,32 @@ pub(crate) async fn apply_once<B: NftBackend>(
         }
     }
     let mut desired = tokio::task::block_in_place(|| crate::compile::compile_cached(view, node, dns, &host, cache));
-    match net {
-        Some(net) if net_error.is_none() => match net.sync_if_changed(&desired.net).await {
+    // At most twice: when another host answers for an address about to be added, the
+    // links (with that conflict) are read again and the node compiled without it.
+    for attempt in 0..2 {
+        let Some(net) = net else {
+            if wants_net {
+                net_error = Some(SyncError::NoNetlink);
+            }
+            break;
+        };
+        if net_error.is_some() {
+            break;
+        }
+        match net.sync_if_changed(&desired.net).await {
             Ok(changes) => {
-                for ip in &changes.removed {
-                    let ip = *ip;
-                    match tokio::task::spawn_blocking(move || crate::dataplane::conntrack::forget(ip)).await {
-                        Ok(Ok(n)) => tracing::info!(%ip, connections = n, "egress IP removed from this node"),
-                        Ok(Err(e)) => {
-                            tracing::warn!(%ip, error = %e, "egress IP removed; its connections not forgotten")
-                        }
-                        Err(_) => {}
-                    }
+                report_net_changes(&changes).await;
+                if changes.conflicts.is_empty() || attempt == 1 {
+                    break;
                 }
-                for (ip, index, link) in &changes.added {
-                    tracing::info!(%ip, %link, "egress IP added to this node; announcing it");
-                    crate::dataplane::announce::announce_repeatedly(*ip, *index, link.clone());
+                match net.links().await {
+                    Ok(h) => host = h,
+                    Err(e) => net_error = Some(e.into()),
                 }
-                if changes.routing > 0 {
-                    tracing::info!(changes = changes.routing, "egress IP rules and routes updated");
-                }
+                desired = tokio::task::block_in_place(|| crate::compile::compile_cached(view, node, dns, &host, cache));
             }
             Err(e) => net_error = Some(e.into()),
-        },
-        Some(_) => {}
-        None if wants_net => net_error = Some(SyncError::NoNetlink),
-        None => {}
+        }
     }
     if let Some(e) = &net_error {
         tracing::error!(error = %e, "netlink sync failed; will retry");
@@ -342,6 +362,8 @@ pub struct Agent<S, B, K> {
     /// When each name's kernel timeouts were last restarted: a restart is needed only
     /// when half the grace is used up (each costs a set lookup in the kernel).
     refreshed: std::collections::HashMap<String, tokio::time::Instant>,
+    /// The snooping rate limits' counters as last read.
+    copy_counts: std::collections::HashMap<String, u64>,
     last_links: Option<HostLinks>,
     /// Changes made by someone else to what egressd owns.
     drift: Option<tokio::sync::mpsc::UnboundedReceiver<crate::dataplane::drift::Drift>>,
@@ -358,7 +380,7 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
         let names = dns_names(source.view());
         // Names are resolved in the background: applying the view never waits for DNS.
         let mut dns = match DnsResolver::new(&config.dns_servers, config.dns_timeout) {
-            Ok(r) => Some(DnsWorker::start(r, families, names.clone(), telemetry.clone())),
+            Ok(r) => Some(DnsWorker::start(r, families, names.clone(), config.node.dns_max_ttl, telemetry.clone())),
             Err(e) => {
                 tracing::error!(error = %e, "dnsName rules cannot be resolved");
                 None
@@ -420,6 +442,7 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
             names,
             net,
             snoop,
+            copy_counts: Default::default(),
             cache: Default::default(),
             saved,
             desired: empty,
@@ -570,6 +593,29 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
         check_net(n, &self.desired, &mut self.last_links, links_matter, &self.config.telemetry.metrics).await
     }
 
+    /// Read the counters of the copies DNS snooping's rate limits held back
+    /// (`snoop-over-<class>`) into `egressd_dns_snoop_dropped`. A full replace creates
+    /// them anew at zero: a count below the last one read is all new.
+    fn read_copy_counters(&mut self) {
+        let counts = match tokio::task::block_in_place(|| self.syncer.counters()) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!(error = %e, "snooping counters not read");
+                return;
+            }
+        };
+        for (name, packets) in counts {
+            let Some(class) = name.strip_prefix("snoop-over-") else { continue };
+            let last = self.copy_counts.insert(name.clone(), packets).unwrap_or(0);
+            let new = if packets >= last { packets - last } else { packets };
+            if new > 0 {
+                tracing::warn!(class, copies = new, "DNS snooping: copies over the rate limit were not taken");
+                let labels = crate::telemetry::metrics::SnoopDropLabels { reason: format!("copies_over_rate_{class}") };
+                self.config.telemetry.metrics.dns_snoop_dropped.get_or_create(&labels).inc_by(new);
+            }
+        }
+    }
+
     /// Write the status file when something was applied or the problems changed.
     fn publish_if_changed(&mut self, applied: bool) {
         let problems = [self.source.problems(), self.dns_problems()].concat();
@@ -610,6 +656,8 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
         let mut net_check = tokio::time::interval(self.config.net_check);
         net_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         net_check.tick().await;
+        let mut counters = tokio::time::interval(COUNTERS_EVERY);
+        counters.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tokio::pin!(shutdown);
         loop {
             // A failed sync is retried at every wake.
@@ -624,6 +672,7 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
                 }
                 _ = net_check.tick() => changed |= self.check_net().await,
                 first = next_drift(&mut self.drift) => changed |= self.on_drift(first).await,
+                _ = counters.tick(), if self.snoop.is_some() => self.read_copy_counters(),
             }
             if changed {
                 self.apply().await;
@@ -634,6 +683,9 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
         tracing::info!("shutting down; the dataplane stays in place");
     }
 }
+
+/// How often the snooping rate limits' counters are read.
+const COUNTERS_EVERY: Duration = Duration::from_secs(5);
 
 /// At most this many full replaces because of drift ...
 const DRIFT_LIMIT: usize = 5;

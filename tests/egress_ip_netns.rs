@@ -692,3 +692,36 @@ fn drift_is_restored_and_link_changes_are_followed() {
         c.status(1)
     );
 }
+
+#[test]
+fn an_address_another_host_answers_for_is_not_taken() {
+    // The external host on the segment already uses EIP_B and EIP6_B: the duplicate
+    // address probe (ARP probe / neighbour solicitation) finds it, node-b does not take
+    // the addresses and says why; once the other host lets go, node-b takes them.
+    let mut c = Cluster::new(&PODS);
+    addr(&c.ext, "eth0", &format!("{EIP_B}/24"));
+    c.ext.ip(&["addr", "add", &format!("{EIP6_B}/64"), "dev", "eth0", "nodad"]);
+    c.egress_ip("web", &[EIP_B, EIP6_B], &[(EIP_B, "node-b"), (EIP6_B, "node-b")], true);
+    c.start(1, &["--net-check-secs", "2"]);
+    let conflict = |ip: &str| format!("egress IP {ip} is in use by another host (MAC ");
+    let reported = wait_for(Duration::from_secs(5), || {
+        let s = c.status(1);
+        s.contains(&conflict(EIP_B)) && s.contains(&conflict(EIP6_B))
+    });
+    assert!(reported.is_some(), "{}\n{}", c.status(1), c.logs());
+    assert!(!c.has_addr(1, EIP_B) && !c.has_addr(1, EIP6_B), "taken although in use");
+    let status = c.status(1);
+    assert!(status.contains("EgressIP web\tfailed"), "{status}");
+    assert!(status.contains("answered the duplicate address probe; not hosted on node node-b"), "{status}");
+
+    // The other host lets go: the next probes go unanswered and node-b hosts them.
+    c.ext.ip(&["addr", "del", &format!("{EIP_B}/24"), "dev", "eth0"]);
+    c.ext.ip(&["addr", "del", &format!("{EIP6_B}/64"), "dev", "eth0"]);
+    let taken = wait_for(Duration::from_secs(30), || c.has_addr(1, EIP_B) && c.has_addr(1, EIP6_B));
+    assert!(taken.is_some(), "{}\n{}", c.status(1), c.logs());
+    assert!(
+        wait_for(Duration::from_secs(5), || c.status_shows(1, "EgressIP web\tapplied")).is_some(),
+        "{}",
+        c.status(1)
+    );
+}

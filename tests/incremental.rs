@@ -200,15 +200,23 @@ fn links(choice: usize) -> HostLinks {
     };
     match choice {
         0 => HostLinks::default(),
-        1 => HostLinks { links: vec![link(&["198.19.0.1/24"])], default_link: [Some(2), None] },
-        _ => HostLinks { links: vec![link(&["198.19.0.1/24", "192.0.2.101/24"])], default_link: [Some(2), None] },
+        1 => HostLinks { links: vec![link(&["198.19.0.1/24"])], default_link: [Some(2), None], ..Default::default() },
+        _ => HostLinks {
+            links: vec![link(&["198.19.0.1/24", "192.0.2.101/24"])],
+            default_link: [Some(2), None],
+            ..Default::default()
+        },
     }
 }
 
 fn node_config(snoop: bool) -> NodeConfig {
     NodeConfig::new("n1", vec!["198.18.0.0/16".parse().unwrap(), "2001:db8:1::/48".parse().unwrap()])
         .with_service_cidrs(vec!["198.19.128.0/17".parse().unwrap()])
-        .with_snoop(snoop.then(|| SnoopSettings { group: 4747, servers: vec!["192.0.2.53".parse().unwrap()] }))
+        .with_snoop(snoop.then(|| SnoopSettings {
+            group: 4747,
+            servers: vec!["192.0.2.53".parse().unwrap()],
+            rate: 10_000,
+        }))
 }
 
 /// Apply a document to a view as a source does (rejected documents keep the last good

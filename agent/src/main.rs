@@ -99,6 +99,12 @@ struct NodeArgs {
     #[arg(long, env = "EGRESSD_DNS_GRACE_SECS", default_value_t = 300,
           value_parser = clap::value_parser!(u64).range(0..=egressd::compile::MAX_DNS_GRACE_SECS))]
     dns_grace_secs: u64,
+    /// Longest DNS TTL honoured, for resolved and for snooped answers (seconds, 5 ..=
+    /// 86400): a longer TTL is cut to this, so one answer (or one forged answer that got
+    /// through) never keeps an address allowed for longer.
+    #[arg(long, env = "EGRESSD_DNS_MAX_TTL_SECS", default_value_t = 86_400,
+          value_parser = clap::value_parser!(u64).range(5..=86_400))]
+    dns_max_ttl_secs: u64,
     #[command(flatten)]
     egress: EgressArgs,
     /// A cluster DNS Service address the pods ask (kube-dns' ClusterIP; repeatable):
@@ -108,6 +114,12 @@ struct NodeArgs {
     /// NFLOG group receiving the copies of pods' DNS queries and answers.
     #[arg(long, env = "EGRESSD_DNS_SNOOP_GROUP", default_value_t = 4747)]
     dns_snoop_group: u16,
+    /// Most copies per second DNS snooping takes of pods' queries, and of the answers
+    /// (each on its own; 100 ..= 1000000). Beyond it packets still pass, uncopied:
+    /// counted in egressd_dns_snoop_dropped{reason="copies_over_rate_*"}.
+    #[arg(long, env = "EGRESSD_DNS_SNOOP_RATE", default_value_t = egressd::dns::targets::DEFAULT_SNOOP_RATE,
+          value_parser = clap::value_parser!(u32).range(100..=1_000_000))]
+    dns_snoop_rate: u32,
     /// Do not snoop pods' DNS answers: `dnsName` rules then hold only what egressd
     /// resolves itself, and wildcard names cannot be enforced.
     #[arg(long, env = "EGRESSD_NO_DNS_SNOOP")]
@@ -145,6 +157,13 @@ struct EgressArgs {
     /// behaviour).
     #[arg(long, env = "EGRESSD_EGRESS_IP_FAIL_CLOSED")]
     egress_ip_fail_closed: bool,
+    /// Before hosting an egress IP, listen this long (milliseconds, 0 ..= 5000; 0: no
+    /// probe) for another host answering an ARP probe (IPv4) or neighbour solicitation
+    /// (IPv6) for it; if one does, the address is not taken (status, log, metric) and
+    /// probed again at every netlink check.
+    #[arg(long, env = "EGRESSD_EGRESS_IP_DAD_MS", default_value_t = 200,
+          value_parser = clap::value_parser!(u64).range(0..=5000))]
+    egress_ip_dad_ms: u64,
 }
 
 impl EgressArgs {
@@ -156,6 +175,7 @@ impl EgressArgs {
             route_protocol: self.egress_ip_protocol,
             address_protocol: self.egress_ip_protocol,
             fail_closed: self.egress_ip_fail_closed,
+            dad_wait: Duration::from_millis(self.egress_ip_dad_ms),
             address_tags: egressd::net::kernel_release().is_none_or(|r| egressd::net::kernel_tags_addresses(&r)),
             ..Default::default()
         }
@@ -178,10 +198,12 @@ impl NodeArgs {
             .with_service_cidrs(self.service_cidrs.clone())
             .with_table(self.table.clone())
             .with_dns_grace(Duration::from_secs(self.dns_grace_secs))
+            .with_dns_max_ttl(Duration::from_secs(self.dns_max_ttl_secs))
             .with_egress(self.egress.settings())
             .with_snoop((!self.no_dns_snoop).then(|| egressd::dns::targets::SnoopSettings {
                 group: self.dns_snoop_group,
                 servers: self.cluster_dns.clone(),
+                rate: self.dns_snoop_rate,
             }))
     }
 }

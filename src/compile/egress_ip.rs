@@ -217,6 +217,12 @@ fn place<'a>(
         }
         let f = fam(*ip);
         if host_node == me {
+            if let Some(who) = ctx.host.conflicts.get(ip) {
+                plan.problems.push(format!(
+                    "egress IP {ip} is in use by another host ({who}): it answered the duplicate address probe; not hosted on node {me}"
+                ));
+                continue;
+            }
             if !ctx.node.egress.address_tags {
                 plan.problems.push(format!(
                     "egress IP {ip} cannot be hosted on node {me}: its kernel cannot tag addresses (IFA_PROTO, Linux 6.1 or later), so egressd could not find them again; not hosted"
@@ -634,6 +640,7 @@ mod tests {
                 },
             ],
             default_link: [Some(2), None],
+            ..Default::default()
         }
     }
 

@@ -1,4 +1,7 @@
-//! Announcing an address that moved to this node: a gratuitous ARP request (sender =
+//! Probing for another host that uses an address (duplicate address detection before
+//! hosting an egress IP: an ARP probe — sender address 0.0.0.0, RFC 5227 — or a
+//! neighbour solicitation for it, then listening for a bounded time), and announcing an
+//! address that moved to this node: a gratuitous ARP request (sender =
 //! target = the address, broadcast) for IPv4, an unsolicited neighbour advertisement with
 //! the Override flag to all-nodes for IPv6. Neighbours update an existing entry to this
 //! node's MAC; no maintained crate does this, so it is the few lines below.
@@ -11,6 +14,7 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddrV6};
+use std::time::Duration;
 
 use socket2::{Domain, Protocol, Socket, Type};
 
@@ -55,9 +59,8 @@ pub(crate) fn unsolicited_na(ip: Ipv6Addr, mac: [u8; 6]) -> Vec<u8> {
     p
 }
 
-fn send_garp(ip: Ipv4Addr, ifindex: u32, mac: [u8; 6]) -> io::Result<()> {
-    let socket = Socket::new(Domain::PACKET, Type::RAW, Some(Protocol::from(i32::from(ETH_P_ARP.to_be()))))?;
-    let frame = garp_frame(ip, mac);
+/// The link-layer socket address of `ifindex` with broadcast as destination.
+fn ll_broadcast(ifindex: u32) -> io::Result<socket2::SockAddr> {
     let ifindex = i32::try_from(ifindex).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     // SAFETY: `try_init` hands us zeroed storage large enough for any socket address and
     // a length to set; we write a `sockaddr_ll`, which fits, and report its size.
@@ -74,8 +77,124 @@ fn send_garp(ip: Ipv4Addr, ifindex: u32, mac: [u8; 6]) -> io::Result<()> {
             Ok(())
         })?
     };
-    socket.send_to(&frame, &addr)?;
+    Ok(addr)
+}
+
+fn arp_socket() -> io::Result<Socket> {
+    Socket::new(Domain::PACKET, Type::RAW, Some(Protocol::from(i32::from(ETH_P_ARP.to_be()))))
+}
+
+fn send_garp(ip: Ipv4Addr, ifindex: u32, mac: [u8; 6]) -> io::Result<()> {
+    arp_socket()?.send_to(&garp_frame(ip, mac), &ll_broadcast(ifindex)?)?;
     Ok(())
+}
+
+/// The ARP probe frame for `ip` from `mac` (sender address 0.0.0.0: it claims nothing).
+pub(crate) fn arp_probe_frame(ip: Ipv4Addr, mac: [u8; 6]) -> Vec<u8> {
+    let mut f = garp_frame(ip, mac);
+    f[28..32].copy_from_slice(&[0; 4]);
+    f
+}
+
+/// Whether an ARP frame shows another host (not `mac`) using `ip`: it answers for it or
+/// claims it (sender address `ip`), or probes for it at the same time (RFC 5227 2.1.1).
+/// Returns that host's MAC.
+pub(crate) fn arp_conflict(frame: &[u8], ip: Ipv4Addr, mac: [u8; 6]) -> Option<[u8; 6]> {
+    if frame.len() < 42 || frame[12..14] != ETH_P_ARP.to_be_bytes() || frame[14..20] != [0, 1, 8, 0, 6, 4] {
+        return None;
+    }
+    let sha: [u8; 6] = frame[22..28].try_into().ok()?;
+    let spa = Ipv4Addr::new(frame[28], frame[29], frame[30], frame[31]);
+    let tpa = Ipv4Addr::new(frame[38], frame[39], frame[40], frame[41]);
+    let op = u16::from_be_bytes([frame[20], frame[21]]);
+    let probing = op == 1 && spa.is_unspecified() && tpa == ip;
+    (sha != mac && (spa == ip || probing)).then_some(sha)
+}
+
+fn probe_v4(ip: Ipv4Addr, ifindex: u32, mac: [u8; 6], wait: Duration) -> io::Result<Option<[u8; 6]>> {
+    let socket = arp_socket()?;
+    socket.bind(&ll_broadcast(ifindex)?)?;
+    socket.send_to(&arp_probe_frame(ip, mac), &ll_broadcast(ifindex)?)?;
+    listen(&socket, wait, |frame| arp_conflict(frame, ip, mac))
+}
+
+/// The neighbour solicitation for `ip` (with our link-layer address).
+pub(crate) fn neighbour_solicitation(ip: Ipv6Addr, mac: [u8; 6]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(32);
+    p.extend_from_slice(&[135, 0, 0, 0, 0, 0, 0, 0]); // type, code, checksum (kernel), reserved
+    p.extend_from_slice(&ip.octets());
+    p.extend_from_slice(&[1, 1]); // option: source link-layer address, 8 bytes
+    p.extend_from_slice(&mac);
+    p
+}
+
+/// Whether an ICMPv6 message is a neighbour advertisement for `ip`.
+pub(crate) fn na_for(msg: &[u8], ip: Ipv6Addr) -> bool {
+    msg.len() >= 24 && msg[0] == 136 && msg[8..24] == ip.octets()
+}
+
+fn probe_v6(ip: Ipv6Addr, ifindex: u32, link_name: &str, mac: [u8; 6], wait: Duration) -> io::Result<Option<[u8; 6]>> {
+    let socket = Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::ICMPV6))?;
+    socket.set_multicast_hops_v6(255)?;
+    socket.set_unicast_hops_v6(255)?;
+    socket.set_multicast_if_v6(ifindex)?;
+    socket.bind_device(Some(link_name.as_bytes()))?;
+    let o = ip.octets();
+    let solicited = Ipv6Addr::from([0xff, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0xff, o[13], o[14], o[15]]);
+    socket.send_to(&neighbour_solicitation(ip, mac), &SocketAddrV6::new(solicited, 0, 0, ifindex).into())?;
+    listen(&socket, wait, |msg| {
+        if !na_for(msg, ip) {
+            return None;
+        }
+        // The target link-layer address option, when present.
+        let mut other = [0u8; 6];
+        if msg.len() >= 32 && msg[24] == 2 && msg[25] == 1 {
+            other.copy_from_slice(&msg[26..32]);
+        }
+        (other != mac).then_some(other)
+    })
+}
+
+/// Read from `socket` until `wait` is over or `conflict` finds one.
+fn listen(
+    socket: &Socket,
+    wait: Duration,
+    mut conflict: impl FnMut(&[u8]) -> Option<[u8; 6]>,
+) -> io::Result<Option<[u8; 6]>> {
+    let deadline = std::time::Instant::now() + wait;
+    let mut buf = [0u8; 1500];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Ok(None);
+        }
+        socket.set_read_timeout(Some(left))?;
+        match std::io::Read::read(&mut &*socket, &mut buf) {
+            Ok(n) => {
+                if let Some(mac) = conflict(&buf[..n]) {
+                    return Ok(Some(mac));
+                }
+            }
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Whether another host uses `ip` on the link: probe and listen for `wait`. Returns
+/// the other host's MAC address (zero when an IPv6 answer did not carry it).
+pub(crate) fn probe(ip: IpAddr, ifindex: u32, link_name: &str, wait: Duration) -> io::Result<Option<[u8; 6]>> {
+    let mac = link_mac(link_name)?;
+    match ip {
+        IpAddr::V4(v4) => probe_v4(v4, ifindex, mac, wait),
+        IpAddr::V6(v6) => probe_v6(v6, ifindex, link_name, mac, wait),
+    }
+}
+
+/// A MAC address as text.
+pub(crate) fn mac_text(mac: [u8; 6]) -> String {
+    mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
 }
 
 fn send_na(ip: Ipv6Addr, ifindex: u32, link_name: &str, mac: [u8; 6]) -> io::Result<()> {
@@ -139,5 +258,30 @@ mod tests {
         assert_eq!(na[4] & 0x20, 0x20, "override");
         assert_eq!(na[4] & 0x40, 0, "not solicited");
         assert_eq!(&na[26..32], &mac);
+    }
+
+    #[test]
+    fn probes_and_conflicts() {
+        let (ours, theirs) = ([2, 0, 0, 0, 0, 9], [2, 0, 0, 0, 0, 7]);
+        let ip = Ipv4Addr::new(198, 18, 0, 100);
+        let probe = arp_probe_frame(ip, ours);
+        assert_eq!(&probe[28..32], &[0, 0, 0, 0], "a probe claims nothing");
+        assert_eq!(arp_conflict(&probe, ip, ours), None, "our own probe");
+        assert_eq!(arp_conflict(&arp_probe_frame(ip, theirs), ip, ours), Some(theirs), "a simultaneous probe");
+        let mut reply = garp_frame(ip, theirs);
+        reply[21] = 2;
+        assert_eq!(arp_conflict(&reply, ip, ours), Some(theirs), "an answer");
+        assert_eq!(
+            arp_conflict(&garp_frame(Ipv4Addr::new(198, 18, 0, 101), theirs), ip, ours),
+            None,
+            "another address"
+        );
+        assert_eq!(arp_conflict(&reply[..30], ip, ours), None, "short");
+        let v6: Ipv6Addr = "2001:db8::64".parse().unwrap();
+        let ns = neighbour_solicitation(v6, ours);
+        assert_eq!((ns[0], &ns[8..24]), (135, &v6.octets()[..]));
+        assert!(na_for(&unsolicited_na(v6, theirs), v6));
+        assert!(!na_for(&ns, v6));
+        assert_eq!(mac_text(theirs), "02:00:00:00:00:07");
     }
 }

@@ -54,6 +54,8 @@ pub(crate) struct NetState {
 pub struct NetChanges {
     /// Addresses added: (address, link index, link name) — to be announced.
     pub added: Vec<(IpAddr, u32, String)>,
+    /// Addresses not added: another host answered the duplicate address probe.
+    pub conflicts: Vec<IpAddr>,
     /// Owned addresses removed.
     pub removed: Vec<IpAddr>,
     /// Rules and routes added, replaced or removed.
@@ -63,7 +65,7 @@ pub struct NetChanges {
 impl NetChanges {
     /// Nothing changed.
     pub fn is_empty(&self) -> bool {
-        self.added.is_empty() && self.removed.is_empty() && self.routing == 0
+        self.added.is_empty() && self.removed.is_empty() && self.routing == 0 && self.conflicts.is_empty()
     }
 }
 
@@ -74,6 +76,40 @@ pub struct Netlink {
     settings: EgressSettings,
     /// What the last successful sync left in the kernel.
     synced: std::sync::Arc<std::sync::Mutex<Option<NetDesired>>>,
+    /// Egress IPs another host answered for: address → (who, link index, link name,
+    /// when last probed).
+    conflicts: std::sync::Arc<std::sync::Mutex<BTreeMap<IpAddr, Conflict>>>,
+}
+
+#[derive(Debug, Clone)]
+struct Conflict {
+    who: String,
+    link: (u32, String),
+    probed: std::time::Instant,
+}
+
+/// The shortest listening time of a repeated probe (also when probing is off: an address
+/// once found in use is only taken after a probe nobody answers).
+const DEFAULT_REPROBE_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// How often an address another host answered for is probed again.
+const REPROBE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Probe `ip` on a link (blocking, in the blocking pool): `Some(description of the other
+/// host)` when one answered. A probe that cannot be sent (a link without an Ethernet
+/// address, say) finds no conflict.
+async fn probe(ip: IpAddr, link: u32, name: &str, wait: std::time::Duration) -> Option<String> {
+    let link_name = name.to_string();
+    let probed = tokio::task::spawn_blocking(move || crate::dataplane::announce::probe(ip, link, &link_name, wait));
+    match probed.await {
+        Ok(Ok(Some(mac))) => Some(format!("MAC {} on link {name}", crate::dataplane::announce::mac_text(mac))),
+        Ok(Ok(None)) => None,
+        Ok(Err(e)) => {
+            tracing::debug!(%ip, link = name, error = %e, "duplicate address probe not sent");
+            None
+        }
+        Err(_) => None,
+    }
 }
 
 impl Netlink {
@@ -81,7 +117,7 @@ impl Netlink {
     pub fn connect(settings: EgressSettings) -> std::io::Result<Self> {
         let (connection, handle, _) = rtnetlink::new_connection()?;
         tokio::spawn(connection);
-        Ok(Self { handle, settings, synced: Default::default() })
+        Ok(Self { handle, settings, synced: Default::default(), conflicts: Default::default() })
     }
 
     /// The node's links with their addresses, egressd's own addresses left out.
@@ -148,7 +184,7 @@ impl Netlink {
             }
             default_link[f] = best.map(|(_, link)| link);
         }
-        Ok(HostLinks { links, default_link })
+        Ok(HostLinks { links, default_link, conflicts: self.recheck_conflicts().await })
     }
 
     fn owned_address(&self, msg: &AddressMessage) -> bool {
@@ -223,6 +259,30 @@ impl Netlink {
         self.sync(desired).await
     }
 
+    /// The conflicts, each probed again once [`REPROBE`] has passed: an address nobody
+    /// answers for any more is forgotten (and may be hosted).
+    async fn recheck_conflicts(&self) -> BTreeMap<IpAddr, String> {
+        let due: Vec<(IpAddr, Conflict)> = match self.conflicts.lock() {
+            Ok(c) => c.iter().filter(|(_, c)| c.probed.elapsed() >= REPROBE).map(|(ip, c)| (*ip, c.clone())).collect(),
+            Err(_) => Vec::new(),
+        };
+        for (ip, c) in due {
+            let answer = probe(ip, c.link.0, &c.link.1, self.settings.dad_wait.max(DEFAULT_REPROBE_WAIT)).await;
+            if let Ok(mut conflicts) = self.conflicts.lock() {
+                match answer {
+                    Some(who) => {
+                        conflicts.insert(ip, Conflict { who, probed: std::time::Instant::now(), ..c });
+                    }
+                    None => {
+                        tracing::info!(%ip, "no other host answers for the egress IP any more");
+                        conflicts.remove(&ip);
+                    }
+                }
+            }
+        }
+        self.conflicts.lock().map(|c| c.iter().map(|(ip, c)| (*ip, c.who.clone())).collect()).unwrap_or_default()
+    }
+
     /// Make the kernel's owned state equal `desired` (reads the owned state back first).
     pub async fn sync(&self, desired: &NetDesired) -> Result<NetChanges, NetError> {
         if let Ok(mut s) = self.synced.lock() {
@@ -258,6 +318,17 @@ impl Netlink {
         }
         for (ip, (link, name)) in &desired.addresses {
             if current.addresses.get(ip) == Some(&(*link, host_prefix(*ip))) {
+                continue;
+            }
+            if !self.settings.dad_wait.is_zero()
+                && let Some(who) = probe(*ip, *link, name, self.settings.dad_wait).await
+            {
+                tracing::warn!(%ip, %who, "another host answers for the egress IP; not taking it");
+                if let Ok(mut c) = self.conflicts.lock() {
+                    let link = (*link, name.clone());
+                    c.insert(*ip, Conflict { who, link, probed: std::time::Instant::now() });
+                }
+                changes.conflicts.push(*ip);
                 continue;
             }
             let mut req = self.handle.address().add(*link, *ip, host_prefix(*ip));
@@ -297,7 +368,9 @@ impl Netlink {
             result.map_err(err(format!("adding {rule:?}")))?;
             changes.routing += 1;
         }
-        if let Ok(mut s) = self.synced.lock() {
+        if changes.conflicts.is_empty()
+            && let Ok(mut s) = self.synced.lock()
+        {
             *s = Some(desired.clone());
         }
         Ok(changes)

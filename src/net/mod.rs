@@ -30,6 +30,9 @@ pub struct EgressSettings {
     /// The kernel tags addresses with their owner (`IFA_PROTO`, Linux ≥ 6.1): without it
     /// egressd could not find the addresses it added again, so it hosts none.
     pub address_tags: bool,
+    /// How long to listen for another host answering for an egress IP before hosting it
+    /// (ARP probe / neighbour solicitation; zero: no probe).
+    pub dad_wait: std::time::Duration,
 }
 
 impl Default for EgressSettings {
@@ -43,6 +46,7 @@ impl Default for EgressSettings {
             address_protocol: 0xe9,
             fail_closed: false,
             address_tags: true,
+            dad_wait: std::time::Duration::from_millis(200),
         }
     }
 }
@@ -132,6 +136,9 @@ pub struct HostLinks {
     pub links: Vec<HostLink>,
     /// The link of the main table's preferred default route: [IPv4, IPv6].
     pub default_link: [Option<u32>; 2],
+    /// Egress IPs another host answered the duplicate address probe for (not hosted
+    /// here until a later probe goes unanswered): address → who answered, on which link.
+    pub conflicts: std::collections::BTreeMap<IpAddr, String>,
 }
 
 impl HostLinks {
