@@ -63,8 +63,13 @@ pub(crate) fn label_value_error(value: &str) -> Option<String> {
     None
 }
 
+/// The API server's limit on the total size of an object's annotations
+/// (`TotalAnnotationSizeLimitB`, 256 KiB).
+pub const TOTAL_ANNOTATION_SIZE: usize = 256 * 1024;
+
 /// Check `metadata` of a document: name present and valid, namespace valid when present,
-/// labels valid. `name_must_be_subdomain` is true for custom resources and nodes.
+/// labels valid, annotations within the API server's size limit. `name_must_be_subdomain`
+/// is true for custom resources and nodes.
 pub fn check(metadata: Option<&Value>, name_must_be_subdomain: bool) -> Vec<String> {
     let mut out = Vec::new();
     let Some(meta) = metadata.and_then(Value::as_object) else {
@@ -86,6 +91,16 @@ pub fn check(metadata: Option<&Value>, name_must_be_subdomain: bool) -> Vec<Stri
              alphanumeric character"
         )),
         Some(_) => {}
+    }
+    // The API server's limit on all annotations of an object together (keys and values).
+    if let Some(annotations) = meta.get("annotations").and_then(Value::as_object) {
+        let size: usize =
+            annotations.iter().map(|(k, v)| k.len() + v.as_str().map_or_else(|| v.to_string().len(), str::len)).sum();
+        if size > TOTAL_ANNOTATION_SIZE {
+            out.push(format!(
+                "metadata.annotations: Too long: must have at most {TOTAL_ANNOTATION_SIZE} bytes (has {size})"
+            ));
+        }
     }
     if let Some(ns) = meta.get("namespace").and_then(Value::as_str)
         && !is_dns1123_label(ns)

@@ -90,18 +90,19 @@ impl Kind {
     }
 
     /// Look a kind up by `apiVersion` and `kind`.
+    /// Every kind egressd reads.
+    pub(crate) const ALL: [Kind; 7] = [
+        Kind::EgressFirewall,
+        Kind::EgressIP,
+        Kind::EgressQoS,
+        Kind::CloudPrivateIPConfig,
+        Kind::Namespace,
+        Kind::Pod,
+        Kind::Node,
+    ];
+
     pub(crate) fn from_type(api_version: &str, kind: &str) -> Option<Kind> {
-        [
-            Kind::EgressFirewall,
-            Kind::EgressIP,
-            Kind::EgressQoS,
-            Kind::CloudPrivateIPConfig,
-            Kind::Namespace,
-            Kind::Pod,
-            Kind::Node,
-        ]
-        .into_iter()
-        .find(|k| k.api_version() == api_version && k.as_str() == kind)
+        Self::ALL.into_iter().find(|k| k.api_version() == api_version && k.as_str() == kind)
     }
 }
 

@@ -103,6 +103,19 @@ pub fn parse_document(doc: &Value, default_namespace: &str, as_created_by_user: 
         return Err(fail(None, v));
     };
     let Some(kind) = Kind::from_type(api_version, kind_name) else {
+        // One of egressd's kinds under a version that does not exist is a mistake, not
+        // another program's object.
+        if let Some(known) =
+            Kind::ALL.iter().find(|k| k.as_str() == kind_name && same_group(k.api_version(), api_version))
+        {
+            return Err(fail(
+                None,
+                vec![format!(
+                    "apiVersion: Unsupported value: {api_version:?}: kind {kind_name} is served as {:?}",
+                    known.api_version()
+                )],
+            ));
+        }
         return Ok(Parsed::Ignored { api_version: api_version.into(), kind: kind_name.into() });
     };
 
@@ -127,6 +140,23 @@ pub fn parse_document(doc: &Value, default_namespace: &str, as_created_by_user: 
     }
     if kind.is_custom() {
         violations.extend(schema::validate(crds::schema(kind), &doc).into_iter().map(|v| v.message));
+    }
+    if kind == Kind::Pod {
+        // As the API server validates a pod's status: every pod IP is an IP address.
+        let ips = doc.pointer("/status/podIPs").and_then(Value::as_array).into_iter().flatten();
+        for (i, ip) in ips.enumerate() {
+            if let Some(s) = ip.get("ip").and_then(Value::as_str)
+                && s.parse::<std::net::IpAddr>().is_err()
+            {
+                violations.push(format!("status.podIPs[{i}].ip: Invalid value: {s:?}: must be a valid IP address"));
+            }
+        }
+        if let Some(s) = doc.pointer("/status/podIP").and_then(Value::as_str)
+            && !s.is_empty()
+            && s.parse::<std::net::IpAddr>().is_err()
+        {
+            violations.push(format!("status.podIP: Invalid value: {s:?}: must be a valid IP address"));
+        }
     }
     if as_created_by_user
         && kind == Kind::EgressIP
@@ -158,6 +188,12 @@ pub fn parse_document(doc: &Value, default_namespace: &str, as_created_by_user: 
         Kind::Node => Object::Node(decode(doc, &key)?),
     };
     Ok(Parsed::Object(object))
+}
+
+/// Whether two apiVersions are of the same group (`v1` is the core group).
+fn same_group(a: &str, b: &str) -> bool {
+    let group = |v: &str| v.rsplit_once('/').map_or("", |(g, _)| g).to_string();
+    group(a) == group(b)
 }
 
 /// Split a YAML stream into documents the way kubectl's reader does: at lines that are

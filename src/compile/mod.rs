@@ -192,6 +192,19 @@ pub fn compile_cached(
         ));
     }
 
+    // A pod address outside the configured pod ranges is still policed (dropping it
+    // could leave a pod's traffic unfiltered when a range is missing from the flags),
+    // but it points at a wrong --cluster-cidr or a wrong pod status.
+    if !node.cluster_cidrs.is_empty() {
+        for (ip, pod) in &owners {
+            if !node.cluster_cidrs.iter().any(|n| n.contains(ip)) {
+                warnings.push(format!(
+                    "pod IP {ip} of {}/{} is outside the cluster ranges (--cluster-cidr)",
+                    pod.namespace, pod.name
+                ));
+            }
+        }
+    }
     firewall::compile(view, node, dns, &owners, &mut table, &mut statuses, &mut cache.firewall);
     qos::compile(view, node, &owners, &mut table, &mut statuses);
     egress_ip::compile(view, node, host, &owners, &mut table, &mut net, &mut statuses);
