@@ -408,11 +408,11 @@ fn a_flood_from_port_53_is_copied_only_up_to_the_rate_limit() {
         }
     });
     let limited = r#"egressd_dns_snoop_dropped_total{reason="copies_over_rate_untracked"}"#;
-    let seen = wait_for(Duration::from_secs(12), || metric(&t, limited) > 0);
-    assert!(seen.is_some(), "no copies held back:\n{}", agent.log_text());
+    // The counters are read every 5 s: wait until (nearly) every packet is accounted for.
+    let seen = wait_for(Duration::from_secs(20), || snooped(&t, "untracked") + metric(&t, limited) >= 2900);
     let copied = snooped(&t, "untracked");
     let held = metric(&t, limited);
+    assert!(seen.is_some(), "copied {copied} + held back {held} of 3000:\n{}", agent.log_text());
     assert!(copied <= 1000, "{copied} untracked copies taken of 3000");
-    assert!(held >= 1500, "only {held} counted as held back");
     assert!(copied + held <= 3000, "copied {copied} + held back {held}");
 }
