@@ -85,11 +85,7 @@ fn fake_server(ext: &Netns) {
 }
 
 fn snooped(t: &Topology, result: &str) -> u64 {
-    let body = http_get(&t.node, "127.0.0.1:9780", "/metrics").map(|(_, b)| b).unwrap_or_default();
-    body.lines()
-        .find(|l| l.starts_with(&format!("egressd_dns_snooped_total{{result=\"{result}\"}}")))
-        .and_then(|l| l.split_whitespace().last()?.parse().ok())
-        .unwrap_or(0)
+    metric(t, &format!("egressd_dns_snooped_total{{result=\"{result}\"}}"))
 }
 
 #[test]

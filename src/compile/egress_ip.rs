@@ -816,6 +816,29 @@ mod tests {
     }
 
     #[test]
+    fn an_address_another_host_answered_for_is_not_hosted() {
+        let e = eip("e", "2024-01-01T00:00:00Z", &["198.19.0.100"], &[("198.19.0.100", "b")], "{}");
+        let mut host = host("198.19.0.2/24");
+        host.conflicts.insert("198.19.0.100".parse().unwrap(), "MAC 02:00:00:00:00:07 on link eth0".into());
+        let d = compile_cached(
+            &view(&format!("{CLUSTER}{e}")),
+            &node("b", false),
+            &DnsAnswers::new(),
+            &host,
+            &mut CompileCache::default(),
+        );
+        assert!(d.net.addresses.is_empty(), "{:?}", d.net.addresses);
+        assert!(
+            d.statuses[0].message().contains(
+                "egress IP 198.19.0.100 is in use by another host (MAC 02:00:00:00:00:07 on link eth0): it answered the duplicate address probe; not hosted on node b"
+            ),
+            "{}",
+            d.statuses[0].message()
+        );
+        assert_ne!(d.statuses[0].outcome, Outcome::Applied);
+    }
+
+    #[test]
     fn a_kernel_without_address_tags_hosts_nothing() {
         let e = eip("e", "2024-01-01T00:00:00Z", &["198.19.0.100"], &[("198.19.0.100", "b")], "{}");
         let mut node = node("b", false);

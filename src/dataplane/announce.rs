@@ -113,8 +113,9 @@ pub(crate) fn arp_conflict(frame: &[u8], ip: Ipv4Addr, mac: [u8; 6]) -> Option<[
 
 fn probe_v4(ip: Ipv4Addr, ifindex: u32, mac: [u8; 6], wait: Duration) -> io::Result<Option<[u8; 6]>> {
     let socket = arp_socket()?;
-    socket.bind(&ll_broadcast(ifindex)?)?;
-    socket.send_to(&arp_probe_frame(ip, mac), &ll_broadcast(ifindex)?)?;
+    let link = ll_broadcast(ifindex)?;
+    socket.bind(&link)?;
+    socket.send_to(&arp_probe_frame(ip, mac), &link)?;
     listen(&socket, wait, |frame| arp_conflict(frame, ip, mac))
 }
 

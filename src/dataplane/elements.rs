@@ -68,10 +68,7 @@ impl ElementWriter {
 
     /// Whether `ip` is in `set` now (a `GETSETELEM` for the one key).
     pub fn contains(&mut self, set: &str, ip: IpAddr) -> io::Result<bool> {
-        let key = match ip {
-            IpAddr::V4(v4) => v4.octets().to_vec(),
-            IpAddr::V6(v6) => v6.octets().to_vec(),
-        };
+        let key = key(ip);
         let msg = NfTablesMessage::GetSetElement(SetElementMessage {
             attributes: vec![
                 SetElementList::Table(self.table.clone()),
@@ -126,10 +123,7 @@ impl ElementWriter {
     pub fn add(&mut self, elements: &[Element]) -> io::Result<()> {
         let mut by_set: std::collections::BTreeMap<&str, Vec<ListAttribute<SetElementAttribute>>> = Default::default();
         for (set, ip, timeout) in elements {
-            let key = match ip {
-                IpAddr::V4(v4) => v4.octets().to_vec(),
-                IpAddr::V6(v6) => v6.octets().to_vec(),
-            };
+            let key = key(*ip);
             let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
             by_set.entry(set.as_str()).or_default().push(ListAttribute::Element(vec![
                 SetElementAttribute::Key(DataAttribute::Value(key)),
@@ -199,6 +193,14 @@ pub(crate) const ELEMENTS_PER_MESSAGE: usize = 1024;
 /// Most bytes of element messages in one transaction (one `send`): well under the
 /// socket's default send buffer (~212 KB), beyond which the send fails with EMSGSIZE.
 pub(crate) const BATCH_BYTES: usize = 128 * 1024;
+
+/// An address as a set element key.
+fn key(ip: IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(v4) => v4.octets().to_vec(),
+        IpAddr::V6(v6) => v6.octets().to_vec(),
+    }
+}
 
 /// The (address, time left) of the elements in one element list attribute.
 fn elements_left(list: SetElementList) -> Vec<(IpAddr, Duration)> {

@@ -155,17 +155,28 @@ pub(crate) fn is_own(pid: u32) -> bool {
 }
 
 impl NftBackend for NftCli {
-    /// `nft -j list counters table inet <table>`: a read, no transaction.
+    /// `nft -j list counters table inet <table>`: a read, no transaction (its output,
+    /// five counters, fits the pipe, so it is read after the exit).
     fn counters(&mut self, table: &str) -> Result<Vec<(String, u64)>, NftError> {
-        let out = Command::new(&self.program)
+        let spawn_err =
+            |e: std::io::Error| NftError::Spawn { program: self.program.display().to_string(), message: e.to_string() };
+        let mut child = Command::new(&self.program)
             .args(["-j", "list", "counters", "table", crate::nft::FAMILY, table])
             .stdin(Stdio::null())
-            .output()
-            .map_err(|e| NftError::Spawn { program: self.program.display().to_string(), message: e.to_string() })?;
-        if !out.status.success() {
-            return Err(NftError::Rejected { message: String::from_utf8_lossy(&out.stderr).trim().to_string() });
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(spawn_err)?;
+        let status = wait_within_timeout(&mut child).map_err(spawn_err)?;
+        let mut stdout = Vec::new();
+        if let Some(mut o) = child.stdout.take() {
+            std::io::Read::read_to_end(&mut o, &mut stdout).map_err(spawn_err)?;
         }
-        Ok(parse_counters(&out.stdout))
+        match status {
+            Some(s) if s.success() => Ok(parse_counters(&stdout)),
+            Some(_) => Err(NftError::Rejected { message: stderr_of(&mut child) }),
+            None => Err(NftError::Timeout { seconds: NFT_TIMEOUT.as_secs() }),
+        }
     }
 
     fn apply(&mut self, script: &str) -> Result<(), NftError> {
@@ -182,27 +193,37 @@ impl NftBackend for NftCli {
         if let Some(mut stdin) = child.stdin.take() {
             stdin.write_all(script.as_bytes()).map_err(spawn_err)?;
         }
-        let deadline = std::time::Instant::now() + NFT_TIMEOUT;
-        let status = loop {
-            match child.try_wait().map_err(spawn_err)? {
-                Some(status) => break status,
-                None if std::time::Instant::now() >= deadline => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(NftError::Timeout { seconds: NFT_TIMEOUT.as_secs() });
-                }
-                None => std::thread::sleep(Duration::from_millis(2)),
-            }
-        };
-        if status.success() {
-            return Ok(());
+        match wait_within_timeout(&mut child).map_err(spawn_err)? {
+            Some(status) if status.success() => Ok(()),
+            Some(_) => Err(NftError::Rejected { message: stderr_of(&mut child) }),
+            None => Err(NftError::Timeout { seconds: NFT_TIMEOUT.as_secs() }),
         }
-        let mut stderr = String::new();
-        if let Some(mut e) = child.stderr.take() {
-            let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
-        }
-        Err(NftError::Rejected { message: stderr.trim().to_string() })
     }
+}
+
+/// Wait for `child` at most [`NFT_TIMEOUT`]; past it, kill it and return `None`.
+fn wait_within_timeout(child: &mut std::process::Child) -> std::io::Result<Option<std::process::ExitStatus>> {
+    let deadline = std::time::Instant::now() + NFT_TIMEOUT;
+    loop {
+        match child.try_wait()? {
+            Some(status) => return Ok(Some(status)),
+            None if std::time::Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Ok(None);
+            }
+            None => std::thread::sleep(Duration::from_millis(2)),
+        }
+    }
+}
+
+/// What a finished `child` wrote to its piped stderr, trimmed.
+fn stderr_of(child: &mut std::process::Child) -> String {
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
+    }
+    stderr.trim().to_string()
 }
 
 /// (name, packets) of the counters in `nft -j list counters` output.

@@ -67,11 +67,11 @@ pub(crate) struct NameState {
 }
 
 /// Which names to resolve when.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct DnsTracker {
     names: BTreeMap<String, NameState>,
     /// Answers' TTLs are cut to this (`--dns-max-ttl-secs`, at most [`MAX_TTL`]).
-    max_ttl: Option<Duration>,
+    max_ttl: Duration,
 }
 
 /// The retry interval after `failures` consecutive failures.
@@ -85,15 +85,15 @@ pub fn backoff(failures: u32) -> Duration {
 }
 
 impl DnsTracker {
-    /// An empty tracker.
+    /// An empty tracker honouring TTLs up to [`MAX_TTL`].
     #[cfg(test)]
     pub(crate) fn new() -> Self {
-        Self::default()
+        Self::with_max_ttl(MAX_TTL)
     }
 
     /// A tracker that cuts TTLs to `max_ttl` (besides [`MAX_TTL`]).
     pub(crate) fn with_max_ttl(max_ttl: Duration) -> Self {
-        Self { names: BTreeMap::new(), max_ttl: Some(max_ttl) }
+        Self { names: BTreeMap::new(), max_ttl }
     }
 
     /// Track exactly `names`: new ones are due at once, dropped ones are forgotten.
@@ -119,7 +119,7 @@ impl DnsTracker {
         let Some(state) = self.names.get_mut(name) else { return false };
         match result {
             Ok(mut resolved) => {
-                resolved.ttl = resolved.ttl.min(self.max_ttl.unwrap_or(MAX_TTL));
+                resolved.ttl = resolved.ttl.min(self.max_ttl);
                 state.next = now + effective_ttl(resolved.ttl);
                 state.failures = 0;
                 state.last_error = None;

@@ -55,7 +55,7 @@ pub struct SnoopTargets {
     pub exempt: Vec<ipnet::IpNet>,
     /// Added to the answer's TTL (floor 5 s) for the kernel timeout.
     pub grace: std::time::Duration,
-    /// Answers' TTLs are cut to this (`--dns-max-ttl-secs`; zero means [`super::MAX_TTL`]).
+    /// Answers' TTLs are cut to this (`--dns-max-ttl-secs`).
     pub max_ttl: std::time::Duration,
 }
 
@@ -75,8 +75,7 @@ impl SnoopTargets {
             if self.exempt.iter().any(|n| n.contains(&l.address)) {
                 continue;
             }
-            let max_ttl = if self.max_ttl.is_zero() { super::MAX_TTL } else { self.max_ttl };
-            let timeout = super::element_timeout(l.ttl.min(max_ttl), self.grace);
+            let timeout = super::element_timeout(l.ttl.min(self.max_ttl), self.grace);
             for name in self.names.get(namespace).into_iter().flatten() {
                 if !l.names.iter().any(|n| super::snoop::name_matches(&name.base, name.wildcard, n)) {
                     continue;
@@ -102,7 +101,7 @@ mod tests {
 
     #[test]
     fn a_pod_only_teaches_names_its_own_namespace_allows() {
-        let mut t = SnoopTargets { grace: Duration::from_secs(5), ..Default::default() };
+        let mut t = SnoopTargets { grace: Duration::from_secs(5), max_ttl: crate::dns::MAX_TTL, ..Default::default() };
         t.exempt = vec!["198.18.0.0/15".parse().unwrap()];
         t.pods.insert("198.18.1.1".parse().unwrap(), "team-a".into());
         t.pods.insert("198.18.1.2".parse().unwrap(), "team-b".into());
