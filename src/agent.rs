@@ -242,7 +242,8 @@ async fn report_net_changes(changes: &crate::dataplane::netlink::NetChanges) {
 }
 
 /// Compile and sync once: netlink state first (addresses, rules, routes), then the nft
-/// table; returns the statuses with kernel failures folded in.
+/// table; returns the statuses with kernel failures folded in, and the links the
+/// compile used when it read them (what later link checks compare against).
 pub(crate) async fn apply_once<B: NftBackend>(
     view: &ClusterView,
     node: &NodeConfig,
@@ -250,15 +251,19 @@ pub(crate) async fn apply_once<B: NftBackend>(
     syncer: &mut NftSyncer<B>,
     net: Option<&Netlink>,
     cache: &mut crate::compile::CompileCache,
-) -> (Desired, Result<SyncKind, SyncError>) {
+) -> (Desired, Result<SyncKind, SyncError>, Option<HostLinks>) {
     let started = std::time::Instant::now();
     let mut host = HostLinks::default();
+    let mut links_read = false;
     let mut net_error: Option<SyncError> = None;
     let wants_net = !view.egress_ips.is_empty();
     // The links matter to EgressIP only (compile reads them for nothing else).
     if let Some(net) = net.filter(|_| wants_net) {
         match net.links().await {
-            Ok(h) => host = h,
+            Ok(h) => {
+                host = h;
+                links_read = true;
+            }
             Err(e) => net_error = Some(e.into()),
         }
     }
@@ -320,7 +325,7 @@ pub(crate) async fn apply_once<B: NftBackend>(
         (Ok(_), Some(e)) => Err(e),
         (r, _) => r,
     };
-    (desired, result)
+    (desired, result, links_read.then_some(host))
 }
 
 fn log_status_changes(old: &[ObjectStatus], new: &[ObjectStatus]) {
@@ -479,8 +484,11 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
         let answers = self.dns.as_ref().map(DnsWorker::answers).unwrap_or_default();
         let started = std::time::Instant::now();
         self.config.telemetry.health.set_syncing(true);
-        let (desired, result) =
+        let (desired, result, links) =
             apply_once(view, &self.config.node, &answers, &mut self.syncer, self.net.as_ref(), &mut self.cache).await;
+        if links.is_some() {
+            self.last_links = links;
+        }
         self.config.telemetry.health.set_syncing(false);
         let telemetry = &self.config.telemetry;
         record_sync(telemetry, view, &desired, &result, started.elapsed());
@@ -673,6 +681,10 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
                 _ = net_check.tick() => changed |= self.check_net().await,
                 first = next_drift(&mut self.drift) => changed |= self.on_drift(first).await,
                 _ = counters.tick(), if self.snoop.is_some() => self.read_copy_counters(),
+                // An address another host answered for is probed again soon, so it is
+                // taken within seconds once that host lets go.
+                _ = tokio::time::sleep(crate::dataplane::netlink::REPROBE),
+                    if self.net.as_ref().is_some_and(Netlink::has_conflicts) => changed |= self.check_net().await,
             }
             if changed {
                 self.apply().await;

@@ -160,7 +160,7 @@ struct EgressArgs {
     /// Before hosting an egress IP, listen this long (milliseconds, 0 ..= 5000; 0: no
     /// probe) for another host answering an ARP probe (IPv4) or neighbour solicitation
     /// (IPv6) for it; if one does, the address is not taken (status, log, metric) and
-    /// probed again at every netlink check.
+    /// probed again every 2 s.
     #[arg(long, env = "EGRESSD_EGRESS_IP_DAD_MS", default_value_t = 200,
           value_parser = clap::value_parser!(u64).range(0..=5000))]
     egress_ip_dad_ms: u64,

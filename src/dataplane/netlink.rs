@@ -93,7 +93,7 @@ struct Conflict {
 const DEFAULT_REPROBE_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// How often an address another host answered for is probed again.
-const REPROBE: std::time::Duration = std::time::Duration::from_secs(10);
+pub(crate) const REPROBE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Probe `ip` on a link (blocking, in the blocking pool): `Some(description of the other
 /// host)` when one answered. A probe that cannot be sent (a link without an Ethernet
@@ -257,6 +257,11 @@ impl Netlink {
             return Ok(NetChanges::default());
         }
         self.sync(desired).await
+    }
+
+    /// Whether some egress IP is held back because another host answered for it.
+    pub(crate) fn has_conflicts(&self) -> bool {
+        self.conflicts.lock().is_ok_and(|c| !c.is_empty())
     }
 
     /// The conflicts, each probed again once [`REPROBE`] has passed: an address nobody
