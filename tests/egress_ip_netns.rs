@@ -728,3 +728,54 @@ fn an_address_another_host_answers_for_is_not_taken() {
         c.status(1)
     );
 }
+
+#[test]
+fn a_flapping_uplink_under_a_hosted_egress_ip_is_announced_again() {
+    // The segment's router (ext) keeps a stale neighbour entry for the egress IP while
+    // node-b's uplink is down; when the link comes back, node-b announces the address
+    // again and the router's entry points at node-b, and the pods leave as the egress IP.
+    let mut c = Cluster::new(&PODS);
+    c.egress_ip("web", &[EIP_B, EIP6_B], &[(EIP_B, "node-b"), (EIP6_B, "node-b")], true);
+    c.start(0, &[]);
+    c.start(1, &[]);
+    let pod = &c.nodes[0].pods[0];
+    assert!(wait_source(pod, EXT_V4, EIP_B), "{}", c.logs());
+    assert!(wait_source(pod, EXT_V6, EIP6_B), "{}", c.logs());
+    let b_mac = c.mac(1);
+    for round in 0..3 {
+        c.nodes[1].ns.ip(&["link", "set", "eth0", "down"]);
+        std::thread::sleep(Duration::from_millis(300));
+        // Meanwhile the router's entries go stale (another host answered, say).
+        for ip in [EIP_B, EIP6_B] {
+            c.ext.ip(&["neigh", "replace", ip, "lladdr", "02:00:00:00:00:99", "dev", "eth0", "nud", "stale"]);
+        }
+        c.nodes[1].ns.ip(&["link", "set", "eth0", "up"]);
+        // The node's own routes through the link went with it: its network manager
+        // puts them back (egressd restores only its own).
+        // (IPv6 addresses are flushed on link down by default: the node's own is put
+        // back by its network manager, the egress IP by egressd.)
+        let ns = &c.nodes[1].ns;
+        ns.ip(&["-6", "addr", "replace", &format!("{}/64", node_v6(1)), "dev", "eth0", "nodad"]);
+        ns.ip(&["route", "replace", "203.0.113.0/24", "via", "198.19.0.254"]);
+        let v6_back = wait_for(Duration::from_secs(5), || {
+            ns.try_exec(&["ip", "-6", "route", "replace", "2001:db8:ff::/64", "via", "2001:db8:0:1::fe"]).0
+        });
+        assert!(v6_back.is_some(), "IPv6 on node-b's link did not come back");
+        for m in [0, 2] {
+            ns.ip(&["route", "replace", &format!("198.18.{}.0/24", m + 1), "via", &node_v4(m)]);
+            ns.ip(&["-6", "route", "replace", &format!("2001:db8:1:{}0::/60", m + 1), "via", &node_v6(m)]);
+        }
+        for ip in [EIP_B, EIP6_B] {
+            let announced = wait_for(Duration::from_secs(5), || c.ext_neighbour(ip).as_deref() == Some(b_mac.as_str()));
+            assert!(
+                announced.is_some(),
+                "round {round}: the router's entry for {ip} is {:?}, node-b is {b_mac}\n{}",
+                c.ext_neighbour(ip),
+                c.logs()
+            );
+        }
+        assert!(wait_source(pod, EXT_V4, EIP_B), "round {round}: after the flap\n{}", c.logs());
+        assert!(wait_source(pod, EXT_V6, EIP6_B), "round {round}: after the flap, IPv6\n{}", c.logs());
+    }
+    assert_eq!(c.pod_sourced_packets(), 0);
+}

@@ -448,3 +448,68 @@ fn a_missing_crd_and_a_forbidden_kind_do_not_block_policy() {
     });
     assert!(picked_up.is_some(), "CRD not picked up:\n{}", agent.log_text());
 }
+
+#[test]
+fn sixty_seconds_without_the_api_server_change_nothing_and_statuses_catch_up() {
+    let t = Topology::with_pods(&[("", "")]);
+    let (api_ns, dir) = cluster(&t);
+    // A second link of the node, whose subnet hosts an egress IP.
+    let eip_net = Netns::new("eipnet");
+    veth(&t.node, "eth-eip", &eip_net, "eth0");
+    addr(&t.node, "eth-eip", "198.19.200.1/24");
+    let api = ApiServer::start(&api_ns, dir);
+    setup(&api);
+    node(&api, "node-a", "198.18.254.1", true);
+    pod(&api, "team-a", "pod0", "node-a", "198.18.1.2", "2001:db8:1:1::2");
+    firewall(&api, "team-a", "  - {type: Deny, to: {cidrSelector: 203.0.113.0/24}}\n");
+    api.apply(
+        "apiVersion: k8s.ovn.org/v1\nkind: EgressIP\nmetadata: {name: side}\nspec:\n  egressIPs: [198.19.200.50]\n  \
+         namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: team-a}}\n\
+         status:\n  items: [{egressIP: 198.19.200.50, node: node-a}]\n",
+    );
+    let agent = start_agent(&t, &api, "node-a", "egressd");
+    let p0 = &t.pods[0];
+    let hosted = || t.node.ip(&["-4", "addr", "show", "dev", "eth-eip"]).contains("198.19.200.50");
+    assert!(wait_for(Duration::from_secs(10), hosted).is_some(), "not hosted:\n{}", agent.log_text());
+    let applied = wait_for(Duration::from_secs(15), || {
+        api.get(&["egressfirewall", "default", "-n", "team-a", "-o", "jsonpath={.status.messages}"])
+            .contains("node-a: EgressFirewall Rules applied")
+    });
+    assert!(applied.is_some(), "{}", agent.log_text());
+    let counters = regex::Regex::new(r"counter packets \d+ bytes \d+").unwrap();
+    let chain = || {
+        counters
+            .replace_all(&t.node.exec(&["nft", "list", "chain", "inet", "egressd", "fw-team-a"]), "counter")
+            .into_owned()
+    };
+    let pods = || t.node.exec(&["nft", "list", "map", "inet", "egressd", "fw-pods-v4"]);
+    let (chain_before, pods_before) = (chain(), pods());
+
+    // The API server goes away for 60 s; meanwhile the node's link loses the subnet of
+    // the egress IP (a node-side change with a status to report).
+    api.script("stop-apiserver");
+    std::thread::sleep(Duration::from_secs(5));
+    t.node.ip(&["addr", "del", "198.19.200.1/24", "dev", "eth-eip"]);
+    assert!(wait_for(Duration::from_secs(5), || !hosted()).is_some(), "egress IP kept without its subnet");
+    for _ in 0..11 {
+        std::thread::sleep(Duration::from_secs(5));
+        assert_eq!(tcp(p0, "203.0.113.2", 8080), None, "policy lost while the API server is away");
+        assert!(tcp(p0, "192.0.2.10", 8080).is_some(), "traffic the policy allows is blocked");
+    }
+    assert_eq!(chain(), chain_before, "the namespace's chain changed while the API server was away");
+    assert_eq!(pods(), pods_before, "the pod map changed while the API server was away");
+
+    // Back: what happened meanwhile reaches the API (an Event on the EgressIP), the
+    // firewall's status is still right, and changes flow again.
+    api.script("start-apiserver");
+    let reported = wait_for(Duration::from_secs(30), || {
+        api.get(&["events", "-n", "default", "-o", "jsonpath={range .items[*]}{.reason}: {.message}{\"\\n\"}{end}"])
+            .contains("egress IP 198.19.200.50 cannot be hosted on node node-a")
+    });
+    assert!(reported.is_some(), "{}\n{}", api.get(&["events", "-A"]), agent.log_text());
+    let status = api.get(&["egressfirewall", "default", "-n", "team-a", "-o", "jsonpath={.status.messages}"]);
+    assert!(status.contains("node-a: EgressFirewall Rules applied"), "{status}");
+    firewall(&api, "team-a", "  - {type: Deny, to: {cidrSelector: 192.0.2.0/24}}\n");
+    let followed = wait_for(Duration::from_secs(30), || tcp(p0, "192.0.2.10", 8080).is_none());
+    assert!(followed.is_some(), "not following after the outage:\n{}", agent.log_text());
+}

@@ -254,6 +254,14 @@ impl Agent {
         }
     }
 
+    /// SIGKILL (by its own PID) and reap it: no handler runs, nothing is cleaned up.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
     /// The log so far.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
