@@ -278,7 +278,9 @@ fn follows_the_cluster_writes_statuses_and_survives_restarts_and_410() {
     assert!(ok, "{out}");
     api.script("compact");
     signal(&agent, nix::sys::signal::Signal::SIGCONT);
-    let relisted = wait_for(Duration::from_secs(40), || tcp(p0, "198.51.100.10", 8080).is_some());
+    // Each watch retries with client-go's backoff (up to 30 s after repeated errors),
+    // then re-lists: allow for both.
+    let relisted = wait_for(Duration::from_secs(90), || tcp(p0, "198.51.100.10", 8080).is_some());
     assert!(relisted.is_some(), "deletion missed across the 410 re-list:\n{}", agent.log_text());
     // Whether the restarted server answered the stale watch with 410 (then egressd
     // re-listed) or served it from its fresh watch cache is the server's choice; either
@@ -291,7 +293,7 @@ fn follows_the_cluster_writes_statuses_and_survives_restarts_and_410() {
 
     // EgressQoS conditions.
     api.apply("apiVersion: k8s.ovn.org/v1\nkind: EgressQoS\nmetadata: {name: default, namespace: team-a}\nspec:\n  egress:\n  - {dscp: 46}\n");
-    let qos = wait_for(Duration::from_secs(15), || {
+    let qos = wait_for(Duration::from_secs(60), || {
         let s = api.get(&["egressqos", "default", "-n", "team-a", "-o", "jsonpath={.status}"]);
         s.contains("Ready-In-Zone-node-a") && s.contains("SetupSucceeded") && s.contains("EgressQoS Rules applied")
     });
@@ -307,7 +309,7 @@ fn follows_the_cluster_writes_statuses_and_survives_restarts_and_410() {
         )
     };
     api.apply(&eip("eip-a"));
-    let hosted = wait_for(Duration::from_secs(10), || tcp(p0, "203.0.113.2", 8080).as_deref() == Some("203.0.113.50"));
+    let hosted = wait_for(Duration::from_secs(60), || tcp(p0, "203.0.113.2", 8080).as_deref() == Some("203.0.113.50"));
     assert!(hosted.is_some(), "egress IP not used:\n{}", agent.log_text());
     // A second EgressIP claiming the same IP loses it; this node says so in an Event.
     api.apply(&eip("eip-b"));
@@ -502,7 +504,16 @@ fn sixty_seconds_without_the_api_server_change_nothing_and_statuses_catch_up() {
     // Back: what happened meanwhile reaches the API (an Event on the EgressIP), the
     // firewall's status is still right, and changes flow again.
     api.script("start-apiserver");
-    let reported = wait_for(Duration::from_secs(30), || {
+    // A restarting API server answers 403/404 until its caches are filled: that must
+    // not empty what egressd knows (the pod map would lose the pod, its policy with it).
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(15) {
+        assert_eq!(pods(), pods_before, "the pod map changed as the API server came back:\n{}", agent.log_text());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(chain(), chain_before, "the namespace's chain changed as the API server came back");
+    // Watches and writes resume within their backoff (up to 30 s after a long outage).
+    let reported = wait_for(Duration::from_secs(90), || {
         api.get(&["events", "-n", "default", "-o", "jsonpath={range .items[*]}{.reason}: {.message}{\"\\n\"}{end}"])
             .contains("egress IP 198.19.200.50 cannot be hosted on node node-a")
     });
@@ -510,6 +521,6 @@ fn sixty_seconds_without_the_api_server_change_nothing_and_statuses_catch_up() {
     let status = api.get(&["egressfirewall", "default", "-n", "team-a", "-o", "jsonpath={.status.messages}"]);
     assert!(status.contains("node-a: EgressFirewall Rules applied"), "{status}");
     firewall(&api, "team-a", "  - {type: Deny, to: {cidrSelector: 192.0.2.0/24}}\n");
-    let followed = wait_for(Duration::from_secs(30), || tcp(p0, "192.0.2.10", 8080).is_none());
+    let followed = wait_for(Duration::from_secs(90), || tcp(p0, "192.0.2.10", 8080).is_none());
     assert!(followed.is_some(), "not following after the outage:\n{}", agent.log_text());
 }

@@ -57,9 +57,10 @@ pub(crate) enum KubeMsg {
 /// Why a watch failed, as far as it matters to the agent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum WatchProblem {
-    /// 404: the kind is not served (its CRD is not installed). The kind is empty.
+    /// 404: the kind is not served (its CRD is not installed). A kind never listed is
+    /// empty; one listed before keeps what it had until it can be listed again.
     Missing,
-    /// 403: RBAC does not allow listing it. The kind is empty, and that is an error.
+    /// 403: RBAC does not allow listing it: as [`WatchProblem::Missing`], and an error.
     Forbidden,
     /// Anything else (the API server unreachable, a timeout): retried, nothing changes.
     Other,
@@ -423,13 +424,15 @@ impl KubeObjects {
                         ),
                     }
                 }
-                // Whatever was listed of it is gone with it.
-                let gone: Vec<ObjectKey> =
-                    self.present.get(&kind).map(|p| p.iter().cloned().collect()).unwrap_or_default();
-                for key in &gone {
-                    self.remove(key);
+                // A kind listed before keeps its objects: a restarting API server
+                // answers 403 and 404 until its RBAC and CRD caches are filled, and that
+                // must not empty the view (found by 60 s without the API server). A CRD
+                // that is really deleted takes its objects first, each a Delete event;
+                // the next successful list reconciles the rest.
+                if self.synced.contains(&kind) {
+                    return false;
                 }
-                first || !gone.is_empty()
+                first
             }
             KubeMsg::Error(kind, WatchProblem::Other, e) => {
                 // Each different error is logged once (a 410 after connection errors
@@ -509,12 +512,22 @@ mod tests {
         s.handle(KubeMsg::Init(Kind::CloudPrivateIPConfig));
         assert!(s.handle(KubeMsg::InitDone(Kind::CloudPrivateIPConfig)));
         assert_eq!(s.unavailable().len(), 1);
-        // A kind that disappears (CRD deleted) loses its objects.
+        // A kind listed before keeps its objects when a (restarting) API server answers
+        // 403 or 404 for it; it is reported unavailable until the next list, which
+        // reconciles.
         s.handle(KubeMsg::Init(Kind::Namespace));
         s.handle(ns("a"));
+        s.handle(ns("b"));
         s.handle(KubeMsg::InitDone(Kind::Namespace));
-        assert!(s.handle(KubeMsg::Error(Kind::Namespace, WatchProblem::Forbidden, "403".into())));
-        assert!(s.view().namespaces.is_empty());
+        assert!(!s.handle(KubeMsg::Error(Kind::Namespace, WatchProblem::Forbidden, "403".into())));
+        assert!(!s.handle(KubeMsg::Error(Kind::Namespace, WatchProblem::Missing, "404".into())));
+        assert_eq!(s.view().namespaces.len(), 2, "a transient 403/404 emptied a listed kind");
+        assert!(s.unavailable().contains_key(&Kind::Namespace));
+        s.handle(KubeMsg::Init(Kind::Namespace));
+        s.handle(ns("a"));
+        assert!(s.handle(KubeMsg::InitDone(Kind::Namespace)), "the re-list removes what went away");
+        assert_eq!(s.view().namespaces.len(), 1);
+        assert!(!s.unavailable().contains_key(&Kind::Namespace));
     }
 
     #[test]
