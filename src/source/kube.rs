@@ -233,6 +233,10 @@ pub struct KubeWatch {
     rx: mpsc::Receiver<KubeMsg>,
     telemetry: std::sync::Arc<crate::telemetry::Telemetry>,
     reported: BTreeMap<Kind, WatchProblem>,
+    /// Messages handled but not yet reported by [`super::ViewSource::next_change`], and
+    /// whether they changed the view: kept here, not in the future, so a `select!` that
+    /// drops `next_change` half-way (another branch was ready first) loses nothing.
+    unreported: Option<bool>,
 }
 
 impl KubeWatch {
@@ -272,8 +276,13 @@ impl KubeWatch {
     /// Start the watches and wait until every kind is listed (the agent applies nothing
     /// before that). Logs progress while the API server is unreachable.
     pub async fn start(client: &Client, telemetry: std::sync::Arc<crate::telemetry::Telemetry>) -> Self {
-        let mut view =
-            Self { source: KubeObjects::new(), rx: start_watches(client), telemetry, reported: BTreeMap::new() };
+        let mut view = Self {
+            source: KubeObjects::new(),
+            rx: start_watches(client),
+            telemetry,
+            reported: BTreeMap::new(),
+            unreported: None,
+        };
         while !view.source.synced() {
             match view.rx.recv().await {
                 Some(msg) => {
@@ -305,18 +314,24 @@ impl super::ViewSource for KubeWatch {
         self.source.problems()
     }
 
+    /// Cancellation-safe: what was handled before a drop is reported by the next call.
     async fn next_change(&mut self) -> bool {
-        let Some(first) = self.rx.recv().await else {
-            return std::future::pending().await;
-        };
-        let mut changed = self.source.handle(first);
+        if self.unreported.is_none() {
+            let Some(first) = self.rx.recv().await else {
+                return std::future::pending().await;
+            };
+            self.unreported = Some(self.source.handle(first));
+        }
         // Coalesce a burst (a re-list, a rollout) into one recompile.
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(50);
         while let Ok(Some(msg)) = tokio::time::timeout_at(deadline, self.rx.recv()).await {
-            changed |= self.source.handle(msg);
+            let changed = self.source.handle(msg);
+            if let Some(c) = &mut self.unreported {
+                *c |= changed;
+            }
         }
         self.report_kinds();
-        changed
+        self.unreported.take().unwrap_or(false)
     }
 }
 
@@ -406,7 +421,7 @@ impl KubeObjects {
                     self.remove(key);
                 }
                 let first = self.synced.insert(kind);
-                tracing::debug!(kind = %kind, removed = gone.len(), "list complete");
+                tracing::debug!(kind = %kind, listed = seen.len(), removed = gone.len(), "list complete");
                 first || !gone.is_empty()
             }
             KubeMsg::Error(kind, problem @ (WatchProblem::Missing | WatchProblem::Forbidden), e) => {
@@ -528,6 +543,34 @@ mod tests {
         assert!(s.handle(KubeMsg::InitDone(Kind::Namespace)), "the re-list removes what went away");
         assert_eq!(s.view().namespaces.len(), 1);
         assert!(!s.unavailable().contains_key(&Kind::Namespace));
+    }
+
+    /// The agent's loop `select!`s `next_change` against timers: after SIGSTOP/SIGCONT
+    /// (or any burst) a timer can win while a change is being coalesced. The change
+    /// handled before the drop must still be reported (it was lost: a deleted
+    /// EgressFirewall stayed applied until the next unrelated change).
+    #[tokio::test]
+    async fn a_change_is_not_lost_when_next_change_is_dropped_half_way() {
+        use super::super::ViewSource;
+        let (tx, rx) = mpsc::channel(16);
+        let mut w = KubeWatch {
+            source: KubeObjects::new(),
+            rx,
+            telemetry: std::sync::Arc::new(crate::telemetry::Telemetry::default()),
+            reported: BTreeMap::new(),
+            unreported: None,
+        };
+        tx.send(KubeMsg::Init(Kind::Namespace)).await.unwrap();
+        tx.send(ns("a")).await.unwrap();
+        tx.send(KubeMsg::InitDone(Kind::Namespace)).await.unwrap();
+        assert!(w.next_change().await);
+        tx.send(KubeMsg::Delete(ObjectKey::new(Kind::Namespace, "", "a"))).await.unwrap();
+        // Dropped while coalescing: the deletion is handled, the answer not given yet.
+        let dropped = tokio::time::timeout(std::time::Duration::from_millis(10), w.next_change()).await;
+        assert!(dropped.is_err(), "next_change answered before its coalescing window ended");
+        assert!(w.view().namespaces.is_empty(), "the deletion was handled");
+        let again = tokio::time::timeout(std::time::Duration::from_secs(1), w.next_change()).await;
+        assert_eq!(again, Ok(true), "the change handled before the drop was lost");
     }
 
     #[test]
