@@ -520,7 +520,7 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
         }
         self.desired = desired;
         self.last_result = result;
-        self.sink.applied(self.source.view(), &self.desired);
+        self.sink.applied(self.source.view(), &self.desired, self.last_links.as_ref());
     }
 
     /// Restart the kernel timeouts of the names a DNS round attempted, where half the

@@ -19,6 +19,7 @@ pub mod dns;
 pub mod leader;
 pub mod net;
 pub mod nft;
+pub mod placement;
 pub mod source;
 pub mod state;
 pub mod status;

@@ -7,124 +7,12 @@
 mod netns;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use netns::kube::*;
 use netns::{Agent, Netns, Topology, addr, tcp, veth, wait_for};
 
 const API_ADDR: &str = "198.18.254.2";
-
-/// etcd + kube-apiserver in `ns`; stopped (by their PIDs) on drop.
-struct ApiServer<'a> {
-    ns: &'a Netns,
-    dir: PathBuf,
-}
-
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kube/apiserver.sh")
-}
-
-impl<'a> ApiServer<'a> {
-    fn start(ns: &'a Netns, dir: PathBuf) -> Self {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &ns.name, "env", "BIND=0.0.0.0", &format!("KUBE_HOST={API_ADDR}")])
-            .arg(script())
-            .arg("start")
-            .arg(&dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .output()
-            .unwrap();
-        let server = Self { ns, dir };
-        assert!(out.status.success(), "apiserver did not start: {}", String::from_utf8_lossy(&out.stderr));
-        server
-    }
-
-    fn script(&self, cmd: &str) {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.ns.name])
-            .arg(script())
-            .arg(cmd)
-            .arg(&self.dir)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{cmd}: {}", String::from_utf8_lossy(&out.stderr));
-    }
-
-    /// `kubectl` as admin, with `stdin` as input.
-    fn kubectl(&self, args: &[&str], stdin: &str) -> (bool, String) {
-        use std::io::Write;
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.ns.name, "kubectl", "--kubeconfig"])
-            .arg(self.dir.join("kubeconfig-admin"))
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
-        let out = child.wait_with_output().unwrap();
-        let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
-        text.push_str(&String::from_utf8_lossy(&out.stderr));
-        (out.status.success(), text)
-    }
-
-    fn apply(&self, yaml: &str) {
-        let (ok, out) = self.kubectl(&["apply", "-f", "-"], yaml);
-        assert!(ok, "kubectl apply: {out}\n{yaml}");
-    }
-
-    fn get(&self, args: &[&str]) -> String {
-        self.kubectl(&[&["get"], args].concat(), "").1
-    }
-
-    fn patch_status(&self, kind: &str, name: &str, ns: Option<&str>, patch: &str) {
-        let mut args = vec!["patch", kind, name, "--subresource=status", "--type=merge", "-p", patch];
-        if let Some(ns) = ns {
-            args.extend(["-n", ns]);
-        }
-        let (ok, out) = self.kubectl(&args, "");
-        assert!(ok, "patch status: {out}");
-    }
-
-    fn kubeconfig_egressd(&self) -> String {
-        self.dir.join("kubeconfig-egressd").to_str().unwrap().to_string()
-    }
-}
-
-impl Drop for ApiServer<'_> {
-    fn drop(&mut self) {
-        let _ =
-            Command::new("ip").args(["netns", "exec", &self.ns.name]).arg(script()).arg("stop").arg(&self.dir).status();
-    }
-}
-
-/// A node object for `name` with `ip`, Ready.
-fn node(api: &ApiServer, name: &str, ip: &str, ready: bool) {
-    api.apply(&format!("apiVersion: v1\nkind: Node\nmetadata: {{name: {name}}}\n"));
-    let status = if ready { "True" } else { "False" };
-    api.patch_status(
-        "node",
-        name,
-        None,
-        &format!(
-            r#"{{"status":{{"addresses":[{{"type":"InternalIP","address":"{ip}"}}],"conditions":[{{"type":"Ready","status":"{status}","reason":"Test","message":"test","lastHeartbeatTime":"2026-01-01T00:00:00Z","lastTransitionTime":"2026-01-01T00:00:00Z"}}]}}}}"#
-        ),
-    );
-}
-
-fn pod(api: &ApiServer, ns: &str, name: &str, node: &str, v4: &str, v6: &str) {
-    api.apply(&format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  nodeName: {node}\n  containers: [{{name: c, image: example.invalid/c}}]\n"
-    ));
-    api.patch_status(
-        "pod",
-        name,
-        Some(ns),
-        &format!(r#"{{"status":{{"phase":"Running","podIP":"{v4}","podIPs":[{{"ip":"{v4}"}},{{"ip":"{v6}"}}]}}}}"#),
-    );
-}
 
 fn firewall(api: &ApiServer, ns: &str, rules: &str) {
     api.apply(&format!(
@@ -139,17 +27,6 @@ fn cluster(t: &Topology) -> (Netns, PathBuf) {
     addr(&t.node, "eth-api", "198.18.254.1/24");
     addr(&api_ns, "eth0", &format!("{API_ADDR}/24"));
     (api_ns, t.dir.path().join("kube"))
-}
-
-fn setup(api: &ApiServer) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    for f in ["daemonset/crds/crds.yaml", "daemonset/rbac.yaml"] {
-        api.apply(&std::fs::read_to_string(root.join(f)).unwrap());
-    }
-    // CRDs take a moment to be served.
-    let served = wait_for(Duration::from_secs(10), || api.kubectl(&["get", "egressfirewalls", "-A"], "").0);
-    assert!(served.is_some(), "CRDs not served");
-    api.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: team-a}\n");
 }
 
 fn start_agent(t: &Topology, api: &ApiServer, node: &str, table: &str) -> Agent {
@@ -178,6 +55,10 @@ fn start_agent(t: &Topology, api: &ApiServer, node: &str, table: &str) -> Agent 
             state.to_str().unwrap(),
             "--health-addr",
             &health,
+            // Agents share one namespace here: no EgressIP health port (placement
+            // counts labelled Ready nodes as reachable); placement_netns.rs covers it.
+            "--egress-ip-health-port",
+            "0",
         ],
         t.dir.path().join(format!("{node}.log")),
     );
@@ -186,16 +67,12 @@ fn start_agent(t: &Topology, api: &ApiServer, node: &str, table: &str) -> Agent 
     agent
 }
 
-fn signal(agent: &Agent, sig: nix::sys::signal::Signal) {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(agent.pid() as i32), sig).unwrap();
-}
-
 #[test]
 fn follows_the_cluster_writes_statuses_and_survives_restarts_and_410() {
     // One pod netns, declared to the API (not as a manifest) below.
     let t = Topology::with_pods(&[("", "")]);
     let (api_ns, dir) = cluster(&t);
-    let api = ApiServer::start(&api_ns, dir);
+    let api = ApiServer::start(&api_ns, dir, API_ADDR);
     setup(&api);
     node(&api, "node-a", "198.18.254.1", true);
     pod(&api, "team-a", "pod0", "node-a", "198.18.1.2", "2001:db8:1:1::2");
@@ -314,14 +191,18 @@ fn follows_the_cluster_writes_statuses_and_survives_restarts_and_410() {
              status:\n  items: [{{egressIP: 203.0.113.50, node: node-a}}]\n"
         )
     };
+    // The leader keeps the placement only on a node labelled for egress IPs.
+    let (ok, out) = api.kubectl(&["label", "node", "node-a", "k8s.ovn.org/egress-assignable="], "");
+    assert!(ok, "{out}");
     api.apply(&eip("eip-a"));
     let hosted = wait_for(Duration::from_secs(60), || tcp(p0, "203.0.113.2", 8080).as_deref() == Some("203.0.113.50"));
     assert!(hosted.is_some(), "egress IP not used:\n{}", agent.log_text());
-    // A second EgressIP claiming the same IP loses it; this node says so in an Event.
+    // A second EgressIP claiming the same IP loses it (its item is removed); the leader
+    // says so in the reference's Event.
     api.apply(&eip("eip-b"));
     let conflict = wait_for(Duration::from_secs(15), || {
         api.get(&["events", "-n", "default", "-o", "jsonpath={range .items[*]}{.reason}: {.message}{\"\\n\"}{end}"])
-            .contains("EgressIPNotApplied: node-a: EgressIP not fully applied: egress IP 203.0.113.50 is also claimed by the older EgressIP eip-a")
+            .contains("UnsupportedRequest: IP: \"203.0.113.50\" for EgressIP: eip-b is already allocated for EgressIP: eip-a on node-a")
     });
     assert!(conflict.is_some(), "{}\n{}", api.get(&["events", "-A"]), agent.log_text());
     assert_eq!(tcp(p0, "203.0.113.2", 8080).as_deref(), Some("203.0.113.50"), "the older claim still holds");
@@ -331,7 +212,7 @@ fn follows_the_cluster_writes_statuses_and_survives_restarts_and_410() {
 fn leader_lease_fails_over_when_the_leader_dies() {
     let t = Topology::with_pods(&[]);
     let (api_ns, dir) = cluster(&t);
-    let api = ApiServer::start(&api_ns, dir);
+    let api = ApiServer::start(&api_ns, dir, API_ADDR);
     setup(&api);
     node(&api, "node-a", "198.18.254.1", true);
     node(&api, "node-b", "198.18.254.3", true);
@@ -363,7 +244,7 @@ fn leader_lease_fails_over_when_the_leader_dies() {
 fn daemonset_manifests_pass_a_server_side_dry_run() {
     let t = Topology::with_pods(&[]);
     let (api_ns, dir) = cluster(&t);
-    let api = ApiServer::start(&api_ns, dir);
+    let api = ApiServer::start(&api_ns, dir, API_ADDR);
     setup(&api);
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("daemonset");
     let (ok, out) = api.kubectl(&["apply", "--dry-run=server", "-f", root.to_str().unwrap()], "");
@@ -395,6 +276,13 @@ fn daemonset_manifests_pass_a_server_side_dry_run() {
     assert!(can("patch", "egressfirewalls.k8s.ovn.org", "--subresource=status"));
     assert!(can("patch", "egressqoses.k8s.ovn.org", "--subresource=status"));
     assert!(!can("patch", "egressfirewalls.k8s.ovn.org", ""));
+    // EgressIP placement: the leader updates EgressIPs (no status subresource), every
+    // agent patches its Node's subnets annotation; nothing more.
+    assert!(can("update", "egressips.k8s.ovn.org", ""));
+    assert!(can("patch", "nodes", ""));
+    assert!(!can("delete", "egressips.k8s.ovn.org", ""));
+    assert!(!can("update", "nodes", ""));
+    assert!(!can("delete", "nodes", ""));
     assert!(!can("get", "secrets", ""));
     assert!(!can("create", "customresourcedefinitions.apiextensions.k8s.io", ""));
 }
@@ -406,7 +294,7 @@ fn daemonset_manifests_pass_a_server_side_dry_run() {
 fn a_missing_crd_and_a_forbidden_kind_do_not_block_policy() {
     let t = Topology::with_pods(&[("", "")]);
     let (api_ns, dir) = cluster(&t);
-    let api = ApiServer::start(&api_ns, dir);
+    let api = ApiServer::start(&api_ns, dir, API_ADDR);
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let crds = std::fs::read_to_string(root.join("daemonset/crds/crds.yaml")).unwrap();
     let i = crds.find("name: cloudprivateipconfigs.cloud.network.openshift.io").unwrap();
@@ -465,7 +353,7 @@ fn sixty_seconds_without_the_api_server_change_nothing_and_statuses_catch_up() {
     let eip_net = Netns::new("eipnet");
     veth(&t.node, "eth-eip", &eip_net, "eth0");
     addr(&t.node, "eth-eip", "198.19.200.1/24");
-    let api = ApiServer::start(&api_ns, dir);
+    let api = ApiServer::start(&api_ns, dir, API_ADDR);
     setup(&api);
     node(&api, "node-a", "198.18.254.1", true);
     pod(&api, "team-a", "pod0", "node-a", "198.18.1.2", "2001:db8:1:1::2");

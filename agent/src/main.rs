@@ -12,6 +12,7 @@ use egressd::agent::{AgentError, RunConfig, render_manifests};
 use egressd::compile::NodeConfig;
 use egressd::dataplane::nft_sync::{NftCli, NftSyncer};
 use egressd::leader::{Leadership, LeaseConfig};
+use egressd::placement::controller::PlacementSink;
 use egressd::source::kube::KubeWatch;
 use egressd::source::manifests::ManifestsWatch;
 use egressd::status::writer::KubeStatusWriter;
@@ -242,6 +243,8 @@ struct RunArgs {
     lease_renew_secs: u64,
     #[command(flatten)]
     node: NodeArgs,
+    #[command(flatten)]
+    placement: PlacementArgs,
     /// The nft program.
     #[arg(long, env = "EGRESSD_NFT", default_value = "nft")]
     nft: PathBuf,
@@ -274,6 +277,30 @@ struct RunArgs {
     /// reporting them in /readyz and the log.
     #[arg(long, env = "EGRESSD_MANAGE_SYSCTLS")]
     manage_sysctls: bool,
+}
+
+/// EgressIP placement (Kubernetes mode): the leader places egress IPs on nodes labelled
+/// `k8s.ovn.org/egress-assignable` and moves them off nodes that stop answering.
+#[derive(Debug, Args)]
+struct PlacementArgs {
+    /// TCP port of the EgressIP health check every agent answers on all the node's
+    /// addresses (it says `ok` or `fail`, nothing else) and the leader probes; 0: no
+    /// probes, labelled Ready nodes count as reachable.
+    #[arg(long, env = "EGRESSD_EGRESS_IP_HEALTH_PORT", default_value_t = 9107)]
+    egress_ip_health_port: u16,
+    /// How often the leader probes each egress node (milliseconds, 50 ..= 60000).
+    #[arg(long, env = "EGRESSD_EGRESS_IP_PROBE_INTERVAL_MS", default_value_t = 200,
+          value_parser = clap::value_parser!(u64).range(50..=60_000))]
+    egress_ip_probe_interval_ms: u64,
+    /// How long one probe may take (milliseconds, 50 ..= 60000).
+    #[arg(long, env = "EGRESSD_EGRESS_IP_PROBE_TIMEOUT_MS", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(50..=60_000))]
+    egress_ip_probe_timeout_ms: u64,
+    /// Probes missed in a row before a node's egress IPs move elsewhere (1 ..= 100).
+    /// With the defaults a dead node is found within about a second.
+    #[arg(long, env = "EGRESSD_EGRESS_IP_PROBE_MISSES", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    egress_ip_probe_misses: u32,
 }
 
 #[derive(Debug, Args)]
@@ -503,8 +530,34 @@ fn run(args: RunArgs) -> ExitCode {
             v = KubeWatch::start(&client, telemetry.clone()) => v,
             _ = &mut shutdown => return Ok(()),
         };
+        let p = &args.placement;
+        if p.egress_ip_health_port != 0 {
+            match egressd::placement::health::bind(p.egress_ip_health_port) {
+                Ok(l) => {
+                    tokio::spawn(
+                        egressd::placement::health::serve(l, telemetry.clone())
+                            .instrument(info_span!("egress_ip_health")),
+                    );
+                }
+                Err(e) => {
+                    return Err(AgentError::Config(format!(
+                        "--egress-ip-health-port {}: {e}",
+                        p.egress_ip_health_port
+                    )));
+                }
+            }
+        }
+        let settings = egressd::placement::controller::PlacementSettings {
+            node: args.node.node_name.clone(),
+            health_port: p.egress_ip_health_port,
+            probe_interval: Duration::from_millis(p.egress_ip_probe_interval_ms),
+            probe_timeout: Duration::from_millis(p.egress_ip_probe_timeout_ms),
+            probe_misses: p.egress_ip_probe_misses,
+            cluster_cidrs: args.node.cluster_cidrs.clone(),
+        };
+        let placement = PlacementSink::start(client.clone(), settings, leadership.clone());
         let writer = KubeStatusWriter::start(client, args.node.node_name.clone(), leadership, view.status_board());
-        egressd::agent::run(config, view, syncer, writer, shutdown).instrument(info_span!("agent")).await
+        egressd::agent::run(config, view, syncer, (writer, placement), shutdown).instrument(info_span!("agent")).await
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

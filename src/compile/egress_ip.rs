@@ -63,6 +63,12 @@ struct Plan<'a> {
     /// Hosting nodes elsewhere, per family.
     remote: [Vec<NextHop>; 2],
     problems: Vec<String>,
+    /// Problems every node sees alike (an IP that is a node's address, or claimed by an
+    /// older EgressIP): reported, but the leader's Events tell them, not every node.
+    cluster_problems: Vec<String>,
+    /// Listed, claimable IPs that no `status.items` entry places (the cluster's
+    /// placement leader has not, or cannot): reported, but not this node's problem.
+    unplaced: Vec<IpAddr>,
     hosted_list: Vec<(IpAddr, String)>,
     remote_nodes: BTreeSet<String>,
     /// Local pods selected, steered and left to the fallback, as (namespace, name).
@@ -190,6 +196,8 @@ fn place<'a>(
         hosted: [None, None],
         remote: [Vec::new(), Vec::new()],
         problems: Vec::new(),
+        cluster_problems: Vec::new(),
+        unplaced: Vec::new(),
         hosted_list: Vec::new(),
         remote_nodes: BTreeSet::new(),
         selected_local: BTreeSet::new(),
@@ -201,9 +209,18 @@ fn place<'a>(
         if let Some(why) = unusable(*ip, ctx.host) {
             plan.problems.push(format!("egress IP {ip} is {why}; not used"));
         } else if ctx.node_addrs.contains(ip) {
-            plan.problems.push(format!("egress IP {ip} is the address of a node; not used"));
+            plan.cluster_problems.push(format!("egress IP {ip} is the address of a node; not used"));
         } else if let Some(owner) = ctx.ip_owner.get(ip).filter(|o| **o != policy.name) {
-            plan.problems.push(format!("egress IP {ip} is also claimed by the older EgressIP {owner}; not used"));
+            plan.cluster_problems
+                .push(format!("egress IP {ip} is also claimed by the older EgressIP {owner}; not used"));
+        }
+    }
+    for ip in &policy.ips {
+        let claimable = unusable(*ip, ctx.host).is_none()
+            && !ctx.node_addrs.contains(ip)
+            && ctx.ip_owner.get(ip) == Some(&policy.name.as_str());
+        if claimable && !policy.placement.iter().any(|(p, _)| p == ip) {
+            plan.unplaced.push(*ip);
         }
     }
     let mut seen = BTreeSet::new();
@@ -586,8 +603,19 @@ fn plan_status(plan: &Plan, overflow: bool, node: &NodeConfig) -> ObjectStatus {
         plan.snat_here.len(),
         plan.steered.len()
     );
+    // Unplaced IPs: the object is not fully applied, but no node can do anything about
+    // it (the leader reports it once, as Events): not a problem of this node.
+    let cluster_only = problems.is_empty() && !(plan.unplaced.is_empty() && plan.cluster_problems.is_empty());
+    let at = usize::from(e.error.is_some());
+    problems.splice(at..at, plan.cluster_problems.iter().cloned());
+    if !plan.unplaced.is_empty() {
+        let list: Vec<String> = plan.unplaced.iter().map(ToString::to_string).collect();
+        problems.push(format!("egress IP {} not assigned to any node (no status.items entry)", list.join(", ")));
+    }
     let outcome = if problems.is_empty() { Outcome::Applied } else { Outcome::Failed(problems.join("; ")) };
-    ObjectStatus::new(e.key.clone(), &node.node_name, outcome).with_detail(summary)
+    let mut status = ObjectStatus::new(e.key.clone(), &node.node_name, outcome).with_detail(summary);
+    status.cluster_only = cluster_only;
+    status
 }
 
 #[cfg(test)]

@@ -56,12 +56,15 @@ pub struct ObjectStatus {
     pub warnings: Vec<String>,
     /// What the node does with it (EgressIP: addresses hosted, pods SNATed or steered).
     pub detail: Option<String>,
+    /// The failure is the cluster's, not this node's (an EgressIP whose IPs are not all
+    /// placed): every node reports it, but none records an Event for it.
+    pub cluster_only: bool,
 }
 
 impl ObjectStatus {
     /// The status of `key` on `node`.
     pub fn new(key: ObjectKey, node: &str, outcome: Outcome) -> Self {
-        Self { key, node: node.to_string(), outcome, warnings: Vec::new(), detail: None }
+        Self { key, node: node.to_string(), outcome, warnings: Vec::new(), detail: None, cluster_only: false }
     }
 
     /// With warnings.
@@ -80,6 +83,7 @@ impl ObjectStatus {
     /// failed now, a failed one gets one more reason; ignored and validated ones are not
     /// in the dataplane and stay as they are.
     pub fn fail(&mut self, problem: &str) {
+        self.cluster_only = false;
         match &mut self.outcome {
             Outcome::Applied => self.outcome = Outcome::Failed(problem.to_string()),
             Outcome::Failed(reason) => {

@@ -109,7 +109,7 @@ impl WriteLog {
 }
 
 impl StatusSink for KubeStatusWriter {
-    fn applied(&mut self, view: &ClusterView, desired: &Desired) {
+    fn applied(&mut self, view: &ClusterView, desired: &Desired, _: Option<&crate::net::HostLinks>) {
         let _ = self.tx.send(Some(Arc::new(Snapshot { view: view.clone(), desired: desired.clone() })));
     }
 }
@@ -284,7 +284,7 @@ fn node_problems(desired: &Desired) -> Vec<(ObjectKey, String)> {
     desired
         .statuses
         .iter()
-        .filter(|s| s.key.kind == Kind::EgressIP && matches!(s.outcome, Outcome::Failed(_)))
+        .filter(|s| s.key.kind == Kind::EgressIP && matches!(s.outcome, Outcome::Failed(_)) && !s.cluster_only)
         .map(|s| (s.key.clone(), s.message()))
         .collect()
 }
@@ -332,6 +332,20 @@ async fn emit_event(
         EventKind::Invalid => (format!("Invalid{}", key.kind), "Validate"),
         EventKind::NotApplied => (format!("{}NotApplied", key.kind), "Apply"),
     };
+    record_event(client, node, key, &reason, action, message).await
+}
+
+/// Record a Warning Event about `key` (reported by `node`), with the reference's
+/// `reason`.
+pub(crate) async fn record_event(
+    client: &Client,
+    node: &str,
+    key: &ObjectKey,
+    reason: &str,
+    action: &str,
+    message: &str,
+) -> Result<(), kube::Error> {
+    let reason = reason.to_string();
     let ns = if key.namespace.is_empty() { "default" } else { key.namespace.as_str() };
     let now = jiff::Timestamp::now();
     let event = Event {

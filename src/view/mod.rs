@@ -106,7 +106,19 @@ pub struct NodeInfo {
     pub addresses: Vec<IpAddr>,
     /// Whether the Ready condition is True.
     pub ready: bool,
+    /// The subnets of the node's up links, as its egressd publishes them in the
+    /// [`EGRESS_SUBNETS_ANNOTATION`] (where the placement leader may put egress IPs).
+    #[serde(default)]
+    pub egress_subnets: Vec<ipnet::IpNet>,
 }
+
+/// The Node annotation in which each agent publishes its links' subnets: a JSON list of
+/// CIDRs, e.g. `["198.19.0.0/24","2001:db8:0:1::/64"]`.
+pub const EGRESS_SUBNETS_ANNOTATION: &str = "egressd.io/egress-subnets";
+
+/// The Node label that makes a node eligible to host egress IPs (any value), as the
+/// reference's `k8s.ovn.org/egress-assignable`.
+pub const EGRESS_ASSIGNABLE_LABEL: &str = "k8s.ovn.org/egress-assignable";
 
 impl NodeInfo {
     /// Extract the fields egressd uses from a Node.
@@ -126,7 +138,17 @@ impl NodeInfo {
         let ready = status
             .and_then(|s| s.conditions.as_ref())
             .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-        Self { labels: node.metadata.labels.clone().unwrap_or_default(), addresses, ready }
+        // A malformed annotation counts as no subnets (the node hosts nothing new); it is
+        // written by egressd only.
+        let egress_subnets = node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(EGRESS_SUBNETS_ANNOTATION))
+            .and_then(|v| serde_json::from_str::<Vec<ipnet::IpNet>>(v).ok())
+            .map(|v| v.into_iter().map(|n| n.trunc()).collect())
+            .unwrap_or_default();
+        Self { labels: node.metadata.labels.clone().unwrap_or_default(), addresses, ready, egress_subnets }
     }
 }
 

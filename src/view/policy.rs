@@ -138,7 +138,8 @@ pub struct EgressIpPolicy {
     pub namespaces: Selector,
     /// Pods selected in them.
     pub pods: Selector,
-    /// Placement from `status.items`: (address, node).
+    /// Placement from `status.items`: (address, node); items whose address is no longer
+    /// in `ips` are kept (unused by the node side) for the leader to remove.
     pub placement: Vec<(IpAddr, String)>,
     /// Creation time (seconds since the epoch) for tie-breaking, when known.
     pub created: Option<i64>,
@@ -351,9 +352,9 @@ pub fn egress_ip_policy(e: &EgressIP) -> Conversion<EgressIpPolicy> {
                 item.egress_ip
             ));
         };
-        if !ips.contains(&addr) {
-            return invalid(format!("status.items[{i}].egressIP: {addr} is not one of spec.egressIPs"));
-        }
+        // An item whose IP left spec.egressIPs is kept here (the node side never uses
+        // it: only listed IPs are claimed) so that the placement leader sees it and
+        // removes it; rejecting the object would keep the old IP hosted.
         placement.push((addr, item.node.clone()));
     }
     let created = e.metadata.creation_timestamp.as_ref().map(|t| t.0.as_second());

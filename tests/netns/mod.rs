@@ -12,6 +12,9 @@
 
 #![allow(dead_code)]
 
+pub mod cluster;
+pub mod kube;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::path::Path;

@@ -1,0 +1,444 @@
+//! EgressIP placement: which node hosts each egress IP (`status.items`), decided by the
+//! leader as the reference's cluster manager does, and the health checks that let it
+//! move an IP off a node that died.
+//!
+//! * [`plan`] (pure): the desired items of every EgressIP and the Events to record.
+//! * [`health`]: the endpoint every agent serves (`--egress-ip-health-port`) and the
+//!   leader's prober.
+//! * [`controller`]: the task — every agent publishes its links' subnets on its Node;
+//!   the leader probes, plans and writes `status.items`.
+
+pub mod controller;
+pub mod health;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use crate::view::{EGRESS_ASSIGNABLE_LABEL, NodeInfo};
+
+/// What the leader knows of one node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    /// Its addresses (no egress IP may equal one).
+    pub addresses: Vec<IpAddr>,
+    /// The subnets its egressd published (an IP it may host lies in one of them).
+    pub subnets: Vec<IpNet>,
+    /// Labelled `k8s.ovn.org/egress-assignable` and Ready.
+    pub labelled_ready: bool,
+    /// What the leader's probe says.
+    pub reach: Reach,
+}
+
+/// The leader's probe verdict on a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    /// Not probed yet (a new leader): existing placements stay, nothing new goes there.
+    Unknown,
+    /// The last probe was answered.
+    Up,
+    /// `--egress-ip-probe-misses` probes in a row went unanswered.
+    Down,
+}
+
+impl Candidate {
+    /// From the view's node and the probe verdict.
+    pub fn new(node: &NodeInfo, reach: Reach) -> Self {
+        Self {
+            addresses: node.addresses.clone(),
+            subnets: node.egress_subnets.clone(),
+            labelled_ready: node.ready && node.labels.contains_key(EGRESS_ASSIGNABLE_LABEL),
+            reach,
+        }
+    }
+
+    /// May host a new egress IP.
+    fn assignable(&self) -> bool {
+        self.labelled_ready && self.reach == Reach::Up
+    }
+
+    /// May keep the egress IPs it hosts (a new leader has not probed it yet).
+    fn keeps(&self) -> bool {
+        self.labelled_ready && self.reach != Reach::Down
+    }
+
+    fn can_host(&self, ip: IpAddr) -> bool {
+        self.subnets.iter().any(|n| n.contains(&ip))
+    }
+
+    /// May keep hosting `ip`: nothing published yet (an agent that has not read its
+    /// links, or an older one) counts as able, so a new leader never drops items only
+    /// because the annotations are not there yet.
+    fn may_keep(&self, ip: IpAddr) -> bool {
+        self.keeps() && (self.subnets.is_empty() || self.can_host(ip))
+    }
+}
+
+/// One EgressIP as the planner sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// Object name.
+    pub name: String,
+    /// `spec.egressIPs`, in order, parsed.
+    pub ips: Vec<IpAddr>,
+    /// `status.items` now: (IP, node).
+    pub items: Vec<(IpAddr, String)>,
+}
+
+/// An Event the leader records on an EgressIP (reasons and wording of the reference's
+/// cluster manager).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PlacementEvent {
+    /// The EgressIP.
+    pub name: String,
+    /// `NoMatchingNodeFound`, `UnassignedRequest`, `UnsupportedRequest`,
+    /// `EgressIPConflict`.
+    pub reason: &'static str,
+    /// The message.
+    pub message: String,
+}
+
+/// The planner's answer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Placement {
+    /// Desired `status.items` of every request, by name, in `spec.egressIPs` order.
+    pub items: BTreeMap<String, Vec<(IpAddr, String)>>,
+    /// Events to record.
+    pub events: Vec<PlacementEvent>,
+}
+
+fn event(name: &str, reason: &'static str, message: String) -> PlacementEvent {
+    PlacementEvent { name: name.to_string(), reason, message }
+}
+
+/// Place every egress IP. `requests` come oldest first (the order in which EgressIPs
+/// claim IPs, as on the node side). Rules, as the reference's cluster manager:
+/// * an existing item stays while its node may keep it (labelled, Ready, not found dead
+///   by the probe), its subnet still holds the IP, the IP is still listed and claimed by
+///   this EgressIP, and is no node's address — no churn, no move back on recovery;
+/// * at most one IP of an EgressIP per node (across families);
+/// * a new IP goes to the least loaded assignable node (fewest egress IPs in all, then
+///   by name) whose subnets contain it;
+/// * an IP equal to a node address is never placed (`EgressIPConflict`), nor an IP an
+///   older EgressIP lists (`UnsupportedRequest`).
+pub fn plan(requests: &[Request], nodes: &BTreeMap<String, Candidate>) -> Placement {
+    let node_of_addr: BTreeMap<IpAddr, &str> =
+        nodes.iter().flat_map(|(n, c)| c.addresses.iter().map(move |a| (*a, n.as_str()))).collect();
+    // Who may use each IP: the oldest EgressIP listing it.
+    let mut claimant: BTreeMap<IpAddr, &str> = BTreeMap::new();
+    for r in requests {
+        for ip in &r.ips {
+            claimant.entry(*ip).or_insert(r.name.as_str());
+        }
+    }
+    let mut load: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut placed: BTreeMap<&str, BTreeMap<IpAddr, &str>> = BTreeMap::new();
+    // Pass 1: what stays.
+    for r in requests {
+        let mine = placed.entry(r.name.as_str()).or_default();
+        let mut used: BTreeSet<&str> = BTreeSet::new();
+        for (ip, node) in &r.items {
+            let keep = r.ips.contains(ip)
+                && claimant.get(ip) == Some(&r.name.as_str())
+                && !node_of_addr.contains_key(ip)
+                && !mine.contains_key(ip)
+                && nodes.get(node).is_some_and(|c| c.may_keep(*ip))
+                && used.insert(node.as_str());
+            if keep {
+                mine.insert(*ip, node.as_str());
+                *load.entry(node.as_str()).or_default() += 1;
+            }
+        }
+    }
+    // Pass 2: the IPs without a node.
+    let assignable: Vec<&str> = nodes.iter().filter(|(_, c)| c.assignable()).map(|(n, _)| n.as_str()).collect();
+    let mut events = Vec::new();
+    let mut out = BTreeMap::new();
+    for r in requests {
+        let mut mine = placed.remove(r.name.as_str()).unwrap_or_default();
+        let missing: Vec<IpAddr> = r.ips.iter().copied().filter(|ip| !mine.contains_key(ip)).collect();
+        if !missing.is_empty() && assignable.is_empty() {
+            events.push(event(
+                &r.name,
+                "NoMatchingNodeFound",
+                format!(
+                    "no assignable nodes for EgressIP: {}, please tag at least one node with label: {EGRESS_ASSIGNABLE_LABEL}",
+                    r.name
+                ),
+            ));
+        } else {
+            for ip in missing {
+                if let Some(node) = node_of_addr.get(&ip) {
+                    events.push(event(
+                        &r.name,
+                        "EgressIPConflict",
+                        format!(
+                            "Egress IP {} with IP {ip} is conflicting with a host ({node}) IP address and will not be assigned",
+                            r.name
+                        ),
+                    ));
+                    continue;
+                }
+                if let Some(other) = claimant.get(&ip).filter(|c| **c != r.name) {
+                    let on = requests
+                        .iter()
+                        .find(|o| o.name == *other)
+                        .and_then(|o| o.items.iter().find(|(i, _)| *i == ip))
+                        .map_or("no node", |(_, n)| n.as_str());
+                    events.push(event(
+                        &r.name,
+                        "UnsupportedRequest",
+                        format!(
+                            "IP: \"{ip}\" for EgressIP: {} is already allocated for EgressIP: {other} on {on}",
+                            r.name
+                        ),
+                    ));
+                    continue;
+                }
+                let used: BTreeSet<&str> = mine.values().copied().collect();
+                let best = assignable
+                    .iter()
+                    .filter(|n| !used.contains(**n) && nodes[**n].can_host(ip))
+                    .min_by_key(|n| (load.get(**n).copied().unwrap_or(0), **n));
+                if let Some(n) = best {
+                    mine.insert(ip, n);
+                    *load.entry(n).or_default() += 1;
+                }
+            }
+            if !r.ips.is_empty() && mine.is_empty() {
+                let list: Vec<String> = r.ips.iter().map(ToString::to_string).collect();
+                events.push(event(
+                    &r.name,
+                    "NoMatchingNodeFound",
+                    format!(
+                        "No matching nodes found, which can host any of the egress IPs: [{}] for object EgressIP: {}",
+                        list.join(" "),
+                        r.name
+                    ),
+                ));
+            } else if mine.len() < r.ips.len() {
+                events.push(event(
+                    &r.name,
+                    "UnassignedRequest",
+                    format!("Not all egress IPs for EgressIP: {} could be assigned, please tag more nodes", r.name),
+                ));
+            }
+        }
+        let items = r.ips.iter().filter_map(|ip| mine.get(ip).map(|n| (*ip, n.to_string()))).collect();
+        out.insert(r.name.clone(), items);
+    }
+    Placement { items: out, events }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn node(addr: &str, subnets: &[&str], labelled_ready: bool, reach: Reach) -> Candidate {
+        Candidate {
+            addresses: vec![ip(addr)],
+            subnets: subnets.iter().map(|s| s.parse().unwrap()).collect(),
+            labelled_ready,
+            reach,
+        }
+    }
+
+    /// a, b, c on 198.19.0.0/24 and 2001:db8::/64, all eligible.
+    fn three() -> BTreeMap<String, Candidate> {
+        let sub = ["198.19.0.0/24", "2001:db8::/64"];
+        BTreeMap::from([
+            ("a".to_string(), node("198.19.0.1", &sub, true, Reach::Up)),
+            ("b".to_string(), node("198.19.0.2", &sub, true, Reach::Up)),
+            ("c".to_string(), node("198.19.0.3", &sub, true, Reach::Up)),
+        ])
+    }
+
+    fn req(name: &str, ips: &[&str], items: &[(&str, &str)]) -> Request {
+        Request {
+            name: name.into(),
+            ips: ips.iter().map(|s| ip(s)).collect(),
+            items: items.iter().map(|(i, n)| (ip(i), n.to_string())).collect(),
+        }
+    }
+
+    fn items(p: &Placement, name: &str) -> Vec<(String, String)> {
+        p.items[name].iter().map(|(i, n)| (i.to_string(), n.clone())).collect()
+    }
+
+    fn reasons(p: &Placement) -> Vec<&'static str> {
+        p.events.iter().map(|e| e.reason).collect()
+    }
+
+    #[test]
+    fn new_ips_spread_least_loaded_first_one_per_node_across_families() {
+        let r = [req("e1", &["198.19.0.100", "2001:db8::100", "198.19.0.101"], &[]), req("e2", &["198.19.0.102"], &[])];
+        let p = plan(&r, &three());
+        let e1 = items(&p, "e1");
+        let nodes: BTreeSet<&str> = e1.iter().map(|(_, n)| n.as_str()).collect();
+        assert_eq!(nodes.len(), 3, "one IP of e1 per node, IPv6 included: {e1:?}");
+        // Every node has one; e2 goes to the least loaded by name: a.
+        assert_eq!(items(&p, "e2"), vec![("198.19.0.102".into(), "a".into())]);
+        assert!(p.events.is_empty(), "{:?}", p.events);
+    }
+
+    #[test]
+    fn existing_items_stay_and_are_not_moved_back_on_recovery() {
+        let mut nodes = three();
+        // All on b (loaded) — stays there while b is fine, though a and c are empty.
+        let r = [
+            req("e1", &["198.19.0.100"], &[("198.19.0.100", "b")]),
+            req("e2", &["198.19.0.101"], &[("198.19.0.101", "b")]),
+        ];
+        let p = plan(&r, &nodes);
+        assert_eq!(items(&p, "e1"), vec![("198.19.0.100".into(), "b".into())]);
+        assert_eq!(items(&p, "e2"), vec![("198.19.0.101".into(), "b".into())]);
+        // b dies: both move, to different nodes (least loaded first).
+        nodes.get_mut("b").unwrap().reach = Reach::Down;
+        let p = plan(&r, &nodes);
+        assert_eq!(items(&p, "e1"), vec![("198.19.0.100".into(), "a".into())]);
+        assert_eq!(items(&p, "e2"), vec![("198.19.0.101".into(), "c".into())]);
+        // b comes back: what moved stays.
+        nodes.get_mut("b").unwrap().reach = Reach::Up;
+        let moved = [
+            req("e1", &["198.19.0.100"], &[("198.19.0.100", "a")]),
+            req("e2", &["198.19.0.101"], &[("198.19.0.101", "c")]),
+        ];
+        assert_eq!(plan(&moved, &nodes).items, p.items);
+    }
+
+    #[test]
+    fn a_node_loses_its_ips_when_unlabelled_not_ready_deleted_or_its_subnet_goes() {
+        let r = [req("e1", &["198.19.0.100"], &[("198.19.0.100", "b")])];
+        type Change = Box<dyn Fn(&mut BTreeMap<String, Candidate>)>;
+        let cases: Vec<(&str, Change)> = vec![
+            ("label removed / NotReady", Box::new(|n| n.get_mut("b").unwrap().labelled_ready = false)),
+            ("deleted", Box::new(|n| drop(n.remove("b")))),
+            ("subnet gone", Box::new(|n| n.get_mut("b").unwrap().subnets = vec!["198.51.100.0/24".parse().unwrap()])),
+        ];
+        for (what, change) in cases {
+            let mut nodes = three();
+            change(&mut nodes);
+            assert_eq!(items(&plan(&r, &nodes), "e1"), vec![("198.19.0.100".into(), "a".into())], "{what}");
+        }
+    }
+
+    #[test]
+    fn a_new_leader_keeps_unprobed_placements_but_places_only_on_answering_nodes() {
+        let mut nodes = three();
+        for c in nodes.values_mut() {
+            c.reach = Reach::Unknown;
+        }
+        // Not yet published subnets count as unknown too: kept.
+        nodes.get_mut("c").unwrap().subnets.clear();
+        let r = [req("e1", &["198.19.0.100"], &[("198.19.0.100", "c")]), req("e2", &["198.19.0.101"], &[])];
+        let p = plan(&r, &nodes);
+        assert_eq!(items(&p, "e1"), vec![("198.19.0.100".into(), "c".into())]);
+        assert!(items(&p, "e2").is_empty());
+        assert_eq!(reasons(&p), vec!["NoMatchingNodeFound"]);
+        assert!(p.events[0].message.starts_with("no assignable nodes for EgressIP: e2, please tag"), "{:?}", p.events);
+    }
+
+    #[test]
+    fn an_ip_dropped_from_the_spec_loses_its_item() {
+        let r = [req("e1", &["198.19.0.101"], &[("198.19.0.100", "a"), ("198.19.0.101", "b")])];
+        assert_eq!(items(&plan(&r, &three()), "e1"), vec![("198.19.0.101".into(), "b".into())]);
+    }
+
+    #[test]
+    fn conflicts_produce_the_references_events() {
+        let nodes = three();
+        // A node's own address.
+        let p = plan(&[req("e1", &["198.19.0.2", "198.19.0.100"], &[])], &nodes);
+        assert_eq!(reasons(&p), vec!["EgressIPConflict", "UnassignedRequest"]);
+        assert_eq!(
+            p.events[0].message,
+            "Egress IP e1 with IP 198.19.0.2 is conflicting with a host (b) IP address and will not be assigned"
+        );
+        assert_eq!(p.events[1].message, "Not all egress IPs for EgressIP: e1 could be assigned, please tag more nodes");
+        // The same IP in an older EgressIP.
+        let p = plan(
+            &[
+                req("old", &["198.19.0.100"], &[("198.19.0.100", "a")]),
+                req("new", &["198.19.0.100"], &[("198.19.0.100", "b")]),
+            ],
+            &nodes,
+        );
+        assert!(items(&p, "new").is_empty(), "the younger loses its item");
+        assert_eq!(items(&p, "old"), vec![("198.19.0.100".into(), "a".into())]);
+        assert_eq!(reasons(&p), vec!["UnsupportedRequest", "NoMatchingNodeFound"]);
+        assert_eq!(
+            p.events[0].message,
+            "IP: \"198.19.0.100\" for EgressIP: new is already allocated for EgressIP: old on a"
+        );
+        assert_eq!(
+            p.events[1].message,
+            "No matching nodes found, which can host any of the egress IPs: [198.19.0.100] for object EgressIP: new"
+        );
+        // No subnet holds it.
+        let p = plan(&[req("e1", &["203.0.113.9"], &[])], &nodes);
+        assert_eq!(reasons(&p), vec!["NoMatchingNodeFound"]);
+        // More IPs than nodes: one per node, the rest unassigned.
+        let p = plan(&[req("e1", &["198.19.0.100", "198.19.0.101", "198.19.0.102", "198.19.0.103"], &[])], &nodes);
+        assert_eq!(p.items["e1"].len(), 3);
+        assert_eq!(reasons(&p), vec!["UnassignedRequest"]);
+    }
+
+    /// Planning twice gives the same answer (the leader's writes converge), and a plan
+    /// fed back as the current items is kept as is — for random clusters.
+    #[test]
+    fn plans_are_stable_fixed_points() {
+        use proptest::prelude::*;
+        let strategy = (
+            proptest::collection::vec((any::<bool>(), 0u8..3, any::<bool>()), 1..6),
+            proptest::collection::vec(proptest::collection::vec((0u8..8, 0u8..7), 0..4), 1..5),
+        );
+        proptest!(ProptestConfig::with_cases(256), |((nodes_def, eips) in strategy)| {
+            let nodes: BTreeMap<String, Candidate> = nodes_def
+                .iter()
+                .enumerate()
+                .map(|(i, (ok, reach, v6))| {
+                    let reach = [Reach::Up, Reach::Down, Reach::Unknown][usize::from(*reach)];
+                    let mut subnets = vec!["198.19.0.0/24"];
+                    if *v6 { subnets.push("2001:db8::/64"); }
+                    (format!("n{i}"), node(&format!("198.19.0.{}", i + 1), &subnets, *ok, reach))
+                })
+                .collect();
+            let requests: Vec<Request> = eips
+                .iter()
+                .enumerate()
+                .map(|(k, list)| {
+                    let ips: Vec<IpAddr> = list
+                        .iter()
+                        .map(|(x, _)| if x % 2 == 0 { ip(&format!("198.19.0.{}", 100 + x)) } else { ip(&format!("2001:db8::{x}")) })
+                        .collect::<BTreeSet<_>>().into_iter().collect();
+                    let items = list.iter().filter(|(_, n)| usize::from(*n) < nodes.len())
+                        .map(|(x, n)| (if x % 2 == 0 { ip(&format!("198.19.0.{}", 100 + x)) } else { ip(&format!("2001:db8::{x}")) }, format!("n{n}")))
+                        .collect();
+                    Request { name: format!("e{k}"), ips, items }
+                })
+                .collect();
+            let first = plan(&requests, &nodes);
+            // Invariants: one IP per node per EgressIP, each IP at most once, only on nodes that may hold it.
+            let mut all = BTreeSet::new();
+            for (name, items) in &first.items {
+                let ns: BTreeSet<&String> = items.iter().map(|(_, n)| n).collect();
+                prop_assert_eq!(ns.len(), items.len(), "{} has two IPs on one node", name);
+                for (i, n) in items {
+                    prop_assert!(all.insert(*i), "{} placed twice", i);
+                    prop_assert!(nodes[n].may_keep(*i));
+                }
+            }
+            let fed: Vec<Request> = requests
+                .iter()
+                .map(|r| Request { items: first.items[&r.name].clone(), ..r.clone() })
+                .collect();
+            let second = plan(&fed, &nodes);
+            prop_assert_eq!(&second.items, &first.items);
+        });
+    }
+}

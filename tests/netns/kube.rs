@@ -1,0 +1,138 @@
+//! A real kube-apiserver (1.20, built from Debian's source package by
+//! tests/kube/build-apiserver.sh) with etcd, in a network namespace, for the Kubernetes
+//! tests; egressd authenticates as system:serviceaccount:egressd:egressd, bound only to
+//! daemonset/rbac.yaml.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use super::{Agent, Netns, wait_for};
+
+/// etcd + kube-apiserver in `ns`; stopped (by their PIDs) on drop.
+pub struct ApiServer<'a> {
+    pub ns: &'a Netns,
+    pub dir: PathBuf,
+}
+
+pub fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kube/apiserver.sh")
+}
+
+impl<'a> ApiServer<'a> {
+    /// Start it; `host` is the address egressd's kubeconfig names.
+    pub fn start(ns: &'a Netns, dir: PathBuf, host: &str) -> Self {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &ns.name, "env", "BIND=0.0.0.0", &format!("KUBE_HOST={host}")])
+            .arg(script())
+            .arg("start")
+            .arg(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let server = Self { ns, dir };
+        assert!(out.status.success(), "apiserver did not start: {}", String::from_utf8_lossy(&out.stderr));
+        server
+    }
+
+    pub fn script(&self, cmd: &str) {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.ns.name])
+            .arg(script())
+            .arg(cmd)
+            .arg(&self.dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{cmd}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// `kubectl` as admin, with `stdin` as input.
+    pub fn kubectl(&self, args: &[&str], stdin: &str) -> (bool, String) {
+        use std::io::Write;
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &self.ns.name, "kubectl", "--kubeconfig"])
+            .arg(self.dir.join("kubeconfig-admin"))
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.push_str(&String::from_utf8_lossy(&out.stderr));
+        (out.status.success(), text)
+    }
+
+    pub fn apply(&self, yaml: &str) {
+        let (ok, out) = self.kubectl(&["apply", "-f", "-"], yaml);
+        assert!(ok, "kubectl apply: {out}\n{yaml}");
+    }
+
+    pub fn get(&self, args: &[&str]) -> String {
+        self.kubectl(&[&["get"], args].concat(), "").1
+    }
+
+    pub fn patch_status(&self, kind: &str, name: &str, ns: Option<&str>, patch: &str) {
+        let mut args = vec!["patch", kind, name, "--subresource=status", "--type=merge", "-p", patch];
+        if let Some(ns) = ns {
+            args.extend(["-n", ns]);
+        }
+        let (ok, out) = self.kubectl(&args, "");
+        assert!(ok, "patch status: {out}");
+    }
+
+    pub fn kubeconfig_egressd(&self) -> String {
+        self.dir.join("kubeconfig-egressd").to_str().unwrap().to_string()
+    }
+}
+
+impl Drop for ApiServer<'_> {
+    fn drop(&mut self) {
+        let _ =
+            Command::new("ip").args(["netns", "exec", &self.ns.name]).arg(script()).arg("stop").arg(&self.dir).status();
+    }
+}
+
+/// A node object for `name` with `ip`, Ready.
+pub fn node(api: &ApiServer, name: &str, ip: &str, ready: bool) {
+    api.apply(&format!("apiVersion: v1\nkind: Node\nmetadata: {{name: {name}}}\n"));
+    let status = if ready { "True" } else { "False" };
+    api.patch_status(
+        "node",
+        name,
+        None,
+        &format!(
+            r#"{{"status":{{"addresses":[{{"type":"InternalIP","address":"{ip}"}}],"conditions":[{{"type":"Ready","status":"{status}","reason":"Test","message":"test","lastHeartbeatTime":"2026-01-01T00:00:00Z","lastTransitionTime":"2026-01-01T00:00:00Z"}}]}}}}"#
+        ),
+    );
+}
+
+pub fn pod(api: &ApiServer, ns: &str, name: &str, node: &str, v4: &str, v6: &str) {
+    api.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  nodeName: {node}\n  containers: [{{name: c, image: example.invalid/c}}]\n"
+    ));
+    api.patch_status(
+        "pod",
+        name,
+        Some(ns),
+        &format!(r#"{{"status":{{"phase":"Running","podIP":"{v4}","podIPs":[{{"ip":"{v4}"}},{{"ip":"{v6}"}}]}}}}"#),
+    );
+}
+
+pub fn setup(api: &ApiServer) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for f in ["daemonset/crds/crds.yaml", "daemonset/rbac.yaml"] {
+        api.apply(&std::fs::read_to_string(root.join(f)).unwrap());
+    }
+    // CRDs take a moment to be served.
+    let served = wait_for(Duration::from_secs(10), || api.kubectl(&["get", "egressfirewalls", "-A"], "").0);
+    assert!(served.is_some(), "CRDs not served");
+    api.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: team-a}\n");
+}
+
+pub fn signal(agent: &Agent, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(agent.pid() as i32), sig).unwrap();
+}

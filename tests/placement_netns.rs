@@ -1,0 +1,392 @@
+//! EgressIP placement by the leader, against the real test API server: three nodes
+//! (`netns::cluster`), each running egressd in Kubernetes mode; the API server runs in
+//! the external host's namespace, reached by the nodes over the LAN. node-a starts first
+//! and leads; node-b and node-c are labelled `k8s.ovn.org/egress-assignable`. Root
+//! required.
+//!
+//! `failover_bench` (ignored here; `bench/failover.sh` runs it) measures the failover
+//! time the README and bench/RESULTS.md give.
+
+mod netns;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use netns::cluster::*;
+use netns::kube::*;
+use netns::{Agent, tcp, wait_for};
+
+const API_HOST: &str = "198.19.0.254";
+const V6_EIP: &str = "2001:db8:0:1::100";
+const LABEL: &str = "k8s.ovn.org/egress-assignable";
+
+/// Pods: node-a has a prod web pod; node-b and node-c one each.
+const PODS: [&[(&str, &str)]; 3] = [&[("prod", "{app: web}")], &[("prod", "{app: web}")], &[("prod", "{app: web}")]];
+
+struct Kube {
+    c: Cluster,
+    dir: PathBuf,
+}
+
+fn new_cluster() -> Kube {
+    let c = Cluster::new(&PODS);
+    let dir = c.dir.path().join("kube");
+    Kube { c, dir }
+}
+
+/// Declare the nodes (b and c labelled), the namespace and the pods.
+fn declare(api: &ApiServer, c: &Cluster) {
+    setup(api);
+    api.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: prod, labels: {team: prod}}\n");
+    for (n, node) in c.nodes.iter().enumerate() {
+        let labels = if n == 0 { String::new() } else { format!("labels: {{\"{LABEL}\": \"\"}}") };
+        api.apply(&format!("apiVersion: v1\nkind: Node\nmetadata: {{name: {}, {labels}}}\n", node.name));
+        set_ready(api, &node.name, n, true);
+        for (i, _) in node.pods.iter().enumerate() {
+            let name = format!("{}-pod{i}", node.name);
+            api.apply(&format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: prod, labels: {{app: web}}}}\nspec:\n  nodeName: {}\n  containers: [{{name: c, image: example.invalid/c}}]\n",
+                node.name
+            ));
+            api.patch_status(
+                "pod",
+                &name,
+                Some("prod"),
+                &format!(
+                    r#"{{"status":{{"phase":"Running","podIP":"{v4}","podIPs":[{{"ip":"{v4}"}},{{"ip":"{v6}"}}]}}}}"#,
+                    v4 = pod_v4(n, i),
+                    v6 = pod_v6(n, i)
+                ),
+            );
+        }
+    }
+}
+
+fn set_ready(api: &ApiServer, name: &str, n: usize, ready: bool) {
+    let status = if ready { "True" } else { "False" };
+    api.patch_status(
+        "node",
+        name,
+        None,
+        &format!(
+            r#"{{"status":{{"addresses":[{{"type":"InternalIP","address":"{}"}},{{"type":"InternalIP","address":"{}"}}],"conditions":[{{"type":"Ready","status":"{status}","reason":"Test","message":"test","lastHeartbeatTime":"2026-01-01T00:00:00Z","lastTransitionTime":"2026-01-01T00:00:00Z"}}]}}}}"#,
+            node_v4(n),
+            node_v6(n)
+        ),
+    );
+}
+
+/// Start egressd in Kubernetes mode on node `n`.
+fn start(k: &Kube, api: &ApiServer, n: usize) -> Agent {
+    let node = &k.c.nodes[n];
+    let state = k.c.dir.path().join(format!("state-{}", node.name));
+    let health = format!("127.0.0.1:{}", 9780 + n);
+    static STARTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let run = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let log = k.c.dir.path().join(format!("{}-{run}.log", node.name));
+    let agent = Agent::start(
+        &node.ns,
+        &[
+            "run",
+            "--kubeconfig",
+            &api.kubeconfig_egressd(),
+            "--node-name",
+            &node.name,
+            "--cluster-cidr",
+            "198.18.0.0/16",
+            "--cluster-cidr",
+            "2001:db8:1::/48",
+            "--lease-duration-secs",
+            "3",
+            "--lease-renew-secs",
+            "1",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--health-addr",
+            &health,
+        ],
+        log,
+    );
+    let synced = wait_for(Duration::from_secs(30), || agent.log_text().contains("dataplane in sync"));
+    assert!(synced.is_some(), "egressd on {} did not sync:\n{}", node.name, agent.log_text());
+    agent
+}
+
+fn start_all(k: &Kube, api: &ApiServer) -> Vec<Option<Agent>> {
+    let holder = || api.get(&["lease", "egressd-leader", "-n", "egressd", "-o", "jsonpath={.spec.holderIdentity}"]);
+    let a = start(k, api, 0);
+    assert!(wait_for(Duration::from_secs(10), || holder() == "node-a").is_some(), "node-a never led");
+    vec![Some(a), Some(start(k, api, 1)), Some(start(k, api, 2))]
+}
+
+fn egress_ip(api: &ApiServer, name: &str, ips: &[&str]) {
+    let list: Vec<String> = ips.iter().map(|i| format!("\"{i}\"")).collect();
+    api.apply(&format!(
+        "apiVersion: k8s.ovn.org/v1\nkind: EgressIP\nmetadata: {{name: {name}}}\nspec:\n  egressIPs: [{}]\n  namespaceSelector: {{matchLabels: {{team: prod}}}}\n",
+        list.join(", ")
+    ));
+}
+
+/// `status.items` of `name`, sorted: (ip, node).
+fn items(api: &ApiServer, name: &str) -> Vec<(String, String)> {
+    let out = api.get(&["egressip", name, "-o", r#"jsonpath={range .status.items[*]}{.egressIP}={.node}{" "}{end}"#]);
+    let mut v: Vec<(String, String)> =
+        out.split_whitespace().filter_map(|p| p.split_once('=').map(|(a, b)| (a.to_string(), b.to_string()))).collect();
+    v.sort();
+    v
+}
+
+fn node_index(name: &str) -> usize {
+    ["node-a", "node-b", "node-c"].iter().position(|n| *n == name).unwrap()
+}
+
+fn logs(agents: &[Option<Agent>]) -> String {
+    agents.iter().flatten().map(|a| format!("--- {}\n{}", a.log.display(), a.log_text())).collect()
+}
+
+fn events(api: &ApiServer) -> String {
+    api.get(&["events", "-n", "default", "-o", r#"jsonpath={range .items[*]}{.reason}: {.message}{"\n"}{end}"#])
+}
+
+#[test]
+fn the_leader_places_spreads_and_follows_labels_readiness_and_spec_edits() {
+    let k = new_cluster();
+    let api = ApiServer::start(&k.c.ext, k.dir.clone(), API_HOST);
+    declare(&api, &k.c);
+    let agents = start_all(&k, &api);
+    let dump = |what: &str| format!("{what}\n{}\n{}", api.get(&["egressip", "-o", "yaml"]), logs(&agents));
+
+    // Two IPs of one EgressIP, IPv4 and IPv6: one per node, on the two labelled nodes.
+    egress_ip(&api, "e1", &[EIP_B, V6_EIP]);
+    let placed = wait_for(Duration::from_secs(15), || items(&api, "e1").len() == 2);
+    assert!(placed.is_some(), "{}", dump("e1 not placed"));
+    let e1 = items(&api, "e1");
+    let hosts: Vec<&str> = e1.iter().map(|(_, n)| n.as_str()).collect();
+    assert!(hosts.contains(&"node-b") && hosts.contains(&"node-c"), "one per node, never node-a: {e1:?}");
+    for (ip, node) in &e1 {
+        let n = node_index(node);
+        assert!(wait_for(Duration::from_secs(5), || k.c.has_addr(n, ip)).is_some(), "{ip} on {node}");
+    }
+    // The unlabelled leader's pod leaves as the IPv4 egress IP (steered to its host).
+    let a_pod = &k.c.nodes[0].pods[0];
+    let v4 = wait_for(Duration::from_secs(5), || tcp(a_pod, EXT_V4, 8080).as_deref() == Some(EIP_B));
+    assert!(v4.is_some(), "{}", dump("pod on node-a not SNATed to the egress IP"));
+    let v6 = wait_for(Duration::from_secs(5), || tcp(a_pod, EXT_V6, 8080).as_deref() == Some(V6_EIP));
+    assert!(v6.is_some(), "{}", dump("IPv6 pod on node-a not SNATed to the egress IP"));
+    // The nodes published their subnets.
+    let ann = api.get(&["node", "node-b", "-o", r#"jsonpath={.metadata.annotations.egressd\.io/egress-subnets}"#]);
+    assert_eq!(ann, r#"["198.19.0.0/24","2001:db8:0:1::/64"]"#);
+
+    // A second EgressIP goes to the least loaded node (a tie: by name, node-b).
+    egress_ip(&api, "e2", &[EIP_C]);
+    assert!(wait_for(Duration::from_secs(10), || items(&api, "e2").len() == 1).is_some(), "{}", dump("e2"));
+    assert_eq!(items(&api, "e2"), vec![(EIP_C.to_string(), "node-b".to_string())]);
+    // Stable: nothing moves while nothing changes.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(items(&api, "e1"), e1);
+    assert_eq!(items(&api, "e2"), vec![(EIP_C.to_string(), "node-b".to_string())]);
+
+    // Conflicts: a node's address, and an IP an older EgressIP has.
+    egress_ip(&api, "e3", &[&node_v4(1)]);
+    egress_ip(&api, "e4", &[EIP_C]);
+    let conflict = wait_for(Duration::from_secs(10), || {
+        let ev = events(&api);
+        ev.contains("EgressIPConflict: Egress IP e3 with IP 198.19.0.2 is conflicting with a host (node-b) IP address")
+            && ev.contains(&format!(
+                "UnsupportedRequest: IP: \"{EIP_C}\" for EgressIP: e4 is already allocated for EgressIP: e2 on node-b"
+            ))
+    });
+    assert!(conflict.is_some(), "{}\n{}", events(&api), logs(&agents));
+    assert!(items(&api, "e3").is_empty() && items(&api, "e4").is_empty());
+
+    // The label leaves node-b: e2 moves to node-c; e1's IP there has nowhere to go (node-c
+    // holds e1's other IP): unassigned, with the reference's Event.
+    let (b_ip, _) = e1.iter().find(|(_, n)| n == "node-b").unwrap().clone();
+    let (ok, out) = api.kubectl(&["label", "node", "node-b", &format!("{LABEL}-")], "");
+    assert!(ok, "{out}");
+    let moved =
+        wait_for(Duration::from_secs(5), || items(&api, "e2") == vec![(EIP_C.to_string(), "node-c".to_string())]);
+    assert!(moved.is_some(), "{}", dump("e2 not moved within 5 s of the label removal"));
+    assert!(wait_for(Duration::from_secs(5), || items(&api, "e1").len() == 1).is_some(), "{}", dump("e1"));
+    assert!(wait_for(Duration::from_secs(5), || !k.c.has_addr(1, &b_ip) && !k.c.has_addr(1, EIP_C)).is_some());
+    assert!(wait_for(Duration::from_secs(5), || k.c.has_addr(2, EIP_C)).is_some(), "e2 hosted on node-c");
+    let unassigned = wait_for(Duration::from_secs(5), || {
+        events(&api)
+            .contains("UnassignedRequest: Not all egress IPs for EgressIP: e1 could be assigned, please tag more nodes")
+    });
+    assert!(unassigned.is_some(), "{}", events(&api));
+
+    // Labelled again: e1's missing IP goes there; e2 stays where it is now.
+    let (ok, out) = api.kubectl(&["label", "node", "node-b", &format!("{LABEL}=")], "");
+    assert!(ok, "{out}");
+    assert!(wait_for(Duration::from_secs(5), || items(&api, "e1") == e1).is_some(), "{}", dump("e1 back"));
+    assert_eq!(items(&api, "e2"), vec![(EIP_C.to_string(), "node-c".to_string())], "no move back");
+
+    // node-c NotReady: e2 moves to node-b within 5 s.
+    set_ready(&api, "node-c", 2, false);
+    let moved =
+        wait_for(Duration::from_secs(5), || items(&api, "e2") == vec![(EIP_C.to_string(), "node-b".to_string())]);
+    assert!(moved.is_some(), "{}", dump("e2 not moved off the NotReady node"));
+
+    // A spec edit drops e1's IPv4 address: its item goes, and so does the address.
+    let v4_host = e1.iter().find(|(i, _)| i == EIP_B).unwrap().1.clone();
+    egress_ip(&api, "e1", &[V6_EIP]);
+    let dropped = wait_for(Duration::from_secs(5), || items(&api, "e1").iter().all(|(i, _)| i != EIP_B));
+    assert!(dropped.is_some(), "{}", dump("the dropped IP kept its item"));
+    let n = node_index(&v4_host);
+    assert!(
+        wait_for(Duration::from_secs(5), || !k.c.has_addr(n, EIP_B)).is_some(),
+        "address of the dropped IP removed"
+    );
+}
+
+/// One new connection from `pod` to the external echo server: the source it saw.
+fn quick_source(pod: &netns::Netns) -> Option<String> {
+    let target = SocketAddr::new(EXT_V4.parse().unwrap(), ECHO_PORT);
+    pod.run(move || {
+        let s = TcpStream::connect_timeout(&target, Duration::from_millis(150)).ok()?;
+        s.set_read_timeout(Some(Duration::from_millis(150))).ok()?;
+        let mut w = s.try_clone().ok()?;
+        w.write_all(b"x\n").ok()?;
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line).ok()?;
+        Some(line.trim().to_string())
+    })
+}
+
+/// The node hosting `EIP_B` per `status.items`.
+fn host_of(api: &ApiServer) -> Option<usize> {
+    items(api, "e1").first().map(|(_, n)| node_index(n))
+}
+
+/// Kill node `n`: its uplink down and its agent SIGKILLed (API objects unchanged).
+fn kill_node(k: &Kube, agents: &mut [Option<Agent>], n: usize) {
+    k.c.nodes[n].ns.ip(&["link", "set", "eth0", "down"]);
+    if let Some(mut a) = agents[n].take() {
+        a.kill();
+    }
+}
+
+/// Bring node `n` back: uplink up, agent restarted.
+fn revive_node(k: &Kube, api: &ApiServer, agents: &mut [Option<Agent>], n: usize) {
+    k.c.uplink_up(n);
+    agents[n] = Some(start(k, api, n));
+}
+
+/// From the kill to the first new connection of node-a's pod (node-a never hosts) and of
+/// the surviving node's pod leaving as the egress IP.
+fn measure_failover(k: &Kube, agents: &mut [Option<Agent>], host: usize) -> Option<Duration> {
+    let other = if host == 1 { 2 } else { 1 };
+    let t0 = Instant::now();
+    kill_node(k, agents, host);
+    let mut done = [false, false];
+    while t0.elapsed() < Duration::from_secs(10) {
+        for (slot, n) in [0, other].iter().enumerate() {
+            if !done[slot] {
+                done[slot] = quick_source(&k.c.nodes[*n].pods[0]).as_deref() == Some(EIP_B);
+            }
+        }
+        if done.iter().all(|d| *d) {
+            return Some(t0.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    None
+}
+
+#[test]
+fn a_dead_node_loses_its_egress_ip_a_recovered_one_does_not_take_it_back_and_a_new_leader_adopts() {
+    let k = new_cluster();
+    let api = ApiServer::start(&k.c.ext, k.dir.clone(), API_HOST);
+    declare(&api, &k.c);
+    let mut agents = start_all(&k, &api);
+    egress_ip(&api, "e1", &[EIP_B]);
+    assert!(wait_for(Duration::from_secs(15), || host_of(&api) == Some(1)).is_some(), "e1 on node-b (by name)");
+    let a_pod = &k.c.nodes[0].pods[0];
+    assert!(wait_for(Duration::from_secs(5), || quick_source(a_pod).as_deref() == Some(EIP_B)).is_some());
+
+    // node-b dies: its egress IP moves to node-c, whose announcement the router follows.
+    let took = measure_failover(&k, &mut agents, 1);
+    assert!(took.is_some_and(|t| t < Duration::from_secs(5)), "failover took {took:?}\n{}", logs(&agents));
+    assert_eq!(host_of(&api), Some(2));
+    assert!(k.c.has_addr(2, EIP_B));
+    assert_eq!(k.c.ext_neighbour(EIP_B), Some(k.c.mac(2)), "the router follows the new host");
+
+    // node-b comes back: the stale address is removed at start-up, nothing moves back.
+    revive_node(&k, &api, &mut agents, 1);
+    assert!(wait_for(Duration::from_secs(5), || !k.c.has_addr(1, EIP_B)).is_some(), "stale address removed");
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(host_of(&api), Some(2), "no move back on recovery");
+    assert_eq!(k.c.ext_neighbour(EIP_B), Some(k.c.mac(2)));
+    assert_eq!(quick_source(a_pod).as_deref(), Some(EIP_B));
+
+    // The leader dies (SIGKILL, link up): another agent takes the lease and adopts the
+    // placement as it is.
+    if let Some(mut a) = agents[0].take() {
+        a.kill();
+    }
+    let holder = || api.get(&["lease", "egressd-leader", "-n", "egressd", "-o", "jsonpath={.spec.holderIdentity}"]);
+    let new_leader = wait_for(Duration::from_secs(15), || matches!(holder().as_str(), "node-b" | "node-c"));
+    assert!(new_leader.is_some(), "no new leader: {}", holder());
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(host_of(&api), Some(2), "the new leader keeps the placement\n{}", logs(&agents));
+
+    // Then the host dies too: the new leader moves the IP to node-b (whichever leads,
+    // a dead leader's lease expires first).
+    kill_node(&k, &mut agents, 2);
+    let moved = wait_for(Duration::from_secs(15), || host_of(&api) == Some(1) && k.c.has_addr(1, EIP_B));
+    assert!(moved.is_some(), "{}\n{}", api.get(&["egressip", "-o", "yaml"]), logs(&agents));
+    let b_pod = &k.c.nodes[1].pods[0];
+    let local = wait_for(Duration::from_secs(5), || quick_source(b_pod).as_deref() == Some(EIP_B));
+    assert!(
+        local.is_some(),
+        "node-b's own pod: {:?}; router's entry {:?} (node-b {}, node-c {})\n{}\n{}",
+        tcp(b_pod, EXT_V4, 8080),
+        k.c.ext_neighbour(EIP_B),
+        k.c.mac(1),
+        k.c.mac(2),
+        k.c.nodes[1].ns.exec(&["sh", "-c", "nft list table inet egressd | grep -A3 'eip-snat-v4 {'; ip rule; ip route show table all proto 233; ip -o addr"]),
+        agents[1].as_ref().map(|a| a.log_text().lines().filter(|l| l.contains("EgressIP") || l.contains("host") || l.contains("placement") || l.contains("lease")).collect::<Vec<_>>().join("\n")).unwrap_or_default(),
+    );
+}
+
+/// The failover figure: RUNS (default 10) kills of the hosting node (never the leader),
+/// each followed by its recovery; prints a table. `bench/failover.sh` runs it.
+#[test]
+#[ignore = "a benchmark: run by bench/failover.sh"]
+fn failover_bench() {
+    let runs: usize = std::env::var("RUNS").ok().and_then(|r| r.parse().ok()).unwrap_or(10);
+    let k = new_cluster();
+    let api = ApiServer::start(&k.c.ext, k.dir.clone(), API_HOST);
+    declare(&api, &k.c);
+    let mut agents = start_all(&k, &api);
+    egress_ip(&api, "e1", &[EIP_B]);
+    assert!(wait_for(Duration::from_secs(15), || host_of(&api).is_some()).is_some());
+    let a_pod = &k.c.nodes[0].pods[0];
+    assert!(wait_for(Duration::from_secs(5), || quick_source(a_pod).as_deref() == Some(EIP_B)).is_some());
+    let mut times = Vec::new();
+    println!("| run | node killed | new host | failover (ms) |");
+    println!("|---|---|---|---|");
+    for run in 1..=runs {
+        let host = host_of(&api).unwrap();
+        let took = measure_failover(&k, &mut agents, host).unwrap_or_else(|| panic!("run {run}: no failover"));
+        let new = host_of(&api).unwrap();
+        println!("| {run} | {} | {} | {} |", k.c.nodes[host].name, k.c.nodes[new].name, took.as_millis());
+        times.push(took);
+        revive_node(&k, &api, &mut agents, host);
+        assert!(wait_for(Duration::from_secs(5), || !k.c.has_addr(host, EIP_B)).is_some());
+        // Until the leader has seen the revived node answer again.
+        let leader_log = || agents[0].as_ref().map(Agent::log_text).unwrap_or_default();
+        let seen = leader_log().matches("egress node reachable").count();
+        assert!(
+            wait_for(Duration::from_secs(10), || leader_log().matches("egress node reachable").count() > seen)
+                .is_some()
+        );
+    }
+    times.sort();
+    let median = times[times.len() / 2];
+    let max = times[times.len() - 1];
+    println!("failover over {runs} runs: median {} ms, max {} ms", median.as_millis(), max.as_millis());
+}
