@@ -26,6 +26,8 @@ echo "== DNS refresh" >&2
 DURATION=120 bench/dns-refresh.sh >"$tmp/dns" 2>/dev/null
 echo "== kube pods" >&2
 bench/kube-pods.sh >"$tmp/kube" 2>/dev/null
+echo "== EgressIP failover" >&2
+RUNS=10 bench/failover.sh >"$tmp/failover"
 echo "== DNS snooping race" >&2
 N=300 cargo bench --locked --bench snoop_race 2>/dev/null | tail -n 3 >"$tmp/race"
 echo "== criterion" >&2
@@ -68,6 +70,16 @@ field() { sed -n "s/.*$1 \([0-9]*\) ms.*/\1/p" "$2"; }
   echo "| pods | time to first sync | RSS |"
   echo "|---|---|---|"
   row "$tmp/kube"
+  echo
+  echo "## EgressIP failover (\`bench/failover.sh\`: hosting node dies → new connections leave via another node with the egress IP; goal < 2 s, median and max)"
+  echo
+  echo "$(tail -n 1 "$tmp/failover")"
+  echo
+  echo "<details><summary>every run</summary>"
+  echo
+  grep '^|' "$tmp/failover"
+  echo
+  echo "</details>"
   echo
   echo "## DNS snooping race (\`cargo bench --bench snoop_race\`: answer sent → address in the kernel set)"
   echo

@@ -147,7 +147,9 @@ fn item_set(items: &[(IpAddr, String)]) -> BTreeSet<(IpAddr, String)> {
 struct State {
     probed: BTreeMap<String, Probed>,
     probes: JoinSet<(String, bool)>,
-    /// Items written and not yet seen in the view: name → (items, when).
+    /// Items written (or tried) and not yet seen in the view: name → (items, not
+    /// again before). Bounds retries: a written plan waits for its echo, a refused one
+    /// (the view was behind, 409) for a moment, a failing API for longer.
     written: BTreeMap<String, (BTreeSet<(IpAddr, String)>, Instant)>,
     /// Events recorded: name → (reason, message).
     evented: BTreeMap<String, BTreeSet<(&'static str, String)>>,
@@ -296,9 +298,10 @@ async fn place(
         .collect();
     let placement = plan(&requests, &candidates);
     let rejected: BTreeSet<&str> = snap.egress_ips.iter().filter(|e| e.2).map(|e| e.0.as_str()).collect();
-    st.written.retain(|name, (items, when)| {
+    let now = Instant::now();
+    st.written.retain(|name, (items, until)| {
         let seen = requests.iter().find(|r| r.name == *name).is_none_or(|r| item_set(&r.items) == *items);
-        !seen && when.elapsed() < Duration::from_secs(5)
+        !seen && now < *until
     });
     for r in &requests {
         if rejected.contains(r.name.as_str()) {
@@ -312,14 +315,21 @@ async fn place(
         if !leadership.is_leader() {
             return;
         }
-        match write_items(client, r, &desired).await {
+        let hold = match write_items(client, r, &desired).await {
             Ok(true) => {
                 tracing::info!(egress_ip = %r.name, items = ?desired, "egress IP placement written");
-                st.written.insert(r.name.clone(), (want, Instant::now()));
+                Duration::from_secs(5)
             }
-            Ok(false) => tracing::debug!(egress_ip = %r.name, "placement not written: the view is behind the object"),
-            Err(e) => tracing::warn!(egress_ip = %r.name, error = %e, "placement not written; will retry"),
-        }
+            Ok(false) => {
+                tracing::debug!(egress_ip = %r.name, "placement not written: the view is behind the object");
+                Duration::from_millis(500)
+            }
+            Err(e) => {
+                tracing::warn!(egress_ip = %r.name, error = %e, "placement not written; will retry");
+                Duration::from_secs(2)
+            }
+        };
+        st.written.insert(r.name.clone(), (want, Instant::now() + hold));
     }
     // Events: once per distinct (reason, message) while it lasts.
     let mut now: BTreeMap<String, BTreeSet<(&'static str, String)>> = BTreeMap::new();
