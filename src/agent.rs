@@ -241,6 +241,13 @@ async fn report_net_changes(changes: &crate::dataplane::netlink::NetChanges) {
     }
 }
 
+/// Whether the node's links are an input of the compile step: some EgressIP exists, or
+/// egressd hosts CloudPrivateIPConfigs itself (`cloud-local`).
+fn links_matter(view: &ClusterView, node: &NodeConfig) -> bool {
+    !view.egress_ips.is_empty()
+        || (node.egress.mode == crate::net::EgressIpMode::CloudLocal && !view.cloud_ips.is_empty())
+}
+
 /// Compile and sync once: netlink state first (addresses, rules, routes), then the nft
 /// table; returns the statuses with kernel failures folded in, and the links the
 /// compile used when it read them (what later link checks compare against).
@@ -256,7 +263,7 @@ pub(crate) async fn apply_once<B: NftBackend>(
     let mut host = HostLinks::default();
     let mut links_read = false;
     let mut net_error: Option<SyncError> = None;
-    let wants_net = !view.egress_ips.is_empty();
+    let wants_net = links_matter(view, node);
     // The links matter to EgressIP only (compile reads them for nothing else).
     if let Some(net) = net.filter(|_| wants_net) {
         match net.links().await {
@@ -297,7 +304,8 @@ pub(crate) async fn apply_once<B: NftBackend>(
     }
     if let Some(e) = &net_error {
         tracing::error!(error = %e, "netlink sync failed; will retry");
-        for s in desired.statuses.iter_mut().filter(|s| s.key.kind == crate::api::Kind::EgressIP) {
+        let net_kinds = [crate::api::Kind::EgressIP, crate::api::Kind::CloudPrivateIPConfig];
+        for s in desired.statuses.iter_mut().filter(|s| net_kinds.contains(&s.key.kind)) {
             s.fail(&format!("kernel error: {e}"));
         }
     }
@@ -597,7 +605,7 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
     /// The netlink check ([`check_net`]); the links matter while some EgressIP exists.
     async fn check_net(&mut self) -> bool {
         let Some(n) = &self.net else { return false };
-        let links_matter = !self.source.view().egress_ips.is_empty();
+        let links_matter = links_matter(self.source.view(), &self.config.node);
         check_net(n, &self.desired, &mut self.last_links, links_matter, &self.config.telemetry.metrics).await
     }
 

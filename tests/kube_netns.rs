@@ -283,6 +283,18 @@ fn daemonset_manifests_pass_a_server_side_dry_run() {
     assert!(!can("delete", "egressips.k8s.ovn.org", ""));
     assert!(!can("update", "nodes", ""));
     assert!(!can("delete", "nodes", ""));
+    // CloudPrivateIPConfigs are only read in the default (direct) mode; the modes'
+    // extra RBAC grants exactly what each needs.
+    let cpic = "cloudprivateipconfigs.cloud.network.openshift.io";
+    assert!(!can("create", cpic, ""));
+    assert!(!can("patch", cpic, "--subresource=status"));
+    let modes = root.join("modes");
+    api.apply(&std::fs::read_to_string(modes.join("rbac-cloud.yaml")).unwrap());
+    assert!(can("create", cpic, "") && can("patch", cpic, "") && can("delete", cpic, ""));
+    assert!(!can("update", cpic, "") && !can("patch", cpic, "--subresource=status"));
+    api.apply(&std::fs::read_to_string(modes.join("rbac-cloud-local.yaml")).unwrap());
+    assert!(can("patch", cpic, "--subresource=status"));
+    assert!(!can("update", cpic, "--subresource=status"));
     assert!(!can("get", "secrets", ""));
     assert!(!can("create", "customresourcedefinitions.apiextensions.k8s.io", ""));
 }

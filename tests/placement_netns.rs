@@ -80,45 +80,52 @@ fn set_ready(api: &ApiServer, name: &str, n: usize, ready: bool) {
 
 /// Start egressd in Kubernetes mode on node `n`.
 fn start(k: &Kube, api: &ApiServer, n: usize) -> Agent {
+    start_with(k, api, n, &[])
+}
+
+fn start_with(k: &Kube, api: &ApiServer, n: usize, extra: &[&str]) -> Agent {
     let node = &k.c.nodes[n];
     let state = k.c.dir.path().join(format!("state-{}", node.name));
     let health = format!("127.0.0.1:{}", 9780 + n);
     static STARTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let run = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let log = k.c.dir.path().join(format!("{}-{run}.log", node.name));
-    let agent = Agent::start(
-        &node.ns,
-        &[
-            "run",
-            "--kubeconfig",
-            &api.kubeconfig_egressd(),
-            "--node-name",
-            &node.name,
-            "--cluster-cidr",
-            "198.18.0.0/16",
-            "--cluster-cidr",
-            "2001:db8:1::/48",
-            "--lease-duration-secs",
-            "3",
-            "--lease-renew-secs",
-            "1",
-            "--state-dir",
-            state.to_str().unwrap(),
-            "--health-addr",
-            &health,
-        ],
-        log,
-    );
+    let kubeconfig = api.kubeconfig_egressd();
+    let mut args = vec![
+        "run",
+        "--kubeconfig",
+        &kubeconfig,
+        "--node-name",
+        &node.name,
+        "--cluster-cidr",
+        "198.18.0.0/16",
+        "--cluster-cidr",
+        "2001:db8:1::/48",
+        "--lease-duration-secs",
+        "3",
+        "--lease-renew-secs",
+        "1",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--health-addr",
+        &health,
+    ];
+    args.extend_from_slice(extra);
+    let agent = Agent::start(&node.ns, &args, log);
     let synced = wait_for(Duration::from_secs(30), || agent.log_text().contains("dataplane in sync"));
     assert!(synced.is_some(), "egressd on {} did not sync:\n{}", node.name, agent.log_text());
     agent
 }
 
 fn start_all(k: &Kube, api: &ApiServer) -> Vec<Option<Agent>> {
+    start_all_with(k, api, &[])
+}
+
+fn start_all_with(k: &Kube, api: &ApiServer, extra: &[&str]) -> Vec<Option<Agent>> {
     let holder = || api.get(&["lease", "egressd-leader", "-n", "egressd", "-o", "jsonpath={.spec.holderIdentity}"]);
-    let a = start(k, api, 0);
+    let a = start_with(k, api, 0, extra);
     assert!(wait_for(Duration::from_secs(10), || holder() == "node-a").is_some(), "node-a never led");
-    vec![Some(a), Some(start(k, api, 1)), Some(start(k, api, 2))]
+    vec![Some(a), Some(start_with(k, api, 1, extra)), Some(start_with(k, api, 2, extra))]
 }
 
 fn egress_ip(api: &ApiServer, name: &str, ips: &[&str]) {
@@ -389,4 +396,121 @@ fn failover_bench() {
     let median = times[times.len() / 2];
     let max = times[times.len() - 1];
     println!("failover over {runs} runs: median {} ms, max {} ms", median.as_millis(), max.as_millis());
+}
+
+/// A CloudPrivateIPConfig as `spec.node|status.node|Assigned status|reason|message|finalizers`
+/// (empty when it does not exist).
+fn config(api: &ApiServer, name: &str) -> String {
+    let (ok, out) = api.kubectl(
+        &[
+            "get",
+            "cloudprivateipconfig",
+            name,
+            "-o",
+            r#"jsonpath={.spec.node}|{.status.node}|{.status.conditions[0].status}|{.status.conditions[0].reason}|{.status.conditions[0].message}|{.metadata.finalizers}"#,
+        ],
+        "",
+    );
+    if ok { out } else { String::new() }
+}
+
+fn apply_mode_rbac(api: &ApiServer, files: &[&str]) {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("daemonset/modes");
+    for f in files {
+        api.apply(&std::fs::read_to_string(root.join(f)).unwrap());
+    }
+}
+
+const FINALIZER: &str = "cloudprivateipconfig.cloud.network.openshift.io/finalizer";
+
+#[test]
+fn cloud_local_assigns_moves_and_releases_cloud_private_ip_configs() {
+    let k = new_cluster();
+    let api = ApiServer::start(&k.c.ext, k.dir.clone(), API_HOST);
+    declare(&api, &k.c);
+    apply_mode_rbac(&api, &["rbac-cloud.yaml", "rbac-cloud-local.yaml"]);
+    let agents = start_all_with(&k, &api, &["--egress-ip-mode", "cloud-local"]);
+    let dump = |what: &str| {
+        format!(
+            "{what}\n{}\n{}\n{}",
+            api.get(&["cloudprivateipconfig", "-o", "yaml"]),
+            api.get(&["egressip", "-o", "yaml"]),
+            logs(&agents)
+        )
+    };
+
+    // Placed on node-b: the config is created, node-b adds the IP and reports it, the
+    // item follows, traffic uses it.
+    egress_ip(&api, "e1", &[EIP_B]);
+    let assigned = format!("node-b|node-b|True|CloudResponseSuccess|IP address successfully added|[\"{FINALIZER}\"]");
+    assert!(
+        wait_for(Duration::from_secs(15), || config(&api, EIP_B) == assigned).is_some(),
+        "{}",
+        dump("not assigned")
+    );
+    assert!(wait_for(Duration::from_secs(5), || items(&api, "e1") == vec![(EIP_B.into(), "node-b".into())]).is_some());
+    assert!(k.c.has_addr(1, EIP_B));
+    let a_pod = &k.c.nodes[0].pods[0];
+    assert!(wait_for(Duration::from_secs(5), || tcp(a_pod, EXT_V4, 8080).as_deref() == Some(EIP_B)).is_some());
+
+    // Moved: node-b loses the label; it releases first, node-c adds.
+    let (ok, out) = api.kubectl(&["label", "node", "node-b", &format!("{LABEL}-")], "");
+    assert!(ok, "{out}");
+    let moved = format!("node-c|node-c|True|CloudResponseSuccess|IP address successfully added|[\"{FINALIZER}\"]");
+    assert!(wait_for(Duration::from_secs(15), || config(&api, EIP_B) == moved).is_some(), "{}", dump("not moved"));
+    assert!(wait_for(Duration::from_secs(5), || items(&api, "e1") == vec![(EIP_B.into(), "node-c".into())]).is_some());
+    assert!(!k.c.has_addr(1, EIP_B) && k.c.has_addr(2, EIP_B));
+    assert!(wait_for(Duration::from_secs(5), || tcp(a_pod, EXT_V4, 8080).as_deref() == Some(EIP_B)).is_some());
+
+    // IPv6: the config's name is the fully expanded address with dots.
+    egress_ip(&api, "e2", &[V6_EIP]);
+    let v6_name = "2001.0db8.0000.0001.0000.0000.0000.0100";
+    let v6 = wait_for(Duration::from_secs(15), || {
+        config(&api, v6_name).starts_with("node-c|node-c|True|CloudResponseSuccess")
+    });
+    assert!(v6.is_some(), "{}", dump("IPv6 config"));
+    assert!(wait_for(Duration::from_secs(5), || k.c.has_addr(2, V6_EIP)).is_some());
+
+    // Deleted EgressIP: its config is deleted; the finalizer holds it until node-c has
+    // released the address.
+    let (ok, out) = api.kubectl(&["delete", "egressip", "e1"], "");
+    assert!(ok, "{out}");
+    assert!(wait_for(Duration::from_secs(15), || config(&api, EIP_B).is_empty()).is_some(), "{}", dump("not deleted"));
+    assert!(!k.c.has_addr(2, EIP_B), "released before the config went away");
+    assert!(k.c.has_addr(2, V6_EIP), "the other config is untouched");
+
+    // A config naming no node: the reference's error.
+    api.apply("apiVersion: cloud.network.openshift.io/v1\nkind: CloudPrivateIPConfig\nmetadata: {name: 198.19.0.150}\nspec: {node: node-x}\n");
+    let error = wait_for(Duration::from_secs(10), || {
+        config(&api, "198.19.0.150") == "node-x||False|CloudResponseError|Target node \"node-x\" does not exist|"
+    });
+    assert!(error.is_some(), "{}", dump("no error for an unknown node"));
+}
+
+#[test]
+fn cloud_mode_waits_for_the_cloud_controller_before_hosting() {
+    let k = new_cluster();
+    let api = ApiServer::start(&k.c.ext, k.dir.clone(), API_HOST);
+    declare(&api, &k.c);
+    apply_mode_rbac(&api, &["rbac-cloud.yaml"]);
+    let agents = start_all_with(&k, &api, &["--egress-ip-mode", "cloud"]);
+    egress_ip(&api, "e1", &[EIP_B]);
+    let requested = wait_for(Duration::from_secs(15), || config(&api, EIP_B) == "node-b|||||");
+    assert!(requested.is_some(), "{}\n{}", config(&api, EIP_B), logs(&agents));
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(items(&api, "e1").is_empty(), "no item before the cloud assigned it");
+    assert!(!k.c.has_addr(1, EIP_B), "not hosted before the cloud assigned it");
+    // The cloud network controller (this test) assigns it.
+    api.patch_status(
+        "cloudprivateipconfig",
+        EIP_B,
+        None,
+        r#"{"status":{"node":"node-b","conditions":[{"type":"Assigned","status":"True","reason":"CloudResponseSuccess","message":"IP address successfully added","lastTransitionTime":"2026-01-01T00:00:00Z"}]}}"#,
+    );
+    assert!(wait_for(Duration::from_secs(10), || items(&api, "e1") == vec![(EIP_B.into(), "node-b".into())]).is_some());
+    assert!(wait_for(Duration::from_secs(5), || k.c.has_addr(1, EIP_B)).is_some(), "hosted once assigned");
+    // The EgressIP goes: so does its config.
+    let (ok, out) = api.kubectl(&["delete", "egressip", "e1"], "");
+    assert!(ok, "{out}");
+    assert!(wait_for(Duration::from_secs(10), || config(&api, EIP_B).is_empty()).is_some(), "{}", logs(&agents));
 }

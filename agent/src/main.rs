@@ -165,6 +165,21 @@ struct EgressArgs {
     #[arg(long, env = "EGRESSD_EGRESS_IP_DAD_MS", default_value_t = 200,
           value_parser = clap::value_parser!(u64).range(0..=5000))]
     egress_ip_dad_ms: u64,
+    /// Who puts egress IPs on nodes: `direct` (the leader writes status.items),
+    /// `cloud` (the leader creates a CloudPrivateIPConfig per placed IP and publishes
+    /// the item once a cloud network controller assigned it), `cloud-local` (as cloud,
+    /// and egressd is that controller: the named node adds the IP to its matching link;
+    /// bare metal).
+    #[arg(long, env = "EGRESSD_EGRESS_IP_MODE", value_enum, default_value_t = Mode::Direct)]
+    egress_ip_mode: Mode,
+}
+
+/// `--egress-ip-mode`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum Mode {
+    Direct,
+    Cloud,
+    CloudLocal,
 }
 
 impl EgressArgs {
@@ -177,6 +192,11 @@ impl EgressArgs {
             address_protocol: self.egress_ip_protocol,
             fail_closed: self.egress_ip_fail_closed,
             dad_wait: Duration::from_millis(self.egress_ip_dad_ms),
+            mode: match self.egress_ip_mode {
+                Mode::Direct => egressd::net::EgressIpMode::Direct,
+                Mode::Cloud => egressd::net::EgressIpMode::Cloud,
+                Mode::CloudLocal => egressd::net::EgressIpMode::CloudLocal,
+            },
             address_tags: egressd::net::kernel_release().is_none_or(|r| egressd::net::kernel_tags_addresses(&r)),
             ..Default::default()
         }
@@ -554,6 +574,7 @@ fn run(args: RunArgs) -> ExitCode {
             probe_timeout: Duration::from_millis(p.egress_ip_probe_timeout_ms),
             probe_misses: p.egress_ip_probe_misses,
             cluster_cidrs: args.node.cluster_cidrs.clone(),
+            mode: args.node.egress.settings().mode,
         };
         let placement = PlacementSink::start(client.clone(), settings, leadership.clone());
         let writer = KubeStatusWriter::start(client, args.node.node_name.clone(), leadership, view.status_board());

@@ -289,6 +289,62 @@ fn place<'a>(
     plan
 }
 
+/// `--egress-ip-mode cloud-local`: this node is the CloudPrivateIPConfig controller for
+/// the configs naming it in `spec.node`. It hosts the IP (on the up link whose subnet
+/// contains it, like an egress IP) while the config is not being deleted and no other
+/// node still holds it (`status.node` empty or this node) — so a move releases on the
+/// old node before the new one adds. Statuses: applied (hosted here), failed (why not),
+/// or ignored (another node's).
+pub(super) fn cloud_local(
+    view: &ClusterView,
+    node: &NodeConfig,
+    host: &HostLinks,
+    net: &mut NetDesired,
+    statuses: &mut Vec<ObjectStatus>,
+) {
+    let me = node.node_name.as_str();
+    let node_addrs: BTreeSet<IpAddr> =
+        host.addresses().chain(view.nodes.values().flat_map(|n| n.addresses.iter().copied())).collect();
+    for e in view.cloud_ips.values() {
+        let Some(p) = &e.policy else {
+            let error = e.error.clone().unwrap_or_default();
+            statuses.push(ObjectStatus::new(e.key.clone(), me, Outcome::Failed(error)));
+            continue;
+        };
+        let ip = p.ip;
+        let mine = p.node.as_deref() == Some(me) && p.status_node.as_deref().is_none_or(|n| n == me) && !p.deleting;
+        let outcome = if !mine {
+            let why = match (&p.node, &p.status_node) {
+                _ if p.deleting => "being deleted".to_string(),
+                (Some(n), Some(s)) if n == me => format!("waiting for node {s} to release it"),
+                (Some(n), _) => format!("assigned to node {n}"),
+                (None, _) => "no node requested".to_string(),
+            };
+            Outcome::Ignored(format!("{me}: CloudPrivateIPConfig {ip} {why}; not hosted here"))
+        } else if let Some(why) = unusable(ip, host) {
+            Outcome::Failed(format!("{ip} is {why}; not hosted"))
+        } else if node_addrs.contains(&ip) {
+            Outcome::Failed(format!("{ip} is the address of a node; not hosted"))
+        } else if let Some(who) = host.conflicts.get(&ip) {
+            Outcome::Failed(format!("{ip} is in use by another host ({who}); not hosted on node {me}"))
+        } else if !node.egress.address_tags {
+            Outcome::Failed(format!(
+                "{ip} cannot be hosted on node {me}: its kernel cannot tag addresses (IFA_PROTO, Linux 6.1 or later)"
+            ))
+        } else if let Some(link) = host.link_for(ip) {
+            net.addresses.insert(ip, (link.index, link.name.clone()));
+            statuses.push(
+                ObjectStatus::new(e.key.clone(), me, Outcome::Applied)
+                    .with_detail(format!("hosts {ip} on {}", link.name)),
+            );
+            continue;
+        } else {
+            Outcome::Failed(format!("{ip} cannot be hosted on node {me}: no up link has a subnet containing it"))
+        };
+        statuses.push(ObjectStatus::new(e.key.clone(), me, outcome));
+    }
+}
+
 /// Why `ip` can never be an egress IP: an address no host may take as its own source
 /// (loopback, link-local, multicast, unspecified, IPv4 broadcast), or the gateway of one
 /// of this node's links (taking it would hijack the segment's router).

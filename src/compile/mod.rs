@@ -214,10 +214,14 @@ pub fn compile_cached(
     for (key, reason) in &view.ignored {
         statuses.push(ObjectStatus::new(key.clone(), &node.node_name, Outcome::Ignored(reason.clone())));
     }
-    statuses.extend(view.cloud_ips.values().map(|e| {
-        let outcome = e.error.clone().map_or(Outcome::Validated, Outcome::Failed);
-        ObjectStatus::new(e.key.clone(), &node.node_name, outcome)
-    }));
+    if node.egress.mode == crate::net::EgressIpMode::CloudLocal {
+        egress_ip::cloud_local(view, node, host, &mut net, &mut statuses);
+    } else {
+        statuses.extend(view.cloud_ips.values().map(|e| {
+            let outcome = e.error.clone().map_or(Outcome::Validated, Outcome::Failed);
+            ObjectStatus::new(e.key.clone(), &node.node_name, outcome)
+        }));
+    }
     statuses.sort_by(|a, b| a.key.cmp(&b.key));
     Desired { table, net, snoop, statuses, warnings }
 }

@@ -122,7 +122,10 @@ impl ObjectStatus {
             },
             (kind, Outcome::Validated) => format!("{node}: valid; {kind} is not enforced by this version"),
             (_, Outcome::Failed(r)) => format!("{node}: {r}"),
-            (_, _) => format!("{node}: applied"),
+            (_, _) => match &self.detail {
+                Some(d) => format!("{node}: applied: {d}"),
+                None => format!("{node}: applied"),
+            },
         }
     }
 

@@ -33,6 +33,29 @@ pub struct EgressSettings {
     /// How long to listen for another host answering for an egress IP before hosting it
     /// (ARP probe / neighbour solicitation; zero: no probe).
     pub dad_wait: std::time::Duration,
+    /// Who assigns egress IPs to nodes' links (`--egress-ip-mode`).
+    pub mode: EgressIpMode,
+}
+
+/// How egress IPs get to nodes (`--egress-ip-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EgressIpMode {
+    /// The leader writes `status.items`; CloudPrivateIPConfigs are only validated.
+    #[default]
+    Direct,
+    /// The leader asks a cloud network controller for each IP (one
+    /// CloudPrivateIPConfig per placed IP) and publishes an item once it is assigned.
+    Cloud,
+    /// As `Cloud`, and egressd is that controller: the node named in a
+    /// CloudPrivateIPConfig's `spec.node` puts the IP on its matching link.
+    CloudLocal,
+}
+
+impl EgressIpMode {
+    /// CloudPrivateIPConfigs carry the placement.
+    pub fn cloud(self) -> bool {
+        self != Self::Direct
+    }
 }
 
 impl Default for EgressSettings {
@@ -47,6 +70,7 @@ impl Default for EgressSettings {
             fail_closed: false,
             address_tags: true,
             dad_wait: std::time::Duration::from_millis(200),
+            mode: EgressIpMode::Direct,
         }
     }
 }

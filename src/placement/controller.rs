@@ -32,13 +32,13 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use super::{Candidate, Reach, Request, plan};
+use super::{Candidate, Reach, Request, cloud, plan};
 use crate::api::{Kind, ObjectKey};
 use crate::compile::Desired;
 use crate::leader::Leadership;
-use crate::net::HostLinks;
+use crate::net::{EgressIpMode, HostLinks};
 use crate::status::StatusSink;
-use crate::view::policy::EgressIpPolicy;
+use crate::view::policy::{CloudPrivateIp, EgressIpPolicy};
 use crate::view::{ClusterView, EGRESS_ASSIGNABLE_LABEL, EGRESS_SUBNETS_ANNOTATION, NodeInfo};
 
 /// Placement settings.
@@ -57,6 +57,8 @@ pub struct PlacementSettings {
     pub probe_misses: u32,
     /// Pod networks: subnets inside them are never published as hosting subnets.
     pub cluster_cidrs: Vec<IpNet>,
+    /// `--egress-ip-mode`.
+    pub mode: EgressIpMode,
 }
 
 /// What the task needs of each applied state.
@@ -66,6 +68,13 @@ struct Snapshot {
     /// Oldest first: (name, policy, currently rejected).
     egress_ips: Vec<(String, EgressIpPolicy, bool)>,
     links: Option<HostLinks>,
+    /// CloudPrivateIPConfigs (valid ones).
+    cloud_ips: Vec<CloudPrivateIp>,
+    /// The egress IPs and cloud IPs on this node after the last sync, when it succeeded
+    /// (`None`: it failed, nothing is known).
+    hosted: Option<BTreeSet<IpAddr>>,
+    /// Why this node could not host a CloudPrivateIPConfig naming it (`cloud-local`).
+    cloud_problems: BTreeMap<IpAddr, String>,
 }
 
 /// Feeds the placement task (a [`StatusSink`]).
@@ -84,7 +93,7 @@ impl PlacementSink {
 }
 
 impl StatusSink for PlacementSink {
-    fn applied(&mut self, view: &ClusterView, _: &Desired, links: Option<&HostLinks>) {
+    fn applied(&mut self, view: &ClusterView, desired: &Desired, links: Option<&HostLinks>) {
         let mut egress_ips: Vec<(String, EgressIpPolicy, bool)> = view
             .egress_ips
             .values()
@@ -93,7 +102,30 @@ impl StatusSink for PlacementSink {
         egress_ips.sort_by(|a, b| {
             (a.1.created.is_none(), a.1.created, &a.0).cmp(&(b.1.created.is_none(), b.1.created, &b.0))
         });
-        let snap = Snapshot { nodes: view.nodes.clone(), egress_ips, links: links.cloned() };
+        let kernel_failed = desired
+            .statuses
+            .iter()
+            .any(|s| matches!(&s.outcome, crate::compile::Outcome::Failed(r) if r.contains("kernel error")));
+        let hosted = (!kernel_failed).then(|| desired.net.addresses.keys().copied().collect());
+        let cloud_problems = desired
+            .statuses
+            .iter()
+            .filter(|s| s.key.kind == Kind::CloudPrivateIPConfig)
+            .filter_map(|s| match &s.outcome {
+                crate::compile::Outcome::Failed(r) => {
+                    crate::view::policy::cloud_private_ip_from_name(&s.key.name).map(|ip| (ip, r.clone()))
+                }
+                _ => None,
+            })
+            .collect();
+        let snap = Snapshot {
+            nodes: view.nodes.clone(),
+            egress_ips,
+            links: links.cloned(),
+            cloud_ips: view.cloud_ips.values().filter_map(|e| e.policy.clone()).collect(),
+            hosted,
+            cloud_problems,
+        };
         let _ = self.tx.send(Some(Arc::new(snap)));
     }
 }
@@ -156,6 +188,10 @@ struct State {
     /// The subnets last published on this node, and when.
     published: Option<(Vec<IpNet>, Instant)>,
     was_leader: bool,
+    /// CloudPrivateIPConfig writes of this node (`cloud-local`) and of the leader, not
+    /// repeated while their echo is on its way.
+    cloud_node: cloud::Pending,
+    cloud_leader: cloud::Pending,
 }
 
 async fn run(
@@ -171,6 +207,8 @@ async fn run(
         evented: BTreeMap::new(),
         published: None,
         was_leader: false,
+        cloud_node: cloud::Pending::default(),
+        cloud_leader: cloud::Pending::default(),
     };
     let every = settings.probe_interval.min(Duration::from_millis(500));
     let mut tick = tokio::time::interval(every);
@@ -187,12 +225,16 @@ async fn run(
         }
         let Some(snap) = rx.borrow_and_update().clone() else { continue };
         publish_subnets(&client, &settings, &snap, &mut st).await;
+        if settings.mode == EgressIpMode::CloudLocal {
+            cloud_node(&client, &settings, &snap, &mut st).await;
+        }
         if !leadership.is_leader() {
             if st.was_leader {
                 st.probes.abort_all();
                 st.probed.clear();
                 st.written.clear();
                 st.evented.clear();
+                st.cloud_leader.clear();
                 st.was_leader = false;
             }
             continue;
@@ -296,7 +338,23 @@ async fn place(
         .iter()
         .map(|(name, p, _)| Request { name: name.clone(), ips: p.ips.clone(), items: p.placement.clone() })
         .collect();
-    let placement = plan(&requests, &candidates);
+    let configs = cloud::by_ip(&snap.cloud_ips);
+    let mut placement = if settings.mode.cloud() {
+        // The configs' requests count as placements while the cloud works on them.
+        let planned: Vec<Request> = requests
+            .iter()
+            .map(|r| Request { items: cloud::pending_items(&r.name, &r.ips, &r.items, &configs), ..r.clone() })
+            .collect();
+        plan(&planned, &candidates)
+    } else {
+        plan(&requests, &candidates)
+    };
+    if settings.mode.cloud() {
+        cloud_leader(client, settings, leadership, snap, st, &placement.items, &configs).await;
+        for items in placement.items.values_mut() {
+            *items = cloud::published(items, &configs);
+        }
+    }
     let rejected: BTreeSet<&str> = snap.egress_ips.iter().filter(|e| e.2).map(|e| e.0.as_str()).collect();
     let now = Instant::now();
     st.written.retain(|name, (items, until)| {
@@ -355,6 +413,95 @@ async fn place(
                 }
             }
             st.evented.entry(name.clone()).or_default().insert((reason, message));
+        }
+    }
+}
+
+/// `cloud-local`, every node: act as the controller of the configs naming this node.
+async fn cloud_node(client: &Client, settings: &PlacementSettings, snap: &Snapshot, st: &mut State) {
+    let Some(hosted) = &snap.hosted else { return };
+    for c in &snap.cloud_ips {
+        let problem = snap.cloud_problems.get(&c.ip).map(String::as_str);
+        let (status, finalizer) = cloud::node_action(&settings.node, c, hosted.contains(&c.ip), problem);
+        act(client, c.ip, status, finalizer, &mut st.cloud_node).await;
+    }
+}
+
+/// Send a config's status and finalizer change, once while the echo is on its way.
+async fn act(
+    client: &Client,
+    ip: IpAddr,
+    status: Option<cloud::ConfigStatus>,
+    finalizer: Option<bool>,
+    pending: &mut cloud::Pending,
+) {
+    if let Some(add) = finalizer
+        && pending.take(cloud::key(ip, "finalizer", &json!(add)), Duration::from_secs(2))
+    {
+        match cloud::set_finalizer(client, ip, add).await {
+            Ok(()) => tracing::info!(ip = %ip, add, "CloudPrivateIPConfig finalizer updated"),
+            Err(e) => tracing::warn!(ip = %ip, error = %e, "CloudPrivateIPConfig finalizer not updated; will retry"),
+        }
+    }
+    if let Some(s) = status {
+        let k = json!([s.node, s.status, s.reason, s.message]);
+        if pending.take(cloud::key(ip, "status", &k), Duration::from_secs(2)) {
+            match cloud::write_status(client, ip, &s).await {
+                Ok(()) => {
+                    tracing::info!(ip = %ip, node = ?s.node, reason = s.reason, message = %s.message, "CloudPrivateIPConfig status written")
+                }
+                Err(e) => tracing::warn!(ip = %ip, error = %e, "CloudPrivateIPConfig status not written; will retry"),
+            }
+        }
+    }
+}
+
+/// The leader, cloud modes: make the configs match the plan; in `cloud-local` stand in
+/// for nodes that cannot act.
+async fn cloud_leader(
+    client: &Client,
+    settings: &PlacementSettings,
+    leadership: &Leadership,
+    snap: &Snapshot,
+    st: &mut State,
+    planned: &BTreeMap<String, Vec<(IpAddr, String)>>,
+    configs: &BTreeMap<IpAddr, CloudPrivateIp>,
+) {
+    let rejected: BTreeSet<&str> = snap.egress_ips.iter().filter(|e| e.2).map(|e| e.0.as_str()).collect();
+    let mut want: BTreeMap<IpAddr, (String, String)> = BTreeMap::new();
+    for (name, items) in planned {
+        for (ip, node) in items {
+            want.insert(*ip, (name.clone(), node.clone()));
+        }
+    }
+    // A rejected EgressIP keeps its configs as they are.
+    for c in configs.values() {
+        if let (Some(owner), Some(node)) = (&c.owner, &c.node)
+            && rejected.contains(owner.as_str())
+        {
+            want.entry(c.ip).or_insert((owner.clone(), node.clone()));
+        }
+    }
+    for change in cloud::config_changes(&want, configs) {
+        if !leadership.is_leader() {
+            return;
+        }
+        if !st.cloud_leader.take(format!("{change:?}"), Duration::from_secs(2)) {
+            continue;
+        }
+        match cloud::apply_change(client, &change).await {
+            Ok(()) => tracing::info!(change = ?change, "CloudPrivateIPConfig changed"),
+            Err(e) => tracing::warn!(change = ?change, error = %e, "CloudPrivateIPConfig not changed; will retry"),
+        }
+    }
+    if settings.mode != EgressIpMode::CloudLocal {
+        return;
+    }
+    let reach: BTreeMap<String, Reach> = st.probed.iter().map(|(n, p)| (n.clone(), p.reach)).collect();
+    for c in configs.values() {
+        let (status, finalizer) = cloud::leader_action(c, |n| cloud::node_ok(&snap.nodes, &reach, n));
+        if (status.is_some() || finalizer.is_some()) && leadership.is_leader() {
+            act(client, c.ip, status, finalizer, &mut st.cloud_leader).await;
         }
     }
 }

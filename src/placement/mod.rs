@@ -8,6 +8,7 @@
 //! * [`controller`]: the task — every agent publishes its links' subnets on its Node;
 //!   the leader probes, plans and writes `status.items`.
 
+pub mod cloud;
 pub mod controller;
 pub mod health;
 

@@ -152,6 +152,51 @@ pub struct CloudPrivateIp {
     pub ip: IpAddr,
     /// The node requested in `spec.node`.
     pub node: Option<String>,
+    /// `status.node`: where the IP is (or was last) assigned.
+    #[serde(default)]
+    pub status_node: Option<String>,
+    /// The `Assigned` condition: (status, reason, message).
+    #[serde(default)]
+    pub assigned: Option<(String, String, String)>,
+    /// Marked for deletion (`metadata.deletionTimestamp`).
+    #[serde(default)]
+    pub deleting: bool,
+    /// Carries the controller's finalizer ([`CLOUD_FINALIZER`]).
+    #[serde(default)]
+    pub finalizer: bool,
+    /// The EgressIP that asked for it (annotation [`CLOUD_OWNER_ANNOTATION`]).
+    #[serde(default)]
+    pub owner: Option<String>,
+}
+
+/// The finalizer of the CloudPrivateIPConfig controller: a delete releases the IP first.
+pub const CLOUD_FINALIZER: &str = "cloudprivateipconfig.cloud.network.openshift.io/finalizer";
+/// The annotation naming the EgressIP a CloudPrivateIPConfig was created for (the
+/// reference's owner reference).
+pub const CLOUD_OWNER_ANNOTATION: &str = "k8s.ovn.org/egressip-owner-ref";
+
+impl CloudPrivateIp {
+    /// The controller reported the IP assigned to `node` (status.node = spec.node = node,
+    /// `Assigned` True).
+    pub fn assigned_to(&self, node: &str) -> bool {
+        self.node.as_deref() == Some(node)
+            && self.status_node.as_deref() == Some(node)
+            && self.assigned.as_ref().is_some_and(|(s, _, _)| s == "True")
+    }
+
+    /// The controller reported an error for the current request.
+    pub fn failed(&self) -> bool {
+        self.assigned.as_ref().is_some_and(|(_, r, _)| r == "CloudResponseError")
+    }
+}
+
+/// The CloudPrivateIPConfig name of `ip`: IPv4 as is, IPv6 fully expanded with `.` for
+/// `:` (`2001.0db8.00ff.0000.0000.0000.0000.0054`).
+pub fn cloud_private_ip_name(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => v6.segments().iter().map(|s| format!("{s:04x}")).collect::<Vec<_>>().join("."),
+    }
 }
 
 /// Outcome of converting one object.
@@ -382,7 +427,19 @@ pub fn cloud_private_ip(c: &CloudPrivateIPConfig) -> Conversion<CloudPrivateIp> 
             "metadata.name: Invalid value: {name:?}: must be an IPv4 address or a fully expanded IPv6 address with '.' for ':'"
         ));
     };
-    Ok(CloudPrivateIp { ip, node: c.spec.node.clone() })
+    let status = c.status.as_ref();
+    let assigned = status
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Assigned"))
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()));
+    Ok(CloudPrivateIp {
+        ip,
+        node: c.spec.node.clone().filter(|n| !n.is_empty()),
+        status_node: status.and_then(|s| s.node.clone()).filter(|n| !n.is_empty()),
+        assigned,
+        deleting: c.metadata.deletion_timestamp.is_some(),
+        finalizer: c.metadata.finalizers.iter().flatten().any(|f| f == CLOUD_FINALIZER),
+        owner: c.metadata.annotations.as_ref().and_then(|a| a.get(CLOUD_OWNER_ANNOTATION)).cloned(),
+    })
 }
 
 #[cfg(test)]
