@@ -429,7 +429,7 @@ fn cloud_local_assigns_moves_and_releases_cloud_private_ip_configs() {
     let api = ApiServer::start(&k.c.ext, k.dir.clone(), API_HOST);
     declare(&api, &k.c);
     apply_mode_rbac(&api, &["rbac-cloud.yaml", "rbac-cloud-local.yaml"]);
-    let agents = start_all_with(&k, &api, &["--egress-ip-mode", "cloud-local"]);
+    let mut agents = start_all_with(&k, &api, &["--egress-ip-mode", "cloud-local"]);
     let dump = |what: &str| {
         format!(
             "{what}\n{}\n{}\n{}",
@@ -485,6 +485,20 @@ fn cloud_local_assigns_moves_and_releases_cloud_private_ip_configs() {
         config(&api, "198.19.0.150") == "node-x||False|CloudResponseError|Target node \"node-x\" does not exist|"
     });
     assert!(error.is_some(), "{}", dump("no error for an unknown node"));
+
+    // The holder dies (node-c: link down, agent killed): the leader releases the config
+    // on its behalf and node-b, labelled again, takes it.
+    let (ok, out) = api.kubectl(&["label", "node", "node-b", &format!("{LABEL}=")], "");
+    assert!(ok, "{out}");
+    kill_node(&k, &mut agents, 2);
+    let taken = wait_for(Duration::from_secs(15), || {
+        config(&api, v6_name).starts_with("node-b|node-b|True|CloudResponseSuccess") && k.c.has_addr(1, V6_EIP)
+    });
+    assert!(taken.is_some(), "{}", {
+        let dump = format!("{}\n{}", api.get(&["cloudprivateipconfig", "-o", "yaml"]), logs(&agents));
+        dump
+    });
+    assert!(wait_for(Duration::from_secs(5), || items(&api, "e2") == vec![(V6_EIP.into(), "node-b".into())]).is_some());
 }
 
 #[test]

@@ -120,16 +120,41 @@ impl ConfigStatus {
     }
 }
 
+/// What a controller decides for one config: its new status, and the finalizer
+/// (`Some(true)` add, `Some(false)` remove).
+pub(crate) type Action = (Option<ConfigStatus>, Option<bool>);
+
+/// A CloudPrivateIPConfig controller ("provider"): its decision for one config on a node
+/// (every agent) and on the leader. [`LocalProvider`] (`cloud-local`) hosts IPs on the
+/// nodes' own links; a cloud provider (AWS, Azure, GCP: plan in ARCHITECTURE.md) would
+/// do nothing on nodes and call its cloud's API from the leader.
+pub(crate) trait Provider {
+    /// On node `me`: `hosted`, the IP is on this node now; `problem`, why this node
+    /// cannot host it.
+    fn on_node(&self, me: &str, c: &CloudPrivateIp, hosted: bool, problem: Option<&str>) -> Action;
+    /// On the leader: `node_ok(n)` is `None` for an unknown node, `Some(false)` for one
+    /// that is NotReady or unreachable.
+    fn on_leader(&self, c: &CloudPrivateIp, node_ok: &dyn Fn(&str) -> Option<bool>) -> Action;
+}
+
+/// egressd as the controller, for bare metal (`cloud-local`).
+pub(crate) struct LocalProvider;
+
+impl Provider for LocalProvider {
+    fn on_node(&self, me: &str, c: &CloudPrivateIp, hosted: bool, problem: Option<&str>) -> Action {
+        node_action(me, c, hosted, problem)
+    }
+
+    fn on_leader(&self, c: &CloudPrivateIp, node_ok: &dyn Fn(&str) -> Option<bool>) -> Action {
+        leader_action(c, node_ok)
+    }
+}
+
 /// What this node (the controller, `cloud-local`) does with one config: its status, and
 /// the finalizer (`Some(true)` add, `Some(false)` remove). `hosted`: the IP is on this
 /// node now (the last sync succeeded with it); `problem`: why the compile step could not
 /// host it here.
-pub(crate) fn node_action(
-    me: &str,
-    c: &CloudPrivateIp,
-    hosted: bool,
-    problem: Option<&str>,
-) -> (Option<ConfigStatus>, Option<bool>) {
+fn node_action(me: &str, c: &CloudPrivateIp, hosted: bool, problem: Option<&str>) -> Action {
     let mine_now = c.status_node.as_deref() == Some(me);
     if c.deleting {
         let holder = mine_now || (c.status_node.is_none() && c.node.as_deref() == Some(me));
@@ -162,10 +187,7 @@ pub(crate) fn node_action(
 /// What the leader does for nodes that cannot act (`cloud-local`): a config held by a
 /// node that is gone, NotReady or unreachable is released on its behalf; a `spec.node`
 /// naming no node is an error.
-pub(crate) fn leader_action(
-    c: &CloudPrivateIp,
-    node_ok: impl Fn(&str) -> Option<bool>,
-) -> (Option<ConfigStatus>, Option<bool>) {
+fn leader_action(c: &CloudPrivateIp, node_ok: &dyn Fn(&str) -> Option<bool>) -> Action {
     if let Some(holder) = &c.status_node
         && node_ok(holder) != Some(true)
     {
@@ -401,13 +423,13 @@ mod tests {
             _ => None,
         };
         let held_by_dead = cfg("198.19.0.100", Some("b"), Some("dead"), Some(("True", SUCCESS)));
-        let (s, _) = leader_action(&held_by_dead, nodes_ok);
+        let (s, _) = leader_action(&held_by_dead, &nodes_ok);
         assert_eq!(s.unwrap().node, None, "released on the dead node's behalf");
-        let (s, _) = leader_action(&cfg("198.19.0.100", Some("nowhere"), None, None), nodes_ok);
+        let (s, _) = leader_action(&cfg("198.19.0.100", Some("nowhere"), None, None), &nodes_ok);
         assert_eq!(s.unwrap().message, "Target node \"nowhere\" does not exist");
         let mut del = held_by_dead.clone();
         del.deleting = true;
-        assert_eq!(leader_action(&del, nodes_ok), (None, Some(false)));
-        assert_eq!(leader_action(&cfg("198.19.0.100", Some("b"), Some("b"), None), nodes_ok), (None, None));
+        assert_eq!(leader_action(&del, &nodes_ok), (None, Some(false)));
+        assert_eq!(leader_action(&cfg("198.19.0.100", Some("b"), Some("b"), None), &nodes_ok), (None, None));
     }
 }

@@ -422,7 +422,8 @@ async fn cloud_node(client: &Client, settings: &PlacementSettings, snap: &Snapsh
     let Some(hosted) = &snap.hosted else { return };
     for c in &snap.cloud_ips {
         let problem = snap.cloud_problems.get(&c.ip).map(String::as_str);
-        let (status, finalizer) = cloud::node_action(&settings.node, c, hosted.contains(&c.ip), problem);
+        let (status, finalizer) =
+            cloud::Provider::on_node(&cloud::LocalProvider, &settings.node, c, hosted.contains(&c.ip), problem);
         act(client, c.ip, status, finalizer, &mut st.cloud_node).await;
     }
 }
@@ -499,7 +500,8 @@ async fn cloud_leader(
     }
     let reach: BTreeMap<String, Reach> = st.probed.iter().map(|(n, p)| (n.clone(), p.reach)).collect();
     for c in configs.values() {
-        let (status, finalizer) = cloud::leader_action(c, |n| cloud::node_ok(&snap.nodes, &reach, n));
+        let node_ok = |n: &str| cloud::node_ok(&snap.nodes, &reach, n);
+        let (status, finalizer) = cloud::Provider::on_leader(&cloud::LocalProvider, c, &node_ok);
         if (status.is_some() || finalizer.is_some()) && leadership.is_leader() {
             act(client, c.ip, status, finalizer, &mut st.cloud_leader).await;
         }
