@@ -430,3 +430,46 @@ fn sixty_seconds_without_the_api_server_change_nothing_and_statuses_catch_up() {
     let followed = wait_for(Duration::from_secs(90), || tcp(p0, "192.0.2.10", 8080).is_none());
     assert!(followed.is_some(), "not following after the outage:\n{}", agent.log_text());
 }
+
+/// OpenShift 4.13's CRDs (the seeds' reference): EgressFirewall's status has only
+/// `status`, EgressQoS's none. The aggregate is still written — by the node itself —,
+/// a failure shows and clears, and nothing loops on fields the API server prunes.
+#[test]
+fn statuses_work_with_the_openshift_4_13_crd_shapes() {
+    let t = Topology::with_pods(&[("", "")]);
+    let (api_ns, dir) = cluster(&t);
+    let api = ApiServer::start(&api_ns, dir, API_ADDR);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    api.apply(&std::fs::read_to_string(root.join("tests/kube/crds-4.13.yaml")).unwrap());
+    api.apply(&std::fs::read_to_string(root.join("daemonset/rbac.yaml")).unwrap());
+    let served = wait_for(Duration::from_secs(10), || api.kubectl(&["get", "egressfirewalls", "-A"], "").0);
+    assert!(served.is_some(), "CRDs not served");
+    api.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: team-a}\n");
+    node(&api, "node-a", "198.18.254.1", true);
+    pod(&api, "team-a", "pod0", "node-a", "198.18.1.2", "2001:db8:1:1::2");
+    firewall(&api, "team-a", "  - {type: Deny, to: {cidrSelector: 203.0.113.0/24}}\n");
+    let agent = start_agent(&t, &api, "node-a", "egressd");
+    let status = || api.get(&["egressfirewall", "default", "-n", "team-a", "-o", "jsonpath={.status}"]);
+    let applied = wait_for(Duration::from_secs(15), || status() == r#"{"status":"EgressFirewall Rules applied"}"#);
+    assert!(applied.is_some(), "{}\n{}", status(), agent.log_text());
+    assert!(agent.log_text().contains("EgressFirewall CRD has no per-node status field"));
+
+    // A version the controller refuses: not correctly applied; fixed: applied again.
+    firewall(&api, "team-a", "  - {type: Deny, to: {cidrSelector: 1.2.3./32}}\n");
+    let failed = wait_for(Duration::from_secs(15), || status().contains("EgressFirewall Rules not correctly applied"));
+    assert!(failed.is_some(), "{}\n{}", status(), agent.log_text());
+    firewall(&api, "team-a", "  - {type: Deny, to: {cidrSelector: 203.0.113.0/24}}\n");
+    let again = wait_for(Duration::from_secs(15), || status() == r#"{"status":"EgressFirewall Rules applied"}"#);
+    assert!(again.is_some(), "{}\n{}", status(), agent.log_text());
+
+    // EgressQoS has nowhere to put a status: one write finds that out, then none.
+    api.apply("apiVersion: k8s.ovn.org/v1\nkind: EgressQoS\nmetadata: {name: default, namespace: team-a}\nspec:\n  egress:\n  - {dscp: 46}\n");
+    let noticed =
+        wait_for(Duration::from_secs(15), || agent.log_text().contains("EgressQoS CRD has no per-node status field"));
+    assert!(noticed.is_some(), "{}", agent.log_text());
+    std::thread::sleep(Duration::from_secs(6));
+    let writes = agent.log_text().lines().filter(|l| l.contains("status written") && l.contains("EgressQoS")).count();
+    assert_eq!(writes, 1, "{}", agent.log_text());
+    let qos = api.get(&["egressqos", "default", "-n", "team-a", "-o", "jsonpath={.status}"]);
+    assert!(qos.is_empty() || qos == "{}", "{qos}");
+}

@@ -49,11 +49,45 @@ pub(crate) struct StatusWrite {
     pub manager: String,
     /// The `status` to apply.
     pub status: Value,
+    /// Take the fields from other managers (every write but a node's "applied" on a
+    /// CRD without per-node messages, see [`Shapes`]).
+    pub force: bool,
 }
 
 struct Snapshot {
     view: ClusterView,
     desired: Desired,
+}
+
+/// Which status fields this cluster's CRDs keep. OpenShift 4.13's CRDs (the seeds' API
+/// reference) have only `status.status` for EgressFirewall and no status fields for
+/// EgressQoS; newer ones add the per-node `messages` and `conditions`. A field the CRD
+/// does not know is pruned silently by the API server, so the writer finds out from the
+/// object a write returns, and then:
+/// * EgressFirewall without `messages`: every node applies the aggregate
+///   `status.status` itself (its own field manager): "applied" without force — nodes
+///   agreeing share the field —, "not correctly applied" with force, so one failing node
+///   wins, and the field returns to "applied" only once every failing node has
+///   recovered (a recovering node cannot take the field back from another failing one);
+/// * EgressQoS without `conditions`: nothing is written (nothing would be kept).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct Shapes {
+    /// Kinds whose CRD pruned the per-node field.
+    pub legacy: BTreeSet<Kind>,
+}
+
+impl Shapes {
+    /// `kind`'s CRD has no per-node status field (logged once).
+    fn learn(&mut self, kind: Kind) {
+        if self.legacy.insert(kind) {
+            let then = if kind == Kind::EgressFirewall {
+                "each node writes status.status itself"
+            } else {
+                "no status is written"
+            };
+            tracing::info!(kind = %kind, "this cluster's {kind} CRD has no per-node status field (OpenShift 4.13 shape): {then}");
+        }
+    }
 }
 
 /// Sends each applied state to the writer task.
@@ -154,11 +188,34 @@ fn conditions(api_status: Option<&Value>) -> Vec<Value> {
 
 /// What this node writes: its own EgressFirewall message and EgressQoS condition, where
 /// the stored status differs.
-pub(crate) fn node_writes(node: &str, observed: &ObservedObjects, desired: &Desired, now: &str) -> Vec<StatusWrite> {
+pub(crate) fn node_writes(
+    node: &str,
+    observed: &ObservedObjects,
+    desired: &Desired,
+    now: &str,
+    shapes: &Shapes,
+) -> Vec<StatusWrite> {
     let mut out = Vec::new();
     for s in &desired.statuses {
         let stored = stored(observed, &s.key);
+        let legacy = shapes.legacy.contains(&s.key.kind);
         match s.key.kind {
+            Kind::EgressFirewall if legacy => {
+                if matches!(s.outcome, Outcome::Ignored(_)) {
+                    continue;
+                }
+                let failed = matches!(s.outcome, Outcome::Failed(_));
+                let text = if failed { EF_NOT_APPLIED } else { EF_APPLIED };
+                if stored.and_then(|v| v.get("status")).and_then(Value::as_str) != Some(text) {
+                    out.push(StatusWrite {
+                        key: s.key.clone(),
+                        manager: manager(node),
+                        status: json!({ "status": text }),
+                        force: failed,
+                    });
+                }
+            }
+            Kind::EgressQoS if legacy => {}
             Kind::EgressFirewall
                 if !matches!(s.outcome, Outcome::Ignored(_)) && !messages(stored).contains(&s.message()) =>
             {
@@ -166,6 +223,7 @@ pub(crate) fn node_writes(node: &str, observed: &ObservedObjects, desired: &Desi
                     key: s.key.clone(),
                     manager: manager(node),
                     status: json!({ "messages": [s.message()] }),
+                    force: true,
                 });
             }
             Kind::EgressQoS => {
@@ -191,6 +249,7 @@ pub(crate) fn node_writes(node: &str, observed: &ObservedObjects, desired: &Desi
                         "type": c.type_, "status": c.status, "reason": c.reason,
                         "message": c.message, "lastTransitionTime": since,
                     }] }),
+                    force: true,
                 });
             }
             _ => {}
@@ -200,18 +259,24 @@ pub(crate) fn node_writes(node: &str, observed: &ObservedObjects, desired: &Desi
 }
 
 /// What the leader writes: aggregates and removal of deleted nodes' entries.
-pub(crate) fn leader_writes(view: &ClusterView, observed: &ObservedObjects) -> Vec<StatusWrite> {
+pub(crate) fn leader_writes(view: &ClusterView, observed: &ObservedObjects, shapes: &Shapes) -> Vec<StatusWrite> {
     let mut out = Vec::new();
     let ready: BTreeSet<&str> = view.nodes.iter().filter(|(_, n)| n.ready).map(|(n, _)| n.as_str()).collect();
     let exists = |n: &str| view.nodes.contains_key(n);
-    for entry in view.firewalls.values() {
+    let firewalls = view.firewalls.values().filter(|_| !shapes.legacy.contains(&Kind::EgressFirewall));
+    for entry in firewalls {
         let stored = stored(observed, &entry.key);
         let msgs = messages(stored);
         // Each node's entry, read back in the one place that also renders it.
         let entries: Vec<(&str, bool)> = msgs.iter().filter_map(|m| parse_message(m)).collect();
         let gone: BTreeSet<&str> = entries.iter().map(|(n, _)| *n).filter(|n| !exists(n)).collect();
         for n in gone {
-            out.push(StatusWrite { key: entry.key.clone(), manager: manager(n), status: json!({ "messages": [] }) });
+            out.push(StatusWrite {
+                key: entry.key.clone(),
+                manager: manager(n),
+                status: json!({ "messages": [] }),
+                force: true,
+            });
         }
         let live: Vec<&(&str, bool)> = entries.iter().filter(|(n, _)| exists(n)).collect();
         let reported: BTreeSet<&str> = live.iter().map(|(n, _)| *n).collect();
@@ -219,7 +284,7 @@ pub(crate) fn leader_writes(view: &ClusterView, observed: &ObservedObjects) -> V
         let complete = !ready.is_empty() && ready.iter().all(|n| reported.contains(n));
         out.extend(aggregate_write(&entry.key, stored, failed, complete, (EF_APPLIED, EF_NOT_APPLIED)));
     }
-    for entry in view.qos.values() {
+    for entry in view.qos.values().filter(|_| !shapes.legacy.contains(&Kind::EgressQoS)) {
         let stored = stored(observed, &entry.key);
         let conds = conditions(stored);
         let zone = |c: &Value| c["type"].as_str().and_then(condition_node).map(String::from);
@@ -232,6 +297,7 @@ pub(crate) fn leader_writes(view: &ClusterView, observed: &ObservedObjects) -> V
                     key: entry.key.clone(),
                     manager: manager(&n),
                     status: json!({ "conditions": [] }),
+                    force: true,
                 });
                 continue;
             }
@@ -265,6 +331,7 @@ fn aggregate_write(
         key: key.clone(),
         manager: "egressd-leader".into(),
         status: json!({ "status": aggregate }),
+        force: true,
     })
 }
 
@@ -289,7 +356,8 @@ fn node_problems(desired: &Desired) -> Vec<(ObjectKey, String)> {
         .collect()
 }
 
-async fn apply_status(client: &Client, w: &StatusWrite) -> Result<(), kube::Error> {
+/// Apply `w`; returns the object's `status` as the API server stored it.
+async fn apply_status(client: &Client, w: &StatusWrite) -> Result<Option<Value>, kube::Error> {
     let ar = w.key.kind.api_resource();
     let api: Api<DynamicObject> = if w.key.kind.namespaced() {
         Api::namespaced_with(client.clone(), &w.key.namespace, &ar)
@@ -304,13 +372,32 @@ async fn apply_status(client: &Client, w: &StatusWrite) -> Result<(), kube::Erro
         "apiVersion": w.key.kind.api_version(), "kind": w.key.kind.as_str(),
         "metadata": metadata, "status": w.status,
     });
-    let pp = PatchParams::apply(&w.manager).force();
+    let pp = if w.force { PatchParams::apply(&w.manager).force() } else { PatchParams::apply(&w.manager) };
+    let stored = |o: DynamicObject| o.data.get("status").cloned();
     match api.patch_status(&w.key.name, &pp, &Patch::Apply(&body)).await {
-        Ok(_) => Ok(()),
+        Ok(o) => Ok(stored(o)),
         // No status subresource on this cluster's CRD: status is part of the object.
-        Err(kube::Error::Api(e)) if e.code == 404 => api.patch(&w.key.name, &pp, &Patch::Apply(&body)).await.map(drop),
+        Err(kube::Error::Api(e)) if e.code == 404 => {
+            api.patch(&w.key.name, &pp, &Patch::Apply(&body)).await.map(stored)
+        }
         Err(e) => Err(e),
     }
+}
+
+/// The per-node field `w` wrote is missing from what the API server stored: the CRD
+/// does not have it (pruned).
+fn pruned(w: &StatusWrite, stored: Option<&Value>) -> Option<Kind> {
+    let field = match w.key.kind {
+        Kind::EgressFirewall => "messages",
+        Kind::EgressQoS => "conditions",
+        _ => return None,
+    };
+    let wrote = w.status.get(field)?.as_array()?;
+    if wrote.is_empty() {
+        return None;
+    }
+    let kept = stored.and_then(|s| s.get(field)).and_then(Value::as_array);
+    (!kept.is_some_and(|k| wrote.iter().all(|v| k.contains(v)))).then_some(w.key.kind)
 }
 
 /// Why an Event is recorded: the object was rejected (leader), or this node could not
@@ -414,6 +501,7 @@ async fn writer_task(
     board: StatusBoard,
 ) {
     let mut log = WriteLog::default();
+    let mut shapes = Shapes::default();
     let mut evented = EventLog::new();
     let mut node_evented = EventLog::new();
     let mut recheck = tokio::time::interval(Duration::from_secs(5));
@@ -428,9 +516,9 @@ async fn writer_task(
         log.retain_present(&observed);
         let now =
             jiff::Timestamp::now().round(jiff::Unit::Second).unwrap_or_else(|_| jiff::Timestamp::now()).to_string();
-        let mut writes = node_writes(&node, &observed, &snap.desired, &now);
+        let mut writes = node_writes(&node, &observed, &snap.desired, &now, &shapes);
         if leadership.is_leader() {
-            writes.extend(leader_writes(&snap.view, &observed));
+            writes.extend(leader_writes(&snap.view, &observed, &shapes));
         }
         for w in writes {
             if !log.needed(&w, &observed) {
@@ -440,9 +528,21 @@ async fn writer_task(
                 continue;
             }
             match apply_status(&client, &w).await {
-                Ok(()) => {
+                Ok(stored) => {
                     tracing::debug!(object = %w.key, manager = %w.manager, "status written");
+                    if let Some(kind) = pruned(&w, stored.as_ref()) {
+                        shapes.learn(kind);
+                    }
                     log.record(w, &observed);
+                }
+                // Older API servers refuse a field the schema lacks instead of pruning it.
+                Err(kube::Error::Api(e))
+                    if e.message.contains("field not declared in schema") && pruned(&w, None).is_some() =>
+                {
+                    shapes.learn(w.key.kind);
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 && !w.force => {
+                    tracing::debug!(object = %w.key, "status.status held by a node that failed; not taken");
                 }
                 Err(e) => tracing::warn!(object = %w.key, error = %e, "status write failed; will retry"),
             }
@@ -517,22 +617,22 @@ mod tests {
         let msg = "n1: EgressFirewall Rules applied";
         let mut log = WriteLog::default();
         let before = obs("u1", None);
-        let w = node_writes("n1", &before, &desired(), "t").remove(0);
+        let w = node_writes("n1", &before, &desired(), "t", &Shapes::default()).remove(0);
         assert!(log.needed(&w, &before));
         log.record(w.clone(), &before);
         assert!(!log.needed(&w, &before), "the same write while nothing changed is not repeated");
         // The echo arrives: nothing to write any more.
         let echoed = obs("u1", Some(json!({"messages": [msg]})));
-        assert!(node_writes("n1", &echoed, &desired(), "t").is_empty());
+        assert!(node_writes("n1", &echoed, &desired(), "t", &Shapes::default()).is_empty());
         // The object is deleted and re-created with the same name: new uid, empty status.
         let recreated = obs("u2", None);
-        let again = node_writes("n1", &recreated, &desired(), "t");
+        let again = node_writes("n1", &recreated, &desired(), "t", &Shapes::default());
         assert_eq!(again, vec![w.clone()]);
         assert!(log.needed(&again[0], &recreated), "a re-created object gets this node's status again");
         // Someone clears the status of the same object after the echo: written again.
         log.record(w.clone(), &echoed);
         let cleared = obs("u1", Some(json!({"messages": []})));
-        let w3 = node_writes("n1", &cleared, &desired(), "t");
+        let w3 = node_writes("n1", &cleared, &desired(), "t", &Shapes::default());
         assert!(log.needed(&w3[0], &cleared));
         log.retain_present(&BTreeMap::new());
         assert!(log.done.is_empty(), "deleted objects are forgotten");
@@ -541,13 +641,21 @@ mod tests {
     #[test]
     fn a_node_writes_only_what_the_api_does_not_have() {
         let msg = "n1: EgressFirewall Rules applied";
-        let w = node_writes("n1", &obs("u1", None), &desired(), "t");
+        let w = node_writes("n1", &obs("u1", None), &desired(), "t", &Shapes::default());
         assert_eq!(
             w,
-            vec![StatusWrite { key: key(), manager: "egressd-n1".into(), status: json!({"messages": [msg]}) }]
+            vec![StatusWrite {
+                key: key(),
+                manager: "egressd-n1".into(),
+                status: json!({"messages": [msg]}),
+                force: true
+            }]
         );
         let stored = json!({"messages": [msg]});
-        assert!(node_writes("n1", &obs("u1", Some(stored)), &desired(), "t").is_empty(), "restart rewrites nothing");
+        assert!(
+            node_writes("n1", &obs("u1", Some(stored)), &desired(), "t", &Shapes::default()).is_empty(),
+            "restart rewrites nothing"
+        );
     }
 
     #[test]
@@ -555,24 +663,30 @@ mod tests {
         let ok = |n: &str| format!("{n}: EgressFirewall Rules applied");
         let one = json!({"messages": [ok("n1")]});
         assert!(
-            leader_writes(&view(&[("n1", true), ("n2", true)]), &obs("u1", Some(one.clone()))).is_empty(),
+            leader_writes(&view(&[("n1", true), ("n2", true)]), &obs("u1", Some(one.clone())), &Shapes::default())
+                .is_empty(),
             "n2 has not reported"
         );
         // n2 is not Ready: n1's report is enough.
-        let w = leader_writes(&view(&[("n1", true), ("n2", false)]), &obs("u1", Some(one)));
+        let w = leader_writes(&view(&[("n1", true), ("n2", false)]), &obs("u1", Some(one)), &Shapes::default());
         assert_eq!(w[0].status, json!({"status": EF_APPLIED}));
         let bad = json!({"messages": [ok("n1"), "n2: EgressFirewall Rules not correctly applied: x"]});
-        let w = leader_writes(&view(&[("n1", true), ("n2", true)]), &obs("u1", Some(bad)));
+        let w = leader_writes(&view(&[("n1", true), ("n2", true)]), &obs("u1", Some(bad)), &Shapes::default());
         assert_eq!(w[0].status, json!({"status": EF_NOT_APPLIED}));
     }
 
     #[test]
     fn a_deleted_nodes_entry_is_removed_by_its_own_field_manager() {
         let stored = json!({"messages": ["gone: EgressFirewall Rules applied", "n1: EgressFirewall Rules applied"], "status": EF_APPLIED});
-        let w = leader_writes(&view(&[("n1", true)]), &obs("u1", Some(stored)));
+        let w = leader_writes(&view(&[("n1", true)]), &obs("u1", Some(stored)), &Shapes::default());
         assert_eq!(
             w,
-            vec![StatusWrite { key: key(), manager: "egressd-gone".into(), status: json!({"messages": []}) }]
+            vec![StatusWrite {
+                key: key(),
+                manager: "egressd-gone".into(),
+                status: json!({"messages": []}),
+                force: true
+            }]
         );
     }
 
@@ -595,8 +709,31 @@ mod tests {
             statuses: vec![ObjectStatus::new(qkey, "n1", Outcome::Applied)],
             warnings: vec![],
         };
-        let w = node_writes("n1", &v, &d, "2026-11-22T00:00:00Z");
+        let w = node_writes("n1", &v, &d, "2026-11-22T00:00:00Z", &Shapes::default());
         assert_eq!(w[0].status["conditions"][0]["lastTransitionTime"], "2026-01-01T00:00:00Z");
         assert_eq!(w[0].status["conditions"][0]["message"], "EgressQoS Rules applied");
+    }
+
+    #[test]
+    fn on_a_crd_without_messages_each_node_writes_the_aggregate_and_a_failure_wins() {
+        let legacy = Shapes { legacy: BTreeSet::from([Kind::EgressFirewall, Kind::EgressQoS]) };
+        // The write of a per-node message came back without it: pruned.
+        let w = node_writes("n1", &obs("u1", None), &desired(), "t", &Shapes::default()).remove(0);
+        assert_eq!(pruned(&w, Some(&json!({}))), Some(Kind::EgressFirewall));
+        assert_eq!(pruned(&w, Some(&json!({"messages": ["n1: EgressFirewall Rules applied"]}))), None);
+        // Then the node applies status.status, without force when applied...
+        let w = node_writes("n1", &obs("u1", None), &desired(), "t", &legacy);
+        assert_eq!(w.len(), 1);
+        assert_eq!((w[0].status.clone(), w[0].force), (json!({"status": EF_APPLIED}), false));
+        assert!(
+            node_writes("n1", &obs("u1", Some(json!({"status": EF_APPLIED}))), &desired(), "t", &legacy).is_empty()
+        );
+        // ... with force when it failed.
+        let mut failed = desired();
+        failed.statuses[0].fail("kernel error: x");
+        let w = node_writes("n1", &obs("u1", Some(json!({"status": EF_APPLIED}))), &failed, "t", &legacy);
+        assert_eq!((w[0].status.clone(), w[0].force), (json!({"status": EF_NOT_APPLIED}), true));
+        // The leader aggregates nothing there.
+        assert!(leader_writes(&view(&[("n1", true)]), &obs("u1", None), &legacy).is_empty());
     }
 }
