@@ -340,9 +340,25 @@ fn rejections(view: &ClusterView) -> Vec<(ObjectKey, String)> {
     let mut out: Vec<(ObjectKey, String)> = Vec::new();
     out.extend(view.firewalls.values().filter_map(|e| e.error.clone().map(|m| (e.key.clone(), m))));
     out.extend(view.qos.values().filter_map(|e| e.error.clone().map(|m| (e.key.clone(), m))));
-    out.extend(view.egress_ips.values().filter_map(|e| e.error.clone().map(|m| (e.key.clone(), m))));
+    out.extend(
+        view.egress_ips
+            .values()
+            .filter_map(|e| e.error.as_deref().map(|m| (e.key.clone(), egress_ip_event(&e.key.name, m)))),
+    );
     out.extend(view.cloud_ips.values().filter_map(|e| e.error.clone().map(|m| (e.key.clone(), m))));
     out
+}
+
+/// The `InvalidEgressIP` Event's message: the reference's wording for an address that
+/// does not parse, the error itself otherwise.
+fn egress_ip_event(name: &str, error: &str) -> String {
+    match error
+        .strip_prefix("spec.egressIPs: unable to parse provided EgressIP: ")
+        .and_then(|rest| rest.strip_suffix(", invalid"))
+    {
+        Some(ip) => format!("egress IP: {ip} for object EgressIP: {name} is not a valid IP address"),
+        None => error.to_string(),
+    }
 }
 
 /// EgressIP objects this node failed to apply for reasons of its own (not invalidity,
@@ -735,5 +751,14 @@ mod tests {
         assert_eq!((w[0].status.clone(), w[0].force), (json!({"status": EF_NOT_APPLIED}), true));
         // The leader aggregates nothing there.
         assert!(leader_writes(&view(&[("n1", true)]), &obs("u1", None), &legacy).is_empty());
+    }
+
+    #[test]
+    fn an_unparsable_egress_ip_is_reported_in_the_references_words() {
+        assert_eq!(
+            egress_ip_event("e1", "spec.egressIPs: unable to parse provided EgressIP: 1.2.3, invalid"),
+            "egress IP: 1.2.3 for object EgressIP: e1 is not a valid IP address"
+        );
+        assert_eq!(egress_ip_event("e1", "spec.namespaceSelector: bad"), "spec.namespaceSelector: bad");
     }
 }
