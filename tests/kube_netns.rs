@@ -311,18 +311,11 @@ fn a_missing_crd_and_a_forbidden_kind_do_not_block_policy() {
     let crds = std::fs::read_to_string(root.join("daemonset/crds/crds.yaml")).unwrap();
     let i = crds.find("name: cloudprivateipconfigs.cloud.network.openshift.io").unwrap();
     let (without_cpic, cpic) = crds.split_at(crds[..i].rfind("---").unwrap());
-    api.apply(without_cpic);
     let rbac = std::fs::read_to_string(root.join("daemonset/rbac.yaml")).unwrap();
     let no_qos =
         rbac.replace("resources: [egressfirewalls, egressqoses, egressips]", "resources: [egressfirewalls, egressips]");
     assert_ne!(no_qos, rbac);
-    api.apply(&no_qos);
-    let served = wait_for(Duration::from_secs(10), || api.kubectl(&["get", "egressfirewalls", "-A"], "").0);
-    assert!(served.is_some(), "CRDs not served");
-    api.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: team-a}\n");
-    node(&api, "node-a", "198.18.254.1", true);
-    pod(&api, "team-a", "pod0", "node-a", "198.18.1.2", "2001:db8:1:1::2");
-    firewall(&api, "team-a", "  - {type: Deny, to: {cidrSelector: 203.0.113.0/24}}\n");
+    team_a(&api, without_cpic, &no_qos);
 
     let agent = start_agent(&t, &api, "node-a", "egressd");
     let p0 = &t.pods[0];
@@ -440,14 +433,8 @@ fn statuses_work_with_the_openshift_4_13_crd_shapes() {
     let (api_ns, dir) = cluster(&t);
     let api = ApiServer::start(&api_ns, dir, API_ADDR);
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    api.apply(&std::fs::read_to_string(root.join("tests/kube/crds-4.13.yaml")).unwrap());
-    api.apply(&std::fs::read_to_string(root.join("daemonset/rbac.yaml")).unwrap());
-    let served = wait_for(Duration::from_secs(10), || api.kubectl(&["get", "egressfirewalls", "-A"], "").0);
-    assert!(served.is_some(), "CRDs not served");
-    api.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: team-a}\n");
-    node(&api, "node-a", "198.18.254.1", true);
-    pod(&api, "team-a", "pod0", "node-a", "198.18.1.2", "2001:db8:1:1::2");
-    firewall(&api, "team-a", "  - {type: Deny, to: {cidrSelector: 203.0.113.0/24}}\n");
+    let read = |f: &str| std::fs::read_to_string(root.join(f)).unwrap();
+    team_a(&api, &read("tests/kube/crds-4.13.yaml"), &read("daemonset/rbac.yaml"));
     let agent = start_agent(&t, &api, "node-a", "egressd");
     let status = || api.get(&["egressfirewall", "default", "-n", "team-a", "-o", "jsonpath={.status}"]);
     let applied = wait_for(Duration::from_secs(15), || status() == r#"{"status":"EgressFirewall Rules applied"}"#);

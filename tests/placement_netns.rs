@@ -65,17 +65,7 @@ fn declare(api: &ApiServer, c: &Cluster) {
 }
 
 fn set_ready(api: &ApiServer, name: &str, n: usize, ready: bool) {
-    let status = if ready { "True" } else { "False" };
-    api.patch_status(
-        "node",
-        name,
-        None,
-        &format!(
-            r#"{{"status":{{"addresses":[{{"type":"InternalIP","address":"{}"}},{{"type":"InternalIP","address":"{}"}}],"conditions":[{{"type":"Ready","status":"{status}","reason":"Test","message":"test","lastHeartbeatTime":"2026-01-01T00:00:00Z","lastTransitionTime":"2026-01-01T00:00:00Z"}}]}}}}"#,
-            node_v4(n),
-            node_v6(n)
-        ),
-    );
+    node_status(api, name, &[&node_v4(n), &node_v6(n)], ready);
 }
 
 /// Start egressd in Kubernetes mode on node `n`.

@@ -99,14 +99,38 @@ impl Drop for ApiServer<'_> {
 /// A node object for `name` with `ip`, Ready.
 pub fn node(api: &ApiServer, name: &str, ip: &str, ready: bool) {
     api.apply(&format!("apiVersion: v1\nkind: Node\nmetadata: {{name: {name}}}\n"));
+    node_status(api, name, &[ip], ready);
+}
+
+/// Node `name`'s status (no kubelet here): InternalIP `addresses`, Ready or not.
+pub fn node_status(api: &ApiServer, name: &str, addresses: &[&str], ready: bool) {
     let status = if ready { "True" } else { "False" };
+    let addresses: Vec<String> =
+        addresses.iter().map(|a| format!(r#"{{"type":"InternalIP","address":"{a}"}}"#)).collect();
     api.patch_status(
         "node",
         name,
         None,
         &format!(
-            r#"{{"status":{{"addresses":[{{"type":"InternalIP","address":"{ip}"}}],"conditions":[{{"type":"Ready","status":"{status}","reason":"Test","message":"test","lastHeartbeatTime":"2026-01-01T00:00:00Z","lastTransitionTime":"2026-01-01T00:00:00Z"}}]}}}}"#
+            r#"{{"status":{{"addresses":[{}],"conditions":[{{"type":"Ready","status":"{status}","reason":"Test","message":"test","lastHeartbeatTime":"2026-01-01T00:00:00Z","lastTransitionTime":"2026-01-01T00:00:00Z"}}]}}}}"#,
+            addresses.join(",")
         ),
+    );
+}
+
+/// The cluster of most kube tests: `crds` and `rbac` (texts) applied and served,
+/// namespace team-a, Ready node-a at 198.18.254.1 with pod0 (198.18.1.2), and a Deny of
+/// 203.0.113.0/24 in team-a.
+pub fn team_a(api: &ApiServer, crds: &str, rbac: &str) {
+    api.apply(crds);
+    api.apply(rbac);
+    let served = wait_for(Duration::from_secs(10), || api.kubectl(&["get", "egressfirewalls", "-A"], "").0);
+    assert!(served.is_some(), "CRDs not served");
+    api.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: team-a}\n");
+    node(api, "node-a", "198.18.254.1", true);
+    pod(api, "team-a", "pod0", "node-a", "198.18.1.2", "2001:db8:1:1::2");
+    api.apply(
+        "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {name: default, namespace: team-a}\nspec:\n  egress:\n  - {type: Deny, to: {cidrSelector: 203.0.113.0/24}}\n",
     );
 }
 
