@@ -361,6 +361,8 @@ fn sixty_seconds_without_the_api_server_change_nothing_and_statuses_catch_up() {
     let api = ApiServer::start(&api_ns, dir, API_ADDR);
     setup(&api);
     node(&api, "node-a", "198.18.254.1", true);
+    let (ok, out) = api.kubectl(&["label", "node", "node-a", "k8s.ovn.org/egress-assignable="], "");
+    assert!(ok, "{out}");
     pod(&api, "team-a", "pod0", "node-a", "198.18.1.2", "2001:db8:1:1::2");
     firewall(&api, "team-a", "  - {type: Deny, to: {cidrSelector: 203.0.113.0/24}}\n");
     api.apply(
@@ -412,9 +414,21 @@ fn sixty_seconds_without_the_api_server_change_nothing_and_statuses_catch_up() {
     }
     assert_eq!(chain(), chain_before, "the namespace's chain changed as the API server came back");
     // Watches and writes resume within their backoff (up to 30 s after a long outage).
+    // The node reports that it cannot host the IP any more, or — whichever comes first —
+    // the leader, seeing the node's new subnets, takes the IP off it and says nothing
+    // can host it.
     let reported = wait_for(Duration::from_secs(90), || {
-        api.get(&["events", "-n", "default", "-o", "jsonpath={range .items[*]}{.reason}: {.message}{\"\\n\"}{end}"])
-            .contains("egress IP 198.19.200.50 cannot be hosted on node node-a")
+        let events = api.get(&[
+            "events",
+            "-n",
+            "default",
+            "-o",
+            "jsonpath={range .items[*]}{.reason}: {.message}{\"\\n\"}{end}",
+        ]);
+        events.contains("egress IP 198.19.200.50 cannot be hosted on node node-a")
+            || events.contains(
+                "NoMatchingNodeFound: No matching nodes found, which can host any of the egress IPs: [198.19.200.50] for object EgressIP: side",
+            )
     });
     assert!(reported.is_some(), "{}\n{}", api.get(&["events", "-A"]), agent.log_text());
     let status = api.get(&["egressfirewall", "default", "-n", "team-a", "-o", "jsonpath={.status.messages}"]);
