@@ -43,7 +43,7 @@ fn rules_allow_deny_by_cidr_port_and_order_v4_and_v6() {
     ]
     .concat();
     t.set_firewall("team-a", &rules);
-    let _agent = t.start_agent("agent");
+    let mut agent = t.start_agent("agent");
     let (p0, p1, p2) = (&t.pods[0], &t.pods[1], &t.pods[2]);
 
     // Allow with a port: the allowed port passes, another port falls to the Deny below.
@@ -85,6 +85,15 @@ fn rules_allow_deny_by_cidr_port_and_order_v4_and_v6() {
     // Neighbour discovery and ARP keep working under deny-all (the connections above
     // needed them); the node still reaches the pod.
     assert!(tcp(&t.node, &pod_v6(0), 8080).is_some(), "node → pod v6");
+    // Once the agent is gone, `egressd status` says so instead of "in sync" alone.
+    assert_eq!(agent.stop(), Some(0));
+    let status = std::process::Command::new(netns::egressd_bin())
+        .args(["status", "--state-dir", t.dir.path().join("state").to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert_eq!(status.status.code(), Some(3), "{text}");
+    assert!(text.starts_with("# egressd is NOT running: the agent that wrote this report (pid "), "{text}");
 }
 
 /// A socket created in `ns`, kept open so later packets belong to the same flow.

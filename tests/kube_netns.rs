@@ -247,9 +247,26 @@ fn daemonset_manifests_pass_a_server_side_dry_run() {
     let api = ApiServer::start(&api_ns, dir, API_ADDR);
     setup(&api);
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("daemonset");
-    let (ok, out) = api.kubectl(&["apply", "--dry-run=server", "-f", root.to_str().unwrap()], "");
+    // The kustomize base, as installed: `kubectl apply -k daemonset/`.
+    let (ok, out) = api.kubectl(&["apply", "--dry-run=server", "-k", root.to_str().unwrap()], "");
     assert!(ok, "{out}");
     assert!(out.contains("daemonset.apps/egressd created (server dry run)"), "{out}");
+    // The example overlay: its image, ranges and EgressIP mode, and the mode's RBAC.
+    let overlay = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/kustomize-overlay");
+    let (ok, built) = api.kubectl(&["kustomize", overlay.to_str().unwrap()], "");
+    assert!(ok, "{built}");
+    for want in [
+        "image: registry.example.com/platform/egressd:0.1.0",
+        "value: 198.18.0.0/16,2001:db8:1::/48",
+        "value: cloud-local",
+        "name: egressd-cloud-local",
+        "name: egressd-cloud\n",
+    ] {
+        assert!(built.contains(want), "{want:?} not in the overlay:\n{built}");
+    }
+    let (ok, out) = api.kubectl(&["apply", "--dry-run=server", "-k", overlay.to_str().unwrap()], "");
+    assert!(ok, "{out}");
+    assert!(out.contains("clusterrole.rbac.authorization.k8s.io/egressd-cloud-local created (server dry run)"), "{out}");
     // The runtime's default seccomp filter, as the server stores it.
     let (ok, stored) = api.kubectl(
         &[
@@ -289,10 +306,10 @@ fn daemonset_manifests_pass_a_server_side_dry_run() {
     assert!(!can("create", cpic, ""));
     assert!(!can("patch", cpic, "--subresource=status"));
     let modes = root.join("modes");
-    api.apply(&std::fs::read_to_string(modes.join("rbac-cloud.yaml")).unwrap());
+    api.apply(&std::fs::read_to_string(modes.join("cloud/rbac.yaml")).unwrap());
     assert!(can("create", cpic, "") && can("patch", cpic, "") && can("delete", cpic, ""));
     assert!(!can("update", cpic, "") && !can("patch", cpic, "--subresource=status"));
-    api.apply(&std::fs::read_to_string(modes.join("rbac-cloud-local.yaml")).unwrap());
+    api.apply(&std::fs::read_to_string(modes.join("cloud-local/rbac.yaml")).unwrap());
     assert!(can("patch", cpic, "--subresource=status"));
     assert!(!can("update", cpic, "--subresource=status"));
     assert!(!can("get", "secrets", ""));

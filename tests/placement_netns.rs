@@ -418,7 +418,7 @@ fn cloud_local_assigns_moves_and_releases_cloud_private_ip_configs() {
     let k = new_cluster();
     let api = ApiServer::start(&k.c.ext, k.dir.clone(), API_HOST);
     declare(&api, &k.c);
-    apply_mode_rbac(&api, &["rbac-cloud.yaml", "rbac-cloud-local.yaml"]);
+    apply_mode_rbac(&api, &["cloud/rbac.yaml", "cloud-local/rbac.yaml"]);
     let mut agents = start_all_with(&k, &api, &["--egress-ip-mode", "cloud-local"]);
     let dump = |what: &str| {
         format!(
@@ -496,7 +496,7 @@ fn cloud_mode_waits_for_the_cloud_controller_before_hosting() {
     let k = new_cluster();
     let api = ApiServer::start(&k.c.ext, k.dir.clone(), API_HOST);
     declare(&api, &k.c);
-    apply_mode_rbac(&api, &["rbac-cloud.yaml"]);
+    apply_mode_rbac(&api, &["cloud/rbac.yaml"]);
     let agents = start_all_with(&k, &api, &["--egress-ip-mode", "cloud"]);
     egress_ip(&api, "e1", &[EIP_B]);
     let requested = wait_for(Duration::from_secs(15), || config(&api, EIP_B) == "node-b|||||");

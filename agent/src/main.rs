@@ -24,6 +24,8 @@ use tracing::{Instrument, info_span};
 const EXIT_CONFIG: u8 = 64;
 /// Exit code for runtime failures.
 const EXIT_FAILURE: u8 = 1;
+/// `egressd status`: the report was printed, but the agent that wrote it is not running.
+const EXIT_STALE: u8 = 3;
 
 /// egressd applies Kubernetes egress policy (EgressFirewall, EgressQoS, EgressIP,
 /// CloudPrivateIPConfig) to this node's kernel: one nftables table it owns, changed in
@@ -379,10 +381,20 @@ fn main() -> ExitCode {
         Command::Status(args) => {
             let path = args.state_dir.join(egressd::status::file::STATUS_FILE);
             match egressd::status::file::read(&args.state_dir) {
-                Ok(text) => {
-                    print!("{text}");
-                    ExitCode::SUCCESS
-                }
+                Ok(text) => match egressd::status::file::writer_gone(&text) {
+                    None => {
+                        print!("{text}");
+                        ExitCode::SUCCESS
+                    }
+                    Some(pid) => {
+                        println!(
+                            "# egressd is NOT running: the agent that wrote this report (pid {pid}) has stopped; \
+                             below is what it last applied, the kernel may differ now"
+                        );
+                        print!("{text}");
+                        ExitCode::from(EXIT_STALE)
+                    }
+                },
                 Err(e) => {
                     eprintln!(
                         "egressd status: cannot read {}: {e} (is `egressd run` running with --state-dir {}?)",

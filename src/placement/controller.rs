@@ -24,6 +24,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
@@ -40,6 +41,9 @@ use crate::net::{EgressIpMode, HostLinks};
 use crate::status::StatusSink;
 use crate::view::policy::{CloudPrivateIp, EgressIpPolicy};
 use crate::view::{ClusterView, EGRESS_ASSIGNABLE_LABEL, EGRESS_SUBNETS_ANNOTATION, NodeInfo};
+
+/// EgressIP updates in flight at once (a failover moves many).
+const WRITES_AT_ONCE: usize = 16;
 
 /// Placement settings.
 #[derive(Debug, Clone)]
@@ -361,6 +365,7 @@ async fn place(
         let seen = requests.iter().find(|r| r.name == *name).is_none_or(|r| item_set(&r.items) == *items);
         !seen && now < *until
     });
+    let mut todo = Vec::new();
     for r in &requests {
         if rejected.contains(r.name.as_str()) {
             continue;
@@ -370,10 +375,22 @@ async fn place(
         if want == item_set(&r.items) || st.written.get(&r.name).is_some_and(|(w, _)| *w == want) {
             continue;
         }
-        if !leadership.is_leader() {
-            return;
-        }
-        let hold = match write_items(client, r, &desired).await {
+        todo.push((r, desired, want));
+    }
+    if !leadership.is_leader() {
+        return;
+    }
+    // Several at a time: a node hosting many egress IPs dies, all of them move at once.
+    let done: Vec<_> = futures::stream::iter(todo.into_iter().map(|(r, desired, want)| async move {
+        // Right before each write: a leader that lost its lease writes nothing more.
+        let result = if leadership.is_leader() { write_items(client, r, &desired).await } else { Ok(false) };
+        (r, desired, want, result)
+    }))
+    .buffer_unordered(WRITES_AT_ONCE)
+    .collect()
+    .await;
+    for (r, desired, want, result) in done {
+        let hold = match result {
             Ok(true) => {
                 tracing::info!(egress_ip = %r.name, items = ?desired, "egress IP placement written");
                 Duration::from_secs(5)
