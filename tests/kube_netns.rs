@@ -266,7 +266,10 @@ fn daemonset_manifests_pass_a_server_side_dry_run() {
     }
     let (ok, out) = api.kubectl(&["apply", "--dry-run=server", "-k", overlay.to_str().unwrap()], "");
     assert!(ok, "{out}");
-    assert!(out.contains("clusterrole.rbac.authorization.k8s.io/egressd-cloud-local created (server dry run)"), "{out}");
+    assert!(
+        out.contains("clusterrole.rbac.authorization.k8s.io/egressd-cloud-local created (server dry run)"),
+        "{out}"
+    );
     // The runtime's default seccomp filter, as the server stores it.
     let (ok, stored) = api.kubectl(
         &[

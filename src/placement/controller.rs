@@ -375,7 +375,7 @@ async fn place(
         if want == item_set(&r.items) || st.written.get(&r.name).is_some_and(|(w, _)| *w == want) {
             continue;
         }
-        todo.push((r, desired, want));
+        todo.push((r.clone(), desired, want));
     }
     if !leadership.is_leader() {
         return;
@@ -383,7 +383,7 @@ async fn place(
     // Several at a time: a node hosting many egress IPs dies, all of them move at once.
     let done: Vec<_> = futures::stream::iter(todo.into_iter().map(|(r, desired, want)| async move {
         // Right before each write: a leader that lost its lease writes nothing more.
-        let result = if leadership.is_leader() { write_items(client, r, &desired).await } else { Ok(false) };
+        let result = if leadership.is_leader() { write_items(client, &r, &desired).await } else { Ok(false) };
         (r, desired, want, result)
     }))
     .buffer_unordered(WRITES_AT_ONCE)
