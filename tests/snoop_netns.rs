@@ -384,6 +384,9 @@ fn thousands_of_learned_addresses_survive_a_full_replace_and_a_restart() {
     let put_back = wait_for(Duration::from_secs(5), || agent.log_text().contains("learned DNS addresses put back"));
     assert!(put_back.is_some(), "{}", agent.log_text());
     assert_eq!(count(&t), NAMES * PER_NAME, "after a restart:\n{}", agent.log_text());
+    // Putting thousands of elements back must not overrun egressd's own nf_tables
+    // notification socket (that meant a second replace and the elements missing again).
+    assert!(!agent.log_text().contains("notifications overran"), "{}", agent.log_text());
 }
 
 #[test]

@@ -168,6 +168,7 @@ pub(crate) fn start(table: &str) -> io::Result<mpsc::UnboundedReceiver<Drift>> {
     let mut nft = Socket::new(NETLINK_NETFILTER)?;
     nft.bind_auto()?;
     nft.add_membership(NFNLGRP_NFTABLES)?;
+    notification_buffer(&nft);
     let mut route = Socket::new(NETLINK_ROUTE)?;
     route.bind_auto()?;
     for g in RTNLGRP {
@@ -184,6 +185,24 @@ pub(crate) fn start(table: &str) -> io::Result<mpsc::UnboundedReceiver<Drift>> {
         watch_route(&route, &tx);
     })?;
     Ok(rx)
+}
+
+/// Receive buffer of the nf_tables notification socket. The kernel sends one
+/// notification per set element: a start-up replace followed by putting back thousands
+/// of learned DNS addresses overran the default buffer (~200 KB), and an overrun means
+/// a second full replace, during which those addresses are missing again. 16 MB holds
+/// well over 50,000 notifications.
+const NOTIFICATION_BUFFER: usize = 16 << 20;
+
+/// Enlarge `socket`'s receive buffer: beyond `rmem_max` where allowed (CAP_NET_ADMIN,
+/// which egressd has), else as far as `rmem_max` lets.
+fn notification_buffer(socket: &Socket) {
+    use nix::sys::socket::{setsockopt, sockopt};
+    if setsockopt(socket, sockopt::RcvBufForce, &NOTIFICATION_BUFFER).is_err()
+        && let Err(e) = socket2::SockRef::from(socket).set_recv_buffer_size(NOTIFICATION_BUFFER)
+    {
+        tracing::warn!(error = %e, "nf_tables notification buffer not enlarged; large syncs may overrun it");
+    }
 }
 
 fn watch_nft(socket: &Socket, table: &str, tx: &mpsc::UnboundedSender<Drift>) {
@@ -245,6 +264,19 @@ fn watch_route(socket: &Socket, tx: &mpsc::UnboundedSender<Drift>) {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_notification_socket_holds_tens_of_thousands_of_notifications() {
+        let socket = Socket::new(NETLINK_NETFILTER).unwrap();
+        notification_buffer(&socket);
+        let size: usize = nix::sys::socket::getsockopt(&socket, nix::sys::socket::sockopt::RcvBuf).unwrap();
+        // As root (the tests' and egressd's case) rmem_max does not cap it.
+        if nix::unistd::geteuid().is_root() {
+            assert!(size >= NOTIFICATION_BUFFER, "receive buffer {size}");
+        } else {
+            assert!(size > 0);
+        }
+    }
     use super::*;
 
     fn nla(kind: u16, payload: &[u8]) -> Vec<u8> {
