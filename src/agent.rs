@@ -72,6 +72,8 @@ pub struct RunConfig {
     pub telemetry: std::sync::Arc<crate::telemetry::Telemetry>,
     /// How often links are checked for changes and owned netlink state for drift.
     pub net_check: Duration,
+    /// ACL logging also to this file (JSON lines, rotated).
+    pub acl_log_file: Option<PathBuf>,
 }
 
 fn record_sync(
@@ -241,6 +243,22 @@ async fn report_net_changes(changes: &crate::dataplane::netlink::NetChanges) {
     }
 }
 
+/// This node's pods by address, for the ACL log lines — only while some namespace logs
+/// (or some EgressFirewall audits): otherwise nothing is copied and the map stays empty.
+fn logged_pods(view: &ClusterView, node: &NodeConfig) -> std::collections::HashMap<IpAddr, String> {
+    let logging = view.namespaces.values().any(|n| matches!(n.acl_logging, Some(Ok(_))))
+        || view.firewalls.values().any(|e| e.policy.as_ref().is_some_and(|p| p.audit));
+    if !logging {
+        return Default::default();
+    }
+    let (owners, _) = view.pod_ip_owners();
+    owners
+        .into_iter()
+        .filter(|(_, p)| node.is_local(p))
+        .map(|(ip, p)| (ip, format!("{}/{}", p.namespace, p.name)))
+        .collect()
+}
+
 /// Whether the node's links are an input of the compile step: some EgressIP exists, or
 /// egressd hosts CloudPrivateIPConfigs itself (`cloud-local`).
 fn links_matter(view: &ClusterView, node: &NodeConfig) -> bool {
@@ -378,6 +396,8 @@ pub struct Agent<S, B, K> {
     /// The snooping rate limits' counters as last read.
     copy_counts: std::collections::HashMap<String, u64>,
     last_links: Option<HostLinks>,
+    /// The ACL logging listener.
+    acl: Option<crate::dataplane::acl_log::AclHandle>,
     /// Changes made by someone else to what egressd owns.
     drift: Option<tokio::sync::mpsc::UnboundedReceiver<crate::dataplane::drift::Drift>>,
     /// When the table was last replaced because of drift: a fight with another writer
@@ -410,6 +430,17 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
             Ok(n) => Some(n),
             Err(e) => {
                 tracing::error!(error = %e, "no netlink socket: EgressIP cannot be applied");
+                None
+            }
+        };
+        let acl = match crate::dataplane::acl_log::AclHandle::start(
+            config.node.acl_log.group,
+            config.acl_log_file.clone(),
+            telemetry.clone(),
+        ) {
+            Ok(h) => Some(h),
+            Err(e) => {
+                tracing::warn!(group = config.node.acl_log.group, error = %e, "ACL logging unavailable (NFLOG group in use?)");
                 None
             }
         };
@@ -455,6 +486,7 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
             names,
             net,
             snoop,
+            acl,
             copy_counts: Default::default(),
             cache: Default::default(),
             saved,
@@ -528,6 +560,9 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
         }
         self.desired = desired;
         self.last_result = result;
+        if let Some(acl) = &self.acl {
+            acl.update(logged_pods(self.source.view(), &self.config.node));
+        }
         self.sink.applied(self.source.view(), &self.desired, self.last_links.as_ref());
     }
 
@@ -621,9 +656,16 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
             }
         };
         for (name, packets) in counts {
-            let Some(class) = name.strip_prefix("snoop-over-") else { continue };
             let last = self.copy_counts.insert(name.clone(), packets).unwrap_or(0);
             let new = if packets >= last { packets - last } else { packets };
+            if name == crate::compile::ACL_OVER {
+                if new > 0 {
+                    tracing::info!(connections = new, "ACL logging: connections over the log rate limit not logged");
+                    self.config.telemetry.metrics.acl_log_dropped.inc_by(new);
+                }
+                continue;
+            }
+            let Some(class) = name.strip_prefix("snoop-over-") else { continue };
             if new > 0 {
                 tracing::warn!(class, copies = new, "DNS snooping: copies over the rate limit were not taken");
                 let labels = crate::telemetry::metrics::SnoopDropLabels { reason: format!("copies_over_rate_{class}") };
@@ -688,7 +730,7 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
                 }
                 _ = net_check.tick() => changed |= self.check_net().await,
                 first = next_drift(&mut self.drift) => changed |= self.on_drift(first).await,
-                _ = counters.tick(), if self.snoop.is_some() => self.read_copy_counters(),
+                _ = counters.tick(), if self.snoop.is_some() || self.acl.is_some() => self.read_copy_counters(),
                 // An address another host answered for is probed again soon, so it is
                 // taken within seconds once that host lets go.
                 _ = tokio::time::sleep(crate::dataplane::netlink::REPROBE),
@@ -820,6 +862,7 @@ mod tests {
             dns_timeout: Duration::from_millis(100),
             telemetry: Default::default(),
             net_check: Duration::from_secs(10),
+            acl_log_file: None,
         };
         Agent::start(config, FakeSource { view: view(docs) }, NftSyncer::new(backend), ()).await
     }

@@ -29,10 +29,17 @@ fn pick<T: Clone + std::fmt::Debug + 'static>(items: &[T]) -> impl Strategy<Valu
 }
 
 fn namespace() -> impl Strategy<Value = String> {
-    (pick(&["a", "b"]), pick(&["", "team: x", "team: y"])).prop_map(|(name, label)| {
+    // ACL logging annotations too: they change the namespace's chain (log rules).
+    let logging = pick(&["", r#"{"deny": "alert"}"#, r#"{"deny": "info", "allow": "notice"}"#, "not json"]);
+    (pick(&["a", "b"]), pick(&["", "team: x", "team: y"]), logging).prop_map(|(name, label, logging)| {
         format!(
-            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n  labels: {{kubernetes.io/metadata.name: {name}{}}}\n",
-            if label.is_empty() { String::new() } else { format!(", {label}") }
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n  labels: {{kubernetes.io/metadata.name: {name}{}}}\n{}",
+            if label.is_empty() { String::new() } else { format!(", {label}") },
+            if logging.is_empty() {
+                String::new()
+            } else {
+                format!("  annotations: {{k8s.ovn.org/acl-logging: '{logging}'}}\n")
+            }
         )
     })
 }
@@ -92,10 +99,15 @@ fn firewall_rule() -> impl Strategy<Value = String> {
 }
 
 fn firewall() -> impl Strategy<Value = String> {
-    (pick(&["a", "b"]), pick(&["default", "default", "other"]), proptest::collection::vec(firewall_rule(), 0..4))
-        .prop_map(|(ns, name, rules)| {
+    (
+        pick(&["a", "b"]),
+        pick(&["default", "default", "other"]),
+        proptest::collection::vec(firewall_rule(), 0..4),
+        pick(&["", ", annotations: {egressd.io/audit: \"true\"}"]),
+    )
+        .prop_map(|(ns, name, rules, audit)| {
             format!(
-                "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  egress:{}",
+                "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {{name: {name}, namespace: {ns}{audit}}}\nspec:\n  egress:{}",
                 if rules.is_empty() { " []\n".to_string() } else { format!("\n{}", rules.concat()) }
             )
         })

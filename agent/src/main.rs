@@ -127,6 +127,15 @@ struct NodeArgs {
     /// resolves itself, and wildcard names cannot be enforced.
     #[arg(long, env = "EGRESSD_NO_DNS_SNOOP")]
     no_dns_snoop: bool,
+    /// NFLOG group receiving the copies of logged EgressFirewall verdicts (namespaces
+    /// annotated k8s.ovn.org/acl-logging, EgressFirewalls in audit mode).
+    #[arg(long, env = "EGRESSD_ACL_LOG_GROUP", default_value_t = egressd::compile::DEFAULT_ACL_LOG_GROUP)]
+    acl_log_group: u16,
+    /// Most new connections logged per second and rule (1 ..= 100000); beyond it they are
+    /// counted in egressd_acl_log_dropped, not logged.
+    #[arg(long, env = "EGRESSD_ACL_LOG_RATE", default_value_t = egressd::compile::DEFAULT_ACL_LOG_RATE,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    acl_log_rate: u32,
 }
 
 /// EgressIP dataplane settings. egressd owns exactly these marks, tables, rule priority
@@ -228,6 +237,7 @@ impl NodeArgs {
                 servers: self.cluster_dns.clone(),
                 rate: self.dns_snoop_rate,
             }))
+            .with_acl_log(egressd::compile::AclLogSettings { group: self.acl_log_group, rate: self.acl_log_rate })
     }
 }
 
@@ -295,6 +305,10 @@ struct RunArgs {
     /// Address of the health listener (/healthz, /readyz, /metrics).
     #[arg(long, env = "EGRESSD_HEALTH_ADDR", default_value = "127.0.0.1:9780")]
     health_addr: std::net::SocketAddr,
+    /// Also write logged EgressFirewall verdicts to this file (JSON lines, rotated at
+    /// 10 MiB with one old file kept as FILE.1); they always go to the log.
+    #[arg(long, env = "EGRESSD_ACL_LOG_FILE")]
+    acl_log_file: Option<PathBuf>,
     /// Set the sysctls egressd needs (ip_forward, IPv6 forwarding) instead of only
     /// reporting them in /readyz and the log.
     #[arg(long, env = "EGRESSD_MANAGE_SYSCTLS")]
@@ -507,6 +521,7 @@ fn run(args: RunArgs) -> ExitCode {
         dns_timeout: Duration::from_millis(args.dns_timeout_ms),
         telemetry: telemetry.clone(),
         net_check: Duration::from_secs(args.net_check_secs),
+        acl_log_file: args.acl_log_file.clone(),
     };
     // Threads named `egressd…`: the kernel names nf_tables changes after the thread that
     // made them, and egressd's own are told apart by that name.

@@ -19,7 +19,7 @@ use super::{NodeConfig, ObjectStatus, Outcome};
 use crate::dns::{DnsAnswers, element_timeout};
 use crate::nft::{Chain, Hook, KeyType, Set, Table, chain_name, set_name};
 use crate::view::policy::{Action, DnsName, FirewallPolicy, FirewallRule, Target};
-use crate::view::{ClusterView, PodInfo};
+use crate::view::{ACL_LOGGING_ANNOTATION, ClusterView, PodInfo};
 
 /// What rule compilation reads besides the rule.
 struct Ctx<'a> {
@@ -165,13 +165,44 @@ fn addr_match(family: &str, addrs: &BTreeSet<IpNet>) -> String {
 
 /// Compile one rule into nft statements (one per address family it touches). Returns
 /// an error for targets this version cannot enforce.
-fn rule_statements(index: usize, rule: &FirewallRule, ctx: &Ctx, table: &mut Table) -> Result<Vec<String>, String> {
+fn rule_statements(
+    index: usize,
+    rule: &FirewallRule,
+    log: &LogSpec,
+    ctx: &Ctx,
+    table: &mut Table,
+) -> Result<Vec<String>, String> {
+    // Audit mode: a Deny counts and accepts (first match stays final: nothing after it
+    // is evaluated, as if it had dropped).
     let verdict = match rule.action {
         Action::Allow => "accept",
+        Action::Deny if log.audit => "accept",
         Action::Deny => "drop",
     };
     let ports = ports_match(rule);
     let tail = format!("{ports} counter {verdict} comment \"egress[{index}]\"");
+    // Logged verdicts: the first packet of each new connection is copied to NFLOG
+    // first (a rule without a verdict), at most `rate` per second per rule; what the
+    // limit holds back is counted in `acl-over`.
+    let logged = match rule.action {
+        Action::Allow => log.allow.as_deref().map(|sev| ("allow", sev)),
+        Action::Deny if log.audit => Some(("audit", log.deny.as_deref().unwrap_or("warning"))),
+        Action::Deny => log.deny.as_deref().map(|sev| ("deny", sev)),
+    };
+    let tail = match logged {
+        None => tail,
+        Some((what, sev)) => {
+            let s = &ctx.node.acl_log;
+            let ns = &log.namespace;
+            format!(
+                "{ports} ct state new limit rate {r}/second burst {r} packets log prefix \"acl {ns} {index} {what} {sev} \" group {g}\n\
+                 {{MATCH}}{ports} ct state new limit rate over {r}/second burst {r} packets counter name \"{ACL_OVER}\"\n\
+                 {{MATCH}}{tail}",
+                r = s.rate,
+                g = s.group,
+            )
+        }
+    };
     let targets: BTreeSet<IpNet> = match &rule.target {
         Target::Cidr(net) => BTreeSet::from([*net]),
         Target::Nodes(sel) => ctx
@@ -190,7 +221,10 @@ fn rule_statements(index: usize, rule: &FirewallRule, ctx: &Ctx, table: &mut Tab
             // Each family in use always references its set, so address changes are
             // element updates and never change a rule.
             let sets = dns_sets(ctx, name, table);
-            return Ok(sets.into_iter().map(|(family, set)| format!("{family} daddr @{set}{tail}")).collect());
+            return Ok(sets
+                .into_iter()
+                .flat_map(|(family, set)| with_match(&format!("{family} daddr @{set}"), &tail))
+                .collect());
         }
     };
     let mut out = Vec::new();
@@ -199,14 +233,45 @@ fn rule_statements(index: usize, rule: &FirewallRule, ctx: &Ctx, table: &mut Tab
         if addrs.is_empty() {
             continue;
         }
-        out.push(format!("{}{tail}", addr_match(family, &addrs)));
+        out.extend(with_match(&addr_match(family, &addrs), &tail));
     }
     Ok(out)
 }
 
+/// The rules of one match: `tail` holds one or more rule tails, lines after the first
+/// starting with `{MATCH}`.
+fn with_match(matched: &str, tail: &str) -> Vec<String> {
+    tail.lines().map(|t| format!("{matched}{}", t.strip_prefix("{MATCH}").unwrap_or(t))).collect()
+}
+
+/// The named counter of log copies the rate limit held back.
+pub(crate) const ACL_OVER: &str = "acl-over";
+
+/// What a namespace chain logs: the namespace's ACL logging and the EgressFirewall's
+/// audit mode (part of the cache key: a changed annotation recompiles the chain).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct LogSpec {
+    namespace: String,
+    allow: Option<String>,
+    deny: Option<String>,
+    audit: bool,
+}
+
+impl LogSpec {
+    fn of(policy: &FirewallPolicy, view: &ClusterView) -> Self {
+        let logging = view.namespaces.get(&policy.namespace).and_then(|n| n.acl_logging.clone()).and_then(Result::ok);
+        Self {
+            namespace: policy.namespace.clone(),
+            allow: logging.as_ref().and_then(|l| l.allow.clone()),
+            deny: logging.and_then(|l| l.deny),
+            audit: policy.audit,
+        }
+    }
+}
+
 /// Compiled namespace chains of the previous compile, by namespace: reused when the
 /// policy is equal (and has no nodeSelector rule, whose addresses come from the nodes).
-pub(crate) type ChainCache = std::collections::HashMap<String, (FirewallPolicy, Chain, Vec<String>)>;
+pub(crate) type ChainCache = std::collections::HashMap<String, (FirewallPolicy, LogSpec, Chain, Vec<String>)>;
 
 fn namespace_chain(
     policy: &FirewallPolicy,
@@ -215,9 +280,11 @@ fn namespace_chain(
     cache: &mut ChainCache,
 ) -> (Chain, Vec<String>) {
     let cacheable = !policy.rules.iter().any(|r| matches!(r.target, Target::Nodes(_)));
+    let log = LogSpec::of(policy, ctx.view);
     if cacheable
-        && let Some((cached, chain, errors)) = cache.get(&policy.namespace)
+        && let Some((cached, cached_log, chain, errors)) = cache.get(&policy.namespace)
         && cached == policy
+        && *cached_log == log
     {
         // The chain text is the same; the DNS sets it references are rebuilt from the
         // current answers.
@@ -233,14 +300,14 @@ fn namespace_chain(
     let mut rules = Vec::new();
     let mut errors = Vec::new();
     for (i, rule) in policy.rules.iter().enumerate() {
-        match rule_statements(i, rule, ctx, table) {
+        match rule_statements(i, rule, &log, ctx, table) {
             Ok(stmts) => rules.extend(stmts),
             Err(e) => errors.push(e),
         }
     }
     let chain = Chain::regular(rules);
     if cacheable {
-        cache.insert(policy.namespace.clone(), (policy.clone(), chain.clone(), errors.clone()));
+        cache.insert(policy.namespace.clone(), (policy.clone(), log, chain.clone(), errors.clone()));
     }
     (chain, errors)
 }
@@ -283,9 +350,16 @@ pub(super) fn compile(
                 table.chains.insert(name, chain);
             }
         }
-        let warnings = entry.policy.as_ref().map(|p| p.warnings.clone()).unwrap_or_default();
+        let mut warnings = entry.policy.as_ref().map(|p| p.warnings.clone()).unwrap_or_default();
+        if let Some(Some(Err(e))) = view.namespaces.get(namespace).map(|n| &n.acl_logging) {
+            warnings.push(format!("namespace annotation {ACL_LOGGING_ANNOTATION}: {e}"));
+        }
         let outcome = if problems.is_empty() { Outcome::Applied } else { Outcome::Failed(problems.join("; ")) };
-        statuses.push(ObjectStatus::new(entry.key.clone(), &node.node_name, outcome).with_warnings(warnings));
+        let mut status = ObjectStatus::new(entry.key.clone(), &node.node_name, outcome).with_warnings(warnings);
+        if entry.policy.as_ref().is_some_and(|p| p.audit) {
+            status = status.with_detail("audit mode: Deny rules log and count, nothing is dropped".into());
+        }
+        statuses.push(status);
     }
 
     table.sets.insert(PODS_V4.into(), pods_v4);

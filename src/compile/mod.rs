@@ -19,6 +19,7 @@ use crate::nft::Table;
 use crate::view::{ClusterView, PodInfo};
 
 pub use egress_ip::{SNAT_CHAIN, STEER_CHAIN};
+pub(crate) use firewall::ACL_OVER;
 pub use firewall::{FIREWALL_CHAIN, FIREWALL_LOCAL_CHAIN, dns_names, dns_rule_names, dns_set_names, wildcard_sets};
 pub use qos::QOS_CHAIN;
 pub use snoop_copies::snooped_namespaces;
@@ -46,6 +47,29 @@ pub struct NodeConfig {
     pub egress: EgressSettings,
     /// DNS snooping (`None`: off, and wildcard `dnsName` rules cannot be enforced).
     pub snoop: Option<SnoopSettings>,
+    /// ACL logging and audit mode: where verdicts are copied to.
+    pub acl_log: AclLogSettings,
+}
+
+/// Where logged EgressFirewall verdicts go (namespaces with `k8s.ovn.org/acl-logging`,
+/// EgressFirewalls in audit mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AclLogSettings {
+    /// The NFLOG group egressd reads them from.
+    pub group: u16,
+    /// Most new connections logged per second and rule (the kernel's `limit`).
+    pub rate: u32,
+}
+
+/// The default NFLOG group of ACL logging (DNS snooping uses 4747).
+pub const DEFAULT_ACL_LOG_GROUP: u16 = 4748;
+/// The default rate limit of ACL logging, per rule.
+pub const DEFAULT_ACL_LOG_RATE: u32 = 20;
+
+impl Default for AclLogSettings {
+    fn default() -> Self {
+        Self { group: DEFAULT_ACL_LOG_GROUP, rate: DEFAULT_ACL_LOG_RATE }
+    }
 }
 
 impl NodeConfig {
@@ -62,7 +86,14 @@ impl NodeConfig {
             dns_max_ttl: crate::dns::MAX_TTL,
             egress: EgressSettings::default(),
             snoop: None,
+            acl_log: AclLogSettings::default(),
         }
+    }
+
+    /// With ACL logging settings.
+    pub fn with_acl_log(mut self, acl_log: AclLogSettings) -> Self {
+        self.acl_log = acl_log;
+        self
     }
 
     /// With Service ranges.

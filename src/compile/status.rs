@@ -102,11 +102,16 @@ impl ObjectStatus {
             return reason.clone();
         }
         match (self.key.kind, &self.outcome) {
-            (Kind::EgressFirewall, Outcome::Applied) if self.warnings.is_empty() => {
-                format!("{node}: {FIREWALL_APPLIED}")
-            }
             (Kind::EgressFirewall, Outcome::Applied) => {
-                format!("{node}: {FIREWALL_APPLIED} (warning: {})", self.warnings.join("; "))
+                let mut extra: Vec<String> = self.detail.iter().cloned().collect();
+                if !self.warnings.is_empty() {
+                    extra.push(format!("warning: {}", self.warnings.join("; ")));
+                }
+                if extra.is_empty() {
+                    format!("{node}: {FIREWALL_APPLIED}")
+                } else {
+                    format!("{node}: {FIREWALL_APPLIED} ({})", extra.join("; "))
+                }
             }
             (Kind::EgressFirewall, Outcome::Failed(r)) => format!("{node}: {FIREWALL_NOT_APPLIED}: {r}"),
             (Kind::EgressQoS, _) => match self.condition() {

@@ -11,6 +11,7 @@
 //! * [`nflog`]: the DNS snooping listener — reads the kernel's NFLOG copies of pods' DNS
 //!   packets and adds learned addresses through [`elements`].
 
+pub(crate) mod acl_log;
 pub mod announce;
 pub mod conntrack;
 pub(crate) mod drift;

@@ -105,7 +105,7 @@ fn count_dropped(metrics: &Metrics, reason: &str, n: u64) {
     }
 }
 
-fn bind(group: u16) -> std::io::Result<Socket> {
+pub(crate) fn bind(group: u16) -> std::io::Result<Socket> {
     let mut socket = Socket::new(NETLINK_NETFILTER)?;
     socket.bind_auto()?;
     let mut buf = vec![0u8; 4096];

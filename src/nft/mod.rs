@@ -19,9 +19,16 @@ pub(crate) const FAMILY: &str = "inet";
 
 /// Named counters declared in every table: what DNS snooping's copy rate limits held
 /// back, by class ([`crate::compile`]'s `dns-copy-<class>` chains), read by the agent
-/// for `egressd_dns_snoop_dropped`. Constant, so a delta never adds or removes them.
-pub(crate) const COUNTERS: [&str; 5] =
-    ["snoop-over-query", "snoop-over-answer", "snoop-over-untrusted", "snoop-over-untracked", "snoop-over-spoofed"];
+/// for `egressd_dns_snoop_dropped`, and what ACL logging's limits held back
+/// (`acl-over`, for `egressd_acl_log_dropped`). Constant, so a delta never adds or removes them.
+pub(crate) const COUNTERS: [&str; 6] = [
+    "snoop-over-query",
+    "snoop-over-answer",
+    "snoop-over-untrusted",
+    "snoop-over-untracked",
+    "snoop-over-spoofed",
+    "acl-over",
+];
 
 /// The `size` of timeout sets (the DNS sets): the kernel refuses elements beyond it.
 /// Room for what resolution brings (a 64 KiB DNS answer holds < 4,100 addresses per

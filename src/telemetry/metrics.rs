@@ -53,6 +53,13 @@ pub struct SnoopLabels {
     pub result: String,
 }
 
+/// Labels of `egressd_acl_log`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AclLabels {
+    /// `allow`, `deny` or `audit`.
+    pub verdict: String,
+}
+
 /// Labels of `egressd_dns_snoop_dropped`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SnoopDropLabels {
@@ -110,6 +117,10 @@ pub struct Metrics {
     pub dns_snooped: Family<SnoopLabels, Counter>,
     /// What DNS snooping's bounds dropped, by bound.
     pub dns_snoop_dropped: Family<SnoopDropLabels, Counter>,
+    /// EgressFirewall verdicts logged (ACL logging, audit mode), by verdict.
+    pub acl_log: Family<AclLabels, Counter>,
+    /// Logged connections the log rules' rate limit held back.
+    pub acl_log_dropped: Counter,
     /// Unix time of the last successful sync.
     pub last_sync_timestamp: Gauge,
     /// 1 for a kind that cannot be listed (treated as empty), by kind and reason.
@@ -139,6 +150,8 @@ impl Default for Metrics {
             dns_lookups: Family::default(),
             dns_snooped: Family::default(),
             dns_snoop_dropped: Family::default(),
+            acl_log: Family::default(),
+            acl_log_dropped: Counter::default(),
             dns_names: Gauge::default(),
             egress_ips_hosted: Gauge::default(),
             last_sync_timestamp: Gauge::default(),
@@ -159,6 +172,16 @@ impl Default for Metrics {
             "dns_snoop_dropped",
             "What DNS snooping's bounds dropped (queries, streams, CNAME links, learned addresses, copies), by bound",
             m.dns_snoop_dropped.clone(),
+        );
+        registry.register(
+            "acl_log",
+            "EgressFirewall verdicts logged (ACL logging, audit mode), by verdict",
+            m.acl_log.clone(),
+        );
+        registry.register(
+            "acl_log_dropped",
+            "Logged connections the log rules' rate limit held back (not logged)",
+            m.acl_log_dropped.clone(),
         );
         registry.register(
             "last_sync_timestamp_seconds",

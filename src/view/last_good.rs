@@ -140,6 +140,7 @@ mod tests {
                 ports: Default::default(),
             }],
             warnings: vec![],
+            audit: false,
         }
     }
 

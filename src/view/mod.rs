@@ -37,6 +37,49 @@ pub struct Entry<T> {
 pub struct NamespaceInfo {
     /// Labels.
     pub labels: BTreeMap<String, String>,
+    /// ACL logging of the namespace's EgressFirewall verdicts (annotation
+    /// [`ACL_LOGGING_ANNOTATION`]): `Err` names what is wrong with the annotation.
+    #[serde(default)]
+    pub acl_logging: Option<Result<AclLogging, String>>,
+}
+
+/// The namespace annotation of the reference's ACL logging:
+/// `{"deny": "alert", "allow": "notice"}`.
+pub const ACL_LOGGING_ANNOTATION: &str = "k8s.ovn.org/acl-logging";
+
+/// The severities the reference accepts (OVN's log levels).
+pub const ACL_SEVERITIES: [&str; 5] = ["alert", "warning", "notice", "info", "debug"];
+
+/// What a namespace's ACL logging asks for: the severity of each verdict logged.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct AclLogging {
+    /// Severity for denied connections (`None`: not logged).
+    pub deny: Option<String>,
+    /// Severity for allowed connections (`None`: not logged).
+    pub allow: Option<String>,
+}
+
+impl AclLogging {
+    /// Read the annotation's value as the reference does: JSON with optional `deny` and
+    /// `allow` severities; an unknown severity turns that verdict's logging off (with
+    /// the reason), invalid JSON turns all of it off.
+    pub fn parse(value: &str) -> Result<Self, String> {
+        #[derive(serde::Deserialize)]
+        struct Raw {
+            deny: Option<String>,
+            allow: Option<String>,
+        }
+        let raw: Raw = serde_json::from_str(value).map_err(|e| format!("invalid JSON ({e}): no ACL logging"))?;
+        let check = |v: Option<String>, what: &str| -> Result<Option<String>, String> {
+            match v {
+                Some(s) if !ACL_SEVERITIES.contains(&s.as_str()) => {
+                    Err(format!("{what}: {s:?} is not a severity ({}): no ACL logging", ACL_SEVERITIES.join(", ")))
+                }
+                other => Ok(other),
+            }
+        };
+        Ok(Self { deny: check(raw.deny, "deny")?, allow: check(raw.allow, "allow")? })
+    }
 }
 
 /// The fields of a pod egressd uses (and nothing else, to keep memory small).
@@ -257,7 +300,13 @@ impl ClusterView {
                 true
             }
             Object::Namespace(ns) => {
-                let info = NamespaceInfo { labels: ns.metadata.labels.clone().unwrap_or_default() };
+                let acl_logging = ns
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(ACL_LOGGING_ANNOTATION))
+                    .map(|v| AclLogging::parse(v));
+                let info = NamespaceInfo { labels: ns.metadata.labels.clone().unwrap_or_default(), acl_logging };
                 replace(&mut self.namespaces, key.name, info)
             }
             Object::Pod(p) => replace(&mut self.pods, (key.namespace, key.name), PodInfo::from_pod(p)),

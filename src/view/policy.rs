@@ -105,7 +105,14 @@ pub struct FirewallPolicy {
     /// way (a `type` other than `Allow` denies, unknown protocols are skipped).
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// Audit mode (annotation [`AUDIT_ANNOTATION`] `"true"`): Deny rules log and count,
+    /// nothing is dropped.
+    #[serde(default)]
+    pub audit: bool,
 }
+
+/// The EgressFirewall annotation that turns on audit mode.
+pub const AUDIT_ANNOTATION: &str = "egressd.io/audit";
 
 /// One validated EgressQoS rule.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -328,7 +335,8 @@ pub fn firewall_policy(ef: &EgressFirewall) -> Conversion<FirewallPolicy> {
         }
         rules.push(FirewallRule { action, target, ports });
     }
-    Ok(FirewallPolicy { namespace, rules, warnings })
+    let audit = ef.metadata.annotations.as_ref().and_then(|a| a.get(AUDIT_ANNOTATION)).is_some_and(|v| v == "true");
+    Ok(FirewallPolicy { namespace, rules, warnings, audit })
 }
 
 /// Convert an EgressQoS.
