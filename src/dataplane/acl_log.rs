@@ -14,9 +14,6 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
-use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
-use netlink_packet_netfilter::nflog::{PacketNla, ULogMessage};
-use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner};
 use netlink_sys::Socket;
 
 use crate::telemetry::metrics::{AclLabels, Metrics};
@@ -135,39 +132,15 @@ impl AclHandle {
                 }
             };
             let pods = self.pods.read().map(|p| Arc::clone(&p)).unwrap_or_default();
-            let mut offset = 0;
-            while offset < size {
-                let Ok(msg) = NetlinkMessage::<NetfilterMessage>::deserialize(&buf[offset..size]) else { break };
-                let len = msg.header.length as usize;
-                if let NetlinkPayload::InnerMessage(NetfilterMessage {
-                    inner: NetfilterMessageInner::ULog(ULogMessage::Packet(nlas)),
-                    ..
-                }) = &msg.payload
-                {
-                    let mut prefix = None;
-                    let mut payload = None;
-                    for nla in nlas {
-                        match nla {
-                            PacketNla::Prefix(p) => prefix = p.to_str().ok(),
-                            PacketNla::Payload(p) => payload = Some(p.as_slice()),
-                            _ => {}
-                        }
-                    }
-                    if let (Some(prefix), Some(payload)) = (prefix, payload)
-                        && let Some(event) = parse(prefix, payload, &pods)
-                    {
-                        emit(&event);
-                        metrics.acl_log.get_or_create(&AclLabels { verdict: event.verdict.clone() }).inc();
-                        if let Some(f) = &mut out {
-                            f.write(&event);
-                        }
+            super::nflog::each_copy(&buf[..size], |prefix, payload| {
+                if let Some(event) = parse(prefix, payload, &pods) {
+                    emit(&event);
+                    metrics.acl_log.get_or_create(&AclLabels { verdict: event.verdict.clone() }).inc();
+                    if let Some(f) = &mut out {
+                        f.write(&event);
                     }
                 }
-                if len == 0 {
-                    break;
-                }
-                offset += len;
-            }
+            });
         }
     }
 }

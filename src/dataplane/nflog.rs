@@ -105,6 +105,38 @@ fn count_dropped(metrics: &Metrics, reason: &str, n: u64) {
     }
 }
 
+/// Each NFLOG copy of one datagram read from a bound group: its log prefix and the
+/// packet (from the IP header on). Copies without either are skipped.
+pub(crate) fn each_copy(buf: &[u8], mut f: impl FnMut(&str, &[u8])) {
+    let mut offset = 0;
+    while offset < buf.len() {
+        let Ok(msg) = NetlinkMessage::<NetfilterMessage>::deserialize(&buf[offset..]) else { break };
+        let len = msg.header.length as usize;
+        if let NetlinkPayload::InnerMessage(NetfilterMessage {
+            inner: NetfilterMessageInner::ULog(ULogMessage::Packet(nlas)),
+            ..
+        }) = &msg.payload
+        {
+            let mut prefix = None;
+            let mut payload = None;
+            for nla in nlas {
+                match nla {
+                    PacketNla::Prefix(p) => prefix = p.to_str().ok(),
+                    PacketNla::Payload(p) => payload = Some(p.as_slice()),
+                    _ => {}
+                }
+            }
+            if let (Some(prefix), Some(payload)) = (prefix, payload) {
+                f(prefix, payload);
+            }
+        }
+        if len == 0 {
+            break;
+        }
+        offset += len;
+    }
+}
+
 pub(crate) fn bind(group: u16) -> std::io::Result<Socket> {
     let mut socket = Socket::new(NETLINK_NETFILTER)?;
     socket.bind_auto()?;
@@ -215,43 +247,27 @@ impl SnoopHandle {
                     return;
                 }
             };
-            let mut offset = 0;
-            while offset < size {
-                let Ok(msg) = NetlinkMessage::<NetfilterMessage>::deserialize(&buf[offset..size]) else { break };
-                let len = msg.header.length as usize;
-                if let NetlinkPayload::InnerMessage(NetfilterMessage {
-                    inner: NetfilterMessageInner::ULog(ULogMessage::Packet(nlas)),
-                    ..
-                }) = &msg.payload
-                {
-                    self.packet(nlas, &mut snooper, &mut writer, metrics);
-                    let now = snooper.dropped();
-                    if now != reported {
-                        count_dropped(metrics, "pending_evicted", now.pending_evicted - reported.pending_evicted);
-                        count_dropped(metrics, "tcp_flows_evicted", now.tcp_flows_evicted - reported.tcp_flows_evicted);
-                        count_dropped(metrics, "cname_chain_cut", now.cname_chains_cut - reported.cname_chains_cut);
-                        reported = now;
-                    }
+            each_copy(&buf[..size], |prefix, payload| {
+                self.packet(prefix, payload, &mut snooper, &mut writer, metrics);
+                let now = snooper.dropped();
+                if now != reported {
+                    count_dropped(metrics, "pending_evicted", now.pending_evicted - reported.pending_evicted);
+                    count_dropped(metrics, "tcp_flows_evicted", now.tcp_flows_evicted - reported.tcp_flows_evicted);
+                    count_dropped(metrics, "cname_chain_cut", now.cname_chains_cut - reported.cname_chains_cut);
+                    reported = now;
                 }
-                if len == 0 {
-                    break;
-                }
-                offset += len;
-            }
+            });
         }
     }
 
-    fn packet(&self, nlas: &[PacketNla], snooper: &mut Snooper, writer: &mut ElementWriter, metrics: &Metrics) {
-        let mut prefix = None;
-        let mut payload = None;
-        for nla in nlas {
-            match nla {
-                PacketNla::Prefix(p) => prefix = p.to_str().ok(),
-                PacketNla::Payload(p) => payload = Some(p.as_slice()),
-                _ => {}
-            }
-        }
-        let (Some(prefix), Some(payload)) = (prefix, payload) else { return };
+    fn packet(
+        &self,
+        prefix: &str,
+        payload: &[u8],
+        snooper: &mut Snooper,
+        writer: &mut ElementWriter,
+        metrics: &Metrics,
+    ) {
         let now = Instant::now();
         let outcome: Result<Vec<Element>, Ignored> = (|| {
             match prefix {
