@@ -393,7 +393,7 @@ pub struct Agent<S, B, K> {
     /// When each name's kernel timeouts were last restarted: a restart is needed only
     /// when half the grace is used up (each costs a set lookup in the kernel).
     refreshed: std::collections::HashMap<String, tokio::time::Instant>,
-    /// The snooping rate limits' counters as last read.
+    /// The kernel counters as last read (named counters, and per-namespace sums).
     copy_counts: std::collections::HashMap<String, u64>,
     last_links: Option<HostLinks>,
     /// The ACL logging listener.
@@ -403,6 +403,8 @@ pub struct Agent<S, B, K> {
     /// When the table was last replaced because of drift: a fight with another writer
     /// (or egressd's own changes taken for someone else's) is stopped, not fed.
     drift_replaces: std::collections::VecDeque<tokio::time::Instant>,
+    /// `egressd explain` queries (the socket in the state directory).
+    queries: Option<tokio::sync::mpsc::Receiver<crate::explain::socket::Request>>,
 }
 
 impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
@@ -470,6 +472,14 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
                 None
             }
         };
+        let queries = match config.state_dir.as_deref().map(crate::explain::socket::listen) {
+            Some(Ok(rx)) => Some(rx),
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "`egressd explain` cannot ask this agent (its socket could not be created)");
+                None
+            }
+            None => None,
+        };
         let empty = Desired {
             table: crate::nft::Table::new(config.node.table_name.clone()),
             net: Default::default(),
@@ -497,6 +507,7 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
             last_links,
             drift,
             drift_replaces: Default::default(),
+            queries,
         };
         agent.apply().await;
         agent.publish_if_changed(true);
@@ -644,34 +655,120 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
         check_net(n, &self.desired, &mut self.last_links, links_matter, &self.config.telemetry.metrics).await
     }
 
-    /// Read the counters of the copies DNS snooping's rate limits held back
-    /// (`snoop-over-<class>`) into `egressd_dns_snoop_dropped`. A full replace creates
-    /// them anew at zero: a count below the last one read is all new.
-    fn read_copy_counters(&mut self) {
+    /// Read the named counters: the copies DNS snooping's rate limits held back
+    /// (`snoop-over-<class>`) into `egressd_dns_snoop_dropped`, ACL logging's
+    /// (`acl-over`), and the firewall's verdict totals (`fw-<verdict>`) into
+    /// `egressd_firewall_packets`; then the rule counters of namespaces with ACL logging
+    /// into `egressd_firewall_namespace_packets`. A full replace (or a replaced chain)
+    /// creates counters anew at zero: a count below the last one read is all new.
+    fn read_counters(&mut self) {
         let counts = match tokio::task::block_in_place(|| self.syncer.counters()) {
             Ok(c) => c,
             Err(e) => {
-                tracing::debug!(error = %e, "snooping counters not read");
+                tracing::debug!(error = %e, "named counters not read");
                 return;
             }
         };
+        let metrics = &self.config.telemetry.metrics;
         for (name, packets) in counts {
-            let last = self.copy_counts.insert(name.clone(), packets).unwrap_or(0);
-            let new = if packets >= last { packets - last } else { packets };
+            let new = counter_delta(&mut self.copy_counts, name.clone(), packets);
             if name == crate::compile::ACL_OVER {
                 if new > 0 {
                     tracing::info!(connections = new, "ACL logging: connections over the log rate limit not logged");
-                    self.config.telemetry.metrics.acl_log_dropped.inc_by(new);
+                    metrics.acl_log_dropped.inc_by(new);
                 }
+                continue;
+            }
+            if let Some(verdict) = name.strip_prefix("fw-") {
+                let labels = crate::telemetry::metrics::AclLabels { verdict: verdict.to_string() };
+                metrics.firewall_packets.get_or_create(&labels).inc_by(new);
                 continue;
             }
             let Some(class) = name.strip_prefix("snoop-over-") else { continue };
             if new > 0 {
                 tracing::warn!(class, copies = new, "DNS snooping: copies over the rate limit were not taken");
                 let labels = crate::telemetry::metrics::SnoopDropLabels { reason: format!("copies_over_rate_{class}") };
-                self.config.telemetry.metrics.dns_snoop_dropped.get_or_create(&labels).inc_by(new);
+                metrics.dns_snoop_dropped.get_or_create(&labels).inc_by(new);
             }
         }
+        self.read_namespace_counters();
+    }
+
+    /// `egressd_firewall_namespace_packets`: the rule counters of the chains of
+    /// namespaces with ACL logging (one `nft -j list chain` each), summed by the verdict
+    /// of the rule as the policy has it (a Deny in audit mode is `audit`).
+    fn read_namespace_counters(&mut self) {
+        let view = self.source.view();
+        let logged: Vec<(String, Vec<&'static str>)> = view
+            .firewalls
+            .iter()
+            .filter(|(ns, _)| view.namespaces.get(*ns).is_some_and(|n| matches!(n.acl_logging, Some(Ok(_)))))
+            .filter_map(|(ns, e)| {
+                let p = e.policy.as_ref()?;
+                let verdicts = p
+                    .rules
+                    .iter()
+                    .map(|r| match r.action {
+                        crate::view::policy::Action::Allow => "allow",
+                        crate::view::policy::Action::Deny if p.audit => "audit",
+                        crate::view::policy::Action::Deny => "deny",
+                    })
+                    .collect();
+                Some((ns.clone(), verdicts))
+            })
+            .collect();
+        for (ns, verdicts) in logged {
+            let chain = crate::nft::chain_name("fw", &ns);
+            if !self.desired.table.chains.contains_key(&chain) {
+                continue;
+            }
+            let counters = match tokio::task::block_in_place(|| self.syncer.rule_counters(&chain)) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::debug!(namespace = %ns, error = %e, "rule counters not read");
+                    continue;
+                }
+            };
+            let mut sums: std::collections::BTreeMap<&str, u64> = Default::default();
+            for c in &counters {
+                if let Some(v) = verdicts.get(c.index) {
+                    *sums.entry(v).or_default() += c.packets;
+                }
+            }
+            for (verdict, packets) in sums {
+                let new = counter_delta(&mut self.copy_counts, format!("{chain}/{verdict}"), packets);
+                let labels = crate::telemetry::metrics::NamespaceVerdictLabels {
+                    namespace: ns.clone(),
+                    verdict: verdict.to_string(),
+                };
+                self.config.telemetry.metrics.firewall_namespace_packets.get_or_create(&labels).inc_by(new);
+            }
+        }
+    }
+
+    /// Whether the counters are worth reading: some rule or copy can move them.
+    fn reads_counters(&self) -> bool {
+        self.snoop.is_some() || self.acl.is_some() || !self.source.view().firewalls.is_empty()
+    }
+
+    /// Answer an `egressd explain` query with the current view, the resolved answers and
+    /// the kernel's `dnsName` sets (which hold what snooping learned too).
+    fn explain(&self, query: &crate::explain::Query) -> Result<crate::explain::Explanation, String> {
+        let view = self.source.view();
+        let names = crate::explain::dns_names(view, query);
+        let table = &self.config.node.table_name;
+        let kernel = match tokio::task::block_in_place(|| crate::explain::kernel::dns_sets(table, &names)) {
+            Ok(k) => Some(k),
+            Err(e) => {
+                tracing::warn!(error = %e, "explain: the dnsName sets could not be read");
+                None
+            }
+        };
+        let dns = crate::explain::DnsKnowledge {
+            resolved: Some(self.dns.as_ref().map(DnsWorker::answers).unwrap_or_default()),
+            kernel,
+        };
+        crate::explain::explain(view, &self.config.node, &dns, query)
     }
 
     /// Write the status file when something was applied or the problems changed.
@@ -730,7 +827,10 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
                 }
                 _ = net_check.tick() => changed |= self.check_net().await,
                 first = next_drift(&mut self.drift) => changed |= self.on_drift(first).await,
-                _ = counters.tick(), if self.snoop.is_some() || self.acl.is_some() => self.read_copy_counters(),
+                _ = counters.tick(), if self.reads_counters() => self.read_counters(),
+                Some((query, reply)) = next_query(&mut self.queries) => {
+                    let _ = reply.send(self.explain(&query));
+                }
                 // An address another host answered for is probed again soon, so it is
                 // taken within seconds once that host lets go.
                 _ = tokio::time::sleep(crate::dataplane::netlink::REPROBE),
@@ -743,6 +843,23 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
             self.refresh_dns(attempted);
         }
         tracing::info!("shutting down; the dataplane stays in place");
+    }
+}
+
+/// What a kernel counter read last as `packets` adds: all of it when it went down (the
+/// counter was created anew).
+fn counter_delta(last: &mut std::collections::HashMap<String, u64>, key: String, packets: u64) -> u64 {
+    let before = last.insert(key, packets).unwrap_or(0);
+    if packets >= before { packets - before } else { packets }
+}
+
+/// The next `egressd explain` query (never, without the socket).
+async fn next_query(
+    queries: &mut Option<tokio::sync::mpsc::Receiver<crate::explain::socket::Request>>,
+) -> Option<crate::explain::socket::Request> {
+    match queries {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
     }
 }
 

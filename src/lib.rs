@@ -5,7 +5,8 @@
 //! [`view`] (the cluster view: validated policy, pods, nodes) → [`compile`] (pure:
 //! view → desired dataplane state) → [`nft`] (the table model, rendering, diffs) →
 //! [`dataplane`] (drivers that make the kernel match) → [`status`] (per-object outcome),
-//! wired together by [`agent`].
+//! wired together by [`agent`]. [`explain`] replays the compile step's decisions for
+//! one connection (`egressd explain`).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 #![warn(unreachable_pub)]
@@ -16,6 +17,7 @@ pub mod api;
 pub mod compile;
 pub mod dataplane;
 pub mod dns;
+pub mod explain;
 pub mod leader;
 pub mod net;
 pub mod nft;

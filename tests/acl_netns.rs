@@ -71,6 +71,22 @@ fn verdicts_are_logged_as_asked_and_audit_mode_drops_nothing() {
     assert!(tcp(p0, "192.0.2.10", 8080).is_some());
     assert!(wait_for(Duration::from_secs(3), || events(&file).len() == before + 1).is_some(), "{:?}", events(&file));
 
+    // Rule hits as metrics: node totals by verdict for every namespace, per-namespace
+    // series only for the namespace with ACL logging (read every 5 s).
+    let metric = |text: &str, series: &str| -> u64 {
+        text.lines().find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok()).unwrap_or(0.0) as u64
+    };
+    let mut last = String::new();
+    let counted = wait_for(Duration::from_secs(12), || {
+        last = netns::http_get(&t.node, "127.0.0.1:9780", "/metrics").map(|(_, b)| b).unwrap_or_default();
+        metric(&last, "egressd_firewall_namespace_packets_total{namespace=\"team-a\",verdict=\"deny\"}") >= 1
+            && metric(&last, "egressd_firewall_namespace_packets_total{namespace=\"team-a\",verdict=\"allow\"}") >= 1
+            && metric(&last, "egressd_firewall_packets_total{verdict=\"audit\"}") >= 1
+            && metric(&last, "egressd_firewall_packets_total{verdict=\"deny\"}") >= 1
+    });
+    assert!(counted.is_some(), "{last}");
+    assert!(!last.contains("namespace=\"team-b\""), "team-b has no ACL logging: no series of its own\n{last}");
+
     // An annotation that is not JSON: a warning in the status, and nothing logged.
     t.write_manifest(
         "namespaces.yaml",

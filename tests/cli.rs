@@ -1,4 +1,4 @@
-//! The `egressd` command line: exit codes, help, `crds`, `render`.
+//! The `egressd` command line: exit codes, help, `crds`, `render`, `explain`.
 
 use std::process::Command;
 
@@ -31,7 +31,7 @@ fn missing_or_invalid_cluster_cidr_exits_64_with_a_clear_message() {
 fn help_describes_every_command() {
     let (code, out, _) = egressd(&["--help"]);
     assert_eq!(code, Some(0));
-    for cmd in ["run", "render", "crds", "cleanup"] {
+    for cmd in ["run", "render", "crds", "cleanup", "status", "explain"] {
         assert!(out.contains(cmd), "{cmd} missing from --help:\n{out}");
     }
     let (code, out, _) = egressd(&["run", "--help"]);
@@ -140,4 +140,41 @@ fn options_at_their_extremes() {
         let (code, _, err) = egressd(&args);
         assert_eq!(code, Some(0), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn explain_from_manifests_in_text_and_json_and_its_errors() {
+    let golden = "tests/golden-explain/cluster/manifests";
+    let base = ["explain", "--manifests", golden, "--cluster-cidr", "198.18.0.0/16", "--node-name", "n1"];
+    let run = |extra: &[&str]| egressd(&[&base[..], extra].concat());
+    let (code, out, err) = run(&["--pod", "team-a/web", "--to", "192.0.2.10:80"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("firewall    ALLOWED: allowed by EgressFirewall team-a/default rule 1:"), "{out}");
+    assert!(out.contains("leaves the cluster with 198.19.0.50"), "{out}");
+    let (code, out, err) = run(&["--src", "198.18.1.2", "--to", "192.0.2.10:8080", "-o", "json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["firewall"]["verdict"], "dropped", "{v:#}");
+    assert_eq!(v["firewall"]["rule"]["index"], 4, "{v:#}");
+    assert_eq!(v["pod"], "team-a/web", "{v:#}");
+    // Unknown pod: an error, not an answer.
+    let (code, _, err) = run(&["--pod", "team-a/nope", "--to", "192.0.2.10"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("pod team-a/nope is not known"), "{err}");
+    // Bad destination, bad pod name: usage errors naming the flag.
+    let (code, _, err) = run(&["--pod", "team-a/web", "--to", "192.0.2.10:99999"]);
+    assert_eq!(code, Some(64), "{err}");
+    assert!(err.contains("--to \"192.0.2.10:99999\""), "{err}");
+    let (code, _, err) = run(&["--pod", "web", "--to", "192.0.2.10"]);
+    assert_eq!(code, Some(64), "{err}");
+    assert!(err.contains("NAMESPACE/NAME"), "{err}");
+    // --manifests needs the node's ranges; without --manifests the running agent is asked.
+    let (code, _, err) = egressd(&["explain", "--manifests", golden, "--pod", "team-a/web", "--to", "192.0.2.10"]);
+    assert_eq!(code, Some(64), "{err}");
+    assert!(err.contains("--cluster-cidr"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().to_str().unwrap();
+    let (code, _, err) = egressd(&["explain", "--state-dir", state, "--pod", "team-a/web", "--to", "192.0.2.10"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("cannot reach the running agent") && err.contains("explain.sock"), "{err}");
 }

@@ -2,6 +2,11 @@
 //! directory, an `args` file (`node-name:`, `cluster-cidr:`, `service-cidr:`) and
 //! `expected.txt`, exactly what `egressd render` prints for them.
 //!
+//! And for `egressd explain`: each `tests/golden-explain/<case>/` holds `manifests/`,
+//! `args`, `dns` (what the agent resolved and what the kernel's sets hold) and `queries`
+//! (one `egressd explain` command line each); `expected.txt` is every query followed by
+//! what explain prints for it.
+//!
 //! Regenerate after an intended change, then review the diff like code:
 //!
 //! ```sh
@@ -56,6 +61,7 @@ fn node_config(args: &str) -> NodeConfig {
                 node.snoop = Some(egressd::dns::targets::SnoopSettings { group: 4747, servers, rate: 10_000 });
             }
             "no-dns-snoop" => snoop = false,
+            "fail-closed" => node.egress.fail_closed = true,
             other => panic!("unknown key {other} in args"),
         }
     }
@@ -82,6 +88,81 @@ fn rendered_output_matches_golden_files() {
         let args = std::fs::read_to_string(case.join("args")).unwrap();
         let links = std::fs::read_to_string(case.join("links")).map(|t| host_links(&t)).unwrap_or_default();
         let got = render_manifests(&case.join("manifests"), &node_config(&args), &links).unwrap();
+        let expected_path = case.join("expected.txt");
+        if update {
+            std::fs::write(&expected_path, &got).unwrap();
+            continue;
+        }
+        let expected = std::fs::read_to_string(&expected_path).unwrap_or_default();
+        if got != expected {
+            failures.push(format!("{}:\n--- expected\n{expected}\n+++ got\n{got}", case.display()));
+        }
+    }
+    assert!(failures.is_empty(), "golden mismatch (EGRESSD_UPDATE_GOLDEN=1 to regenerate):\n{}", failures.join("\n"));
+}
+
+/// `dns` lines: `resolved NAME ADDR...` (the agent's answers) and `kernel NAME ADDR...`
+/// (the kernel's set); no line of a kind: not known.
+fn dns_knowledge(text: &str) -> egressd::explain::DnsKnowledge {
+    let mut k = egressd::explain::DnsKnowledge::default();
+    for line in text.lines().filter(|l| !l.trim().is_empty() && !l.starts_with('#')) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let addrs: std::collections::BTreeSet<std::net::IpAddr> =
+            words[2..].iter().map(|a| a.parse().unwrap()).collect();
+        match words[0] {
+            "resolved" => {
+                let r = egressd::dns::Resolved { addresses: addrs, ttl: std::time::Duration::from_secs(30) };
+                k.resolved.get_or_insert_default().insert(words[1].to_string(), r);
+            }
+            "kernel" => {
+                k.kernel.get_or_insert_default().insert(words[1].to_string(), addrs);
+            }
+            other => panic!("unknown dns line kind {other}"),
+        }
+    }
+    k
+}
+
+/// One query line: `--pod NS/NAME | --src IP`, `--to DEST`, optional `-o json`.
+fn explain_line(
+    line: &str,
+    view: &egressd::view::ClusterView,
+    node: &NodeConfig,
+    dns: &egressd::explain::DnsKnowledge,
+) -> String {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let arg = |flag: &str| words.iter().position(|w| *w == flag).map(|i| words[i + 1]);
+    let query =
+        egressd::explain::Query::parse(arg("--pod"), arg("--src").map(|s| s.parse().unwrap()), arg("--to").unwrap());
+    match query.and_then(|q| egressd::explain::explain(view, node, dns, &q)) {
+        Err(e) => format!("error: {e}\n"),
+        Ok(e) if arg("-o") == Some("json") => format!("{}\n", serde_json::to_string_pretty(&e).unwrap()),
+        Ok(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn explain_output_matches_golden_files() {
+    let root = Path::new("tests/golden-explain");
+    let update = std::env::var_os("EGRESSD_UPDATE_GOLDEN").is_some();
+    let mut cases: Vec<_> =
+        std::fs::read_dir(root).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
+    cases.sort();
+    assert!(cases.len() >= 2, "golden cases missing");
+    let mut failures = Vec::new();
+    for case in cases {
+        let node = node_config(&std::fs::read_to_string(case.join("args")).unwrap());
+        let dns = dns_knowledge(&std::fs::read_to_string(case.join("dns")).unwrap());
+        let mut source = egressd::source::manifests::ManifestSource::new(case.join("manifests"));
+        let report = source.load().unwrap();
+        assert!(report.errors.is_empty(), "{}: {:?}", case.display(), report.errors);
+        let mut got = String::new();
+        for line in std::fs::read_to_string(case.join("queries")).unwrap().lines() {
+            if line.trim().is_empty() || line.starts_with('#') {
+                continue;
+            }
+            got.push_str(&format!("$ egressd explain {line}\n{}\n", explain_line(line, source.view(), &node, &dns)));
+        }
         let expected_path = case.join("expected.txt");
         if update {
             std::fs::write(&expected_path, &got).unwrap();

@@ -68,6 +68,103 @@ enum Command {
     /// Print each object's status as the running agent last applied it (read from its
     /// state directory), with kernel errors and rejected manifests.
     Status(StatusArgs),
+    /// Explain what happens to one connection from a pod: the EgressFirewall rule that
+    /// decides it (or why none does), the EgressQoS rule that marks it, the EgressIP that
+    /// gives it a source address and where that is hosted.
+    ///
+    /// By default asks the running agent (--state-dir): its view, its DNS answers and
+    /// what snooping learned. With --manifests or --kubeconfig it explains from those
+    /// instead (then give the node flags: --node-name, --cluster-cidr, ...).
+    ///
+    /// Examples:
+    ///   egressd explain --pod team-a/web-0 --to 192.0.2.10:443
+    ///   egressd explain --src 198.18.1.2 --to '[2001:db8::1]:53/udp' --kernel -o json
+    #[command(verbatim_doc_comment)]
+    Explain(Box<ExplainArgs>),
+}
+
+#[derive(Debug, Args)]
+struct ExplainArgs {
+    /// The source pod, NAMESPACE/NAME.
+    #[arg(long, conflicts_with = "src", required_unless_present = "src")]
+    pod: Option<String>,
+    /// The source address (a pod's), instead of --pod.
+    #[arg(long)]
+    src: Option<std::net::IpAddr>,
+    /// The destination: IP[:PORT[/tcp|udp|sctp]]; IPv6 with a port as [IP]:PORT; the
+    /// protocol defaults to tcp. Without a port, rules with ports do not match.
+    #[arg(long)]
+    to: String,
+    /// Explain from this manifests directory instead of asking the running agent (with
+    /// --cluster-cidr, and the node's other settings where they differ from the defaults).
+    #[arg(long, conflicts_with = "kubeconfig", requires = "cluster_cidrs")]
+    manifests: Option<PathBuf>,
+    /// Explain from this cluster (one list of every kind) instead of asking the running
+    /// agent (with --cluster-cidr, ...).
+    #[arg(long, requires = "cluster_cidrs")]
+    kubeconfig: Option<PathBuf>,
+    /// The running agent's state directory (where it answers explain queries).
+    #[arg(long, env = "EGRESSD_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
+    state_dir: PathBuf,
+    /// Cross-check with this node's live table: the pod's element in the fw-pods map and
+    /// the deciding rule's counter (retry the connection: it moves); with --manifests or
+    /// --kubeconfig also read the dnsName sets.
+    #[arg(long)]
+    kernel: bool,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
+    output: Output,
+    /// The nft program (--kernel).
+    #[arg(long, env = "EGRESSD_NFT", default_value = "nft")]
+    nft: PathBuf,
+    #[command(flatten)]
+    node: ExplainNodeArgs,
+}
+
+/// The node settings explain reads with --manifests or --kubeconfig (as `run`'s).
+#[derive(Debug, Args)]
+struct ExplainNodeArgs {
+    /// This node's name (where --kernel reads).
+    #[arg(long, env = "NODE_NAME", default_value = "")]
+    node_name: String,
+    /// A pod network range (never filtered); repeatable.
+    #[arg(long = "cluster-cidr", env = "EGRESSD_CLUSTER_CIDRS", value_delimiter = ',')]
+    cluster_cidrs: Vec<IpNet>,
+    /// A Service range (never filtered); repeatable.
+    #[arg(long = "service-cidr", env = "EGRESSD_SERVICE_CIDRS", value_delimiter = ',')]
+    service_cidrs: Vec<IpNet>,
+    /// Name of egressd's nft table.
+    #[arg(long, env = "EGRESSD_TABLE", default_value = "egressd", value_parser = parse_table_name)]
+    table: String,
+    /// The agent runs without DNS snooping (wildcard dnsName rules are not enforced).
+    #[arg(long, env = "EGRESSD_NO_DNS_SNOOP")]
+    no_dns_snoop: bool,
+    /// The agent runs with --egress-ip-fail-closed.
+    #[arg(long, env = "EGRESSD_EGRESS_IP_FAIL_CLOSED")]
+    egress_ip_fail_closed: bool,
+}
+
+impl ExplainNodeArgs {
+    fn config(&self) -> NodeConfig {
+        let egress = egressd::net::EgressSettings { fail_closed: self.egress_ip_fail_closed, ..Default::default() };
+        NodeConfig::new(self.node_name.clone(), self.cluster_cidrs.clone())
+            .with_service_cidrs(self.service_cidrs.clone())
+            .with_table(self.table.clone())
+            .with_egress(egress)
+            .with_snoop((!self.no_dns_snoop).then(|| egressd::dns::targets::SnoopSettings {
+                group: 0,
+                servers: Vec::new(),
+                rate: egressd::dns::targets::DEFAULT_SNOOP_RATE,
+            }))
+    }
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum Output {
+    /// Lines for people.
+    Text,
+    /// One JSON object, for scripts.
+    Json,
 }
 
 #[derive(Debug, Args)]
@@ -75,6 +172,16 @@ struct StatusArgs {
     /// The running agent's state directory.
     #[arg(long, env = "EGRESSD_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
     state_dir: PathBuf,
+    /// Also print every EgressFirewall and EgressQoS rule's counter, read from the
+    /// kernel now (namespace, rule index, verdict, packets, bytes).
+    #[arg(long)]
+    counters: bool,
+    /// Name of egressd's nft table (--counters).
+    #[arg(long, env = "EGRESSD_TABLE", default_value = "egressd", value_parser = parse_table_name)]
+    table: String,
+    /// The nft program (--counters).
+    #[arg(long, env = "EGRESSD_NFT", default_value = "nft")]
+    nft: PathBuf,
 }
 
 /// Where `run` writes its status file by default.
@@ -392,34 +499,114 @@ fn main() -> ExitCode {
         Command::Render(args) => render(&args),
         Command::Cleanup(args) => cleanup(&args),
         Command::Run(args) => run(*args),
-        Command::Status(args) => {
-            let path = args.state_dir.join(egressd::status::file::STATUS_FILE);
-            match egressd::status::file::read(&args.state_dir) {
-                Ok(text) => match egressd::status::file::writer_gone(&text) {
-                    None => {
-                        print!("{text}");
-                        ExitCode::SUCCESS
-                    }
-                    Some(pid) => {
-                        println!(
-                            "# egressd is NOT running: the agent that wrote this report (pid {pid}) has stopped; \
-                             below is what it last applied, the kernel may differ now"
-                        );
-                        print!("{text}");
-                        ExitCode::from(EXIT_STALE)
-                    }
-                },
-                Err(e) => {
-                    eprintln!(
-                        "egressd status: cannot read {}: {e} (is `egressd run` running with --state-dir {}?)",
-                        path.display(),
-                        args.state_dir.display()
-                    );
-                    ExitCode::from(EXIT_FAILURE)
-                }
+        Command::Status(args) => status(&args),
+        Command::Explain(args) => explain(&args),
+    }
+}
+
+fn status(args: &StatusArgs) -> ExitCode {
+    let path = args.state_dir.join(egressd::status::file::STATUS_FILE);
+    let code = match egressd::status::file::read(&args.state_dir) {
+        Ok(text) => match egressd::status::file::writer_gone(&text) {
+            None => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Some(pid) => {
+                println!(
+                    "# egressd is NOT running: the agent that wrote this report (pid {pid}) has stopped; \
+                     below is what it last applied, the kernel may differ now"
+                );
+                print!("{text}");
+                ExitCode::from(EXIT_STALE)
+            }
+        },
+        Err(e) => {
+            eprintln!(
+                "egressd status: cannot read {}: {e} (is `egressd run` running with --state-dir {}?)",
+                path.display(),
+                args.state_dir.display()
+            );
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    if args.counters {
+        match egressd::dataplane::rule_counters::read(&args.nft, &args.table, None) {
+            Ok(counters) => print!("{}", egressd::dataplane::rule_counters::render(&args.table, &counters)),
+            Err(e) => {
+                eprintln!("egressd status --counters: {e}");
+                return ExitCode::from(EXIT_FAILURE);
             }
         }
     }
+    code
+}
+
+fn explain(args: &ExplainArgs) -> ExitCode {
+    use egressd::explain::{DnsKnowledge, Query};
+    let query = match Query::parse(args.pod.as_deref(), args.src, &args.to) {
+        Ok(q) => q,
+        Err(e) => {
+            eprintln!("egressd explain: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let local = |view: &egressd::view::ClusterView, node: &NodeConfig| {
+        // Without the agent: no resolved answers; the kernel's sets with --kernel.
+        let names = egressd::explain::dns_names(view, &query);
+        let kernel = args
+            .kernel
+            .then(|| egressd::explain::kernel::dns_sets(&node.table_name, &names))
+            .transpose()
+            .map_err(|e| format!("cannot read the dnsName sets: {e}"))?;
+        egressd::explain::explain(view, node, &DnsKnowledge { resolved: None, kernel }, &query)
+    };
+    let node = &args.node;
+    let explained = match (&args.manifests, &args.kubeconfig) {
+        (Some(dir), _) => {
+            let mut source = egressd::source::manifests::ManifestSource::new(dir);
+            match source.load() {
+                Ok(_) => local(source.view(), &node.config()),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+        (_, Some(path)) => {
+            tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string()).and_then(
+                |rt| {
+                    rt.block_on(async {
+                        let client = egressd::source::kube::client(Some(path)).await.map_err(|e| e.to_string())?;
+                        let telemetry = std::sync::Arc::new(Telemetry::default());
+                        let watch = tokio::time::timeout(Duration::from_secs(30), KubeWatch::start(&client, telemetry))
+                            .await
+                            .map_err(|_| "the cluster did not answer within 30 s".to_string())?;
+                        local(egressd::source::ViewSource::view(&watch), &node.config())
+                    })
+                },
+            )
+        }
+        (None, None) => egressd::explain::socket::ask(&args.state_dir, &query, Duration::from_secs(10)),
+    };
+    let mut explained = match explained {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("egressd explain: {e}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    if args.kernel {
+        explained.kernel = Some(egressd::explain::kernel::check(&explained, &args.nft));
+    }
+    match args.output {
+        Output::Text => print!("{explained}"),
+        Output::Json => match serde_json::to_string_pretty(&explained) {
+            Ok(s) => println!("{s}"),
+            Err(e) => {
+                eprintln!("egressd explain: {e}");
+                return ExitCode::from(EXIT_FAILURE);
+            }
+        },
+    }
+    ExitCode::SUCCESS
 }
 
 /// Remove the nft table, then the egress addresses, rules and routes egressd owns.

@@ -54,6 +54,14 @@ const DROP_CHAIN: &str = "eip-drop";
 /// manifests and older servers).
 const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
+/// A namespace's labels as EgressIP namespace selectors see them (with
+/// `kubernetes.io/metadata.name`).
+pub(crate) fn namespace_labels(view: &ClusterView, ns: &str) -> std::collections::BTreeMap<String, String> {
+    let mut labels = view.namespaces.get(ns).map(|n| n.labels.clone()).unwrap_or_default();
+    labels.entry(NAMESPACE_NAME_LABEL.to_string()).or_insert_with(|| ns.to_string());
+    labels
+}
+
 /// What one EgressIP does on this node, before pods are assigned.
 struct Plan<'a> {
     entry: &'a crate::view::Entry<EgressIpPolicy>,
@@ -149,7 +157,7 @@ pub(super) fn compile(
 
 /// The EgressIPs, oldest first (known creation times first), then by name: the order in
 /// which they claim IPs and pods.
-fn oldest_first(view: &ClusterView) -> Vec<&crate::view::Entry<EgressIpPolicy>> {
+pub(crate) fn oldest_first(view: &ClusterView) -> Vec<&crate::view::Entry<EgressIpPolicy>> {
     let mut ordered: Vec<_> = view.egress_ips.values().collect();
     ordered.sort_by(|a, b| {
         let created = |e: &&crate::view::Entry<EgressIpPolicy>| e.policy.as_ref().and_then(|p| p.created);
@@ -436,11 +444,7 @@ fn assign_pods<'a>(
         drop_used: false,
         overflow: false,
     };
-    let namespace_labels = |ns: &str| {
-        let mut labels = ctx.view.namespaces.get(ns).map(|n| n.labels.clone()).unwrap_or_default();
-        labels.entry(NAMESPACE_NAME_LABEL.to_string()).or_insert_with(|| ns.to_string());
-        labels
-    };
+    let namespace_labels = |ns: &str| namespace_labels(ctx.view, ns);
     let mut ns_cache: BTreeMap<&str, BTreeMap<String, String>> = BTreeMap::new();
     for (ip, pod) in owners {
         let labels = ns_cache.entry(pod.namespace.as_str()).or_insert_with(|| namespace_labels(&pod.namespace));

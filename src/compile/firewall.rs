@@ -174,13 +174,15 @@ fn rule_statements(
 ) -> Result<Vec<String>, String> {
     // Audit mode: a Deny counts and accepts (first match stays final: nothing after it
     // is evaluated, as if it had dropped).
-    let verdict = match rule.action {
-        Action::Allow => "accept",
-        Action::Deny if log.audit => "accept",
-        Action::Deny => "drop",
+    let (verdict, total) = match rule.action {
+        Action::Allow => ("accept", "fw-allow"),
+        Action::Deny if log.audit => ("accept", "fw-audit"),
+        Action::Deny => ("drop", "fw-deny"),
     };
     let ports = ports_match(rule);
-    let tail = format!("{ports} counter {verdict} comment \"egress[{index}]\"");
+    // The rule's own counter (`egressd status --counters`, `explain --kernel`) and the
+    // node's total by verdict (`egressd_firewall_packets`).
+    let tail = format!("{ports} counter name \"{total}\" counter {verdict} comment \"egress[{index}]\"");
     // Logged verdicts: the first packet of each new connection is copied to NFLOG
     // first (a rule without a verdict), at most `rate` per second per rule; what the
     // limit holds back is counted in `acl-over`.

@@ -10,6 +10,8 @@
 //!   anyone else (nf_tables and rtnetlink notifications).
 //! * [`nflog`]: the DNS snooping listener — reads the kernel's NFLOG copies of pods' DNS
 //!   packets and adds learned addresses through [`elements`].
+//! * [`rule_counters`]: per-rule counters read back (`egressd status --counters`,
+//!   `egressd explain --kernel`, per-namespace metrics).
 
 pub(crate) mod acl_log;
 pub mod announce;
@@ -19,6 +21,7 @@ pub mod elements;
 pub mod netlink;
 pub mod nflog;
 pub mod nft_sync;
+pub mod rule_counters;
 
 /// Read netfilter netlink messages from `socket` (as many datagrams as needed) and hand
 /// each to `each` until it returns a result.

@@ -63,6 +63,15 @@ pub trait NftBackend: Send {
     fn counters(&mut self, _table: &str) -> Result<Vec<(String, u64)>, NftError> {
         Ok(Vec::new())
     }
+
+    /// The per-rule counters of `chain` of `table` (none by default).
+    fn rule_counters(
+        &mut self,
+        _table: &str,
+        _chain: &str,
+    ) -> Result<Vec<super::rule_counters::RuleCounter>, NftError> {
+        Ok(Vec::new())
+    }
 }
 
 /// Runs the `nft` program.
@@ -177,6 +186,10 @@ impl NftBackend for NftCli {
             Some(_) => Err(NftError::Rejected { message: stderr_of(&mut child) }),
             None => Err(NftError::Timeout { seconds: NFT_TIMEOUT.as_secs() }),
         }
+    }
+
+    fn rule_counters(&mut self, table: &str, chain: &str) -> Result<Vec<super::rule_counters::RuleCounter>, NftError> {
+        super::rule_counters::read(&self.program, table, Some(chain))
     }
 
     fn apply(&mut self, script: &str) -> Result<(), NftError> {
@@ -328,6 +341,12 @@ impl<B: NftBackend> NftSyncer<B> {
     pub fn counters(&mut self) -> Result<Vec<(String, u64)>, NftError> {
         let Some(name) = self.applied.as_ref().map(|t| t.name.clone()) else { return Ok(Vec::new()) };
         self.backend.counters(&name)
+    }
+
+    /// The per-rule counters of `chain` of the applied table.
+    pub fn rule_counters(&mut self, chain: &str) -> Result<Vec<super::rule_counters::RuleCounter>, NftError> {
+        let Some(name) = self.applied.as_ref().map(|t| t.name.clone()) else { return Ok(Vec::new()) };
+        self.backend.rule_counters(&name, chain)
     }
 
     /// Re-add every element of the named timeout sets as applied, which restarts their

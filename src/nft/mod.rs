@@ -19,15 +19,20 @@ pub(crate) const FAMILY: &str = "inet";
 
 /// Named counters declared in every table: what DNS snooping's copy rate limits held
 /// back, by class ([`crate::compile`]'s `dns-copy-<class>` chains), read by the agent
-/// for `egressd_dns_snoop_dropped`, and what ACL logging's limits held back
-/// (`acl-over`, for `egressd_acl_log_dropped`). Constant, so a delta never adds or removes them.
-pub(crate) const COUNTERS: [&str; 6] = [
+/// for `egressd_dns_snoop_dropped`; what ACL logging's limits held back (`acl-over`,
+/// for `egressd_acl_log_dropped`); and the packets every EgressFirewall rule decided, by
+/// verdict (`fw-allow`, `fw-deny`, `fw-audit`: `egressd_firewall_packets`). Constant, so
+/// a delta never adds or removes them.
+pub(crate) const COUNTERS: [&str; 9] = [
     "snoop-over-query",
     "snoop-over-answer",
     "snoop-over-untrusted",
     "snoop-over-untracked",
     "snoop-over-spoofed",
     "acl-over",
+    "fw-allow",
+    "fw-deny",
+    "fw-audit",
 ];
 
 /// The `size` of timeout sets (the DNS sets): the kernel refuses elements beyond it.

@@ -60,6 +60,15 @@ pub struct AclLabels {
     pub verdict: String,
 }
 
+/// Labels of `egressd_firewall_namespace_packets`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NamespaceVerdictLabels {
+    /// The namespace (only namespaces with ACL logging: bounded by what operators annotate).
+    pub namespace: String,
+    /// `allow`, `deny` or `audit`.
+    pub verdict: String,
+}
+
 /// Labels of `egressd_dns_snoop_dropped`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SnoopDropLabels {
@@ -121,6 +130,10 @@ pub struct Metrics {
     pub acl_log: Family<AclLabels, Counter>,
     /// Logged connections the log rules' rate limit held back.
     pub acl_log_dropped: Counter,
+    /// Packets decided by EgressFirewall rules on this node, by verdict.
+    pub firewall_packets: Family<AclLabels, Counter>,
+    /// The same for namespaces with ACL logging, by namespace and verdict.
+    pub firewall_namespace_packets: Family<NamespaceVerdictLabels, Counter>,
     /// Unix time of the last successful sync.
     pub last_sync_timestamp: Gauge,
     /// 1 for a kind that cannot be listed (treated as empty), by kind and reason.
@@ -152,6 +165,8 @@ impl Default for Metrics {
             dns_snoop_dropped: Family::default(),
             acl_log: Family::default(),
             acl_log_dropped: Counter::default(),
+            firewall_packets: Family::default(),
+            firewall_namespace_packets: Family::default(),
             dns_names: Gauge::default(),
             egress_ips_hosted: Gauge::default(),
             last_sync_timestamp: Gauge::default(),
@@ -182,6 +197,16 @@ impl Default for Metrics {
             "acl_log_dropped",
             "Logged connections the log rules' rate limit held back (not logged)",
             m.acl_log_dropped.clone(),
+        );
+        registry.register(
+            "firewall_packets",
+            "Packets decided by EgressFirewall rules on this node, by verdict (allow, deny, audit)",
+            m.firewall_packets.clone(),
+        );
+        registry.register(
+            "firewall_namespace_packets",
+            "Packets decided by EgressFirewall rules on this node, by namespace and verdict: only namespaces with the k8s.ovn.org/acl-logging annotation (others are in egressd_firewall_packets)",
+            m.firewall_namespace_packets.clone(),
         );
         registry.register(
             "last_sync_timestamp_seconds",

@@ -93,6 +93,29 @@ impl Selector {
     }
 }
 
+/// kubectl's notation: `app=web, env in (prod,stage), team, !legacy`; `{}` (everything)
+/// when empty.
+impl std::fmt::Display for Selector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.requirements.is_empty() {
+            return f.write_str("{} (everything)");
+        }
+        let join = |vs: &BTreeSet<String>| vs.iter().cloned().collect::<Vec<_>>().join(",");
+        let parts: Vec<String> = self
+            .requirements
+            .iter()
+            .map(|r| match r {
+                Requirement::In(k, vs) if vs.len() == 1 => format!("{k}={}", join(vs)),
+                Requirement::In(k, vs) => format!("{k} in ({})", join(vs)),
+                Requirement::NotIn(k, vs) => format!("{k} notin ({})", join(vs)),
+                Requirement::Exists(k) => k.clone(),
+                Requirement::DoesNotExist(k) => format!("!{k}"),
+            })
+            .collect();
+        f.write_str(&parts.join(", "))
+    }
+}
+
 fn values_of(r: &Requirement) -> impl Iterator<Item = &String> {
     let set = match r {
         Requirement::In(_, v) | Requirement::NotIn(_, v) => Some(v),

@@ -1,0 +1,161 @@
+//! Per-rule counters read back from the kernel: every EgressFirewall and EgressQoS rule
+//! egressd writes carries a counter and the comment `egress[<index>]` (its index in
+//! `spec.egress`), in the namespace's chain (`fw-<namespace>`, `qos-<namespace>`). A
+//! rule compiled into several statements (one per address family) is summed.
+//!
+//! Read with `nft -j list chain|table` (reads only, no transaction), for
+//! `egressd status --counters`, `egressd explain --kernel` and the per-namespace
+//! metrics of namespaces with ACL logging.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::nft_sync::NftError;
+
+/// One rule's counter.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RuleCounter {
+    /// The chain (`fw-<namespace>`, `qos-<namespace>`).
+    pub chain: String,
+    /// The rule's index in `spec.egress`.
+    pub index: usize,
+    /// What the rule does: `accept`, `drop`, `return` (EgressQoS marks then returns).
+    pub verdict: String,
+    /// Packets counted.
+    pub packets: u64,
+    /// Bytes counted.
+    pub bytes: u64,
+}
+
+/// The rule counters in `nft -j list chain|table` output, by (chain, index), summed over
+/// a rule's statements. Rules without an `egress[i]` comment (base chains, the ACL
+/// logging rules) are left out.
+pub fn parse(json: &[u8]) -> Vec<RuleCounter> {
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(json) else { return Vec::new() };
+    let Some(items) = value.get("nftables").and_then(|v| v.as_array()) else { return Vec::new() };
+    let mut out: BTreeMap<(String, usize), RuleCounter> = BTreeMap::new();
+    for rule in items.iter().filter_map(|i| i.get("rule")) {
+        let Some(index) = rule
+            .get("comment")
+            .and_then(|c| c.as_str())
+            .and_then(|c| c.strip_prefix("egress["))
+            .and_then(|c| c.strip_suffix(']'))
+            .and_then(|c| c.parse::<usize>().ok())
+        else {
+            continue;
+        };
+        let Some(chain) = rule.get("chain").and_then(|c| c.as_str()) else { continue };
+        let exprs = rule.get("expr").and_then(|e| e.as_array()).map(Vec::as_slice).unwrap_or_default();
+        // The anonymous counter is an object; a named counter reference is a string.
+        let (packets, bytes) = exprs
+            .iter()
+            .filter_map(|e| e.get("counter")?.as_object())
+            .map(|c| (c.get("packets").and_then(|v| v.as_u64()), c.get("bytes").and_then(|v| v.as_u64())))
+            .fold((0, 0), |(p, b), (dp, db)| (p + dp.unwrap_or(0), b + db.unwrap_or(0)));
+        let verdict = exprs
+            .iter()
+            .find_map(|e| ["accept", "drop", "return"].into_iter().find(|v| e.get(*v).is_some()))
+            .unwrap_or("continue");
+        let entry = out.entry((chain.to_string(), index)).or_insert_with(|| RuleCounter {
+            chain: chain.to_string(),
+            index,
+            verdict: verdict.to_string(),
+            packets: 0,
+            bytes: 0,
+        });
+        entry.packets += packets;
+        entry.bytes += bytes;
+    }
+    out.into_values().collect()
+}
+
+/// `egressd status --counters`: one line per rule, by chain.
+pub fn render(table: &str, counters: &[RuleCounter]) -> String {
+    let mut out = format!("# rule counters (kernel, table inet {table}): chain, rule, verdict, packets, bytes\n");
+    if counters.is_empty() {
+        out.push_str("(no EgressFirewall or EgressQoS rules in the kernel)\n");
+    }
+    for c in counters {
+        out.push_str(&format!("{}\tegress[{}]\t{}\t{}\t{}\n", c.chain, c.index, c.verdict, c.packets, c.bytes));
+    }
+    out
+}
+
+/// How long one `nft -j list` may take.
+const LIST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The rule counters of `chain` of egressd's table, or of the whole table (`None`).
+/// A chain that does not exist has none.
+pub fn read(nft: &Path, table: &str, chain: Option<&str>) -> Result<Vec<RuleCounter>, NftError> {
+    let mut args = vec!["-j", "list"];
+    match chain {
+        Some(c) => args.extend(["chain", crate::nft::FAMILY, table, c]),
+        None => args.extend(["table", crate::nft::FAMILY, table]),
+    }
+    let spawn_err = |e: std::io::Error| NftError::Spawn { program: nft.display().to_string(), message: e.to_string() };
+    let mut child = Command::new(nft)
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(spawn_err)?;
+    // The output of a big table does not fit the pipe: read it while nft runs.
+    let mut stdout = child.stdout.take();
+    let reader = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        if let Some(o) = stdout.as_mut() {
+            let _ = std::io::Read::read_to_end(o, &mut out);
+        }
+        out
+    });
+    let deadline = Instant::now() + LIST_TIMEOUT;
+    let status = loop {
+        match child.try_wait().map_err(spawn_err)? {
+            Some(s) => break s,
+            None if Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(NftError::Timeout { seconds: LIST_TIMEOUT.as_secs() });
+            }
+            None => std::thread::sleep(Duration::from_millis(2)),
+        }
+    };
+    let out = reader.join().unwrap_or_default();
+    if status.success() {
+        return Ok(parse(&out));
+    }
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
+    }
+    if stderr.contains("No such file or directory") {
+        return Ok(Vec::new());
+    }
+    Err(NftError::Rejected { message: stderr.trim().to_string() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_are_summed_per_rule_and_named_counters_left_out() {
+        let json = br#"{"nftables": [{"metainfo": {}}, {"chain": {"name": "fw-a"}},
+          {"rule": {"chain": "fw-a", "comment": "egress[0]", "expr": [{"match": {}}, {"counter": "fw-allow"}, {"counter": {"packets": 3, "bytes": 180}}, {"accept": null}]}},
+          {"rule": {"chain": "fw-a", "expr": [{"limit": {}}, {"counter": "acl-over"}]}},
+          {"rule": {"chain": "fw-a", "comment": "egress[1]", "expr": [{"counter": {"packets": 2, "bytes": 120}}, {"drop": null}]}},
+          {"rule": {"chain": "fw-a", "comment": "egress[1]", "expr": [{"counter": {"packets": 5, "bytes": 400}}, {"drop": null}]}},
+          {"rule": {"chain": "qos-a", "comment": "egress[0]", "expr": [{"mangle": {}}, {"counter": {"packets": 1, "bytes": 60}}, {"return": null}]}}]}"#;
+        let c = parse(json);
+        let got: Vec<(&str, usize, &str, u64, u64)> =
+            c.iter().map(|r| (r.chain.as_str(), r.index, r.verdict.as_str(), r.packets, r.bytes)).collect();
+        assert_eq!(
+            got,
+            vec![("fw-a", 0, "accept", 3, 180), ("fw-a", 1, "drop", 7, 520), ("qos-a", 0, "return", 1, 60)]
+        );
+        assert!(parse(b"not json").is_empty());
+    }
+}

@@ -1,0 +1,100 @@
+//! `egressd explain --kernel`: the explanation checked against this node's live table —
+//! the pod's element in the `fw-pods` map (its traffic reaches its namespace's chain)
+//! and the deciding rule's counter (it moves when the connection is retried) — and the
+//! kernel's `dnsName` sets, which also hold what snooping learned.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::Explanation;
+use crate::dataplane::elements::ElementWriter;
+
+/// What the kernel shows for one explanation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelCheck {
+    /// The node this was read on.
+    pub node: String,
+    /// Whether the pod's address is in the `fw-pods` map, jumping to its namespace's
+    /// chain (`None`: not looked up).
+    pub pod_in_map: Option<bool>,
+    /// The deciding rule's counter: (packets, bytes).
+    pub rule_counter: Option<(u64, u64)>,
+    /// What disagrees with the explanation, or could not be read.
+    pub problems: Vec<String>,
+}
+
+/// The addresses in the kernel's sets of the absolute `names` (both families).
+pub fn dns_sets(table: &str, names: &[String]) -> std::io::Result<BTreeMap<String, BTreeSet<IpAddr>>> {
+    let mut out = BTreeMap::new();
+    if names.is_empty() {
+        return Ok(out);
+    }
+    let mut writer = ElementWriter::open(table)?;
+    for name in names {
+        let mut addrs = BTreeSet::new();
+        for set in crate::compile::dns_set_names(name) {
+            addrs.extend(writer.dump(&set)?.into_iter().map(|(ip, _)| ip));
+        }
+        out.insert(name.clone(), addrs);
+    }
+    Ok(out)
+}
+
+/// Check `e` against the table on this node (`e.here`), reading counters with `nft`.
+pub fn check(e: &Explanation, nft: &Path) -> KernelCheck {
+    let node = e.here.as_str();
+    let mut k = KernelCheck { node: node.to_string(), pod_in_map: None, rule_counter: None, problems: Vec::new() };
+    if e.node.as_deref() != Some(node) {
+        k.problems.push(format!(
+            "the pod runs on node {}, not on this node ({node}): its rules are in that node's kernel",
+            e.node.as_deref().unwrap_or("?")
+        ));
+        return k;
+    }
+    let (Some(src), Some(chain)) = (e.source, e.firewall.chain.as_deref()) else { return k };
+    let map = if src.is_ipv4() { "fw-pods-v4" } else { "fw-pods-v6" };
+    match ElementWriter::open(&e.table).and_then(|mut w| w.contains(map, src)) {
+        Ok(found) => {
+            k.pod_in_map = Some(found);
+            if !found {
+                k.problems.push(format!(
+                    "{src} is not in {map}: its traffic does not reach {chain} (is the agent running and in sync?)"
+                ));
+            }
+        }
+        Err(err) => k.problems.push(format!("cannot read {map} of table inet {}: {err}", e.table)),
+    }
+    if let Some(rule) = &e.firewall.rule {
+        match crate::dataplane::rule_counters::read(nft, &e.table, Some(chain)) {
+            Ok(counters) => match counters.iter().find(|c| c.index == rule.index) {
+                Some(c) => k.rule_counter = Some((c.packets, c.bytes)),
+                None => k.problems.push(format!("rule {} is not in chain {chain}", rule.index)),
+            },
+            Err(err) => k.problems.push(format!("cannot read chain {chain}: {err}")),
+        }
+    }
+    k
+}
+
+impl std::fmt::Display for KernelCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.pod_in_map {
+            Some(true) => writeln!(f, "kernel      node {}: the pod's address is in the fw-pods map", self.node)?,
+            Some(false) => writeln!(f, "kernel      node {}: the pod's address is NOT in the fw-pods map", self.node)?,
+            None => writeln!(f, "kernel      node {}", self.node)?,
+        }
+        if let Some((packets, bytes)) = self.rule_counter {
+            writeln!(
+                f,
+                "            the deciding rule's counter: {packets} packets, {bytes} bytes (retry the connection: it moves)"
+            )?;
+        }
+        for p in &self.problems {
+            writeln!(f, "            problem: {p}")?;
+        }
+        Ok(())
+    }
+}
