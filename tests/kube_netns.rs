@@ -110,6 +110,26 @@ fn follows_the_cluster_writes_statuses_and_survives_restarts_and_410() {
     assert!(wait_for(Duration::from_secs(5), || tcp(p0, "192.0.2.10", 8080).is_none()).is_some(), "edit not followed");
     assert!(tcp(p0, "203.0.113.2", 8080).is_some());
 
+    // `egressd explain` from the cluster (one list) and from the running agent agree.
+    let bin = netns::egressd_bin();
+    let state = t.dir.path().join("state-node-a");
+    let explain = |source: &[&str]| -> serde_json::Value {
+        let mut args =
+            vec![bin.to_str().unwrap(), "explain", "--pod", "team-a/pod0", "--to", "192.0.2.10:8080", "-o", "json"];
+        args.extend_from_slice(source);
+        let out = t.node.exec(&args);
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+    };
+    let kubeconfig = api.kubeconfig_egressd();
+    let from_cluster =
+        explain(&["--kubeconfig", &kubeconfig, "--cluster-cidr", "198.18.0.0/16", "--node-name", "node-a"]);
+    let from_agent = explain(&["--state-dir", state.to_str().unwrap()]);
+    for e in [&from_cluster, &from_agent] {
+        assert_eq!(e["firewall"]["verdict"], "dropped", "{e:#}");
+        assert_eq!(e["firewall"]["rule"]["rule"], "Deny to cidrSelector 192.0.2.0/24", "{e:#}");
+        assert_eq!(e["node"], "node-a", "{e:#}");
+    }
+
     // An invalid object: status and an Event name the field; the last good policy stays.
     firewall(&api, "team-a", "  - {type: Deny, to: {cidrSelector: 192.0.2.0/33}}\n");
     let reported = wait_for(Duration::from_secs(15), || {
