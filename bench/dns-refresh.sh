@@ -15,6 +15,7 @@ if [ "$(id -u)" != 0 ]; then
   command -v sudo >/dev/null || { echo "$0: needs root, and sudo is not installed: run it as root" >&2; exit 1; }
   exec sudo env "PATH=$PATH" "$(realpath "$0")" "$@"
 fi
+bench/prereqs.sh base
 cargo build --release --locked -q --bin egressd
 BIN="${CARGO_TARGET_DIR:-target}/release/egressd"
 

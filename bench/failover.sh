@@ -16,6 +16,6 @@ if [ "$(id -u)" != 0 ]; then
   command -v sudo >/dev/null || { echo "$0: needs root, and sudo is not installed: run it as root" >&2; exit 1; }
   exec sudo env "PATH=$PATH" "$(realpath "$0")" "$@"
 fi
-tests/kube/build-apiserver.sh >/dev/null
+bench/prereqs.sh kube
 RUNS=${RUNS:-10} cargo test --release --locked -q --test placement_netns failover_bench -- --ignored --nocapture 2>/dev/null \
   | grep -E '^\||^failover over'

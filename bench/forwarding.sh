@@ -9,7 +9,7 @@
 #   ipt-1k    the same decision as linear iptables-nft rules in FORWARD: 1 000 rules
 #             (other pods' rules first), the approach older agents take
 #   ipt-10k   the same with 10 000 rules
-# Needs root, iperf3, iptables (nft backend), nftables.
+# Needs root, iperf3, iptables (nft backend), nftables: bench/prereqs.sh installs them.
 #
 #   bench/forwarding.sh     # RUNS=5 SECS=5 NS=1000 RULES=100 POS=50
 set -euo pipefail
@@ -21,8 +21,9 @@ if [ "$(id -u)" != 0 ]; then
   command -v sudo >/dev/null || { echo "$0: needs root, and sudo is not installed: run it as root" >&2; exit 1; }
   exec sudo env "PATH=$PATH" "$(realpath "$0")" "$@"
 fi
+bench/prereqs.sh base
 cargo build --release --locked -q --bin egressd
-BIN="$(pwd)/${CARGO_TARGET_DIR:-target}/release/egressd"
+BIN="$(cd "${CARGO_TARGET_DIR:-target}" && pwd)/release/egressd"
 P="egfw$$" WORK=$(mktemp -d) AGENT="" SERVER=""
 NODE="$P-node" POD="$P-pod" EXT="$P-ext"
 cleanup() {
@@ -86,6 +87,7 @@ setup() { # config
         --state-dir "$WORK/state" --health-addr 127.0.0.1:9797 2>"$WORK/log" &
       AGENT=$!
       for _ in $(seq 600); do grep -q "dataplane in sync" "$WORK/log" && break; sleep 0.1; done
+      if ! kill -0 "$AGENT" 2>/dev/null; then echo "egressd exited:" >&2; tail -5 "$WORK/log" >&2; exit 1; fi
       kill -TERM "$AGENT"; wait "$AGENT" || true; AGENT=""   # the table stays after SIGTERM
       ;;
     ipt-1k) ip netns exec "$NODE" iptables-nft-restore <"$WORK/ipt-1000" ;;

@@ -12,6 +12,7 @@ if [ "$(id -u)" != 0 ]; then
   command -v sudo >/dev/null || { echo "$0: needs root, and sudo is not installed: run it as root" >&2; exit 1; }
   exec sudo env "PATH=$PATH" "$(realpath "$0")" "$@"
 fi
+bench/prereqs.sh all
 out=bench/RESULTS.md
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 row() { tail -n 1 "$1"; }
