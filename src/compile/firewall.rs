@@ -2,7 +2,8 @@
 //!
 //! Layout (see ARCHITECTURE.md, "Packet path"):
 //!
-//! * `firewall` (forward, priority filter) and `firewall-local` (input, priority filter):
+//! * `firewall` (forward, priority filter) and `firewall-local` (input, priority filter),
+//!   only while some EgressFirewall exists:
 //!   replies pass (`ct direction reply`), cluster and service destinations pass, then
 //!   `ip saddr vmap @fw-pods-v4` / `ip6 saddr vmap @fw-pods-v6` jump to the pod's
 //!   namespace chain. Per-packet cost: two set lookups and one map lookup, whatever the
@@ -325,6 +326,10 @@ pub(super) fn compile(
     cache: &mut ChainCache,
 ) {
     cache.retain(|ns, _| view.firewalls.contains_key(ns));
+    // No EgressFirewall, no hook: packets pay nothing for an empty policy.
+    if view.firewalls.is_empty() {
+        return;
+    }
     let exempt = exempt_sets(node, table);
     let ctx = Ctx { view, node, dns, exempt };
     let mut pods_v4 = Set::verdict_map(KeyType::Ipv4);

@@ -1,6 +1,6 @@
 //! EgressQoS → nft: DSCP marks on local pods' traffic.
 //!
-//! * `qos` (forward, priority mangle): `ip saddr vmap @qos-pods-v4` /
+//! * `qos` (forward, priority mangle; only while some EgressQoS exists): `ip saddr vmap @qos-pods-v4` /
 //!   `ip6 saddr vmap @qos-pods-v6` → `jump qos-<namespace>` for pods of this node in a
 //!   namespace with an EgressQoS. Cost per packet: one map lookup, whatever the number
 //!   of namespaces.
@@ -53,6 +53,10 @@ pub(super) fn compile(
     table: &mut Table,
     statuses: &mut Vec<ObjectStatus>,
 ) {
+    // No EgressQoS, no hook: packets pay nothing for an empty policy.
+    if view.qos.is_empty() {
+        return;
+    }
     let mut pods_v4 = Set::verdict_map(KeyType::Ipv4);
     let mut pods_v6 = Set::verdict_map(KeyType::Ipv6);
     let mut local: BTreeMap<&str, Vec<(IpAddr, &PodInfo)>> = BTreeMap::new();
