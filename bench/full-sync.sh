@@ -14,6 +14,7 @@ if [ "$(id -u)" != 0 ]; then
   command -v sudo >/dev/null || { echo "$0: needs root, and sudo is not installed: run it as root" >&2; exit 1; }
   exec sudo env "PATH=$PATH" "$(realpath "$0")" "$@"
 fi
+bench/prereqs.sh base
 cargo build --release --locked -q --bin egressd
 BIN="${CARGO_TARGET_DIR:-target}/release/egressd"
 NET="egfs$$" WORK=$(mktemp -d) AGENT=""
@@ -63,4 +64,6 @@ printf -- '---\napiVersion: v1\nkind: Pod\nmetadata: {name: extra, namespace: ns
 pod=$(wait_sync 3)
 cp "$WORK/replace-ns.yaml" "$WORK/m/.tmp" && mv "$WORK/m/.tmp" "$WORK/m/fw-8.yaml"
 replace=$(wait_sync 4)
+# Where each sync's time went (egressd's compile and diff vs netlink and nft), to stderr.
+grep "dataplane in sync" "$WORK/log" | head -n 4 | grep -o 'elapsed_ms=[0-9]* compile_ms=[0-9.]* diff_ms=[0-9.]* netlink_ms=[0-9.]* nft_ms=[0-9.]*' >&2 || true
 echo "| $((NSN * RULES)) rules, $NSN namespaces, $PODS local pods ($rules_applied nft rules) | full sync ${full} ms | one rule edited ${edit} ms | one pod added ${pod} ms | one namespace replaced ${replace} ms | RSS $((rss / 1024)) MiB |"

@@ -82,14 +82,20 @@ fn record_sync(
     desired: &Desired,
     result: &Result<SyncKind, SyncError>,
     elapsed: Duration,
+    phases: Phases,
 ) {
-    use crate::telemetry::metrics::{SyncLabels, SyncType};
+    use crate::telemetry::metrics::{PhaseLabels, SyncLabels, SyncType};
     let m = &t.metrics;
     match result {
         Ok(kind) => {
             let r#type = if *kind == SyncKind::Full { SyncType::Full } else { SyncType::Partial };
             if *kind != SyncKind::Unchanged {
                 m.sync_duration.get_or_create(&SyncLabels { r#type }).observe(elapsed.as_secs_f64());
+            }
+            let all =
+                [("compile", phases.compile), ("diff", phases.diff), ("netlink", phases.netlink), ("nft", phases.nft)];
+            for (phase, d) in all {
+                m.sync_phase_duration.get_or_create(&PhaseLabels { phase: phase.into() }).observe(d.as_secs_f64());
             }
             m.last_sync_timestamp.set(jiff::Timestamp::now().as_second());
             t.health.set_synced(true);
@@ -276,14 +282,16 @@ pub(crate) async fn apply_once<B: NftBackend>(
     syncer: &mut NftSyncer<B>,
     net: Option<&Netlink>,
     cache: &mut crate::compile::CompileCache,
-) -> (Desired, Result<SyncKind, SyncError>, Option<HostLinks>) {
+) -> (Desired, Result<SyncKind, SyncError>, Option<HostLinks>, Phases) {
     let started = std::time::Instant::now();
+    let mut phases = Phases::default();
     let mut host = HostLinks::default();
     let mut links_read = false;
     let mut net_error: Option<SyncError> = None;
     let wants_net = links_matter(view, node);
     // The links matter to EgressIP only (compile reads them for nothing else).
     if let Some(net) = net.filter(|_| wants_net) {
+        let t = std::time::Instant::now();
         match net.links().await {
             Ok(h) => {
                 host = h;
@@ -291,8 +299,11 @@ pub(crate) async fn apply_once<B: NftBackend>(
             }
             Err(e) => net_error = Some(e.into()),
         }
+        phases.netlink += t.elapsed();
     }
+    let t = std::time::Instant::now();
     let mut desired = tokio::task::block_in_place(|| crate::compile::compile_cached(view, node, dns, &host, cache));
+    phases.compile += t.elapsed();
     // At most twice: when another host answers for an address about to be added, the
     // links (with that conflict) are read again and the node compiled without it.
     for attempt in 0..2 {
@@ -305,17 +316,24 @@ pub(crate) async fn apply_once<B: NftBackend>(
         if net_error.is_some() {
             break;
         }
-        match net.sync_if_changed(&desired.net).await {
+        let t = std::time::Instant::now();
+        let synced = net.sync_if_changed(&desired.net).await;
+        phases.netlink += t.elapsed();
+        match synced {
             Ok(changes) => {
                 report_net_changes(&changes).await;
                 if changes.conflicts.is_empty() || attempt == 1 {
                     break;
                 }
+                let t = std::time::Instant::now();
                 match net.links().await {
                     Ok(h) => host = h,
                     Err(e) => net_error = Some(e.into()),
                 }
+                phases.netlink += t.elapsed();
+                let t = std::time::Instant::now();
                 desired = tokio::task::block_in_place(|| crate::compile::compile_cached(view, node, dns, &host, cache));
+                phases.compile += t.elapsed();
             }
             Err(e) => net_error = Some(e.into()),
         }
@@ -327,7 +345,11 @@ pub(crate) async fn apply_once<B: NftBackend>(
             s.fail(&format!("kernel error: {e}"));
         }
     }
+    let t = std::time::Instant::now();
     let result = tokio::task::block_in_place(|| syncer.sync(&desired.table)).map_err(SyncError::from);
+    phases.nft = syncer.backend_time();
+    phases.diff = t.elapsed().saturating_sub(phases.nft);
+    let ms = |d: Duration| (d.as_secs_f64() * 1e4).round() / 10.0;
     match &result {
         Ok(kind) => tracing::info!(
             sync = ?kind,
@@ -335,6 +357,10 @@ pub(crate) async fn apply_once<B: NftBackend>(
             elements = desired.table.element_count(),
             egress_ips_hosted = desired.net.addresses.len(),
             elapsed_ms = started.elapsed().as_millis() as u64,
+            compile_ms = ms(phases.compile),
+            diff_ms = ms(phases.diff),
+            netlink_ms = ms(phases.netlink),
+            nft_ms = ms(phases.nft),
             "dataplane in sync"
         ),
         Err(e) => {
@@ -351,7 +377,17 @@ pub(crate) async fn apply_once<B: NftBackend>(
         (Ok(_), Some(e)) => Err(e),
         (r, _) => r,
     };
-    (desired, result, links_read.then_some(host))
+    (desired, result, links_read.then_some(host), phases)
+}
+
+/// Where one sync's time went: egressd's own work (`compile`, `diff`: the delta and its
+/// script) and the kernel's (`netlink`; `nft`: the `nft` program and the kernel).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Phases {
+    compile: Duration,
+    diff: Duration,
+    netlink: Duration,
+    nft: Duration,
 }
 
 fn log_status_changes(old: &[ObjectStatus], new: &[ObjectStatus]) {
@@ -535,14 +571,14 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
         let answers = self.dns.as_ref().map(DnsWorker::answers).unwrap_or_default();
         let started = std::time::Instant::now();
         self.config.telemetry.health.set_syncing(true);
-        let (desired, result, links) =
+        let (desired, result, links, phases) =
             apply_once(view, &self.config.node, &answers, &mut self.syncer, self.net.as_ref(), &mut self.cache).await;
         if links.is_some() {
             self.last_links = links;
         }
         self.config.telemetry.health.set_syncing(false);
         let telemetry = &self.config.telemetry;
-        record_sync(telemetry, view, &desired, &result, started.elapsed());
+        record_sync(telemetry, view, &desired, &result, started.elapsed(), phases);
         if let Some(h) = &self.snoop {
             h.update(desired.snoop.clone());
             if matches!(result, Ok(SyncKind::Full)) {

@@ -291,12 +291,15 @@ pub enum SyncKind {
 pub struct NftSyncer<B> {
     backend: B,
     applied: Option<Table>,
+    /// How long the last [`NftSyncer::sync`] spent in the backend (the `nft` program and
+    /// the kernel), as opposed to egressd's own diff and rendering.
+    backend_time: std::time::Duration,
 }
 
 impl<B: NftBackend> NftSyncer<B> {
     /// A syncer that has applied nothing yet (its first sync is a full replace).
     pub fn new(backend: B) -> Self {
-        Self { backend, applied: None }
+        Self { backend, applied: None, backend_time: std::time::Duration::ZERO }
     }
 
     /// The backend (tests inspect the recording backend).
@@ -315,13 +318,22 @@ impl<B: NftBackend> NftSyncer<B> {
         self.applied.as_ref()
     }
 
+    /// How long the last [`NftSyncer::sync`] spent in the backend.
+    pub fn backend_time(&self) -> std::time::Duration {
+        self.backend_time
+    }
+
     /// Make the kernel's table equal `desired`.
     pub fn sync(&mut self, desired: &Table) -> Result<SyncKind, NftError> {
+        self.backend_time = std::time::Duration::ZERO;
         if let Some(applied) = &self.applied {
             let Some(script) = diff(applied, desired) else {
                 return Ok(SyncKind::Unchanged);
             };
-            match self.backend.apply(&script) {
+            let t = std::time::Instant::now();
+            let applied = self.backend.apply(&script);
+            self.backend_time += t.elapsed();
+            match applied {
                 Ok(()) => {
                     self.applied = Some(desired.clone());
                     return Ok(SyncKind::Partial);
@@ -332,7 +344,11 @@ impl<B: NftBackend> NftSyncer<B> {
                 }
             }
         }
-        self.backend.apply(&desired.replace_script())?;
+        let script = desired.replace_script();
+        let t = std::time::Instant::now();
+        let applied = self.backend.apply(&script);
+        self.backend_time += t.elapsed();
+        applied?;
         self.applied = Some(desired.clone());
         Ok(SyncKind::Full)
     }

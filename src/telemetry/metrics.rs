@@ -25,6 +25,14 @@ pub struct SyncLabels {
     pub r#type: SyncType,
 }
 
+/// `phase` label of `egressd_sync_phase_seconds`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabels {
+    /// `compile`, `diff` (egressd's own work), `netlink`, `nft` (the kernel's; `nft`
+    /// includes the nft program's own time).
+    pub phase: String,
+}
+
 /// `kind` and `valid` labels of the object gauge.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ObjectLabels {
@@ -108,6 +116,8 @@ pub struct Metrics {
     registry: Registry,
     /// Time to compile and apply, by sync type (seconds).
     pub sync_duration: Family<SyncLabels, Histogram>,
+    /// Time of each sync by phase: egressd's own work vs the kernel's.
+    pub sync_phase_duration: Family<PhaseLabels, Histogram>,
     /// Syncs that nft rejected.
     pub sync_failures: Counter,
     /// Objects in the view, by kind and validity.
@@ -154,8 +164,12 @@ impl Default for Metrics {
         let sync_duration = Family::<SyncLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.001, 2.0, 14))
         });
+        let sync_phase_duration = Family::<PhaseLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.0001, 2.0, 18))
+        });
         let m = Self {
             sync_duration,
+            sync_phase_duration,
             sync_failures: Counter::default(),
             objects: Family::default(),
             rules: Gauge::default(),
@@ -175,6 +189,11 @@ impl Default for Metrics {
             registry: Registry::default(),
         };
         registry.register("sync_duration_seconds", "Compile and apply time of a sync", m.sync_duration.clone());
+        registry.register(
+            "sync_phase_seconds",
+            "Time of each sync by phase: compile and diff (egressd's own work), netlink and nft (the kernel's, nft with the nft program)",
+            m.sync_phase_duration.clone(),
+        );
         registry.register("sync_failures", "Syncs nft rejected", m.sync_failures.clone());
         registry.register("objects", "Objects in the cluster view by kind and validity", m.objects.clone());
         registry.register("nft_rules", "Rules in egressd's nft table", m.rules.clone());
