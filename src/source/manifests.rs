@@ -89,12 +89,62 @@ pub struct LoadReport {
 
 /// One document of a file, as parsed.
 #[derive(Debug, Clone)]
-#[allow(clippy::large_enum_variant)] // a few per file; boxing buys nothing here
+#[allow(clippy::large_enum_variant)] // short-lived: only while a changed file is applied
 enum ParsedDoc {
     /// Not YAML.
     Unreadable { number: usize, line: usize, error: String },
     /// Parsed (or rejected with a known or unknown key).
     Parsed { number: usize, line: usize, result: Result<Parsed, crate::api::ParseError> },
+}
+
+/// What the parse cache keeps of a document: where it is and what it names or why it
+/// was refused — never the object itself (the view holds what egressd uses of it).
+#[derive(Debug, Clone)]
+enum DocSummary {
+    /// Not YAML.
+    Unreadable { number: usize, line: usize, error: String },
+    /// A kind egressd does not read.
+    Ignored { number: usize, what: String },
+    /// An object.
+    Object { number: usize, line: usize, key: ObjectKey },
+    /// A refused document, with its object when known.
+    Rejected { number: usize, line: usize, key: Option<ObjectKey>, message: String },
+}
+
+impl DocSummary {
+    fn of(doc: &ParsedDoc) -> Self {
+        match doc {
+            ParsedDoc::Unreadable { number, line, error } => {
+                Self::Unreadable { number: *number, line: *line, error: error.clone() }
+            }
+            ParsedDoc::Parsed { number, line, result } => {
+                let (number, line) = (*number, *line);
+                match result {
+                    Ok(Parsed::Ignored { api_version, kind }) => {
+                        Self::Ignored { number, what: format!("{api_version}/{kind}") }
+                    }
+                    Ok(Parsed::Object(obj)) => Self::Object { number, line, key: obj.key() },
+                    Err(e) => Self::Rejected { number, line, key: e.key.clone(), message: e.violations.join("; ") },
+                }
+            }
+        }
+    }
+}
+
+/// One file as last read: its length and a hash of its text (an unchanged file is not
+/// parsed again) and its documents' summaries.
+#[derive(Debug, Clone)]
+struct FileEntry {
+    len: usize,
+    hash: u64,
+    docs: Vec<DocSummary>,
+}
+
+fn text_hash(text: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    h.finish()
 }
 
 /// The manifests directory and the view built from it.
@@ -104,9 +154,9 @@ pub struct ManifestSource {
     view: ClusterView,
     /// Which file each object in the view came from.
     origins: BTreeMap<ObjectKey, PathBuf>,
-    /// Parsed documents of each file with the text they came from: a file whose text is
+    /// Each file's length, text hash and document summaries: a file whose text is
     /// unchanged is not parsed again (a resync of an unchanged directory reads the files
-    /// but parses nothing).
+    /// but parses nothing), and neither its text nor its documents are kept.
     parsed: ParseCache,
 }
 
@@ -157,22 +207,23 @@ impl ManifestSource {
     pub fn load(&mut self) -> Result<LoadReport, SourceError> {
         let files = self.files()?;
         let mut report = LoadReport::default();
-        let read = refresh(&mut self.parsed, &files, &mut report);
+        let mut read = refresh(&mut self.parsed, &files, &mut report);
         let mut collected = collect(&files, &self.parsed, &mut report);
-        collected.unreadable.extend(read.unreadable);
+        collected.unreadable.extend(std::mem::take(&mut read.unreadable));
         report.objects = collected.objects.len();
-        report.changed = update_view(&mut self.view, &mut self.origins, collected, &read.changed);
+        report.changed = update_view(&mut self.view, &mut self.origins, collected, &mut read);
         Ok(report)
     }
 }
 
-/// Parsed documents of each file with the text they came from.
-type ParseCache = BTreeMap<PathBuf, (String, Vec<ParsedDoc>)>;
+/// What is kept of each file.
+type ParseCache = BTreeMap<PathBuf, FileEntry>;
 
 /// What reading the files found.
 struct Read {
-    /// Files parsed anew (new, or with changed text).
-    changed: BTreeSet<PathBuf>,
+    /// Files parsed anew (new, or with changed text), with their documents (kept for
+    /// this load only).
+    changed: BTreeMap<PathBuf, Vec<ParsedDoc>>,
     /// Files that could not be read.
     unreadable: BTreeSet<PathBuf>,
 }
@@ -182,14 +233,16 @@ struct Read {
 fn refresh(parsed: &mut ParseCache, files: &[PathBuf], report: &mut LoadReport) -> Read {
     let present: BTreeSet<&PathBuf> = files.iter().collect();
     parsed.retain(|path, _| present.contains(path));
-    let mut read = Read { changed: BTreeSet::new(), unreadable: BTreeSet::new() };
+    let mut read = Read { changed: BTreeMap::new(), unreadable: BTreeSet::new() };
     for file in files {
         match std::fs::read_to_string(file) {
             Ok(text) => {
-                if parsed.get(file).is_none_or(|(old, _)| *old != text) {
+                let (len, hash) = (text.len(), text_hash(&text));
+                if parsed.get(file).is_none_or(|e| e.len != len || e.hash != hash) {
                     let docs = parse_file(&text);
-                    parsed.insert(file.clone(), (text, docs));
-                    read.changed.insert(file.clone());
+                    let summaries = docs.iter().map(DocSummary::of).collect();
+                    parsed.insert(file.clone(), FileEntry { len, hash, docs: summaries });
+                    read.changed.insert(file.clone(), docs);
                 }
             }
             Err(e) => {
@@ -208,77 +261,80 @@ fn refresh(parsed: &mut ParseCache, files: &[PathBuf], report: &mut LoadReport) 
     read
 }
 
-/// Every object of the directory, by the documents of the parse cache.
+/// Every object of the directory, by the document summaries of the parse cache.
 struct Collected<'a> {
     /// Good objects and their file (the first definition wins; later copies are errors).
-    objects: BTreeMap<ObjectKey, (&'a Object, &'a PathBuf)>,
+    objects: BTreeMap<ObjectKey, &'a PathBuf>,
     /// Rejected objects: the located error and their file.
     rejected: BTreeMap<ObjectKey, (String, PathBuf)>,
     /// Files with a document that is not YAML (their objects cannot be told).
     unreadable: BTreeSet<PathBuf>,
 }
 
-/// Walk the cached documents of `files` in order (by reference), reporting errors.
-fn collect<'a>(files: &'a [PathBuf], parsed: &'a ParseCache, report: &mut LoadReport) -> Collected<'a> {
+/// Walk the cached summaries of `files` in order, reporting errors.
+fn collect<'a>(files: &'a [PathBuf], parsed: &ParseCache, report: &mut LoadReport) -> Collected<'a> {
     let mut c = Collected { objects: BTreeMap::new(), rejected: BTreeMap::new(), unreadable: BTreeSet::new() };
     let mut seen_at: BTreeMap<ObjectKey, String> = BTreeMap::new();
     for file in files {
-        let Some((_, docs)) = parsed.get(file) else { continue };
-        for doc in docs {
-            let (number, line, result) = match doc {
-                ParsedDoc::Unreadable { number, line, error } => {
-                    report.errors.push(DocumentError {
-                        file: file.clone(),
-                        document: *number,
-                        line: *line,
-                        key: None,
-                        message: error.clone(),
-                    });
-                    c.unreadable.insert(file.clone());
-                    continue;
-                }
-                ParsedDoc::Parsed { number, line, result } => (*number, *line, result),
-            };
-            let err = |key: Option<ObjectKey>, message: String| DocumentError {
+        let Some(entry) = parsed.get(file) else { continue };
+        for doc in &entry.docs {
+            let err = |document: usize, line: usize, key: Option<ObjectKey>, message: String| DocumentError {
                 file: file.clone(),
-                document: number,
+                document,
                 line,
                 key,
                 message,
             };
-            let here = format!("{} document {number}", file.display());
-            match result {
-                Ok(Parsed::Ignored { api_version, kind }) => {
-                    report.ignored.push(format!("{here}: {api_version}/{kind}"));
+            match doc {
+                DocSummary::Unreadable { number, line, error } => {
+                    report.errors.push(err(*number, *line, None, error.clone()));
+                    c.unreadable.insert(file.clone());
                 }
-                Ok(Parsed::Object(obj)) => {
-                    let key = obj.key();
-                    if let Some(first) = seen_at.get(&key) {
+                DocSummary::Ignored { number, what, .. } => {
+                    report.ignored.push(format!("{} document {number}: {what}", file.display()));
+                }
+                DocSummary::Object { number, line, key } => {
+                    if let Some(first) = seen_at.get(key) {
                         report.errors.push(err(
-                            Some(key),
+                            *number,
+                            *line,
+                            Some(key.clone()),
                             format!("duplicate object: already defined in {first}; this copy is ignored"),
                         ));
                         continue;
                     }
-                    seen_at.insert(key.clone(), here);
-                    c.objects.insert(key, (obj, file));
+                    seen_at.insert(key.clone(), format!("{} document {number}", file.display()));
+                    c.objects.insert(key.clone(), file);
                 }
-                Err(e) => {
-                    let message = e.violations.join("; ");
-                    if let Some(key) = e.key.clone()
-                        && !seen_at.contains_key(&key)
+                DocSummary::Rejected { number, line, key, message } => {
+                    if let Some(key) = key
+                        && !seen_at.contains_key(key)
                     {
-                        seen_at.insert(key.clone(), here);
+                        seen_at.insert(key.clone(), format!("{} document {number}", file.display()));
                         // The status names where the bad version is, then the fields.
-                        let located = err(None, message.clone()).to_string();
+                        let located = err(*number, *line, None, message.clone()).to_string();
                         c.rejected.insert(key.clone(), (located, file.clone()));
                     }
-                    report.errors.push(err(e.key.clone(), message));
+                    report.errors.push(err(*number, *line, key.clone(), message.clone()));
                 }
             }
         }
     }
     c
+}
+
+/// The object `key` as parsed from `file`: from this load's parse of a changed file, or
+/// (when the object's first definition moved to a file that did not change) by parsing
+/// that file again.
+fn object_of<'r>(read: &'r mut Read, file: &Path, key: &ObjectKey) -> Option<&'r Object> {
+    if !read.changed.contains_key(file) {
+        let text = std::fs::read_to_string(file).ok()?;
+        read.changed.insert(file.to_path_buf(), parse_file(&text));
+    }
+    read.changed.get(file)?.iter().find_map(|d| match d {
+        ParsedDoc::Parsed { result: Ok(Parsed::Object(o)), .. } if o.key() == *key => Some(o),
+        _ => None,
+    })
 }
 
 /// Make the view hold what was collected: remove objects that are gone (neither read
@@ -289,7 +345,7 @@ fn update_view(
     view: &mut ClusterView,
     origins: &mut BTreeMap<ObjectKey, PathBuf>,
     c: Collected<'_>,
-    changed_files: &BTreeSet<PathBuf>,
+    read: &mut Read,
 ) -> bool {
     let mut changed = false;
     let gone: Vec<ObjectKey> = origins
@@ -304,11 +360,13 @@ fn update_view(
         origins.remove(&key);
         changed = true;
     }
-    for (key, (obj, file)) in c.objects {
+    for (key, file) in c.objects {
         // The same version from the same unchanged file is in the view already.
-        if !changed_files.contains(file) && origins.get(&key) == Some(file) {
+        if !read.changed.contains_key(file) && origins.get(&key) == Some(file) {
             continue;
         }
+        // A file changed again since it was read is read again at its event.
+        let Some(obj) = object_of(read, file, &key) else { continue };
         changed |= view.upsert(obj);
         origins.insert(key, file.clone());
     }
