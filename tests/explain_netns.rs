@@ -264,8 +264,8 @@ fn explained_verdicts_are_what_packets_get() {
     // --kernel: find a triple decided by a rule and retry it; the rule's counter moves.
     let bin = egressd_bin();
     let state_arg = state.to_str().unwrap().to_string();
-    let explain_json = |to: &str| -> serde_json::Value {
-        let out = t.node.exec(&[
+    let explain = |to: &str, extra: &[&str]| -> String {
+        let mut args = vec![
             bin.to_str().unwrap(),
             "explain",
             "--state-dir",
@@ -275,9 +275,12 @@ fn explained_verdicts_are_what_packets_get() {
             "--to",
             to,
             "--kernel",
-            "-o",
-            "json",
-        ]);
+        ];
+        args.extend_from_slice(extra);
+        t.node.exec(&args)
+    };
+    let explain_json = |to: &str| -> serde_json::Value {
+        let out = explain(to, &["-o", "json"]);
         serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
     };
     let to = (0..64)
@@ -303,17 +306,7 @@ fn explained_verdicts_are_what_packets_get() {
     let packets: u64 = line.split('\t').nth(3).unwrap().parse().unwrap();
     assert!(packets >= after, "{line}");
     // The text form names the rule and the counter.
-    let text = t.node.exec(&[
-        bin.to_str().unwrap(),
-        "explain",
-        "--state-dir",
-        &state_arg,
-        "--pod",
-        "team-a/pod0",
-        "--to",
-        &to,
-        "--kernel",
-    ]);
+    let text = explain(&to, &[]);
     assert!(text.contains(&format!("EgressFirewall team-a/default rule {index}")), "{text}");
     assert!(text.contains("the deciding rule's counter:"), "{text}");
     assert!(text.contains("the pod's address is in the fw-pods map"), "{text}");

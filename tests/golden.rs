@@ -75,6 +75,19 @@ fn node_config(args: &str) -> NodeConfig {
     node
 }
 
+/// Compare `got` with the case's `expected.txt` (or write it when updating).
+fn compare(case: &Path, got: &str, update: bool, failures: &mut Vec<String>) {
+    let expected_path = case.join("expected.txt");
+    if update {
+        std::fs::write(&expected_path, got).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&expected_path).unwrap_or_default();
+    if got != expected {
+        failures.push(format!("{}:\n--- expected\n{expected}\n+++ got\n{got}", case.display()));
+    }
+}
+
 #[test]
 fn rendered_output_matches_golden_files() {
     let root = Path::new("tests/golden");
@@ -88,15 +101,7 @@ fn rendered_output_matches_golden_files() {
         let args = std::fs::read_to_string(case.join("args")).unwrap();
         let links = std::fs::read_to_string(case.join("links")).map(|t| host_links(&t)).unwrap_or_default();
         let got = render_manifests(&case.join("manifests"), &node_config(&args), &links).unwrap();
-        let expected_path = case.join("expected.txt");
-        if update {
-            std::fs::write(&expected_path, &got).unwrap();
-            continue;
-        }
-        let expected = std::fs::read_to_string(&expected_path).unwrap_or_default();
-        if got != expected {
-            failures.push(format!("{}:\n--- expected\n{expected}\n+++ got\n{got}", case.display()));
-        }
+        compare(&case, &got, update, &mut failures);
     }
     assert!(failures.is_empty(), "golden mismatch (EGRESSD_UPDATE_GOLDEN=1 to regenerate):\n{}", failures.join("\n"));
 }
@@ -163,15 +168,7 @@ fn explain_output_matches_golden_files() {
             }
             got.push_str(&format!("$ egressd explain {line}\n{}\n", explain_line(line, source.view(), &node, &dns)));
         }
-        let expected_path = case.join("expected.txt");
-        if update {
-            std::fs::write(&expected_path, &got).unwrap();
-            continue;
-        }
-        let expected = std::fs::read_to_string(&expected_path).unwrap_or_default();
-        if got != expected {
-            failures.push(format!("{}:\n--- expected\n{expected}\n+++ got\n{got}", case.display()));
-        }
+        compare(&case, &got, update, &mut failures);
     }
     assert!(failures.is_empty(), "golden mismatch (EGRESSD_UPDATE_GOLDEN=1 to regenerate):\n{}", failures.join("\n"));
 }
