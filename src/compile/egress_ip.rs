@@ -177,15 +177,18 @@ fn context<'a>(
     let me = node.node_name.as_str();
     let my_addrs: BTreeSet<IpAddr> =
         host.addresses().chain(view.nodes.get(me).into_iter().flat_map(|n| n.addresses.iter().copied())).collect();
+    Ctx { view, node, host, node_addrs, my_addrs, ip_owner: ip_owners(ordered) }
+}
+
+/// Who owns each egress IP: the oldest EgressIP naming it (`ordered` oldest first).
+pub(crate) fn ip_owners<'a>(ordered: &[&'a crate::view::Entry<EgressIpPolicy>]) -> BTreeMap<IpAddr, &'a str> {
     let mut ip_owner: BTreeMap<IpAddr, &str> = BTreeMap::new();
-    for e in ordered {
-        if let Some(p) = &e.policy {
-            for ip in &p.ips {
-                ip_owner.entry(*ip).or_insert(p.name.as_str());
-            }
+    for p in ordered.iter().filter_map(|e| e.policy.as_ref()) {
+        for ip in &p.ips {
+            ip_owner.entry(*ip).or_insert(p.name.as_str());
         }
     }
-    Ctx { view, node, host, node_addrs, my_addrs, ip_owner }
+    ip_owner
 }
 
 /// Hosting: where each IP of one EgressIP is placed — on this node (the address goes on

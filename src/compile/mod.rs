@@ -19,7 +19,7 @@ use crate::nft::Table;
 use crate::view::{ClusterView, PodInfo};
 
 pub use egress_ip::{SNAT_CHAIN, STEER_CHAIN};
-pub(crate) use egress_ip::{namespace_labels, oldest_first};
+pub(crate) use egress_ip::{ip_owners, namespace_labels, oldest_first};
 pub(crate) use firewall::ACL_OVER;
 pub(crate) use firewall::absolute;
 pub use firewall::{FIREWALL_CHAIN, FIREWALL_LOCAL_CHAIN, dns_names, dns_rule_names, dns_set_names, wildcard_sets};

@@ -215,7 +215,9 @@ impl NftBackend for NftCli {
 }
 
 /// Wait for `child` at most [`NFT_TIMEOUT`]; past it, kill it and return `None`.
-fn wait_within_timeout(child: &mut std::process::Child) -> std::io::Result<Option<std::process::ExitStatus>> {
+pub(super) fn wait_within_timeout(
+    child: &mut std::process::Child,
+) -> std::io::Result<Option<std::process::ExitStatus>> {
     let deadline = std::time::Instant::now() + NFT_TIMEOUT;
     loop {
         match child.try_wait()? {
@@ -231,7 +233,7 @@ fn wait_within_timeout(child: &mut std::process::Child) -> std::io::Result<Optio
 }
 
 /// What a finished `child` wrote to its piped stderr, trimmed.
-fn stderr_of(child: &mut std::process::Child) -> String {
+pub(super) fn stderr_of(child: &mut std::process::Child) -> String {
     let mut stderr = String::new();
     if let Some(mut e) = child.stderr.take() {
         let _ = std::io::Read::read_to_string(&mut e, &mut stderr);

@@ -10,7 +10,6 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use super::nft_sync::NftError;
 
@@ -83,12 +82,11 @@ pub fn render(table: &str, counters: &[RuleCounter]) -> String {
     out
 }
 
-/// How long one `nft -j list` may take.
-const LIST_TIMEOUT: Duration = Duration::from_secs(30);
-
 /// The rule counters of `chain` of egressd's table, or of the whole table (`None`).
-/// A chain that does not exist has none.
+/// A chain that does not exist has none. Bounded like every `nft` run
+/// ([`super::nft_sync::NFT_TIMEOUT`]).
 pub fn read(nft: &Path, table: &str, chain: Option<&str>) -> Result<Vec<RuleCounter>, NftError> {
+    use super::nft_sync::{NFT_TIMEOUT, stderr_of, wait_within_timeout};
     let mut args = vec!["-j", "list"];
     match chain {
         Some(c) => args.extend(["chain", crate::nft::FAMILY, table, c]),
@@ -111,30 +109,18 @@ pub fn read(nft: &Path, table: &str, chain: Option<&str>) -> Result<Vec<RuleCoun
         }
         out
     });
-    let deadline = Instant::now() + LIST_TIMEOUT;
-    let status = loop {
-        match child.try_wait().map_err(spawn_err)? {
-            Some(s) => break s,
-            None if Instant::now() >= deadline => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(NftError::Timeout { seconds: LIST_TIMEOUT.as_secs() });
-            }
-            None => std::thread::sleep(Duration::from_millis(2)),
-        }
+    let Some(status) = wait_within_timeout(&mut child).map_err(spawn_err)? else {
+        return Err(NftError::Timeout { seconds: NFT_TIMEOUT.as_secs() });
     };
     let out = reader.join().unwrap_or_default();
     if status.success() {
         return Ok(parse(&out));
     }
-    let mut stderr = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
-    }
+    let stderr = stderr_of(&mut child);
     if stderr.contains("No such file or directory") {
         return Ok(Vec::new());
     }
-    Err(NftError::Rejected { message: stderr.trim().to_string() })
+    Err(NftError::Rejected { message: stderr })
 }
 
 #[cfg(test)]

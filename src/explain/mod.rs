@@ -21,7 +21,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use crate::compile::{NodeConfig, absolute, namespace_labels, oldest_first};
+use crate::compile::{NodeConfig, absolute, ip_owners, namespace_labels, oldest_first};
 use crate::dns::DnsAnswers;
 use crate::view::policy::{Action, FirewallRule, Protocol, QosRule, Target};
 use crate::view::{ClusterView, PodInfo};
@@ -603,12 +603,7 @@ fn egress_ip(view: &ClusterView, node: &NodeConfig, pod: &PodInfo, q: &Query) ->
         return answer;
     }
     // The IPs this EgressIP owns (the oldest EgressIP naming an IP keeps it), placed.
-    let mut owner: BTreeMap<IpAddr, &str> = BTreeMap::new();
-    for p in ordered.iter().filter_map(|e| e.policy.as_ref()) {
-        for ip in &p.ips {
-            owner.entry(*ip).or_insert(p.name.as_str());
-        }
-    }
+    let owner = ip_owners(&ordered);
     let mut seen = BTreeSet::new();
     for (ip, host) in &policy.placement {
         if ip.is_ipv4() == v4
