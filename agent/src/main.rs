@@ -387,6 +387,12 @@ struct RunArgs {
     /// The nft program.
     #[arg(long, env = "EGRESSD_NFT", default_value = "nft")]
     nft: PathBuf,
+    /// How changes that are set and map elements only (pods, DNS answers, EgressIP
+    /// members) reach the kernel: `netlink` sends them in-process as one nf_tables
+    /// transaction; `nft` runs the nft program for them too (slower at scale: nft reads
+    /// the whole table first). Full replaces and rule changes always go through nft.
+    #[arg(long, env = "EGRESSD_NFT_ELEMENTS", value_enum, default_value = "netlink")]
+    nft_elements: NftElements,
     /// Quiet time after a change in the directory before it is applied (milliseconds,
     /// 1 ..= 60000).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=60_000))]
@@ -609,6 +615,15 @@ fn explain(args: &ExplainArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// How element-only changes reach the kernel (`run --nft-elements`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum NftElements {
+    /// In-process nf_tables netlink.
+    Netlink,
+    /// The nft program.
+    Nft,
+}
+
 /// Remove the nft table, then the egress addresses, rules and routes egressd owns.
 fn cleanup(args: &CleanupArgs) -> ExitCode {
     let mut failed = false;
@@ -741,7 +756,9 @@ fn run(args: RunArgs) -> ExitCode {
         tokio::spawn(
             prerequisites(telemetry.clone(), families, nft_version, manage).instrument(info_span!("prerequisites")),
         );
-        let syncer = NftSyncer::new(nft.with_alias_in(&args.state_dir));
+        let syncer = NftSyncer::new(
+            nft.with_alias_in(&args.state_dir).with_netlink_elements(args.nft_elements == NftElements::Netlink),
+        );
         if let Some(dir) = &args.manifests {
             let debounce = Duration::from_millis(args.debounce_ms);
             let resync = Duration::from_secs(args.resync_secs);

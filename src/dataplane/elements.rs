@@ -1,12 +1,19 @@
-//! Adding elements to egressd's timeout sets in-process over nf_tables netlink: one
-//! batch (`BATCH_BEGIN`, `NEWSETELEM`, `BATCH_END`), no `nft` process. This is the fast
-//! path of DNS snooping, where the time from an answer to its address being in the set
-//! is the race a pod's first packet runs against; starting an `nft` process costs
-//! ~5 ms, this ~0.1 ms.
+//! Set and map elements in-process over nf_tables netlink: one batch (`BATCH_BEGIN`,
+//! `DELSETELEM`/`NEWSETELEM` messages, `BATCH_END`), no `nft` process.
+//!
+//! * [`ElementWriter::add`]: the fast path of DNS snooping, where the time from an
+//!   answer to its address being in the set is the race a pod's first packet runs
+//!   against; starting an `nft` process costs ~5 ms, this ~0.1 ms. Many elements
+//!   (putting back thousands of learned addresses after a full replace) are split into
+//!   messages and transactions the kernel takes.
+//! * [`ElementWriter::apply`]: the steady state of the nftables driver — an
+//!   [`ElementDelta`] (pods, DNS answers, EgressIP members) as one transaction however
+//!   large, with the socket's send buffer raised to hold it (`SO_SNDBUFFORCE`). An
+//!   `nft` process would first read the whole table into its cache (tens of ms at 100k
+//!   rules, far more with large interval sets).
 //!
 //! Adding an element that exists restarts its timeout (no `NLM_F_EXCL`), the same as
-//! `nft add element`. Many elements (putting back thousands of learned addresses after
-//! a full replace) are split into messages and transactions the kernel takes.
+//! `nft add element`.
 
 use std::io;
 use std::net::IpAddr;
@@ -14,11 +21,14 @@ use std::time::Duration;
 
 use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload};
 use netlink_packet_netfilter::nftables::{
-    DataAttribute, ListAttribute, NfTablesMessage, SetElementAttribute, SetElementList, SetElementMessage,
+    DataAttribute, ListAttribute, NfTablesMessage, SetElementAttribute, SetElementList, SetElementMessage, Verdict,
+    VerdictAttribute,
 };
 use netlink_packet_netfilter::none::ControlMessage;
 use netlink_packet_netfilter::{NetfilterHeader, NetfilterMessage, NetfilterProtoFamily};
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
+
+use crate::nft::delta::{ElementDelta, ElementValue};
 
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 
@@ -31,6 +41,8 @@ pub struct ElementWriter {
     table: String,
     seq: u32,
     buf: Vec<u8>,
+    /// The send buffer size last asked for (0: the default).
+    send_buffer: usize,
 }
 
 impl ElementWriter {
@@ -41,7 +53,56 @@ impl ElementWriter {
         socket.connect(&SocketAddr::new(0, 0))?;
         // A reply that never comes fails the call instead of blocking its caller.
         socket2::SockRef::from(&socket).set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
-        Ok(Self { socket, table: table.to_string(), seq: 0, buf: vec![0; 1 << 18] })
+        Ok(Self { socket, table: table.to_string(), seq: 0, buf: vec![0; 1 << 18], send_buffer: 0 })
+    }
+
+    /// Apply `delta` (deletions, then additions) as one transaction: all of it or, on
+    /// an error (an element to delete that is not there, a chain a jump names that is
+    /// not), nothing. The send buffer grows to hold the batch.
+    pub fn apply(&mut self, delta: &ElementDelta) -> io::Result<()> {
+        let mut batch: Vec<u8> = Vec::new();
+        let mut waiting: Vec<u32> = Vec::new();
+        for (delete, lists) in [(true, &delta.delete), (false, &delta.add)] {
+            for list in lists {
+                let per_message = if list.elements.iter().any(|(_, v)| matches!(v, ElementValue::Jump(_))) {
+                    256
+                } else {
+                    ELEMENTS_PER_MESSAGE
+                };
+                for chunk in list.elements.chunks(per_message) {
+                    let elements =
+                        chunk.iter().map(|(ip, v)| ListAttribute::Element(attributes(*ip, v, !delete))).collect();
+                    let message = SetElementMessage {
+                        attributes: vec![
+                            SetElementList::Table(self.table.clone()),
+                            SetElementList::Set(list.set.clone()),
+                            SetElementList::Elements(elements),
+                        ],
+                    };
+                    let (msg, flags) = if delete {
+                        (NfTablesMessage::DeleteSetElement(message), NLM_F_REQUEST | NLM_F_ACK)
+                    } else {
+                        (NfTablesMessage::NewSetElement(message), NLM_F_REQUEST | NLM_F_CREATE | NLM_F_ACK)
+                    };
+                    batch.extend(self.message(flags, msg, 0));
+                    waiting.push(self.seq);
+                }
+            }
+        }
+        if batch.is_empty() {
+            return Ok(());
+        }
+        // The batch is one datagram: the kernel refuses it (EMSGSIZE) beyond the send
+        // buffer. Room for it and the batch markers, doubled by the kernel.
+        let needed = batch.len() + 4096;
+        if needed > self.send_buffer {
+            // Forcing needs CAP_NET_ADMIN (which the agent has); else up to wmem_max.
+            if nix::sys::socket::setsockopt(&self.socket, nix::sys::socket::sockopt::SndBufForce, &needed).is_err() {
+                socket2::SockRef::from(&self.socket).set_send_buffer_size(needed)?;
+            }
+            self.send_buffer = needed;
+        }
+        self.send_batch(batch, waiting)
     }
 
     fn message(
@@ -193,6 +254,24 @@ pub(crate) const ELEMENTS_PER_MESSAGE: usize = 1024;
 /// Most bytes of element messages in one transaction (one `send`): well under the
 /// socket's default send buffer (~212 KB), beyond which the send fails with EMSGSIZE.
 pub(crate) const BATCH_BYTES: usize = 128 * 1024;
+
+/// The attributes of one element: its key and, when added, its timeout or verdict.
+fn attributes(ip: IpAddr, value: &ElementValue, with_value: bool) -> Vec<SetElementAttribute> {
+    let mut attrs = vec![SetElementAttribute::Key(DataAttribute::Value(key(ip)))];
+    if with_value {
+        match value {
+            ElementValue::None => {}
+            ElementValue::Timeout(t) => {
+                attrs.push(SetElementAttribute::Timeout(u64::try_from(t.as_millis()).unwrap_or(u64::MAX)));
+            }
+            ElementValue::Jump(chain) => attrs.push(SetElementAttribute::Data(DataAttribute::Verdict(vec![
+                VerdictAttribute::Code(Verdict::Jump),
+                VerdictAttribute::Chain(chain.clone()),
+            ]))),
+        }
+    }
+    attrs
+}
 
 /// An address as a set element key.
 fn key(ip: IpAddr) -> Vec<u8> {

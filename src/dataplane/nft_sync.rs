@@ -1,17 +1,21 @@
 //! The nftables driver.
 //!
-//! Backend: the `nft` program fed a script on stdin (`nft -f -`), nft's own error text
-//! captured and returned. Measured on the project's machines (`bench/RESULTS.md` and
-//! `bench/`): nft syntax and nft JSON cost the same (≈90–100 ms for a 10k-element
-//! table, ≈5–7 ms per small delta, dominated by process start); text is what
-//! `egressd render` shows, so the script applied is exactly the script rendered. The
-//! `nftables` crate cannot express verdict maps, and netlink crates cannot express
-//! maps, intervals or DSCP rewrites.
+//! Backends: the `nft` program fed a script on stdin (`nft -f -`), nft's own error text
+//! captured and returned; and, for changes that are set and map elements only (the
+//! steady state: pods, DNS answers, EgressIP members), in-process nf_tables netlink
+//! ([`crate::dataplane::elements`]). Measured on the project's machines
+//! (`bench/RESULTS.md` and `bench/`): a small delta through `nft` costs ~5–7 ms of
+//! process start plus nft reading the whole table into its cache before each
+//! transaction (tens of ms at 100k rules); the netlink path costs the kernel's commit
+//! only. Text is what `egressd render` shows, so a full replace applies exactly the
+//! script rendered; `--nft-elements nft` sends every change through `nft` (the
+//! fallback, and what the tests compare the netlink path with).
 //!
 //! Guarantees of [`NftSyncer::sync`]:
 //! * The first sync (and any sync after a failure) replaces the whole table in one
 //!   transaction: no moment without policy.
-//! * Later syncs send only the difference ([`crate::nft::diff`]), in one transaction.
+//! * Later syncs send only the difference ([`crate::nft::diff`] or, for elements only,
+//!   [`ElementDelta`]), in one transaction.
 //! * The same desired table twice sends nothing.
 //! * A failed delta is retried at once as a full replace.
 //!
@@ -27,6 +31,7 @@ use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::nft::delta::ElementDelta;
 use crate::nft::{Table, diff};
 
 /// An nft failure, with nft's own message.
@@ -52,12 +57,25 @@ pub enum NftError {
         /// The limit.
         seconds: u64,
     },
+    /// The kernel refused an element transaction sent over netlink (or the socket
+    /// failed).
+    #[error("nf_tables netlink transaction failed: {message}")]
+    Netlink {
+        /// The OS error.
+        message: String,
+    },
 }
 
 /// Something that applies an nft script atomically.
 pub trait NftBackend: Send {
     /// Apply `script` as one transaction.
     fn apply(&mut self, script: &str) -> Result<(), NftError>;
+
+    /// Apply element changes to table `table` as one transaction (by default as the
+    /// script [`ElementDelta::script`] renders).
+    fn apply_elements(&mut self, table: &str, delta: &ElementDelta) -> Result<(), NftError> {
+        self.apply(&delta.script(table))
+    }
 
     /// The packet counts of the named counters of `table` (none by default).
     fn counters(&mut self, _table: &str) -> Result<Vec<(String, u64)>, NftError> {
@@ -74,10 +92,22 @@ pub trait NftBackend: Send {
     }
 }
 
-/// Runs the `nft` program.
-#[derive(Debug, Clone)]
+/// Runs the `nft` program; sends element-only changes over netlink unless told not to.
 pub struct NftCli {
     program: PathBuf,
+    /// Element changes over netlink (`true`) or through `nft`.
+    netlink_elements: bool,
+    /// The netlink socket for element changes, opened on first use, for this table.
+    writer: Option<(String, super::elements::ElementWriter)>,
+}
+
+impl std::fmt::Debug for NftCli {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NftCli")
+            .field("program", &self.program)
+            .field("netlink_elements", &self.netlink_elements)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The name egressd's `nft` runs have in the kernel (their `comm`, which nf_tables
@@ -87,7 +117,13 @@ pub(crate) const NFT_ALIAS: &str = "egressd-nft";
 impl NftCli {
     /// Use `program` (usually `nft`).
     pub fn new(program: impl Into<PathBuf>) -> Self {
-        Self { program: program.into() }
+        Self { program: program.into(), netlink_elements: true, writer: None }
+    }
+
+    /// Send element-only changes over netlink (`true`, the default) or through `nft`.
+    pub fn with_netlink_elements(mut self, on: bool) -> Self {
+        self.netlink_elements = on;
+        self
     }
 
     /// Run `program` through a symlink named [`NFT_ALIAS`] in `dir`, so the kernel names
@@ -103,7 +139,7 @@ impl NftCli {
                 _ => std::os::unix::fs::symlink(&target, &alias),
             });
         match made {
-            Ok(()) => Self { program: alias },
+            Ok(()) => Self { program: alias, ..self },
             Err(e) => {
                 tracing::warn!(alias = %alias.display(), error = %e, "nft runs under its own name; drift is told apart by PID only");
                 self
@@ -192,6 +228,25 @@ impl NftBackend for NftCli {
         super::rule_counters::read(&self.program, table, Some(chain))
     }
 
+    /// Over netlink (one batch, the send buffer raised to hold it), unless element
+    /// changes go through `nft`.
+    fn apply_elements(&mut self, table: &str, delta: &ElementDelta) -> Result<(), NftError> {
+        if !self.netlink_elements {
+            return self.apply(&delta.script(table));
+        }
+        let netlink_err = |e: std::io::Error| NftError::Netlink { message: e.to_string() };
+        if self.writer.as_ref().is_none_or(|(t, _)| t != table) {
+            self.writer = Some((table.to_string(), super::elements::ElementWriter::open(table).map_err(netlink_err)?));
+        }
+        let Some((_, writer)) = self.writer.as_mut() else { return Ok(()) };
+        let applied = writer.apply(delta).map_err(netlink_err);
+        if applied.is_err() {
+            // A fresh socket next time: replies of a timed-out batch may still come.
+            self.writer = None;
+        }
+        applied
+    }
+
     fn apply(&mut self, script: &str) -> Result<(), NftError> {
         let spawn_err =
             |e: std::io::Error| NftError::Spawn { program: self.program.display().to_string(), message: e.to_string() };
@@ -267,6 +322,7 @@ pub(crate) struct RecordingBackend {
 
 #[cfg(test)]
 impl NftBackend for RecordingBackend {
+    // Element changes are recorded as the script they render (the default).
     fn apply(&mut self, script: &str) -> Result<(), NftError> {
         self.scripts.push(script.to_string());
         if self.fail_next > 0 {
@@ -329,11 +385,21 @@ impl<B: NftBackend> NftSyncer<B> {
     pub fn sync(&mut self, desired: &Table) -> Result<SyncKind, NftError> {
         self.backend_time = std::time::Duration::ZERO;
         if let Some(applied) = &self.applied {
-            let Some(script) = diff(applied, desired) else {
-                return Ok(SyncKind::Unchanged);
+            let t;
+            let applied = match ElementDelta::between(applied, desired) {
+                Some(delta) if delta.is_empty() => return Ok(SyncKind::Unchanged),
+                Some(delta) => {
+                    t = std::time::Instant::now();
+                    self.backend.apply_elements(&desired.name, &delta)
+                }
+                None => {
+                    let Some(script) = diff(applied, desired) else {
+                        return Ok(SyncKind::Unchanged);
+                    };
+                    t = std::time::Instant::now();
+                    self.backend.apply(&script)
+                }
             };
-            let t = std::time::Instant::now();
-            let applied = self.backend.apply(&script);
             self.backend_time += t.elapsed();
             match applied {
                 Ok(()) => {
@@ -373,11 +439,17 @@ impl<B: NftBackend> NftSyncer<B> {
     /// sync is a full replace.
     pub fn refresh_timeouts(&mut self, sets: &[String]) -> Result<bool, NftError> {
         let Some(applied) = &self.applied else { return Ok(false) };
-        let script = applied.refresh_script(sets);
-        if script.is_empty() {
+        let Some(delta) = ElementDelta::refresh(applied, sets) else {
+            // Elements the compiler did not write in canonical form: a full replace
+            // (next sync) sets every timeout afresh.
+            self.applied = None;
+            return Ok(false);
+        };
+        if delta.is_empty() {
             return Ok(false);
         }
-        if let Err(e) = self.backend.apply(&script) {
+        let name = applied.name.clone();
+        if let Err(e) = self.backend.apply_elements(&name, &delta) {
             self.applied = None;
             return Err(e);
         }

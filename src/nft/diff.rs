@@ -376,7 +376,48 @@ mod props {
         Ok(t)
     }
 
+    /// `old` with the elements of `new`'s sets of the same name and declaration (map
+    /// elements only where they jump to a chain of `old`): tables that differ in
+    /// elements only.
+    fn elements_of(old: &Table, new: &Table) -> Table {
+        let mut out = old.clone();
+        for (name, set) in out.sets.iter_mut() {
+            let Some(other) =
+                new.sets.get(name).filter(|o| o.timeout == set.timeout && o.verdict_map == set.verdict_map)
+            else {
+                continue;
+            };
+            set.elements = other
+                .elements
+                .iter()
+                .filter(|(_, v)| v.strip_prefix("jump ").is_none_or(|c| old.chains.contains_key(c)))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+        }
+        out
+    }
+
     proptest! {
+        /// The typed element delta is exactly the change `diff` would script, and it is
+        /// found whenever only elements differ (and never otherwise).
+        #[test]
+        fn element_deltas_are_the_scripted_change(old in table(), new in table()) {
+            use super::super::delta::ElementDelta;
+            let only_elements = elements_of(&old, &new);
+            for desired in [&only_elements, &new] {
+                match ElementDelta::between(&old, desired) {
+                    Some(delta) => match diff(&old, desired) {
+                        None => prop_assert!(delta.is_empty()),
+                        Some(script) => prop_assert_eq!(delta.script("egressd"), script),
+                    },
+                    None => {
+                        prop_assert!(!std::ptr::eq(desired, &only_elements), "elements only, but no delta");
+                        prop_assert!(old.chains != desired.chains || old.sets.keys().ne(desired.sets.keys()));
+                    }
+                }
+            }
+        }
+
         #[test]
         fn the_delta_turns_the_applied_table_into_the_desired_one(old in table(), new in table()) {
             match diff(&old, &new) {

@@ -5,6 +5,7 @@
 //! (addresses, ports, protocol keywords, chain names from [`chain_name`]); no user
 //! string reaches nft syntax unchecked.
 
+pub mod delta;
 mod diff;
 mod render;
 
@@ -183,25 +184,6 @@ impl Table {
     /// one (`add` makes the `delete` safe when none exists).
     pub(crate) fn replace_script(&self) -> String {
         format!("add table {FAMILY} {name}\ndelete table {FAMILY} {name}\n{}", self.render(), name = self.name)
-    }
-
-    /// A script that re-adds every element of the named timeout sets, which restarts
-    /// their kernel timeouts (re-adding an existing element updates its timeout). Sets
-    /// that do not exist, have no timeout or no elements are skipped; empty when none is
-    /// left.
-    pub(crate) fn refresh_script(&self, sets: &[String]) -> String {
-        let mut script = String::new();
-        for name in sets {
-            let Some(set) = self.sets.get(name).filter(|s| s.timeout && !s.elements.is_empty()) else {
-                continue;
-            };
-            script.push_str(&format!(
-                "add element {FAMILY} {} {name} {{ {} }}\n",
-                self.name,
-                render::elements(set, set.elements.keys().cloned())
-            ));
-        }
-        script
     }
 
     /// A script that removes the table if it exists.

@@ -1,0 +1,247 @@
+//! Element-only changes between two tables, typed: what the steady state mostly is (a
+//! pod added or gone, a DNS answer, an EgressIP's pods). When nothing but elements of
+//! existing sets and maps differ, [`ElementDelta::between`] gives them as typed values
+//! that the netlink path ([`crate::dataplane::elements`]) sends without an `nft`
+//! process (which would first read the whole table into its cache), and
+//! [`ElementDelta::script`] renders the very text [`super::diff`] would send.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use super::{FAMILY, KeyType, Set, Table};
+
+/// What one element carries besides its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ElementValue {
+    /// Nothing (a plain set).
+    None,
+    /// The element's timeout (a timeout set).
+    Timeout(Duration),
+    /// `jump <chain>` (a verdict map).
+    Jump(String),
+}
+
+/// Elements of one set or map.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetElements {
+    /// The set's name.
+    pub set: String,
+    /// Keys and values, in key order (as nft text would list them).
+    pub elements: Vec<(IpAddr, ElementValue)>,
+}
+
+/// Element deletions and additions that turn one table into another, in one
+/// transaction: deletions first (a map element whose verdict changes is deleted and
+/// added again), then additions.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ElementDelta {
+    /// Elements to delete, by set (values are what was applied).
+    pub delete: Vec<SetElements>,
+    /// Elements to add, by set.
+    pub add: Vec<SetElements>,
+}
+
+impl ElementDelta {
+    /// The element changes from `old` to `new`, or `None` when anything else differs
+    /// (the table's name, chains or rules, which sets exist or how they are declared)
+    /// or a changed set cannot be expressed as typed elements (an interval set, a key
+    /// or value not in the canonical form the compiler writes). Equal tables give an
+    /// empty delta.
+    pub fn between(old: &Table, new: &Table) -> Option<Self> {
+        if old.name != new.name
+            || old.chains != new.chains
+            || old.sets.len() != new.sets.len()
+            || old.sets.iter().zip(&new.sets).any(|((on, os), (nn, ns))| on != nn || !same_declaration(os, ns))
+        {
+            return None;
+        }
+        let mut delta = Self::default();
+        for ((name, before), (_, after)) in old.sets.iter().zip(&new.sets) {
+            if before.elements == after.elements {
+                continue;
+            }
+            if before.interval {
+                return None;
+            }
+            // As in `diff`: in a timeout set a changed value is a new timeout, which
+            // re-adding sets, so only elements that are gone are deleted.
+            let gone = before.elements.iter().filter(|(k, v)| match after.elements.get(*k) {
+                None => true,
+                Some(new) => !after.timeout && new != *v,
+            });
+            let added = after.elements.iter().filter(|(k, v)| before.elements.get(*k) != Some(*v));
+            for (list, items, set) in
+                [(&mut delta.delete, gone.collect::<Vec<_>>(), before), (&mut delta.add, added.collect(), after)]
+            {
+                if items.is_empty() {
+                    continue;
+                }
+                let elements = items.into_iter().map(|(k, v)| typed(set, k, v)).collect::<Option<Vec<_>>>()?;
+                list.push(SetElements { set: name.clone(), elements });
+            }
+        }
+        Some(delta)
+    }
+
+    /// Re-adding every element of the named timeout sets of `table`, which restarts
+    /// their kernel timeouts. Sets that do not exist, have no timeout or no elements are
+    /// skipped; `None` when an element cannot be typed.
+    pub(crate) fn refresh(table: &Table, sets: &[String]) -> Option<Self> {
+        let mut delta = Self::default();
+        for name in sets {
+            let Some(set) = table.sets.get(name).filter(|s| s.timeout && !s.interval && !s.elements.is_empty()) else {
+                continue;
+            };
+            let elements = set.elements.iter().map(|(k, v)| typed(set, k, v)).collect::<Option<Vec<_>>>()?;
+            delta.add.push(SetElements { set: name.clone(), elements });
+        }
+        Some(delta)
+    }
+
+    /// Whether there is nothing to change.
+    pub fn is_empty(&self) -> bool {
+        self.delete.is_empty() && self.add.is_empty()
+    }
+
+    /// How many elements are deleted and added.
+    pub fn len(&self) -> usize {
+        self.delete.iter().chain(&self.add).map(|s| s.elements.len()).sum()
+    }
+
+    /// The same change as an nft script for table `table` (the text [`super::diff`]
+    /// sends for it).
+    pub fn script(&self, table: &str) -> String {
+        let mut out = String::new();
+        for (verb, lists, values) in [("delete", &self.delete, false), ("add", &self.add, true)] {
+            for list in lists {
+                let items: Vec<String> = list
+                    .elements
+                    .iter()
+                    .map(|(k, v)| match v {
+                        _ if !values => k.to_string(),
+                        ElementValue::None => k.to_string(),
+                        ElementValue::Timeout(t) => format!("{k} timeout {}s", t.as_secs()),
+                        ElementValue::Jump(chain) => format!("{k} : jump {chain}"),
+                    })
+                    .collect();
+                out.push_str(&format!("{verb} element {FAMILY} {table} {} {{ {} }}\n", list.set, items.join(", ")));
+            }
+        }
+        out
+    }
+}
+
+fn same_declaration(a: &Set, b: &Set) -> bool {
+    a.key == b.key && a.verdict_map == b.verdict_map && a.interval == b.interval && a.timeout == b.timeout
+}
+
+/// An element of `set` as the compiler writes it (`ip.to_string()` keys of the set's
+/// family; values `""`, `timeout <n>s` or `jump <chain>` as the set's kind requires),
+/// typed; `None` for anything else.
+fn typed(set: &Set, key: &str, value: &str) -> Option<(IpAddr, ElementValue)> {
+    let ip: IpAddr = key.parse().ok()?;
+    if ip.to_string() != key || ip.is_ipv6() != (set.key == KeyType::Ipv6) {
+        return None;
+    }
+    let value = if set.verdict_map {
+        let chain = value.strip_prefix("jump ")?;
+        if chain.is_empty() || !chain.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        {
+            return None;
+        }
+        ElementValue::Jump(chain.to_string())
+    } else if set.timeout {
+        let secs: u64 = value.strip_prefix("timeout ")?.strip_suffix('s')?.parse().ok()?;
+        if format!("timeout {secs}s") != value {
+            return None;
+        }
+        ElementValue::Timeout(Duration::from_secs(secs))
+    } else if value.is_empty() {
+        ElementValue::None
+    } else {
+        return None;
+    };
+    Some((ip, value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nft::Chain;
+
+    fn table() -> Table {
+        let mut t = Table::new("egressd");
+        let mut pods = Set::verdict_map(KeyType::Ipv4);
+        pods.elements.insert("198.18.1.2".into(), "jump fw-a".into());
+        t.sets.insert("fw-pods-v4".into(), pods);
+        let mut dns = Set::with_timeout(KeyType::Ipv6);
+        dns.elements.insert("2001:db8::1".into(), "timeout 300s".into());
+        t.sets.insert("dns6-x".into(), dns);
+        let mut exempt = Set::new(KeyType::Ipv4, true);
+        exempt.elements.insert("198.18.0.0/15".into(), String::new());
+        t.sets.insert("exempt-v4".into(), exempt);
+        t.chains.insert("fw-a".into(), Chain::regular(vec!["counter drop".into()]));
+        t.chains.insert("fw-b".into(), Chain::regular(vec!["counter accept".into()]));
+        t
+    }
+
+    #[test]
+    fn a_changed_verdict_is_deleted_then_added_and_timeouts_are_re_added() {
+        let old = table();
+        let mut new = table();
+        new.sets.get_mut("fw-pods-v4").unwrap().elements.insert("198.18.1.2".into(), "jump fw-b".into());
+        new.sets.get_mut("fw-pods-v4").unwrap().elements.insert("198.18.1.3".into(), "jump fw-a".into());
+        new.sets.get_mut("dns6-x").unwrap().elements.insert("2001:db8::1".into(), "timeout 310s".into());
+        let delta = ElementDelta::between(&old, &new).unwrap();
+        assert_eq!(
+            delta.delete,
+            vec![SetElements {
+                set: "fw-pods-v4".into(),
+                elements: vec![("198.18.1.2".parse().unwrap(), ElementValue::Jump("fw-a".into()))]
+            }]
+        );
+        assert_eq!(delta.len(), 4);
+        assert_eq!(
+            delta.script("egressd"),
+            "delete element inet egressd fw-pods-v4 { 198.18.1.2 }\n\
+             add element inet egressd dns6-x { 2001:db8::1 timeout 310s }\n\
+             add element inet egressd fw-pods-v4 { 198.18.1.2 : jump fw-b, 198.18.1.3 : jump fw-a }\n"
+        );
+        assert!(ElementDelta::between(&old, &old).unwrap().is_empty());
+    }
+
+    #[test]
+    fn anything_but_typed_elements_of_existing_sets_is_not_a_delta() {
+        let old = table();
+        // Interval sets (ranges need their own encoding).
+        let mut new = table();
+        new.sets.get_mut("exempt-v4").unwrap().elements.insert("192.0.2.0/24".into(), String::new());
+        assert_eq!(ElementDelta::between(&old, &new), None);
+        // Rules.
+        let mut new = table();
+        new.chains.insert("fw-a".into(), Chain::regular(vec!["counter accept".into()]));
+        assert_eq!(ElementDelta::between(&old, &new), None);
+        // A set's flags.
+        let mut new = table();
+        new.sets.get_mut("dns6-x").unwrap().timeout = false;
+        assert_eq!(ElementDelta::between(&old, &new), None);
+        // A key of the other family, a key not in canonical form, an odd value.
+        for (set, key, value) in [
+            ("fw-pods-v4", "2001:db8::2", "jump fw-a"),
+            ("dns6-x", "2001:DB8::2", "timeout 1s"),
+            ("fw-pods-v4", "198.18.1.9", "accept"),
+            ("dns6-x", "2001:db8::3", "timeout 1m"),
+        ] {
+            let mut new = table();
+            new.sets.get_mut(set).unwrap().elements.insert(key.into(), value.into());
+            assert_eq!(ElementDelta::between(&old, &new), None, "{set} {key} {value}");
+        }
+    }
+
+    #[test]
+    fn refresh_re_adds_every_element_of_the_named_timeout_sets() {
+        let t = table();
+        let delta = ElementDelta::refresh(&t, &["dns6-x".into(), "fw-pods-v4".into(), "gone".into()]).unwrap();
+        assert_eq!(delta.script("egressd"), "add element inet egressd dns6-x { 2001:db8::1 timeout 300s }\n");
+    }
+}
