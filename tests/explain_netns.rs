@@ -299,9 +299,16 @@ fn explained_verdicts_are_what_packets_get() {
     let index = first["firewall"]["rule"]["index"].as_u64().unwrap();
     let text = t.node.exec(&[bin.to_str().unwrap(), "status", "--state-dir", &state_arg, "--counters"]);
     assert!(text.contains("# rule counters (kernel, table inet egressd)"), "{text}");
+    // The rule's line: `egress[i]`, or `egress[a..b]` for a merged run holding it.
+    let holds = |rules: &str| match rules.split_once("..") {
+        Some((a, b)) => (a.parse::<u64>().unwrap()..=b.parse::<u64>().unwrap()).contains(&index),
+        None => rules.parse::<u64>().unwrap() == index,
+    };
     let line = text
         .lines()
-        .find(|l| l.starts_with(&format!("fw-team-a\tegress[{index}]\t")))
+        .find(|l| {
+            l.strip_prefix("fw-team-a\tegress[").and_then(|r| r.split_once(']')).is_some_and(|(rules, _)| holds(rules))
+        })
         .unwrap_or_else(|| panic!("rule {index} missing:\n{text}"));
     let packets: u64 = line.split('\t').nth(3).unwrap().parse().unwrap();
     assert!(packets >= after, "{line}");

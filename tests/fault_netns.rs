@@ -71,9 +71,12 @@ fn big_firewall(extra_rules: usize) -> String {
     let mut rules = String::from(
         "  - type: Allow\n    to: {cidrSelector: 203.0.113.2/32}\n    ports: [{protocol: TCP, port: 7100}]\n",
     );
+    // Alternating actions: each rule is its own nft rule (same-action runs would merge
+    // into one), so the transaction stays large.
     for i in 0..extra_rules {
         rules.push_str(&format!(
-            "  - type: Deny\n    to: {{cidrSelector: 198.51.{}.{}/32}}\n",
+            "  - type: {}\n    to: {{cidrSelector: 198.51.{}.{}/32}}\n",
+            if i % 2 == 0 { "Deny" } else { "Allow" },
             100 + (i / 256) % 2,
             i % 256
         ));

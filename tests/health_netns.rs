@@ -48,7 +48,7 @@ fn readiness_names_missing_prerequisites_and_metrics_follow_the_work() {
     assert!(metric(&m, "egressd_last_sync_timestamp_seconds") > 1.7e9);
     t.set_firewall(
         "team-a",
-        "  - {type: Deny, to: {cidrSelector: 203.0.113.0/24}}\n  - {type: Deny, to: {cidrSelector: 192.0.2.0/24}}\n",
+        "  - {type: Deny, to: {cidrSelector: 203.0.113.0/24}}\n  - {type: Allow, to: {cidrSelector: 192.0.2.0/24}}\n",
     );
     let moved = wait_for(Duration::from_secs(3), || {
         let (_, m) = http_get(&t.node, HEALTH, "/metrics").unwrap();

@@ -9,7 +9,9 @@
 //!   namespace chain. Per-packet cost: two set lookups and one map lookup, whatever the
 //!   number of namespaces and pods.
 //! * `fw-<namespace>`: the namespace's rules in order; the first match accepts or
-//!   drops; no match returns to the base chain, whose policy is accept.
+//!   drops; no match returns to the base chain, whose policy is accept. Consecutive
+//!   CIDR/nodeSelector rules with the same action are one nft rule per family and port
+//!   set ([`super::runs`]; not in chains that log), commented `egress[i..j]`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -19,7 +21,7 @@ use ipnet::IpNet;
 use super::{NodeConfig, ObjectStatus, Outcome};
 use crate::dns::{DnsAnswers, element_timeout};
 use crate::nft::{Chain, Hook, KeyType, Set, Table, chain_name, set_name};
-use crate::view::policy::{Action, DnsName, FirewallPolicy, FirewallRule, Target};
+use crate::view::policy::{Action, DnsName, FirewallPolicy, FirewallRule, Protocol, Target};
 use crate::view::{ACL_LOGGING_ANNOTATION, ClusterView, PodInfo};
 
 /// What rule compilation reads besides the rule.
@@ -141,20 +143,20 @@ fn base_chain(hook: &'static str, local: bool) -> Chain {
     Chain::base(Hook { chain_type: "filter", hook, priority: "filter" }, rules)
 }
 
-fn ports_match(rule: &FirewallRule) -> String {
-    match (rule.ports.first(), rule.ports.len()) {
+fn ports_match(ports: &BTreeSet<(Protocol, u16)>) -> String {
+    match (ports.first(), ports.len()) {
         (None, _) => String::new(),
         (Some((proto, port)), 1) => format!(" {} dport {port}", proto.nft()),
         _ => {
-            let items: Vec<String> = rule.ports.iter().map(|(p, port)| format!("{} . {port}", p.nft())).collect();
+            let items: Vec<String> = ports.iter().map(|(p, port)| format!("{} . {port}", p.nft())).collect();
             format!(" meta l4proto . th dport {{ {} }}", items.join(", "))
         }
     }
 }
 
-fn addr_match(family: &str, addrs: &BTreeSet<IpNet>) -> String {
+fn addr_match<'a>(family: &str, addrs: impl IntoIterator<Item = &'a IpNet>) -> String {
     let items: Vec<String> = addrs
-        .iter()
+        .into_iter()
         .map(|n| if n.prefix_len() == n.max_prefix_len() { n.addr().to_string() } else { n.to_string() })
         .collect();
     if items.len() == 1 {
@@ -180,7 +182,7 @@ fn rule_statements(
         Action::Deny if log.audit => ("accept", "fw-audit"),
         Action::Deny => ("drop", "fw-deny"),
     };
-    let ports = ports_match(rule);
+    let ports = ports_match(&rule.ports);
     // The rule's own counter (`egressd status --counters`, `explain --kernel`) and the
     // node's total by verdict (`egressd_firewall_packets`).
     let tail = format!("{ports} counter name \"{total}\" counter {verdict} comment \"egress[{index}]\"");
@@ -207,14 +209,7 @@ fn rule_statements(
         }
     };
     let targets: BTreeSet<IpNet> = match &rule.target {
-        Target::Cidr(net) => BTreeSet::from([*net]),
-        Target::Nodes(sel) => ctx
-            .view
-            .nodes
-            .values()
-            .filter(|n| sel.matches(&n.labels))
-            .flat_map(|n| n.addresses.iter().map(|a| IpNet::from(*a)))
-            .collect(),
+        Target::Cidr(_) | Target::Nodes(_) => static_targets(rule, ctx).unwrap_or_default(),
         Target::Dns(name) if name.wildcard && ctx.node.snoop.is_none() => {
             return Err(format!(
                 "spec.egress[{index}].to.dnsName: {name}: wildcard DNS names need DNS snooping, which is off (--no-dns-snoop) or unavailable (see the log)"
@@ -239,6 +234,43 @@ fn rule_statements(
         out.extend(with_match(&addr_match(family, &addrs), &tail));
     }
     Ok(out)
+}
+
+/// The destinations of a CIDR or nodeSelector rule (`None` for a `dnsName` rule).
+fn static_targets(rule: &FirewallRule, ctx: &Ctx) -> Option<BTreeSet<IpNet>> {
+    match &rule.target {
+        Target::Cidr(net) => Some(BTreeSet::from([*net])),
+        Target::Nodes(sel) => Some(
+            ctx.view
+                .nodes
+                .values()
+                .filter(|n| sel.matches(&n.labels))
+                .flat_map(|n| n.addresses.iter().map(|a| IpNet::from(*a)))
+                .collect(),
+        ),
+        Target::Dns(_) => None,
+    }
+}
+
+/// The nft rules of merged runs ([`super::runs`]): one per family and port set, with
+/// the run's counter and comment.
+fn run_statements(rules: &[super::runs::StaticRule]) -> Vec<String> {
+    let mut out = Vec::new();
+    for run in super::runs::merge(rules) {
+        let (verdict, total) = match run.action {
+            Action::Allow => ("accept", "fw-allow"),
+            Action::Deny => ("drop", "fw-deny"),
+        };
+        for m in &run.matches {
+            out.push(format!(
+                "{}{} counter name \"{total}\" counter {verdict} comment \"{}\"",
+                addr_match(if m.v4 { "ip" } else { "ip6" }, &m.addrs),
+                ports_match(&m.ports),
+                run.comment()
+            ));
+        }
+    }
+    out
 }
 
 /// The rules of one match: `tail` holds one or more rule tails, lines after the first
@@ -302,12 +334,24 @@ fn namespace_chain(
     }
     let mut rules = Vec::new();
     let mut errors = Vec::new();
+    // Runs of same-action CIDR/nodeSelector rules are merged, unless the chain logs (its
+    // lines name the rule).
+    let merged = log.allow.is_none() && log.deny.is_none() && !log.audit;
+    let mut pending = Vec::new();
     for (i, rule) in policy.rules.iter().enumerate() {
+        if merged && let Some(targets) = static_targets(rule, ctx) {
+            let ports = rule.ports.clone();
+            pending.push(super::runs::StaticRule { index: i, action: rule.action, targets, ports });
+            continue;
+        }
+        rules.extend(run_statements(&pending));
+        pending.clear();
         match rule_statements(i, rule, &log, ctx, table) {
             Ok(stmts) => rules.extend(stmts),
             Err(e) => errors.push(e),
         }
     }
+    rules.extend(run_statements(&pending));
     let chain = Chain::regular(rules);
     if cacheable {
         cache.insert(policy.namespace.clone(), (policy.clone(), log, chain.clone(), errors.clone()));

@@ -7,6 +7,7 @@
 mod egress_ip;
 mod firewall;
 mod qos;
+mod runs;
 mod snoop_copies;
 mod status;
 

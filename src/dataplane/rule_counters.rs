@@ -1,7 +1,8 @@
 //! Per-rule counters read back from the kernel: every EgressFirewall and EgressQoS rule
 //! egressd writes carries a counter and the comment `egress[<index>]` (its index in
-//! `spec.egress`), in the namespace's chain (`fw-<namespace>`, `qos-<namespace>`). A
-//! rule compiled into several statements (one per address family) is summed.
+//! `spec.egress`), or `egress[<first>..<last>]` for a run of same-action rules merged
+//! into one, in the namespace's chain (`fw-<namespace>`, `qos-<namespace>`). A rule
+//! compiled into several statements (one per address family) is summed.
 //!
 //! Read with `nft -j list chain|table` (reads only, no transaction), for
 //! `egressd status --counters`, `egressd explain --kernel` and the per-namespace
@@ -18,8 +19,10 @@ use super::nft_sync::NftError;
 pub struct RuleCounter {
     /// The chain (`fw-<namespace>`, `qos-<namespace>`).
     pub chain: String,
-    /// The rule's index in `spec.egress`.
+    /// The rule's index in `spec.egress` (the first of a merged run).
     pub index: usize,
+    /// The last rule index it counts for (`index` unless a merged run).
+    pub last: usize,
     /// What the rule does: `accept`, `drop`, `return` (EgressQoS marks then returns).
     pub verdict: String,
     /// Packets counted.
@@ -36,12 +39,15 @@ pub fn parse(json: &[u8]) -> Vec<RuleCounter> {
     let Some(items) = value.get("nftables").and_then(|v| v.as_array()) else { return Vec::new() };
     let mut out: BTreeMap<(String, usize), RuleCounter> = BTreeMap::new();
     for rule in items.iter().filter_map(|i| i.get("rule")) {
-        let Some(index) = rule
+        let Some((index, last)) = rule
             .get("comment")
             .and_then(|c| c.as_str())
             .and_then(|c| c.strip_prefix("egress["))
             .and_then(|c| c.strip_suffix(']'))
-            .and_then(|c| c.parse::<usize>().ok())
+            .and_then(|c| match c.split_once("..") {
+                Some((a, b)) => Some((a.parse::<usize>().ok()?, b.parse::<usize>().ok()?)),
+                None => c.parse::<usize>().ok().map(|i| (i, i)),
+            })
         else {
             continue;
         };
@@ -60,6 +66,7 @@ pub fn parse(json: &[u8]) -> Vec<RuleCounter> {
         let entry = out.entry((chain.to_string(), index)).or_insert_with(|| RuleCounter {
             chain: chain.to_string(),
             index,
+            last,
             verdict: verdict.to_string(),
             packets: 0,
             bytes: 0,
@@ -77,7 +84,8 @@ pub fn render(table: &str, counters: &[RuleCounter]) -> String {
         out.push_str("(no EgressFirewall or EgressQoS rules in the kernel)\n");
     }
     for c in counters {
-        out.push_str(&format!("{}\tegress[{}]\t{}\t{}\t{}\n", c.chain, c.index, c.verdict, c.packets, c.bytes));
+        let rules = if c.last == c.index { c.index.to_string() } else { format!("{}..{}", c.index, c.last) };
+        out.push_str(&format!("{}\tegress[{rules}]\t{}\t{}\t{}\n", c.chain, c.verdict, c.packets, c.bytes));
     }
     out
 }
@@ -134,13 +142,19 @@ mod tests {
           {"rule": {"chain": "fw-a", "expr": [{"limit": {}}, {"counter": "acl-over"}]}},
           {"rule": {"chain": "fw-a", "comment": "egress[1]", "expr": [{"counter": {"packets": 2, "bytes": 120}}, {"drop": null}]}},
           {"rule": {"chain": "fw-a", "comment": "egress[1]", "expr": [{"counter": {"packets": 5, "bytes": 400}}, {"drop": null}]}},
+          {"rule": {"chain": "fw-a", "comment": "egress[2..5]", "expr": [{"counter": {"packets": 4, "bytes": 40}}, {"accept": null}]}},
           {"rule": {"chain": "qos-a", "comment": "egress[0]", "expr": [{"mangle": {}}, {"counter": {"packets": 1, "bytes": 60}}, {"return": null}]}}]}"#;
         let c = parse(json);
-        let got: Vec<(&str, usize, &str, u64, u64)> =
-            c.iter().map(|r| (r.chain.as_str(), r.index, r.verdict.as_str(), r.packets, r.bytes)).collect();
+        let got: Vec<(&str, usize, usize, &str, u64, u64)> =
+            c.iter().map(|r| (r.chain.as_str(), r.index, r.last, r.verdict.as_str(), r.packets, r.bytes)).collect();
         assert_eq!(
             got,
-            vec![("fw-a", 0, "accept", 3, 180), ("fw-a", 1, "drop", 7, 520), ("qos-a", 0, "return", 1, 60)]
+            vec![
+                ("fw-a", 0, 0, "accept", 3, 180),
+                ("fw-a", 1, 1, "drop", 7, 520),
+                ("fw-a", 2, 5, "accept", 4, 40),
+                ("qos-a", 0, 0, "return", 1, 60)
+            ]
         );
         assert!(parse(b"not json").is_empty());
     }

@@ -22,6 +22,9 @@ pub struct KernelCheck {
     pub pod_in_map: Option<bool>,
     /// The deciding rule's counter: (packets, bytes).
     pub rule_counter: Option<(u64, u64)>,
+    /// The rules sharing that counter (a merged run of same-action rules), first and last.
+    #[serde(default)]
+    pub shared: Option<(usize, usize)>,
     /// What disagrees with the explanation, or could not be read.
     pub problems: Vec<String>,
 }
@@ -46,7 +49,13 @@ pub fn dns_sets(table: &str, names: &[String]) -> std::io::Result<BTreeMap<Strin
 /// Check `e` against the table on this node (`e.here`), reading counters with `nft`.
 pub fn check(e: &Explanation, nft: &Path) -> KernelCheck {
     let node = e.here.as_str();
-    let mut k = KernelCheck { node: node.to_string(), pod_in_map: None, rule_counter: None, problems: Vec::new() };
+    let mut k = KernelCheck {
+        node: node.to_string(),
+        pod_in_map: None,
+        rule_counter: None,
+        shared: None,
+        problems: Vec::new(),
+    };
     if e.node.as_deref() != Some(node) {
         k.problems.push(format!(
             "the pod runs on node {}, not on this node ({node}): its rules are in that node's kernel",
@@ -69,8 +78,13 @@ pub fn check(e: &Explanation, nft: &Path) -> KernelCheck {
     }
     if let Some(rule) = &e.firewall.rule {
         match crate::dataplane::rule_counters::read(nft, &e.table, Some(chain)) {
-            Ok(counters) => match counters.iter().find(|c| c.index == rule.index) {
-                Some(c) => k.rule_counter = Some((c.packets, c.bytes)),
+            Ok(counters) => match counters.iter().find(|c| c.index <= rule.index && rule.index <= c.last) {
+                Some(c) => {
+                    k.rule_counter = Some((c.packets, c.bytes));
+                    if c.last != c.index {
+                        k.shared = Some((c.index, c.last));
+                    }
+                }
                 None => k.problems.push(format!("rule {} is not in chain {chain}", rule.index)),
             },
             Err(err) => k.problems.push(format!("cannot read chain {chain}: {err}")),
@@ -91,6 +105,9 @@ impl std::fmt::Display for KernelCheck {
                 f,
                 "            the deciding rule's counter: {packets} packets, {bytes} bytes (retry the connection: it moves)"
             )?;
+        }
+        if let Some((first, last)) = self.shared {
+            writeln!(f, "            (rules {first}..{last} have the same action and share one nft rule and counter)")?;
         }
         for p in &self.problems {
             writeln!(f, "            problem: {p}")?;

@@ -1,0 +1,210 @@
+//! Consecutive EgressFirewall rules with the same action, merged into as few nft rules
+//! as their ports allow.
+//!
+//! First match makes a run of same-action rules order-free: whichever of them matches,
+//! the verdict is the same. So a run becomes one nft rule per family and port set — its
+//! destinations one (anonymous, interval) set lookup, overlaps aggregated — instead of
+//! one rule per EgressFirewall rule: a packet pays a lookup per run, not a comparison per
+//! rule, and the kernel creates and validates far fewer rules. Runs end at a rule of the
+//! other action and at a `dnsName` rule (its addresses live in their own set and change
+//! without recompiling). Namespaces whose verdicts are logged (ACL logging, audit mode)
+//! are not merged: their log lines name the rule.
+//!
+//! [`merge`] is pure; the property test below checks that for random rule lists and
+//! random packets the merged statements give the first-match verdict of the rules.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ipnet::IpNet;
+
+use crate::view::policy::{Action, Protocol};
+
+/// One static rule (CIDR or nodeSelector, its addresses resolved) as the merge sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct StaticRule {
+    /// Index in `spec.egress`.
+    pub index: usize,
+    /// Allow or Deny.
+    pub action: Action,
+    /// Destinations (empty: the rule matches nothing, e.g. a nodeSelector without nodes).
+    pub targets: BTreeSet<IpNet>,
+    /// Protocol/port pairs, OR-ed; empty: every packet.
+    pub ports: BTreeSet<(Protocol, u16)>,
+}
+
+/// One nft rule of a run: destinations of one family, one port set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Match {
+    /// IPv4 destinations (else IPv6).
+    pub v4: bool,
+    /// Destinations, aggregated (no overlaps, adjacent prefixes joined).
+    pub addrs: Vec<IpNet>,
+    /// Protocol/port pairs; empty: every packet.
+    pub ports: BTreeSet<(Protocol, u16)>,
+}
+
+/// A run of consecutive same-action rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Run {
+    /// First and last rule index in the run.
+    pub first: usize,
+    /// Last rule index.
+    pub last: usize,
+    /// The run's action.
+    pub action: Action,
+    /// Its nft rules, portless first, IPv4 before IPv6.
+    pub matches: Vec<Match>,
+}
+
+impl Run {
+    /// The rule comment: `egress[i]`, or `egress[i..j]` for a run of several rules.
+    pub(super) fn comment(&self) -> String {
+        if self.first == self.last {
+            format!("egress[{}]", self.first)
+        } else {
+            format!("egress[{}..{}]", self.first, self.last)
+        }
+    }
+}
+
+/// Merge consecutive same-action rules (rules without targets are left out: they match
+/// nothing and do not break a run).
+pub(super) fn merge(rules: &[StaticRule]) -> Vec<Run> {
+    type Groups = BTreeMap<BTreeSet<(Protocol, u16)>, [Vec<IpNet>; 2]>;
+    let mut runs: Vec<(usize, usize, Action, Groups)> = Vec::new();
+    for r in rules.iter().filter(|r| !r.targets.is_empty()) {
+        match runs.last_mut() {
+            Some(run) if run.2 == r.action => run.1 = r.index,
+            _ => runs.push((r.index, r.index, r.action, Groups::new())),
+        }
+        let Some(run) = runs.last_mut() else { continue };
+        let group = run.3.entry(r.ports.clone()).or_default();
+        for t in &r.targets {
+            group[usize::from(t.addr().is_ipv6())].push(*t);
+        }
+    }
+    runs.into_iter()
+        .map(|(first, last, action, groups)| {
+            let mut matches = Vec::new();
+            for (ports, [v4, v6]) in groups {
+                for (is_v4, addrs) in [(true, v4), (false, v6)] {
+                    if !addrs.is_empty() {
+                        matches.push(Match { v4: is_v4, addrs: IpNet::aggregate(&addrs), ports: ports.clone() });
+                    }
+                }
+            }
+            Run { first, last, action, matches }
+        })
+        .collect()
+}
+
+/// Whether a packet to `dst` (with its protocol and destination port, when it has one)
+/// matches `m`, as the kernel evaluates the rendered rule.
+#[cfg(test)]
+fn matches(m: &Match, dst: std::net::IpAddr, port: Option<(Protocol, u16)>) -> bool {
+    m.v4 == dst.is_ipv4()
+        && m.addrs.iter().any(|n| n.contains(&dst))
+        && (m.ports.is_empty() || port.is_some_and(|p| m.ports.contains(&p)))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The reference: the first rule that matches decides.
+    fn first_match(rules: &[StaticRule], dst: IpAddr, port: Option<(Protocol, u16)>) -> Option<Action> {
+        rules
+            .iter()
+            .find(|r| {
+                r.targets.iter().any(|n| n.contains(&dst))
+                    && (r.ports.is_empty() || port.is_some_and(|p| r.ports.contains(&p)))
+            })
+            .map(|r| r.action)
+    }
+
+    /// The merged runs, evaluated as the chain does.
+    fn merged(runs: &[Run], dst: IpAddr, port: Option<(Protocol, u16)>) -> Option<Action> {
+        runs.iter().find(|r| r.matches.iter().any(|m| matches(m, dst, port))).map(|r| r.action)
+    }
+
+    fn net() -> impl Strategy<Value = IpNet> {
+        prop_oneof![
+            (0u32..16, 24u8..=32)
+                .prop_map(|(x, len)| IpNet::new(IpAddr::from([192, 0, 2, (x * 16) as u8]), len).unwrap().trunc()),
+            (0u8..=255, 20u8..=32)
+                .prop_map(|(x, len)| IpNet::new(IpAddr::from([198, 51, 100, x]), len).unwrap().trunc()),
+            Just("0.0.0.0/0".parse().unwrap()),
+            (0u16..64, 112u8..=128).prop_map(|(x, len)| {
+                IpNet::new(IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, x * 4]), len).unwrap().trunc()
+            }),
+            Just("::/0".parse().unwrap()),
+        ]
+    }
+
+    fn port() -> impl Strategy<Value = (Protocol, u16)> {
+        (
+            prop_oneof![Just(Protocol::Tcp), Just(Protocol::Udp), Just(Protocol::Sctp)],
+            prop_oneof![Just(53u16), Just(80), Just(443)],
+        )
+    }
+
+    fn rules() -> impl Strategy<Value = Vec<StaticRule>> {
+        prop::collection::vec(
+            (
+                prop_oneof![Just(Action::Allow), Just(Action::Deny)],
+                prop::collection::btree_set(net(), 0..4),
+                prop::collection::btree_set(port(), 0..3),
+            ),
+            0..12,
+        )
+        .prop_map(|v| {
+            v.into_iter()
+                .enumerate()
+                .map(|(index, (action, targets, ports))| StaticRule { index, action, targets, ports })
+                .collect()
+        })
+    }
+
+    fn packet() -> impl Strategy<Value = (IpAddr, Option<(Protocol, u16)>)> {
+        let v4 = (0u8..=255, prop_oneof![Just([192u8, 0, 2]), Just([198, 51, 100]), Just([203, 0, 113])])
+            .prop_map(|(x, p)| IpAddr::from([p[0], p[1], p[2], x]));
+        let v6 = (0u16..300).prop_map(|x| IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, x]));
+        (prop_oneof![v4, v6], prop::option::of(port()))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        #[test]
+        fn merged_runs_give_the_first_match_verdict(rules in rules(), packets in prop::collection::vec(packet(), 1..40)) {
+            let runs = merge(&rules);
+            for (dst, port) in packets {
+                prop_assert_eq!(merged(&runs, dst, port), first_match(&rules, dst, port), "{} {:?}\n{:?}", dst, port, runs);
+            }
+        }
+    }
+
+    #[test]
+    fn same_action_rules_become_one_rule_per_family_and_port_set() {
+        let r = |index, action, t: &[&str], ports: &[(Protocol, u16)]| StaticRule {
+            index,
+            action,
+            targets: t.iter().map(|s| s.parse().unwrap()).collect(),
+            ports: ports.iter().copied().collect(),
+        };
+        let runs = merge(&[
+            r(0, Action::Allow, &["192.0.2.0/25"], &[]),
+            r(1, Action::Allow, &["192.0.2.128/25", "2001:db8::/64"], &[]),
+            r(2, Action::Allow, &["198.51.100.0/24"], &[(Protocol::Tcp, 443)]),
+            r(3, Action::Allow, &[], &[]),
+            r(4, Action::Deny, &["0.0.0.0/0"], &[]),
+        ]);
+        assert_eq!(runs.len(), 2);
+        assert_eq!(runs[0].comment(), "egress[0..2]");
+        assert_eq!(runs[1].comment(), "egress[4]");
+        let addrs: Vec<String> = runs[0].matches.iter().map(|m| format!("{:?} {:?}", m.addrs, m.ports)).collect();
+        assert_eq!(addrs, ["[192.0.2.0/24] {}", "[2001:db8::/64] {}", "[198.51.100.0/24] {(Tcp, 443)}"], "aggregated");
+    }
+}
