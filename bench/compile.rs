@@ -13,8 +13,10 @@ use egressd::api::Object;
 use egressd::api::types::{
     EgressFirewall, EgressFirewallDestination, EgressFirewallPort, EgressFirewallRule, EgressFirewallSpec,
 };
-use egressd::compile::{DEFAULT_DNS_GRACE, NodeConfig, compile};
+use egressd::compile::{CompileCache, DEFAULT_DNS_GRACE, NodeConfig, compile, compile_cached};
 use egressd::dns::DnsAnswers;
+use egressd::net::HostLinks;
+use egressd::nft::delta::ElementDelta;
 use egressd::view::ClusterView;
 use k8s_openapi::api::core::v1::{Pod, PodIP, PodSpec, PodStatus};
 
@@ -79,6 +81,21 @@ fn bench_compile(c: &mut Criterion) {
     v2.upsert(&Object::Pod(pod));
     let after = compile(&v2, &node(), &DnsAnswers::new()).table;
     group.bench_function("100k_rules", |b| b.iter(|| black_box(egressd::nft::diff(&before, &after))));
+    group.finish();
+
+    // What the agent does for one pod added at 100k rules: compile with the warm cache,
+    // then find the element delta to send.
+    let mut group = c.benchmark_group("one_pod_added");
+    group.sample_size(10);
+    let mut cache = CompileCache::default();
+    let links = HostLinks::default();
+    let before = compile_cached(&v, &node(), &DnsAnswers::new(), &links, &mut cache).table;
+    group.bench_function("100k_rules_compile_and_delta", |b| {
+        b.iter(|| {
+            let after = compile_cached(&v2, &node(), &DnsAnswers::new(), &links, &mut cache).table;
+            black_box(ElementDelta::between(&before, &after))
+        })
+    });
     group.finish();
 }
 

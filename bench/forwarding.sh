@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # Benchmark: forwarding cost. Small UDP packets (64-byte payload, iperf3 3.12 from
 # Debian, client pinned to CPU 0, server to CPU 1) from a pod namespace through a node
-# namespace to an external host, received packets per second, under four set-ups,
+# namespace to an external host, received packets per second, under these set-ups,
 # alternating, RUNS times each:
-#   none      no egress policy at all
-#   egressd   egressd with NS x RULES EgressFirewall rules (100k), the pod's traffic
-#             allowed by rule POS of its namespace's chain
+#   none      no egress policy at all (and no conntrack)
+#   none-ct   no egress policy, conntrack loaded: one `ct state invalid drop` rule in
+#             forward, the node as kube-proxy leaves it
+#   egressd   egressd with NS x RULES EgressFirewall rules (100k), all Allow but the
+#             last, the pod's traffic allowed by rule POS of its namespace (same-action
+#             runs merge: one set lookup whatever POS is)
+#   egressd-alt  the same with Allow and Deny alternating (nothing merges: rule POS is
+#             reached after POS-1 rules, the worst case)
 #   ipt-1k    the same decision as linear iptables-nft rules in FORWARD: 1 000 rules
 #             (other pods' rules first), the approach older agents take
 #   ipt-10k   the same with 10 000 rules
@@ -47,21 +52,25 @@ ip netns exec "$NODE" sysctl -qw net.ipv4.ip_forward=1
 # egressd manifests: NS namespaces x RULES rules; the pod is in ns0, whose rule POS
 # allows 203.0.113.0/24 (rules before it are CIDRs that do not match).
 mkdir "$WORK/m"
-python3 - "$NSN" "$RULES" "$POS" "$WORK/m" <<'PY'
+mkdir "$WORK/m-alt"
+python3 - "$NSN" "$RULES" "$POS" "$WORK" <<'PY'
 import sys
-ns, rules, pos, out = map(int, sys.argv[1:4]) + [sys.argv[4]] if False else (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
-for n in range(ns):
+ns, rules, pos, work = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+for out, alternate in ((f"{work}/m", False), (f"{work}/m-alt", True)):
+  for n in range(ns):
     lines = [f"apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {{name: default, namespace: ns{n}}}\nspec:\n  egress:"]
     for r in range(rules - 1):
         cidr = "203.0.113.0/24" if (n == 0 and r == pos - 1) else f"{100 + r % 100}.{(r // 100) % 256}.{n % 256}.0/24"
-        lines.append(f"  - {{type: Allow, to: {{cidrSelector: {cidr}}}}}")
+        action = "Allow" if (not alternate or cidr.startswith("203.") or r % 2 == 0) else "Deny"
+        lines.append(f"  - {{type: {action}, to: {{cidrSelector: {cidr}}}}}")
     lines.append("  - {type: Deny, to: {cidrSelector: 0.0.0.0/0}}")
     open(f"{out}/fw-{n}.yaml", "w").write("\n".join(lines) + "\n")
-with open(f"{out}/pods.yaml", "w") as f:
+for out in (f"{work}/m", f"{work}/m-alt"):
+  with open(f"{out}/pods.yaml", "w") as f:
     f.write("apiVersion: v1\nkind: Pod\nmetadata: {name: bench, namespace: ns0}\nspec: {nodeName: bench}\nstatus: {phase: Running, podIP: 198.18.0.2}\n")
     for p in range(1, 10000):
-        f.write(f"---\napiVersion: v1\nkind: Pod\nmetadata: {{name: p{p}, namespace: ns{p % ns}}}\nspec: {{nodeName: bench}}\n"
-                f"status: {{phase: Running, podIP: 198.18.{1 + p // 250}.{p % 250 + 1}}}\n")
+      f.write(f"---\napiVersion: v1\nkind: Pod\nmetadata: {{name: p{p}, namespace: ns{p % ns}}}\nspec: {{nodeName: bench}}\n"
+              f"status: {{phase: Running, podIP: 198.18.{1 + p // 250}.{p % 250 + 1}}}\n")
 PY
 # iptables-nft baselines: N rules, the matching one last (other pods' rules first).
 ipt_rules() { # N
@@ -82,8 +91,11 @@ setup() { # config
   ip netns exec "$NODE" nft flush ruleset
   case "$1" in
     none) ;;
-    egressd)
-      NO_COLOR=1 ip netns exec "$NODE" "$BIN" run --manifests "$WORK/m" --node-name bench --cluster-cidr 198.18.0.0/15 \
+    none-ct) printf 'table inet kp {\n chain forward {\n  type filter hook forward priority 0; policy accept;\n  ct state invalid drop\n }\n}\n' \
+      | ip netns exec "$NODE" nft -f - ;;
+    egressd|egressd-alt)
+      dir="$WORK/m"; [ "$1" = egressd-alt ] && dir="$WORK/m-alt"
+      NO_COLOR=1 ip netns exec "$NODE" "$BIN" run --manifests "$dir" --node-name bench --cluster-cidr 198.18.0.0/15 \
         --state-dir "$WORK/state" --health-addr 127.0.0.1:9797 2>"$WORK/log" &
       AGENT=$!
       for _ in $(seq 600); do grep -q "dataplane in sync" "$WORK/log" && break; sleep 0.1; done
@@ -95,7 +107,7 @@ setup() { # config
   esac
 }
 declare -A results
-configs=(none egressd ipt-1k ipt-10k)
+configs=(none none-ct egressd egressd-alt ipt-1k ipt-10k)
 for ((run = 1; run <= RUNS; run++)); do
   for c in "${configs[@]}"; do
     setup "$c"
@@ -104,9 +116,10 @@ for ((run = 1; run <= RUNS; run++)); do
 done
 stats() { echo "$1" | tr ' ' '\n' | grep . | sort -n | awk '{ a[NR] = $1 } END { m = (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2; printf "%d %d %d", m, a[1], a[NR] }'; }
 read -r base _ _ <<<"$(stats "${results[none]}")"
-echo "| setup | median pps | min–max | ratio to no policy |"
-echo "|---|---|---|---|"
+read -r base_ct _ _ <<<"$(stats "${results[none-ct]}")"
+echo "| setup | median pps | min–max | ratio to none | ratio to none-ct |"
+echo "|---|---|---|---|---|"
 for c in "${configs[@]}"; do
   read -r med lo hi <<<"$(stats "${results[$c]}")"
-  printf '| %s | %d | %d–%d | %.2f |\n' "$c" "$med" "$lo" "$hi" "$(echo "$med / $base" | bc -l)"
+  printf '| %s | %d | %d–%d | %.2f | %.2f |\n' "$c" "$med" "$lo" "$hi" "$(echo "$med / $base" | bc -l)" "$(echo "$med / $base_ct" | bc -l)"
 done

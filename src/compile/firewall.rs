@@ -306,10 +306,13 @@ impl LogSpec {
 
 /// Compiled namespace chains of the previous compile, by namespace: reused when the
 /// policy is equal (and has no nodeSelector rule, whose addresses come from the nodes).
-pub(crate) type ChainCache = std::collections::HashMap<String, (FirewallPolicy, LogSpec, Chain, Vec<String>)>;
+/// The policy is the view's shared copy: unchanged, it is the same allocation, and the
+/// comparison costs a pointer.
+pub(crate) type ChainCache =
+    std::collections::HashMap<String, (std::sync::Arc<FirewallPolicy>, LogSpec, Chain, Vec<String>)>;
 
 fn namespace_chain(
-    policy: &FirewallPolicy,
+    policy: &std::sync::Arc<FirewallPolicy>,
     ctx: &Ctx,
     table: &mut Table,
     cache: &mut ChainCache,
@@ -318,7 +321,7 @@ fn namespace_chain(
     let log = LogSpec::of(policy, ctx.view);
     if cacheable
         && let Some((cached, cached_log, chain, errors)) = cache.get(&policy.namespace)
-        && cached == policy
+        && (std::sync::Arc::ptr_eq(cached, policy) || cached == policy)
         && *cached_log == log
     {
         // The chain text is the same; the DNS sets it references are rebuilt from the
@@ -394,9 +397,10 @@ pub(super) fn compile(
             problems.extend(errors);
             if let Some(ips) = local.get(namespace.as_str()) {
                 let name = chain_name("fw", namespace);
+                let jump = format!("jump {name}");
                 for ip in ips {
                     let map = if ip.is_ipv4() { &mut pods_v4 } else { &mut pods_v6 };
-                    map.elements.insert(ip.to_string(), format!("jump {name}"));
+                    map.elements.insert(ip.to_string(), jump.clone());
                 }
                 table.chains.insert(name, chain);
             }

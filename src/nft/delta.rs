@@ -57,22 +57,14 @@ impl ElementDelta {
         }
         let mut delta = Self::default();
         for ((name, before), (_, after)) in old.sets.iter().zip(&new.sets) {
-            if before.elements == after.elements {
+            let (gone, added) = changes(before, after);
+            if gone.is_empty() && added.is_empty() {
                 continue;
             }
             if before.interval {
                 return None;
             }
-            // As in `diff`: in a timeout set a changed value is a new timeout, which
-            // re-adding sets, so only elements that are gone are deleted.
-            let gone = before.elements.iter().filter(|(k, v)| match after.elements.get(*k) {
-                None => true,
-                Some(new) => !after.timeout && new != *v,
-            });
-            let added = after.elements.iter().filter(|(k, v)| before.elements.get(*k) != Some(*v));
-            for (list, items, set) in
-                [(&mut delta.delete, gone.collect::<Vec<_>>(), before), (&mut delta.add, added.collect(), after)]
-            {
+            for (list, items, set) in [(&mut delta.delete, gone, before), (&mut delta.add, added, after)] {
                 if items.is_empty() {
                     continue;
                 }
@@ -129,6 +121,51 @@ impl ElementDelta {
         }
         out
     }
+}
+
+/// The elements to delete from `before` and to add from `after`, in key order, in one
+/// walk over both (sorted) element maps. As in `diff`: in a timeout set a changed value
+/// is a new timeout, which re-adding sets, so only elements that are gone are deleted.
+#[allow(clippy::type_complexity)]
+fn changes<'a>(before: &'a Set, after: &'a Set) -> (Vec<(&'a String, &'a String)>, Vec<(&'a String, &'a String)>) {
+    use std::cmp::Ordering;
+    let (mut gone, mut added) = (Vec::new(), Vec::new());
+    let mut old = before.elements.iter().peekable();
+    let mut new = after.elements.iter().peekable();
+    loop {
+        match (old.peek(), new.peek()) {
+            (None, None) => break,
+            (Some(&o), None) => {
+                gone.push(o);
+                old.next();
+            }
+            (None, Some(&n)) => {
+                added.push(n);
+                new.next();
+            }
+            (Some(&o), Some(&n)) => match o.0.cmp(n.0) {
+                Ordering::Less => {
+                    gone.push(o);
+                    old.next();
+                }
+                Ordering::Greater => {
+                    added.push(n);
+                    new.next();
+                }
+                Ordering::Equal => {
+                    if o.1 != n.1 {
+                        if !after.timeout {
+                            gone.push(o);
+                        }
+                        added.push(n);
+                    }
+                    old.next();
+                    new.next();
+                }
+            },
+        }
+    }
+    (gone, added)
 }
 
 fn same_declaration(a: &Set, b: &Set) -> bool {

@@ -101,7 +101,7 @@ impl StatusSink for PlacementSink {
         let mut egress_ips: Vec<(String, EgressIpPolicy, bool)> = view
             .egress_ips
             .values()
-            .filter_map(|e| e.policy.clone().map(|p| (e.key.name.clone(), p, e.error.is_some())))
+            .filter_map(|e| e.policy.as_deref().map(|p| (e.key.name.clone(), p.clone(), e.error.is_some())))
             .collect();
         egress_ips.sort_by(|a, b| {
             (a.1.created.is_none(), a.1.created, &a.0).cmp(&(b.1.created.is_none(), b.1.created, &b.0))
@@ -126,7 +126,7 @@ impl StatusSink for PlacementSink {
             nodes: view.nodes.clone(),
             egress_ips,
             links: links.cloned(),
-            cloud_ips: view.cloud_ips.values().filter_map(|e| e.policy.clone()).collect(),
+            cloud_ips: view.cloud_ips.values().filter_map(|e| e.policy.as_deref().cloned()).collect(),
             hosted,
             cloud_problems,
         };

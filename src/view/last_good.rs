@@ -55,14 +55,14 @@ fn kept<T: Clone>(
     entries
         .values()
         .filter(|e| e.error.is_some())
-        .filter_map(|e| e.policy.clone().map(|p| (e.key.clone(), wrap(p))))
+        .filter_map(|e| e.policy.as_deref().map(|p| (e.key.clone(), wrap(p.clone()))))
         .collect()
 }
 
 fn adopt<T: Clone>(entries: &mut std::collections::BTreeMap<String, Entry<T>>, key: &ObjectKey, policy: &T) -> bool {
     match entries.values_mut().find(|e| &e.key == key) {
         Some(e) if e.error.is_some() && e.policy.is_none() => {
-            e.policy = Some(policy.clone());
+            e.policy = Some(std::sync::Arc::new(policy.clone()));
             true
         }
         _ => false,
@@ -150,7 +150,7 @@ mod tests {
         let mut before = ClusterView::default();
         before
             .firewalls
-            .insert("a".into(), Entry { key: key.clone(), policy: Some(policy("192.0.2.0/24")), error: None });
+            .insert("a".into(), Entry { key: key.clone(), policy: Some(policy("192.0.2.0/24").into()), error: None });
         assert!(before.kept_last_good().objects.is_empty(), "a valid object needs nothing saved");
         before.firewalls.get_mut("a").unwrap().error = Some("spec.egress[0]: bad".into());
         let saved = before.kept_last_good();
@@ -163,15 +163,16 @@ mod tests {
         let mut after = ClusterView::default();
         after.firewalls.insert("a".into(), Entry { key: key.clone(), policy: None, error: Some("bad".into()) });
         assert!(after.adopt_last_good(&back));
-        assert_eq!(after.firewalls["a"].policy, Some(policy("192.0.2.0/24")));
+        assert_eq!(after.firewalls["a"].policy.as_deref(), Some(&policy("192.0.2.0/24")));
         assert!(!after.adopt_last_good(&back), "adopted once");
         assert_eq!(after.kept_last_good(), saved, "and kept while still invalid");
 
         // A valid version, or another object of the same namespace, is never overridden.
         let mut fixed = ClusterView::default();
-        fixed
-            .firewalls
-            .insert("a".into(), Entry { key: key.clone(), policy: Some(policy("198.51.100.0/24")), error: None });
+        fixed.firewalls.insert(
+            "a".into(),
+            Entry { key: key.clone(), policy: Some(policy("198.51.100.0/24").into()), error: None },
+        );
         assert!(!fixed.adopt_last_good(&back));
         let mut other = ClusterView::default();
         let other_key = ObjectKey::new(Kind::EgressFirewall, "b", "default");

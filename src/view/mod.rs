@@ -26,8 +26,10 @@ use policy::{CloudPrivateIp, EgressIpPolicy, FirewallPolicy, PolicyError, QosPol
 pub struct Entry<T> {
     /// The object's identity.
     pub key: ObjectKey,
-    /// The last version that validated (what the dataplane uses).
-    pub policy: Option<T>,
+    /// The last version that validated (what the dataplane uses). Shared: an unchanged
+    /// policy stays the same allocation, so comparing it with a cached copy costs a
+    /// pointer comparison.
+    pub policy: Option<std::sync::Arc<T>>,
     /// Why the current version is not used, naming the field.
     pub error: Option<String>,
 }
@@ -242,8 +244,12 @@ fn put<T: PartialEq>(
     entry.key = key;
     match result {
         Ok(p) => {
-            changed |= entry.policy.as_ref() != Some(&p) || entry.error.is_some();
-            entry.policy = Some(p);
+            // An equal policy keeps its allocation (see `Entry::policy`).
+            if entry.policy.as_deref() != Some(&p) {
+                entry.policy = Some(std::sync::Arc::new(p));
+                changed = true;
+            }
+            changed |= entry.error.is_some();
             entry.error = None;
         }
         Err(e) => {
