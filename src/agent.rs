@@ -445,7 +445,7 @@ pub struct Agent<S, B, K> {
 
 impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
     /// Set up and apply the source's first complete view.
-    pub async fn start(mut config: RunConfig, source: S, syncer: NftSyncer<B>, sink: K) -> Self {
+    pub async fn start(mut config: RunConfig, source: S, mut syncer: NftSyncer<B>, sink: K) -> Self {
         let families = config.node.families();
         let telemetry = config.telemetry.clone();
         let names = dns_names(source.view());
@@ -502,7 +502,10 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
             None => None,
         };
         let drift = match crate::dataplane::drift::start(&config.node.table_name) {
-            Ok(rx) => Some(rx),
+            Ok((rx, quiet)) => {
+                syncer.set_quiet(Box::new(quiet));
+                Some(rx)
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "changes by others are found by the periodic check only");
                 None

@@ -10,6 +10,12 @@
 //!   replaces its table in full. Changes to other tables are left alone. A kernel that
 //!   does not name the committing process makes detection impossible; that is logged
 //!   once and nothing is reported (the periodic full check stays the safety net).
+//!   During egressd's own full replace the watch leaves the notification group (the
+//!   kernel builds a notification per rule and set element for every listener: a
+//!   third of a 100k-rule replace) and compares the ruleset's generation id before and
+//!   after instead ([`QuietWatch`]): anything beyond egressd's own commits is reported
+//!   as drift, and the replace that follows keeps listening (so a busy neighbour, such
+//!   as kube-proxy committing often, costs at most one extra replace, never a loop).
 //! * **netlink**: a thread subscribed to link, address, route and rule notifications
 //!   (`RTNLGRP_*`) reports that something changed; the agent then compares what it owns
 //!   with what it wants and repairs it (the same check as the periodic one), so an owned
@@ -161,14 +167,73 @@ fn messages(buf: &[u8]) -> impl Iterator<Item = &[u8]> {
     })
 }
 
+/// The drift watch's side of a full replace ([`super::nft_sync::QuietReplace`]).
+pub(crate) struct QuietWatch {
+    socket: std::sync::Arc<Socket>,
+    table: String,
+    tx: mpsc::UnboundedSender<Drift>,
+    /// The last quiet replace saw someone else's commit: listen through the next one.
+    listen_next: bool,
+}
+
+impl QuietWatch {
+    fn generation(&self) -> io::Result<u32> {
+        super::elements::ElementWriter::open(&self.table)?.generation()
+    }
+
+    fn report(&mut self, what: String) {
+        self.listen_next = true;
+        let _ = self.tx.send(Drift::Nft { pid: 0, process: what });
+    }
+}
+
+/// The generation id a ruleset at `before` has after `own` more commits of egressd's.
+fn expected_generation(before: u32, own: u64) -> u32 {
+    before.wrapping_add(own as u32)
+}
+
+impl super::nft_sync::QuietReplace for QuietWatch {
+    fn before(&mut self) -> Option<(u32, u64)> {
+        if std::mem::take(&mut self.listen_next) {
+            return None;
+        }
+        // The generation first, then leave: a commit in between is both seen and
+        // counted (one replace too many at worst, never one missed).
+        let generation = self.generation().ok()?;
+        let own = super::elements::own_commits();
+        self.socket.drop_membership(NFNLGRP_NFTABLES).ok()?;
+        Some((generation, own))
+    }
+
+    fn after(&mut self, before: Option<(u32, u64)>, committed: bool) {
+        let Some((generation, own)) = before else { return };
+        // Back in first, then the generation (the same reasoning).
+        if let Err(e) = self.socket.add_membership(NFNLGRP_NFTABLES) {
+            tracing::error!(error = %e, "cannot listen to nf_tables notifications again; drift of the table goes unnoticed");
+            return;
+        }
+        let own = super::elements::own_commits().saturating_sub(own) + u64::from(committed);
+        match self.generation() {
+            Ok(now) if now == expected_generation(generation, own) => {}
+            Ok(now) => self.report(format!(
+                "unknown ({} other nf_tables commit(s) while egressd replaced its table)",
+                now.wrapping_sub(expected_generation(generation, own))
+            )),
+            Err(e) => self.report(format!("unknown (ruleset generation unreadable after a replace: {e})")),
+        }
+    }
+}
+
 /// Start both watches (in the caller's network namespace); drift arrives on the
-/// returned channel.
-pub(crate) fn start(table: &str) -> io::Result<mpsc::UnboundedReceiver<Drift>> {
+/// returned channel. The [`QuietWatch`] goes to the nft syncer.
+pub(crate) fn start(table: &str) -> io::Result<(mpsc::UnboundedReceiver<Drift>, QuietWatch)> {
     let (tx, rx) = mpsc::unbounded_channel();
     let mut nft = Socket::new(NETLINK_NETFILTER)?;
     nft.bind_auto()?;
     nft.add_membership(NFNLGRP_NFTABLES)?;
     notification_buffer(&nft);
+    let nft = std::sync::Arc::new(nft);
+    let quiet = QuietWatch { socket: nft.clone(), table: table.to_string(), tx: tx.clone(), listen_next: false };
     let mut route = Socket::new(NETLINK_ROUTE)?;
     route.bind_auto()?;
     for g in RTNLGRP {
@@ -184,7 +249,7 @@ pub(crate) fn start(table: &str) -> io::Result<mpsc::UnboundedReceiver<Drift>> {
         let _span = tracing::info_span!("drift_netlink").entered();
         watch_route(&route, &tx);
     })?;
-    Ok(rx)
+    Ok((rx, quiet))
 }
 
 /// Receive buffer of the nf_tables notification socket. The kernel sends one
@@ -334,6 +399,65 @@ mod tests {
         assert_eq!(t.feed(&delrule[..10], "egressd"), Seen::Nothing);
         let datagram = [delrule.clone(), newgen(Some(5))].concat();
         assert_eq!(messages(&datagram).count(), 2);
+    }
+
+    /// In a network namespace of its own (root): the watch leaves the notification group
+    /// for a replace, and the generation check reports someone else's commit in that
+    /// window — not egressd's own (the replace, netlink element batches) — and listens
+    /// through the next replace.
+    #[test]
+    fn a_quiet_replace_still_catches_a_foreign_commit() {
+        use crate::dataplane::nft_sync::QuietReplace;
+        assert!(nix::unistd::geteuid().is_root(), "needs root (network namespaces)");
+        std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let nft = |script: &str| {
+                let mut child = std::process::Command::new("nft")
+                    .args(["-f", "-"])
+                    .stdin(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                std::io::Write::write_all(child.stdin.as_mut().unwrap(), script.as_bytes()).unwrap();
+                drop(child.stdin.take());
+                assert!(child.wait().unwrap().success(), "{script}");
+            };
+            let (mut rx, mut quiet) = start("egressd").unwrap();
+            let settle = |rx: &mut mpsc::UnboundedReceiver<Drift>| {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                std::iter::from_fn(|| rx.try_recv().ok()).collect::<Vec<_>>()
+            };
+            // A replace by a process the watch does not know as egressd's (plain `nft`):
+            // unheard while quiet, and the generation moved by exactly that commit.
+            let before = quiet.before();
+            assert!(before.is_some());
+            nft("table inet egressd {\n set s { type ipv4_addr; flags timeout; }\n}\n");
+            quiet.after(before, true);
+            assert_eq!(settle(&mut rx), vec![]);
+            // Egressd's own element batch during the window counts as its own.
+            let before = quiet.before();
+            crate::dataplane::elements::ElementWriter::open("egressd")
+                .unwrap()
+                .add(&[("s".into(), "192.0.2.1".parse().unwrap(), std::time::Duration::from_secs(60))])
+                .unwrap();
+            quiet.after(before, false);
+            assert_eq!(settle(&mut rx), vec![]);
+            // Someone else's commit in the window is reported...
+            let before = quiet.before();
+            nft("add table inet other");
+            nft("add set inet egressd u { type ipv4_addr; }");
+            quiet.after(before, true);
+            let drift = settle(&mut rx);
+            assert!(
+                matches!(&drift[..], [Drift::Nft { pid: 0, process }] if process.contains("1 other nf_tables commit")),
+                "{drift:?}"
+            );
+            // ...and the next replace listens: a foreign change of the table is seen.
+            assert_eq!(quiet.before(), None);
+            nft("add set inet egressd t { type ipv4_addr; }");
+            assert!(matches!(&settle(&mut rx)[..], [Drift::Nft { pid, .. }] if *pid != 0));
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

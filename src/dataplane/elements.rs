@@ -32,6 +32,16 @@ use crate::nft::delta::{ElementDelta, ElementValue};
 
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 
+/// Transactions this process committed over netlink (each bumps the ruleset's
+/// generation id by one): what [`crate::dataplane::drift`] subtracts when it checks the
+/// generation after a full replace it did not watch.
+static OWN_COMMITS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many transactions this process has committed over netlink so far.
+pub(crate) fn own_commits() -> u64 {
+    OWN_COMMITS.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 /// One element to add: set name, address, timeout.
 pub(crate) type Element = (String, IpAddr, Duration);
 
@@ -125,6 +135,40 @@ impl ElementWriter {
         let mut out = vec![0; msg.buffer_len()];
         msg.serialize(&mut out);
         out
+    }
+
+    /// The ruleset's generation id now (`GETGEN`): every committed nf_tables
+    /// transaction in this network namespace, by anyone, increments it.
+    pub fn generation(&mut self) -> io::Result<u32> {
+        let msg = NfTablesMessage::GetGen(netlink_packet_netfilter::nftables::GenMessage { attributes: vec![] });
+        let out = self.message(NLM_F_REQUEST | NLM_F_ACK, msg, 0);
+        self.socket.send(&out, 0)?;
+        let seq = self.seq;
+        let mut id = None;
+        super::recv_until(&self.socket, &mut self.buf, |msg| {
+            if msg.header.sequence_number != seq {
+                return None;
+            }
+            match msg.payload {
+                NetlinkPayload::Error(e) => Some(match e.code {
+                    None => {
+                        id.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no generation id in the reply"))
+                    }
+                    Some(c) => Err(io::Error::from_raw_os_error(-c.get())),
+                }),
+                NetlinkPayload::InnerMessage(NetfilterMessage {
+                    inner: netlink_packet_netfilter::NetfilterMessageInner::NfTables(NfTablesMessage::NewGen(m)),
+                    ..
+                }) => {
+                    id = m.attributes.iter().find_map(|a| match a {
+                        netlink_packet_netfilter::nftables::GenAttribute::Id(id) => Some(*id),
+                        _ => None,
+                    });
+                    None
+                }
+                _ => None,
+            }
+        })
     }
 
     /// Whether `ip` is in `set` now (a `GETSETELEM` for the one key).
@@ -243,6 +287,9 @@ impl ElementWriter {
             }
             waiting.is_empty().then_some(Ok(()))
         })?;
+        if error.is_none() {
+            OWN_COMMITS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
         error.map_or(Ok(()), Err)
     }
 }

@@ -333,6 +333,17 @@ impl NftBackend for RecordingBackend {
     }
 }
 
+/// Hooks around a full replace: the drift watch stops listening to nf_tables
+/// notifications for its duration (the kernel builds one per rule and set element for
+/// every listener) and checks the ruleset's generation afterwards instead
+/// ([`crate::dataplane::drift`]).
+pub trait QuietReplace: Send {
+    /// Before the replace; what [`QuietReplace::after`] needs (`None`: stay listening).
+    fn before(&mut self) -> Option<(u32, u64)>;
+    /// After it; `committed` when the transaction applied.
+    fn after(&mut self, before: Option<(u32, u64)>, committed: bool);
+}
+
 /// What a sync did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SyncKind {
@@ -345,19 +356,35 @@ pub enum SyncKind {
 }
 
 /// Keeps the applied table in memory and sends differences.
-#[derive(Debug)]
 pub struct NftSyncer<B> {
     backend: B,
     applied: Option<Table>,
     /// How long the last [`NftSyncer::sync`] spent in the backend (the `nft` program and
     /// the kernel), as opposed to egressd's own diff and rendering.
     backend_time: std::time::Duration,
+    /// Around full replaces, when the drift watch runs.
+    quiet: Option<Box<dyn QuietReplace>>,
+}
+
+impl<B: std::fmt::Debug> std::fmt::Debug for NftSyncer<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NftSyncer")
+            .field("backend", &self.backend)
+            .field("applied", &self.applied.as_ref().map(|t| t.name.as_str()))
+            .field("quiet", &self.quiet.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl<B: NftBackend> NftSyncer<B> {
     /// A syncer that has applied nothing yet (its first sync is a full replace).
     pub fn new(backend: B) -> Self {
-        Self { backend, applied: None, backend_time: std::time::Duration::ZERO }
+        Self { backend, applied: None, backend_time: std::time::Duration::ZERO, quiet: None }
+    }
+
+    /// Run full replaces between these hooks (the drift watch's).
+    pub(crate) fn set_quiet(&mut self, quiet: Box<dyn QuietReplace>) {
+        self.quiet = Some(quiet);
     }
 
     /// The backend (tests inspect the recording backend).
@@ -414,7 +441,11 @@ impl<B: NftBackend> NftSyncer<B> {
         }
         let script = desired.replace_script();
         let t = std::time::Instant::now();
+        let quiet = self.quiet.as_mut().and_then(|q| q.before());
         let applied = self.backend.apply(&script);
+        if let Some(q) = self.quiet.as_mut() {
+            q.after(quiet, applied.is_ok());
+        }
         self.backend_time += t.elapsed();
         applied?;
         self.applied = Some(desired.clone());
