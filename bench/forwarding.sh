@@ -20,6 +20,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-5} SECS=${SECS:-5} NSN=${NS:-1000} RULES=${RULES:-100} POS=${POS:-50}
+# Rule RULES is the final Deny of every namespace: the pod's Allow is one of 1 .. RULES-1.
+if [ "$POS" -lt 1 ] || [ "$POS" -ge "$RULES" ]; then
+  echo "$0: POS must be 1 .. $((RULES - 1)) (rule $RULES is the final Deny)" >&2; exit 1
+fi
 # Root is needed (network namespaces, nftables): as root it runs as is; otherwise it
 # re-runs itself with sudo (keeping PATH, so cargo is found).
 if [ "$(id -u)" != 0 ]; then
@@ -83,9 +87,21 @@ ipt_rules 1000; ipt_rules 10000
 ip netns exec "$EXT" taskset -c 1 iperf3 -s -p 5201 >/dev/null 2>&1 &
 SERVER=$!
 sleep 0.5
-measure() { # received packets per second
-  ip netns exec "$POD" taskset -c 0 iperf3 -c 203.0.113.2 -p 5201 -u -b 0 -l 64 -t "$SECS" --json 2>/dev/null \
-    | python3 -c 'import json,sys; e=json.load(sys.stdin)["end"]["sum"]; print(int((e["packets"]-e["lost_packets"])/e["seconds"]))'
+measure() { # received packets per second; a run iperf3 reports as failed (the server
+  # still busy with the previous one) is repeated, at most 3 times
+  local out
+  for _ in 1 2 3; do
+    if out=$(ip netns exec "$POD" taskset -c 0 iperf3 -c 203.0.113.2 -p 5201 -u -b 0 -l 64 -t "$SECS" --json 2>/dev/null \
+      | python3 -c 'import json,sys
+r = json.load(sys.stdin)
+if "error" in r or "sum" not in r.get("end", {}):
+    sys.exit("iperf3: " + r.get("error", "no result"))
+e = r["end"]["sum"]; print(int((e["packets"] - e["lost_packets"]) / e["seconds"]))'); then
+      echo "$out"; return 0
+    fi
+    sleep 1
+  done
+  echo "iperf3 failed 3 times" >&2; return 1
 }
 setup() { # config
   ip netns exec "$NODE" nft flush ruleset
