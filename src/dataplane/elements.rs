@@ -66,6 +66,17 @@ impl ElementWriter {
         Ok(Self { socket, table: table.to_string(), seq: 0, buf: vec![0; 1 << 18], send_buffer: 0 })
     }
 
+    /// A set element message for `elements` of `set` in this table.
+    fn elements_of(&self, set: &str, elements: Vec<ListAttribute<SetElementAttribute>>) -> SetElementMessage {
+        SetElementMessage {
+            attributes: vec![
+                SetElementList::Table(self.table.clone()),
+                SetElementList::Set(set.to_string()),
+                SetElementList::Elements(elements),
+            ],
+        }
+    }
+
     /// Apply `delta` (deletions, then additions) as one transaction: all of it or, on
     /// an error (an element to delete that is not there, a chain a jump names that is
     /// not), nothing. The send buffer grows to hold the batch.
@@ -82,13 +93,7 @@ impl ElementWriter {
                 for chunk in list.elements.chunks(per_message) {
                     let elements =
                         chunk.iter().map(|(ip, v)| ListAttribute::Element(attributes(*ip, v, !delete))).collect();
-                    let message = SetElementMessage {
-                        attributes: vec![
-                            SetElementList::Table(self.table.clone()),
-                            SetElementList::Set(list.set.clone()),
-                            SetElementList::Elements(elements),
-                        ],
-                    };
+                    let message = self.elements_of(&list.set, elements);
                     let (msg, flags) = if delete {
                         (NfTablesMessage::DeleteSetElement(message), NLM_F_REQUEST | NLM_F_ACK)
                     } else {
@@ -228,12 +233,8 @@ impl ElementWriter {
     pub fn add(&mut self, elements: &[Element]) -> io::Result<()> {
         let mut by_set: std::collections::BTreeMap<&str, Vec<ListAttribute<SetElementAttribute>>> = Default::default();
         for (set, ip, timeout) in elements {
-            let key = key(*ip);
-            let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-            by_set.entry(set.as_str()).or_default().push(ListAttribute::Element(vec![
-                SetElementAttribute::Key(DataAttribute::Value(key)),
-                SetElementAttribute::Timeout(ms),
-            ]));
+            let attrs = attributes(*ip, &ElementValue::Timeout(*timeout), true);
+            by_set.entry(set.as_str()).or_default().push(ListAttribute::Element(attrs));
         }
         let mut first_error = None;
         let mut batch: Vec<u8> = Vec::new();
@@ -242,13 +243,7 @@ impl ElementWriter {
             let mut list = list.into_iter().peekable();
             while list.peek().is_some() {
                 let chunk: Vec<_> = list.by_ref().take(ELEMENTS_PER_MESSAGE).collect();
-                let msg = NfTablesMessage::NewSetElement(SetElementMessage {
-                    attributes: vec![
-                        SetElementList::Table(self.table.clone()),
-                        SetElementList::Set(set.to_string()),
-                        SetElementList::Elements(chunk),
-                    ],
-                });
+                let msg = NfTablesMessage::NewSetElement(self.elements_of(set, chunk));
                 // Room for one more message of at most 48 bytes per element?
                 if !batch.is_empty()
                     && batch.len() + ELEMENTS_PER_MESSAGE * 48 > BATCH_BYTES
