@@ -83,17 +83,25 @@ fn bench_compile(c: &mut Criterion) {
     group.bench_function("100k_rules", |b| b.iter(|| black_box(egressd::nft::diff(&before, &after))));
     group.finish();
 
-    // What the agent does for one pod added at 100k rules: compile with the warm cache,
-    // then find the element delta to send.
+    // What the agent does for one pod added (or removed) at 100k rules: compile with the
+    // warm cache, then find the element delta to send. Each iteration adds the pod or
+    // removes it again, and keeps the previous table (as the syncer does), so the pod
+    // map is patched every time.
     let mut group = c.benchmark_group("one_pod_added");
     group.sample_size(10);
     let mut cache = CompileCache::default();
     let links = HostLinks::default();
-    let before = compile_cached(&v, &node(), &DnsAnswers::new(), &links, &mut cache).table;
+    let mut previous = compile_cached(&v, &node(), &DnsAnswers::new(), &links, &mut cache).table;
+    let mut added = false;
     group.bench_function("100k_rules_compile_and_delta", |b| {
         b.iter(|| {
-            let after = compile_cached(&v2, &node(), &DnsAnswers::new(), &links, &mut cache).table;
-            black_box(ElementDelta::between(&before, &after))
+            added = !added;
+            let view = if added { &v2 } else { &v };
+            let after = compile_cached(view, &node(), &DnsAnswers::new(), &links, &mut cache).table;
+            let delta = ElementDelta::between(&previous, &after);
+            assert_eq!(delta.as_ref().map(ElementDelta::len), Some(1), "one element added or removed");
+            previous = after;
+            black_box(delta)
         })
     });
     group.finish();

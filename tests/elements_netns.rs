@@ -19,7 +19,7 @@ use proptest::prelude::*;
 const CHAINS: [&str; 3] = ["fw-a", "fw-b", "fw-h0123456789abcdef"];
 
 fn set(key: KeyType, verdict_map: bool, timeout: bool, elements: BTreeMap<String, String>) -> Set {
-    Set { key, verdict_map, interval: false, timeout, elements }
+    Set { key, verdict_map, interval: false, timeout, elements: elements.into() }
 }
 
 /// The fixed shape (chains, sets, rules) with the given elements.

@@ -308,8 +308,15 @@ impl LogSpec {
 /// policy is equal (and has no nodeSelector rule, whose addresses come from the nodes).
 /// The policy is the view's shared copy: unchanged, it is the same allocation, and the
 /// comparison costs a pointer.
-pub(crate) type ChainCache =
-    std::collections::HashMap<String, (std::sync::Arc<FirewallPolicy>, LogSpec, Chain, Vec<String>)>;
+type ChainCache = std::collections::HashMap<String, (std::sync::Arc<FirewallPolicy>, LogSpec, Chain, Vec<String>)>;
+
+/// What the firewall reuses from the previous compile: namespace chains, and the pod
+/// verdict maps (patched per changed pod, [`super::pod_maps`]).
+#[derive(Debug, Default)]
+pub(crate) struct FirewallCache {
+    chains: ChainCache,
+    pods: super::pod_maps::PodMaps,
+}
 
 fn namespace_chain(
     policy: &std::sync::Arc<FirewallPolicy>,
@@ -370,39 +377,32 @@ pub(super) fn compile(
     owners: &BTreeMap<IpAddr, &PodInfo>,
     table: &mut Table,
     statuses: &mut Vec<ObjectStatus>,
-    cache: &mut ChainCache,
+    cache: &mut FirewallCache,
 ) {
-    cache.retain(|ns, _| view.firewalls.contains_key(ns));
+    cache.chains.retain(|ns, _| view.firewalls.contains_key(ns));
+    // Local pods (by the pod-identity rule) of namespaces with a firewall policy jump to
+    // their namespace's chain.
+    let policed: std::collections::HashSet<&str> =
+        view.firewalls.iter().filter(|(_, e)| e.policy.is_some()).map(|(ns, _)| ns.as_str()).collect();
+    let wanted = owners
+        .iter()
+        .filter(|(_, pod)| policed.contains(pod.namespace.as_str()) && node.is_local(pod))
+        .map(|(ip, pod)| (*ip, pod.namespace.as_str()));
+    let (v4, v6) = cache.pods.update(wanted, |ns| format!("jump {}", chain_name("fw", ns)));
     // No EgressFirewall, no hook: packets pay nothing for an empty policy.
     if view.firewalls.is_empty() {
         return;
     }
     let exempt = exempt_sets(node, table);
     let ctx = Ctx { view, node, dns, exempt };
-    let mut pods_v4 = Set::verdict_map(KeyType::Ipv4);
-    let mut pods_v6 = Set::verdict_map(KeyType::Ipv6);
-
-    // Local pods by namespace (by the pod-identity rule).
-    let mut local: BTreeMap<&str, Vec<IpAddr>> = BTreeMap::new();
-    for (ip, pod) in owners {
-        if node.is_local(pod) {
-            local.entry(pod.namespace.as_str()).or_default().push(*ip);
-        }
-    }
 
     for (namespace, entry) in &view.firewalls {
         let mut problems: Vec<String> = entry.error.iter().cloned().collect();
         if let Some(policy) = &entry.policy {
-            let (chain, errors) = namespace_chain(policy, &ctx, table, cache);
+            let (chain, errors) = namespace_chain(policy, &ctx, table, &mut cache.chains);
             problems.extend(errors);
-            if let Some(ips) = local.get(namespace.as_str()) {
-                let name = chain_name("fw", namespace);
-                let jump = format!("jump {name}");
-                for ip in ips {
-                    let map = if ip.is_ipv4() { &mut pods_v4 } else { &mut pods_v6 };
-                    map.elements.insert(ip.to_string(), jump.clone());
-                }
-                table.chains.insert(name, chain);
+            if cache.pods.has(namespace) {
+                table.chains.insert(chain_name("fw", namespace), chain);
             }
         }
         let mut warnings = entry.policy.as_ref().map(|p| p.warnings.clone()).unwrap_or_default();
@@ -417,8 +417,8 @@ pub(super) fn compile(
         statuses.push(status);
     }
 
-    table.sets.insert(PODS_V4.into(), pods_v4);
-    table.sets.insert(PODS_V6.into(), pods_v6);
+    table.sets.insert(PODS_V4.into(), Set { elements: v4, ..Set::verdict_map(KeyType::Ipv4) });
+    table.sets.insert(PODS_V6.into(), Set { elements: v6, ..Set::verdict_map(KeyType::Ipv6) });
     table.chains.insert(FIREWALL_CHAIN.into(), base_chain("forward", false));
     table.chains.insert(FIREWALL_LOCAL_CHAIN.into(), base_chain("input", true));
 }

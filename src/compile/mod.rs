@@ -6,6 +6,7 @@
 
 mod egress_ip;
 mod firewall;
+mod pod_maps;
 mod qos;
 mod runs;
 mod snoop_copies;
@@ -189,7 +190,7 @@ pub struct Desired {
 #[derive(Debug, Default)]
 pub struct CompileCache {
     node: Option<NodeConfig>,
-    firewall: firewall::ChainCache,
+    firewall: firewall::FirewallCache,
 }
 
 /// Compile the view for this node, with the current addresses of DNS names and no

@@ -130,6 +130,9 @@ impl ElementDelta {
 fn changes<'a>(before: &'a Set, after: &'a Set) -> (Vec<(&'a String, &'a String)>, Vec<(&'a String, &'a String)>) {
     use std::cmp::Ordering;
     let (mut gone, mut added) = (Vec::new(), Vec::new());
+    if before.elements.same(&after.elements) {
+        return (gone, added);
+    }
     let mut old = before.elements.iter().peekable();
     let mut new = after.elements.iter().peekable();
     loop {

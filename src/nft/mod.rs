@@ -73,23 +73,70 @@ pub struct Set {
     /// unless refreshed.
     pub timeout: bool,
     /// Elements: key → verdict (maps), `timeout <n>s` (timeout sets) or empty string.
-    pub elements: BTreeMap<String, String>,
+    pub elements: Elements,
+}
+
+/// A set's elements, shared: cloning a set (or the table holding it) costs a pointer,
+/// and an element map carried over unchanged from the previous compile is the same
+/// allocation, which [`delta::ElementDelta::between`] skips without comparing its elements.
+/// Reads go through `Deref`; the first write to a shared map copies it (`Arc::make_mut`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Elements(std::sync::Arc<BTreeMap<String, String>>);
+
+impl Elements {
+    /// Whether `self` and `other` are the same allocation (then they are equal).
+    pub fn same(&self, other: &Elements) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl std::ops::Deref for Elements {
+    type Target = BTreeMap<String, String>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Elements {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        std::sync::Arc::make_mut(&mut self.0)
+    }
+}
+
+impl From<BTreeMap<String, String>> for Elements {
+    fn from(map: BTreeMap<String, String>) -> Self {
+        Self(std::sync::Arc::new(map))
+    }
+}
+
+impl FromIterator<(String, String)> for Elements {
+    fn from_iter<I: IntoIterator<Item = (String, String)>>(iter: I) -> Self {
+        Self(std::sync::Arc::new(iter.into_iter().collect()))
+    }
+}
+
+impl<'a> IntoIterator for &'a Elements {
+    type Item = (&'a String, &'a String);
+    type IntoIter = std::collections::btree_map::Iter<'a, String, String>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
 }
 
 impl Set {
     /// An empty plain set.
     pub fn new(key: KeyType, interval: bool) -> Self {
-        Self { key, verdict_map: false, interval, timeout: false, elements: BTreeMap::new() }
+        Self { key, verdict_map: false, interval, timeout: false, elements: Elements::default() }
     }
 
     /// An empty set whose elements time out.
     pub(crate) fn with_timeout(key: KeyType) -> Self {
-        Self { key, verdict_map: false, interval: false, timeout: true, elements: BTreeMap::new() }
+        Self { key, verdict_map: false, interval: false, timeout: true, elements: Elements::default() }
     }
 
     /// An empty verdict map.
     pub(crate) fn verdict_map(key: KeyType) -> Self {
-        Self { key, verdict_map: true, interval: false, timeout: false, elements: BTreeMap::new() }
+        Self { key, verdict_map: true, interval: false, timeout: false, elements: Elements::default() }
     }
 
     fn declaration(&self) -> String {

@@ -412,28 +412,26 @@ impl ClusterView {
     /// newest claim wins (an older pod still listing the IP is the stale one), ties go
     /// to the smallest `namespace/name`. Clashes are returned for reporting.
     pub(crate) fn pod_ip_owners(&self) -> (BTreeMap<IpAddr, &PodInfo>, Vec<IpClash>) {
-        let mut claims: BTreeMap<IpAddr, Vec<&PodInfo>> = BTreeMap::new();
-        for pod in self.pods.values().filter(|p| p.counts()) {
-            for ip in &pod.ips {
-                claims.entry(*ip).or_default().push(pod);
-            }
-        }
-        let mut owners = BTreeMap::new();
+        // One sorted list of claims (address, then the winner first) instead of a list
+        // per address: this runs on every compile, over every pod of the cluster.
+        let mut claims: Vec<(IpAddr, &PodInfo)> =
+            self.pods.values().filter(|p| p.counts()).flat_map(|p| p.ips.iter().map(move |ip| (*ip, p))).collect();
+        claims.sort_unstable_by(|(ia, a), (ib, b)| {
+            ia.cmp(ib)
+                .then_with(|| b.created.cmp(&a.created))
+                .then_with(|| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)))
+        });
         let mut clashes = Vec::new();
-        for (ip, mut pods) in claims {
-            pods.sort_by(|a, b| {
-                b.created.cmp(&a.created).then_with(|| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)))
+        for group in claims.chunk_by(|a, b| a.0 == b.0).filter(|g| g.len() > 1) {
+            let winner = group[0].1;
+            clashes.push(IpClash {
+                ip: group[0].0,
+                winner: format!("{}/{}", winner.namespace, winner.name),
+                losers: group[1..].iter().map(|(_, p)| format!("{}/{}", p.namespace, p.name)).collect(),
             });
-            let winner = pods[0];
-            if pods.len() > 1 {
-                clashes.push(IpClash {
-                    ip,
-                    winner: format!("{}/{}", winner.namespace, winner.name),
-                    losers: pods[1..].iter().map(|p| format!("{}/{}", p.namespace, p.name)).collect(),
-                });
-            }
-            owners.insert(ip, winner);
         }
+        claims.dedup_by(|later, first| later.0 == first.0);
+        let owners: BTreeMap<IpAddr, &PodInfo> = claims.into_iter().collect();
         (owners, clashes)
     }
 }

@@ -1,0 +1,150 @@
+//! Element maps keyed by local pod addresses (the firewall's `fw-pods-*` verdict maps),
+//! kept across compiles and patched where the pods changed: one pod added at 10k pods
+//! writes one element instead of rebuilding and formatting ten thousand, and an
+//! unchanged map is the previous allocation (which the element delta skips).
+//!
+//! The output never depends on the cache: after [`PodMaps::update`] the maps hold
+//! exactly the wanted elements, whatever they held before (`tests/incremental.rs`
+//! checks the cached compile against a fresh one).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use crate::nft::Elements;
+
+/// An IPv4 and an IPv6 element map and the `address → owner` pairs they were rendered
+/// from.
+#[derive(Debug, Default)]
+pub(crate) struct PodMaps {
+    by_ip: BTreeMap<IpAddr, String>,
+    /// How many addresses each owner has.
+    per_owner: BTreeMap<String, usize>,
+    v4: Elements,
+    v6: Elements,
+}
+
+impl PodMaps {
+    /// Make the maps hold one element per `(address, owner)` of `wanted` (in address
+    /// order, each address once), valued `value(owner)`; only differences are written.
+    /// Returns the IPv4 and the IPv6 map.
+    pub(crate) fn update<'a>(
+        &mut self,
+        wanted: impl IntoIterator<Item = (IpAddr, &'a str)>,
+        value: impl Fn(&str) -> String,
+    ) -> (Elements, Elements) {
+        let mut gone = Vec::new();
+        let mut set = Vec::new();
+        let mut old = self.by_ip.iter().peekable();
+        for (ip, owner) in wanted {
+            loop {
+                match old.peek() {
+                    Some((o, _)) if **o < ip => {
+                        gone.push(**o);
+                        old.next();
+                    }
+                    _ => break,
+                }
+            }
+            match old.peek() {
+                Some((o, v)) if **o == ip => {
+                    if v.as_str() != owner {
+                        set.push((ip, owner));
+                    }
+                    old.next();
+                }
+                _ => set.push((ip, owner)),
+            }
+        }
+        gone.extend(old.map(|(ip, _)| *ip));
+        for ip in gone {
+            if let Some(owner) = self.by_ip.remove(&ip) {
+                self.forget(&owner);
+            }
+            self.map(ip).remove(&ip.to_string());
+        }
+        for (ip, owner) in set {
+            self.map(ip).insert(ip.to_string(), value(owner));
+            *self.per_owner.entry(owner.to_string()).or_default() += 1;
+            if let Some(before) = self.by_ip.insert(ip, owner.to_string()) {
+                self.forget(&before);
+            }
+        }
+        (self.v4.clone(), self.v6.clone())
+    }
+
+    /// Whether `owner` has an element.
+    pub(crate) fn has(&self, owner: &str) -> bool {
+        self.per_owner.contains_key(owner)
+    }
+
+    fn forget(&mut self, owner: &str) {
+        if let Some(n) = self.per_owner.get_mut(owner) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_owner.remove(owner);
+            }
+        }
+    }
+
+    fn map(&mut self, ip: IpAddr) -> &mut Elements {
+        if ip.is_ipv4() { &mut self.v4 } else { &mut self.v6 }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn fresh(wanted: &BTreeMap<IpAddr, String>) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+        let mut out = (BTreeMap::new(), BTreeMap::new());
+        for (ip, owner) in wanted {
+            let m = if ip.is_ipv4() { &mut out.0 } else { &mut out.1 };
+            m.insert(ip.to_string(), format!("jump fw-{owner}"));
+        }
+        out
+    }
+
+    fn wanted() -> impl Strategy<Value = BTreeMap<IpAddr, String>> {
+        let ip = prop_oneof![
+            (0u8..12).prop_map(|i| IpAddr::from([198, 18, 0, i])),
+            (0u16..6).prop_map(|i| IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, i])),
+        ];
+        proptest::collection::btree_map(
+            ip,
+            proptest::sample::select(vec!["a".to_string(), "b".into(), "c".into()]),
+            0..10,
+        )
+    }
+
+    proptest! {
+        /// Any sequence of wanted maps: after each update the maps are exactly what a
+        /// fresh build gives.
+        #[test]
+        fn patched_maps_equal_fresh_ones(steps in proptest::collection::vec(wanted(), 1..8)) {
+            let mut maps = PodMaps::default();
+            for w in &steps {
+                let (v4, v6) = maps.update(w.iter().map(|(ip, o)| (*ip, o.as_str())), |o| format!("jump fw-{o}"));
+                let (f4, f6) = fresh(w);
+                prop_assert_eq!(&*v4, &f4);
+                prop_assert_eq!(&*v6, &f6);
+                for owner in ["a", "b", "c"] {
+                    prop_assert_eq!(maps.has(owner), w.values().any(|o| o == owner));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_unchanged_map_is_the_same_allocation() {
+        let mut maps = PodMaps::default();
+        let w = [(IpAddr::from([198, 18, 0, 1]), "a")];
+        let (first, _) = maps.update(w, |o| format!("jump fw-{o}"));
+        let (again, _) = maps.update(w, |o| format!("jump fw-{o}"));
+        assert!(first.same(&again));
+        let (moved, _) = maps.update([(IpAddr::from([198, 18, 0, 1]), "b")], |o| format!("jump fw-{o}"));
+        assert!(!first.same(&moved));
+        assert_eq!(moved.get("198.18.0.1").map(String::as_str), Some("jump fw-b"));
+        assert_eq!(first.get("198.18.0.1").map(String::as_str), Some("jump fw-a"), "the earlier map is untouched");
+    }
+}
