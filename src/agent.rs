@@ -614,6 +614,11 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
             acl.update(logged_pods(self.source.view(), &self.config.node));
         }
         self.sink.applied(self.source.view(), &self.desired, self.last_links.as_ref());
+        if matches!(self.last_result, Ok(SyncKind::Full)) {
+            // A full sync follows a burst (the first load parsed every manifest; the
+            // replace rendered the whole table): give what it freed back to the kernel.
+            crate::telemetry::memory::release_freed();
+        }
     }
 
     /// Restart the kernel timeouts of the names a DNS round attempted, where half the

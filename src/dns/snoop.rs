@@ -38,7 +38,6 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Message, MessageType};
@@ -243,13 +242,57 @@ pub struct Dropped {
     pub cname_chains_cut: u64,
 }
 
+/// An LRU cache of at most `cap` entries that allocates as it fills (`LruCache::new`
+/// would reserve room for all of them up front: megabytes on a node that never snoops
+/// a query).
+#[derive(Debug)]
+struct Bounded<K: std::hash::Hash + Eq, V> {
+    inner: LruCache<K, V>,
+    cap: usize,
+}
+
+impl<K: std::hash::Hash + Eq, V> Bounded<K, V> {
+    fn new(cap: usize) -> Self {
+        Self { inner: LruCache::unbounded(), cap: cap.max(1) }
+    }
+
+    /// As `LruCache::push`: the replaced entry of the same key, or the least recently
+    /// used one evicted to make room.
+    fn push(&mut self, key: K, value: V) -> Option<(K, V)> {
+        if self.inner.contains(&key) {
+            return self.inner.push(key, value);
+        }
+        let evicted = if self.inner.len() >= self.cap { self.inner.pop_lru() } else { None };
+        self.inner.push(key, value);
+        evicted
+    }
+
+    /// As `LruCache::put`.
+    fn put(&mut self, key: K, value: V) {
+        self.push(key, value);
+    }
+}
+
+impl<K: std::hash::Hash + Eq, V> std::ops::Deref for Bounded<K, V> {
+    type Target = LruCache<K, V>;
+    fn deref(&self) -> &Self::Target {
+        &self.inner
+    }
+}
+
+impl<K: std::hash::Hash + Eq, V> std::ops::DerefMut for Bounded<K, V> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.inner
+    }
+}
+
 /// The query tracker: pending queries, TCP message boundaries, and the answers.
 #[derive(Debug)]
 pub struct Snooper {
-    pending: LruCache<QueryKey, PendingQuery>,
+    pending: Bounded<QueryKey, PendingQuery>,
     per_pod: HashMap<IpAddr, usize>,
     /// Server→pod TCP streams: the sequence number where the next message starts.
-    flows: LruCache<FlowKey, u32>,
+    flows: Bounded<FlowKey, u32>,
     dropped: Dropped,
 }
 
@@ -268,9 +311,9 @@ impl Snooper {
     /// An empty tracker with other bounds (tests).
     pub fn with_limits(pending: usize, flows: usize) -> Self {
         Self {
-            pending: LruCache::new(NonZeroUsize::new(pending).unwrap_or(NonZeroUsize::MIN)),
+            pending: Bounded::new(pending),
             per_pod: HashMap::new(),
-            flows: LruCache::new(NonZeroUsize::new(flows).unwrap_or(NonZeroUsize::MIN)),
+            flows: Bounded::new(flows),
             dropped: Dropped::default(),
         }
     }
@@ -494,6 +537,19 @@ pub fn name_matches(base: &str, wildcard: bool, name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bounded_cache_replaces_and_evicts_as_lru_does() {
+        let mut b = Bounded::new(2);
+        assert_eq!(b.push(1, "a"), None);
+        assert_eq!(b.push(2, "b"), None);
+        assert_eq!(b.push(1, "c"), Some((1, "a")), "the same key: replaced, and now the most recent");
+        assert_eq!(b.push(3, "d"), Some((2, "b")), "full: the least recently used goes");
+        assert_eq!(b.len(), 2);
+        b.put(4, "e");
+        assert_eq!(b.peek(&1), None);
+        assert_eq!(b.peek(&3), Some(&"d"));
+    }
     use hickory_proto::op::Query;
     use hickory_proto::rr::rdata::{A, AAAA, CNAME};
     use hickory_proto::rr::{Name, Record};

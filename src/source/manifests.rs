@@ -20,8 +20,8 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::api::parse::{Parsed, split_documents, yaml_to_value};
-use crate::api::{Object, ObjectKey, parse_document};
-use crate::view::ClusterView;
+use crate::api::{ObjectKey, parse_document};
+use crate::view::{ClusterView, Update};
 
 /// Errors that stop the source as a whole (not a single bad document).
 #[derive(Debug, thiserror::Error)]
@@ -94,7 +94,17 @@ enum ParsedDoc {
     /// Not YAML.
     Unreadable { number: usize, line: usize, error: String },
     /// Parsed (or rejected with a known or unknown key).
-    Parsed { number: usize, line: usize, result: Result<Parsed, crate::api::ParseError> },
+    Parsed { number: usize, line: usize, result: Result<Doc, crate::api::ParseError> },
+}
+
+/// A parsed document: an object already in the view's form (taken out when the view
+/// gets it), or a kind egressd does not read. Not the parsed object itself: a load of
+/// every file holds one of these per document at once.
+#[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)] // nearly every document is an object
+enum Doc {
+    Object { key: ObjectKey, update: Option<Update> },
+    Ignored { api_version: String, kind: String },
 }
 
 /// What the parse cache keeps of a document: where it is and what it names or why it
@@ -120,10 +130,10 @@ impl DocSummary {
             ParsedDoc::Parsed { number, line, result } => {
                 let (number, line) = (*number, *line);
                 match result {
-                    Ok(Parsed::Ignored { api_version, kind }) => {
+                    Ok(Doc::Ignored { api_version, kind }) => {
                         Self::Ignored { number, what: format!("{api_version}/{kind}") }
                     }
-                    Ok(Parsed::Object(obj)) => Self::Object { number, line, key: obj.key() },
+                    Ok(Doc::Object { key, .. }) => Self::Object { number, line, key: key.clone() },
                     Err(e) => Self::Rejected { number, line, key: e.key.clone(), message: e.violations.join("; ") },
                 }
             }
@@ -164,7 +174,13 @@ fn parse_file(text: &str) -> Vec<ParsedDoc> {
     split_documents(text)
         .into_iter()
         .map(|(number, line, body)| match yaml_to_value(&body) {
-            Ok(value) => ParsedDoc::Parsed { number, line, result: parse_document(&value, "default", true) },
+            Ok(value) => {
+                let result = parse_document(&value, "default", true).map(|parsed| match parsed {
+                    Parsed::Object(o) => Doc::Object { key: o.key(), update: Some(Update::of(&o)) },
+                    Parsed::Ignored { api_version, kind } => Doc::Ignored { api_version, kind },
+                });
+                ParsedDoc::Parsed { number, line, result }
+            }
             Err(error) => ParsedDoc::Unreadable { number, line, error },
         })
         .collect()
@@ -326,13 +342,13 @@ fn collect<'a>(files: &'a [PathBuf], parsed: &ParseCache, report: &mut LoadRepor
 /// The object `key` as parsed from `file`: from this load's parse of a changed file, or
 /// (when the object's first definition moved to a file that did not change) by parsing
 /// that file again.
-fn object_of<'r>(read: &'r mut Read, file: &Path, key: &ObjectKey) -> Option<&'r Object> {
+fn object_of(read: &mut Read, file: &Path, key: &ObjectKey) -> Option<Update> {
     if !read.changed.contains_key(file) {
         let text = std::fs::read_to_string(file).ok()?;
         read.changed.insert(file.to_path_buf(), parse_file(&text));
     }
-    read.changed.get(file)?.iter().find_map(|d| match d {
-        ParsedDoc::Parsed { result: Ok(Parsed::Object(o)), .. } if o.key() == *key => Some(o),
+    read.changed.get_mut(file)?.iter_mut().find_map(|d| match d {
+        ParsedDoc::Parsed { result: Ok(Doc::Object { key: k, update }), .. } if k == key => update.take(),
         _ => None,
     })
 }
@@ -366,8 +382,8 @@ fn update_view(
             continue;
         }
         // A file changed again since it was read is read again at its event.
-        let Some(obj) = object_of(read, file, &key) else { continue };
-        changed |= view.upsert(obj);
+        let Some(update) = object_of(read, file, &key) else { continue };
+        changed |= view.apply(update);
         origins.insert(key, file.clone());
     }
     for (key, (message, file)) in c.rejected {

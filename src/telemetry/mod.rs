@@ -2,6 +2,7 @@
 //! checks ([`prereq`]) and the health listener serving `/healthz`, `/readyz` and
 //! `/metrics` ([`server`]).
 
+pub mod memory;
 pub mod metrics;
 pub mod prereq;
 pub mod server;

@@ -271,11 +271,66 @@ fn replace<K: Ord, V: PartialEq>(map: &mut BTreeMap<K, V>, key: K, value: V) -> 
     }
 }
 
+/// One object in the view's own form: what the view keeps of it, converted (and
+/// validated) without the view. Much smaller than the object (a parsed Pod is over
+/// 2 KB, its [`PodInfo`] a few hundred bytes), so a source can hold many at once.
+#[derive(Debug, Clone)]
+pub struct Update {
+    key: ObjectKey,
+    item: Item,
+}
+
+#[derive(Debug, Clone)]
+enum Item {
+    Firewall(Result<FirewallPolicy, PolicyError>),
+    Qos(Result<QosPolicy, PolicyError>),
+    EgressIp(Result<EgressIpPolicy, PolicyError>),
+    CloudIp(Result<CloudPrivateIp, PolicyError>),
+    Namespace(NamespaceInfo),
+    Pod(PodInfo),
+    Node(NodeInfo),
+}
+
+impl Update {
+    /// `object` in the view's form.
+    pub fn of(object: &Object) -> Self {
+        let item = match object {
+            Object::EgressFirewall(o) => Item::Firewall(policy::firewall_policy(o)),
+            Object::EgressQoS(o) => Item::Qos(policy::qos_policy(o)),
+            Object::EgressIP(o) => Item::EgressIp(policy::egress_ip_policy(o)),
+            Object::CloudPrivateIPConfig(o) => Item::CloudIp(policy::cloud_private_ip(o)),
+            Object::Namespace(ns) => {
+                let acl_logging = ns
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(ACL_LOGGING_ANNOTATION))
+                    .map(|v| AclLogging::parse(v));
+                Item::Namespace(NamespaceInfo { labels: ns.metadata.labels.clone().unwrap_or_default(), acl_logging })
+            }
+            Object::Pod(p) => Item::Pod(PodInfo::from_pod(p)),
+            Object::Node(n) => Item::Node(NodeInfo::from_node(n)),
+        };
+        Self { key: object.key(), item }
+    }
+
+    /// The object's key.
+    pub fn key(&self) -> &ObjectKey {
+        &self.key
+    }
+}
+
 impl ClusterView {
     /// Add or replace an object; returns whether the view changed. A policy object that
     /// fails validation keeps its last good version and records the error.
     pub fn upsert(&mut self, object: &Object) -> bool {
-        let key = object.key();
+        self.apply(Update::of(object))
+    }
+
+    /// Add or replace an object already converted to the view's form ([`Update::of`]);
+    /// returns whether the view changed.
+    pub fn apply(&mut self, update: Update) -> bool {
+        let Update { key, item } = update;
         let was_ignored = self.ignored.remove(&key);
         macro_rules! policy {
             ($map:ident, $id:expr, $conv:expr) => {
@@ -290,33 +345,18 @@ impl ClusterView {
                 }
             };
         }
-        match object {
-            Object::EgressFirewall(o) => {
-                policy!(firewalls, key.namespace.clone(), policy::firewall_policy(o))
-            }
-            Object::EgressQoS(o) => policy!(qos, key.namespace.clone(), policy::qos_policy(o)),
-            Object::EgressIP(o) => {
-                policy!(egress_ips, key.name.clone(), policy::egress_ip_policy(o))
-            }
-            Object::CloudPrivateIPConfig(o) => {
-                policy!(cloud_ips, key.name.clone(), policy::cloud_private_ip(o))
-            }
-            Object::Namespace(_) | Object::Pod(_) | Object::Node(_) if self.rejected_core.remove(&key) => {
-                self.upsert(object);
+        match item {
+            Item::Firewall(p) => policy!(firewalls, key.namespace.clone(), p),
+            Item::Qos(p) => policy!(qos, key.namespace.clone(), p),
+            Item::EgressIp(p) => policy!(egress_ips, key.name.clone(), p),
+            Item::CloudIp(p) => policy!(cloud_ips, key.name.clone(), p),
+            item @ (Item::Namespace(_) | Item::Pod(_) | Item::Node(_)) if self.rejected_core.remove(&key) => {
+                self.apply(Update { key, item });
                 true
             }
-            Object::Namespace(ns) => {
-                let acl_logging = ns
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(ACL_LOGGING_ANNOTATION))
-                    .map(|v| AclLogging::parse(v));
-                let info = NamespaceInfo { labels: ns.metadata.labels.clone().unwrap_or_default(), acl_logging };
-                replace(&mut self.namespaces, key.name, info)
-            }
-            Object::Pod(p) => replace(&mut self.pods, (key.namespace, key.name), PodInfo::from_pod(p)),
-            Object::Node(n) => replace(&mut self.nodes, key.name, NodeInfo::from_node(n)),
+            Item::Namespace(info) => replace(&mut self.namespaces, key.name, info),
+            Item::Pod(info) => replace(&mut self.pods, (key.namespace, key.name), info),
+            Item::Node(info) => replace(&mut self.nodes, key.name, info),
         }
     }
 
