@@ -4,8 +4,8 @@
 //! * the compile cache (namespace chains reused across compiles): after each change,
 //!   the cached compile equals a compile with an empty cache;
 //! * the manifests source (parse cache per file, view updated per changed object):
-//!   after each change of the directory, the view equals the view of a fresh source
-//!   reading the same directory — which, like a restarted agent, gets the last good
+//!   after each change of the directory, the view (also when only the file a watch event
+//!   names is read again) equals the view of a fresh source reading the same directory — which, like a restarted agent, gets the last good
 //!   versions of invalid objects from the saved state.
 //!
 //! Changes: Namespaces (labels), Nodes (labels, addresses), Pods (labels, node, IPs,
@@ -327,7 +327,15 @@ proptest! {
         let mut files: Files = BTreeMap::new();
         let mut source = ManifestSource::new(dir.path());
         source.load().unwrap();
+        // Reads only the file a watch event would name.
+        let mut watched = ManifestSource::new(dir.path());
+        watched.load().unwrap();
         for (step, c) in changes.iter().enumerate() {
+            let named = match c {
+                FileChange::Write(n, ..) | FileChange::Edit(n, ..) | FileChange::Delete(n) => {
+                    dir.path().join(format!("f{n}.yaml"))
+                }
+            };
             match c {
                 FileChange::Write(n, docs, rename) => {
                     write_file(dir.path(), *n, docs, *rename);
@@ -351,6 +359,8 @@ proptest! {
                 }
             }
             source.load().unwrap();
+            watched.load_changed(&std::collections::BTreeSet::from([named])).unwrap();
+            prop_assert_eq!(source.view(), watched.view(), "step {}: {:?}: reading the named file only", step, c);
             // A restarted agent: a fresh source, plus the last good versions the running
             // one would have saved.
             let mut fresh = ManifestSource::new(dir.path());

@@ -147,6 +147,9 @@ impl DocSummary {
 struct FileEntry {
     len: usize,
     hash: u64,
+    /// Size and modification time when it was read (a file named by no event is read
+    /// again when they differ).
+    stamp: Option<Stamp>,
     docs: Vec<DocSummary>,
 }
 
@@ -209,10 +212,23 @@ impl ManifestSource {
 
     /// The manifest files, sorted by name.
     pub fn files(&self) -> Result<Vec<PathBuf>, SourceError> {
+        Ok(self.listing()?.into_iter().map(|(path, _)| path).collect())
+    }
+
+    /// The manifest files, sorted by name, with their size and modification time.
+    fn listing(&self) -> Result<Vec<(PathBuf, Option<Stamp>)>, SourceError> {
         let entries =
             std::fs::read_dir(&self.dir).map_err(|source| SourceError::Directory { path: self.dir.clone(), source })?;
-        let mut files: Vec<PathBuf> =
-            entries.filter_map(Result::ok).map(|e| e.path()).filter(|p| is_manifest(p) && p.is_file()).collect();
+        let mut files: Vec<(PathBuf, Option<Stamp>)> = entries
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| is_manifest(p))
+            .filter_map(|p| {
+                // Symlinks are followed (a ConfigMap volume's files are links).
+                let meta = std::fs::metadata(&p).ok()?;
+                meta.is_file().then(|| (p, meta.modified().ok().map(|t| (meta.len(), t))))
+            })
+            .collect();
         files.sort();
         Ok(files)
     }
@@ -221,9 +237,21 @@ impl ManifestSource {
     /// (every file read, only changed ones parsed), collect the objects and rejections
     /// of all files, then update the view with what differs.
     pub fn load(&mut self) -> Result<LoadReport, SourceError> {
-        let files = self.files()?;
+        self.load_files(None)
+    }
+
+    /// [`ManifestSource::load`] when only `changed` files (and new ones) can differ from
+    /// the last load: the others are not read again. What a directory watch reports (a
+    /// change it could not attribute to files calls for a whole [`ManifestSource::load`]).
+    pub fn load_changed(&mut self, changed: &BTreeSet<PathBuf>) -> Result<LoadReport, SourceError> {
+        self.load_files(Some(changed))
+    }
+
+    fn load_files(&mut self, only: Option<&BTreeSet<PathBuf>>) -> Result<LoadReport, SourceError> {
+        let listing = self.listing()?;
         let mut report = LoadReport::default();
-        let mut read = refresh(&mut self.parsed, &files, &mut report);
+        let mut read = refresh(&mut self.parsed, &listing, only, &mut report);
+        let files: Vec<PathBuf> = listing.into_iter().map(|(path, _)| path).collect();
         let mut collected = collect(&files, &self.parsed, &mut report);
         collected.unreadable.extend(std::mem::take(&mut read.unreadable));
         report.objects = collected.objects.len();
@@ -235,6 +263,9 @@ impl ManifestSource {
 /// What is kept of each file.
 type ParseCache = BTreeMap<PathBuf, FileEntry>;
 
+/// A file's size and modification time.
+type Stamp = (u64, std::time::SystemTime);
+
 /// What reading the files found.
 struct Read {
     /// Files parsed anew (new, or with changed text), with their documents (kept for
@@ -245,19 +276,31 @@ struct Read {
 }
 
 /// Bring the parse cache up to date with `files`: drop files that are gone, read every
-/// file, parse only the ones whose text changed.
-fn refresh(parsed: &mut ParseCache, files: &[PathBuf], report: &mut LoadReport) -> Read {
-    let present: BTreeSet<&PathBuf> = files.iter().collect();
+/// file (with `only`: those, and files that are new or whose size or modification time
+/// changed), parse only the ones whose text changed.
+fn refresh(
+    parsed: &mut ParseCache,
+    files: &[(PathBuf, Option<Stamp>)],
+    only: Option<&BTreeSet<PathBuf>>,
+    report: &mut LoadReport,
+) -> Read {
+    let present: BTreeSet<&PathBuf> = files.iter().map(|(path, _)| path).collect();
     parsed.retain(|path, _| present.contains(path));
     let mut read = Read { changed: BTreeMap::new(), unreadable: BTreeSet::new() };
-    for file in files {
+    for (file, stamp) in files {
+        let unchanged = parsed.get(file).is_some_and(|e| stamp.is_some() && e.stamp == *stamp);
+        if unchanged && only.is_some_and(|only| !only.contains(file)) {
+            continue;
+        }
         match std::fs::read_to_string(file) {
             Ok(text) => {
                 let (len, hash) = (text.len(), text_hash(&text));
-                if parsed.get(file).is_none_or(|e| e.len != len || e.hash != hash) {
+                if let Some(e) = parsed.get_mut(file).filter(|e| e.len == len && e.hash == hash) {
+                    e.stamp = *stamp;
+                } else {
                     let docs = parse_file(&text);
                     let summaries = docs.iter().map(DocSummary::of).collect();
-                    parsed.insert(file.clone(), FileEntry { len, hash, docs: summaries });
+                    parsed.insert(file.clone(), FileEntry { len, hash, stamp: *stamp, docs: summaries });
                     read.changed.insert(file.clone(), docs);
                 }
             }
@@ -277,20 +320,23 @@ fn refresh(parsed: &mut ParseCache, files: &[PathBuf], report: &mut LoadReport) 
     read
 }
 
-/// Every object of the directory, by the document summaries of the parse cache.
+/// Every object of the directory, by the document summaries of the parse cache (keys
+/// and files borrowed from it: this runs on every change, over every document).
 struct Collected<'a> {
     /// Good objects and their file (the first definition wins; later copies are errors).
-    objects: BTreeMap<ObjectKey, &'a PathBuf>,
+    objects: BTreeMap<&'a ObjectKey, &'a PathBuf>,
     /// Rejected objects: the located error and their file.
-    rejected: BTreeMap<ObjectKey, (String, PathBuf)>,
+    rejected: BTreeMap<&'a ObjectKey, (String, &'a PathBuf)>,
     /// Files with a document that is not YAML (their objects cannot be told).
     unreadable: BTreeSet<PathBuf>,
 }
 
 /// Walk the cached summaries of `files` in order, reporting errors.
-fn collect<'a>(files: &'a [PathBuf], parsed: &ParseCache, report: &mut LoadReport) -> Collected<'a> {
+fn collect<'a>(files: &'a [PathBuf], parsed: &'a ParseCache, report: &mut LoadReport) -> Collected<'a> {
     let mut c = Collected { objects: BTreeMap::new(), rejected: BTreeMap::new(), unreadable: BTreeSet::new() };
-    let mut seen_at: BTreeMap<ObjectKey, String> = BTreeMap::new();
+    // Where each key was first defined: file and document number.
+    let mut seen_at: BTreeMap<&ObjectKey, (&Path, usize)> = BTreeMap::new();
+    let at = |(file, number): (&Path, usize)| format!("{} document {number}", file.display());
     for file in files {
         let Some(entry) = parsed.get(file) else { continue };
         for doc in &entry.docs {
@@ -315,21 +361,21 @@ fn collect<'a>(files: &'a [PathBuf], parsed: &ParseCache, report: &mut LoadRepor
                             *number,
                             *line,
                             Some(key.clone()),
-                            format!("duplicate object: already defined in {first}; this copy is ignored"),
+                            format!("duplicate object: already defined in {}; this copy is ignored", at(*first)),
                         ));
                         continue;
                     }
-                    seen_at.insert(key.clone(), format!("{} document {number}", file.display()));
-                    c.objects.insert(key.clone(), file);
+                    seen_at.insert(key, (file, *number));
+                    c.objects.insert(key, file);
                 }
                 DocSummary::Rejected { number, line, key, message } => {
                     if let Some(key) = key
                         && !seen_at.contains_key(key)
                     {
-                        seen_at.insert(key.clone(), format!("{} document {number}", file.display()));
+                        seen_at.insert(key, (file, *number));
                         // The status names where the bad version is, then the fields.
                         let located = err(*number, *line, None, message.clone()).to_string();
-                        c.rejected.insert(key.clone(), (located, file.clone()));
+                        c.rejected.insert(key, (located, file));
                     }
                     report.errors.push(err(*number, *line, key.clone(), message.clone()));
                 }
@@ -378,17 +424,17 @@ fn update_view(
     }
     for (key, file) in c.objects {
         // The same version from the same unchanged file is in the view already.
-        if !read.changed.contains_key(file) && origins.get(&key) == Some(file) {
+        if !read.changed.contains_key(file) && origins.get(key) == Some(file) {
             continue;
         }
         // A file changed again since it was read is read again at its event.
-        let Some(update) = object_of(read, file, &key) else { continue };
+        let Some(update) = object_of(read, file, key) else { continue };
         changed |= view.apply(update);
-        origins.insert(key, file.clone());
+        origins.insert(key.clone(), file.clone());
     }
     for (key, (message, file)) in c.rejected {
-        changed |= view.reject(&key, message);
-        origins.insert(key, file);
+        changed |= view.reject(key, message);
+        origins.insert(key.clone(), file.clone());
     }
     changed
 }
@@ -406,37 +452,59 @@ fn changes_content(kind: &notify::EventKind) -> bool {
     }
 }
 
-/// Watch `dir` and send `()` on `tx` after each burst of changes, once `quiet` has
-/// passed without further events (at most `max_delay` after the first). The returned
-/// watcher must be kept alive.
+/// What a burst of directory events touched: the files named by the events, or
+/// `rescan` when some event named none (or the watch lost events) and only reading the
+/// whole directory is safe.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DirChange {
+    /// Paths the events named.
+    pub files: BTreeSet<PathBuf>,
+    /// Read the whole directory.
+    pub rescan: bool,
+}
+
+/// Watch `dir` and send what changed on `tx` after each burst of changes, once `quiet`
+/// has passed without further events (at most `max_delay` after the first). The
+/// returned watcher must be kept alive.
 pub fn watch(
     dir: &Path,
     quiet: Duration,
     max_delay: Duration,
-    tx: mpsc::Sender<()>,
+    tx: mpsc::Sender<DirChange>,
 ) -> Result<notify::RecommendedWatcher, SourceError> {
     use notify::Watcher;
-    let (raw_tx, mut raw_rx) = mpsc::unbounded_channel::<()>();
+    // `None`: an event that names no file.
+    let (raw_tx, mut raw_rx) = mpsc::unbounded_channel::<Option<Vec<PathBuf>>>();
     let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-        if res.is_ok_and(|e| changes_content(&e.kind)) {
-            let _ = raw_tx.send(());
-        }
+        let paths = match res {
+            Ok(e) if !changes_content(&e.kind) => return,
+            Ok(e) if e.need_rescan() || e.paths.is_empty() => None,
+            Ok(e) => Some(e.paths),
+            Err(_) => None,
+        };
+        let _ = raw_tx.send(paths);
     })
     .map_err(|source| SourceError::Watch { path: dir.to_path_buf(), source })?;
     watcher
         .watch(dir, notify::RecursiveMode::NonRecursive)
         .map_err(|source| SourceError::Watch { path: dir.to_path_buf(), source })?;
     tokio::spawn(async move {
-        while raw_rx.recv().await.is_some() {
+        while let Some(first) = raw_rx.recv().await {
+            let mut change = DirChange::default();
+            let mut add = |paths: Option<Vec<PathBuf>>| match paths {
+                Some(paths) => change.files.extend(paths),
+                None => change.rescan = true,
+            };
+            add(first);
             let deadline = tokio::time::Instant::now() + max_delay;
             loop {
                 match tokio::time::timeout_at(deadline.min(tokio::time::Instant::now() + quiet), raw_rx.recv()).await {
-                    Ok(Some(())) => continue,
+                    Ok(Some(paths)) => add(paths),
                     Ok(None) => return,
                     Err(_) => break,
                 }
             }
-            if tx.send(()).await.is_err() {
+            if tx.send(change).await.is_err() {
                 return;
             }
         }
@@ -459,7 +527,7 @@ pub(crate) fn log_report(report: &LoadReport) {
 pub struct ManifestsWatch {
     source: ManifestSource,
     report: LoadReport,
-    events: mpsc::Receiver<()>,
+    events: mpsc::Receiver<DirChange>,
     resync: tokio::time::Interval,
     _watcher: notify::RecommendedWatcher,
 }
@@ -494,15 +562,24 @@ impl super::ViewSource for ManifestsWatch {
 
     async fn next_change(&mut self) -> bool {
         // The periodic re-read catches missed events; what changed is what the view says.
-        tokio::select! {
-            Some(()) = self.events.recv() => {}
-            _ = self.resync.tick() => {}
-        }
-        match self.source.load() {
+        // Files a watch event named are read again; a rescan or the resync reads all.
+        let changed = tokio::select! {
+            Some(change) = self.events.recv() => (!change.rescan).then_some(change.files),
+            _ = self.resync.tick() => None,
+        };
+        let started = std::time::Instant::now();
+        let loaded = match &changed {
+            Some(files) => self.source.load_changed(files),
+            None => self.source.load(),
+        };
+        match loaded {
             Ok(report) => {
                 if report.changed || !report.errors.is_empty() {
                     log_report(&report);
                 }
+                let elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
+                let files = changed.as_ref().map_or(0, BTreeSet::len);
+                tracing::debug!(elapsed_ms, files, changed = report.changed, "manifests read");
                 let changed = report.changed;
                 self.report = report;
                 changed
@@ -655,7 +732,8 @@ mod tests {
         assert!(got.is_err(), "a reload must not signal a change: {got:?}");
         std::fs::write(dir.path().join("a.yaml"), GOOD.replace("192.0.2.0/24", "198.51.100.0/24")).unwrap();
         let got = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
-        assert_eq!(got.unwrap(), Some(()), "a write does");
+        let change = got.unwrap().unwrap();
+        assert!(change.files.contains(&dir.path().join("a.yaml")), "a write does, naming the file: {change:?}");
     }
 
     #[tokio::test]
@@ -665,6 +743,8 @@ mod tests {
         let _w = watch(dir.path(), Duration::from_millis(50), Duration::from_millis(250), tx).unwrap();
         std::fs::write(dir.path().join("a.yaml"), GOOD).unwrap();
         let got = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
-        assert_eq!(got.unwrap(), Some(()));
+        let change = got.unwrap().unwrap();
+        assert_eq!(change.files, BTreeSet::from([dir.path().join("a.yaml")]));
+        assert!(!change.rescan);
     }
 }
