@@ -390,11 +390,19 @@ pub(crate) struct Phases {
     nft: Duration,
 }
 
+/// The statuses of `new` that `old` does not hold as they are. Both are sorted by key,
+/// as the compile step gives them: one lookup each, not a scan of `old` (a thousand
+/// EgressFirewalls made that a million comparisons per change).
+fn changed_statuses<'a>(old: &'a [ObjectStatus], new: &'a [ObjectStatus]) -> impl Iterator<Item = &'a ObjectStatus> {
+    new.iter().filter(|s| {
+        // Equal keys are next to each other: any of them may be the same status.
+        let first = old.partition_point(|o| o.key < s.key);
+        !old[first..].iter().take_while(|o| o.key == s.key).any(|o| o == *s)
+    })
+}
+
 fn log_status_changes(old: &[ObjectStatus], new: &[ObjectStatus]) {
-    for s in new {
-        if old.iter().any(|o| o == s) {
-            continue;
-        }
+    for s in changed_statuses(old, new) {
         match &s.outcome {
             Outcome::Failed(_) => tracing::warn!(object = %s.key, status = %s.message(), "status"),
             _ => tracing::info!(object = %s.key, status = %s.message(), "status"),
@@ -973,6 +981,24 @@ pub async fn run<S: ViewSource, B: NftBackend, K: StatusSink>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_changed_statuses_are_logged() {
+        use crate::api::{Kind, ObjectKey};
+        let st = |ns: &str, outcome: Outcome| {
+            ObjectStatus::new(ObjectKey::new(Kind::EgressFirewall, ns, "default"), "n1", outcome)
+        };
+        let old = vec![st("a", Outcome::Applied), st("b", Outcome::Applied), st("c", Outcome::Failed("x".into()))];
+        let new = vec![
+            st("a", Outcome::Applied),
+            st("b", Outcome::Failed("y".into())),
+            st("c", Outcome::Failed("x".into())),
+            st("d", Outcome::Applied),
+        ];
+        let changed: Vec<&str> = changed_statuses(&old, &new).map(|s| s.key.namespace.as_str()).collect();
+        assert_eq!(changed, ["b", "d"]);
+        assert_eq!(changed_statuses(&new, &new).count(), 0);
+    }
     use crate::api::parse::{Parsed, parse_document, split_documents, yaml_to_value};
     use crate::dataplane::nft_sync::RecordingBackend;
 
