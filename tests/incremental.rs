@@ -168,6 +168,22 @@ fn document() -> impl Strategy<Value = String> {
     ]
 }
 
+/// Not YAML: the file's objects cannot be told (the source keeps what it had from it).
+const NOT_YAML: &str = "key: [unclosed\n";
+
+/// A document of a manifest file: an object, or (rarer) not YAML, a kind egressd does
+/// not read, a document its schema rejects.
+fn file_document() -> impl Strategy<Value = String> {
+    prop_oneof![
+        16 => document(),
+        1 => Just(NOT_YAML.to_string()),
+        1 => Just("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d, namespace: a}\n".to_string()),
+        1 => pick(&["a", "b"]).prop_map(|ns| format!(
+            "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {{name: default, namespace: {ns}}}\nspec:\n  egress: not-a-list\n"
+        )),
+    ]
+}
+
 fn key_of(doc: &str) -> Option<ObjectKey> {
     let (_, _, text) = split_documents(doc).into_iter().next()?;
     match parse_document(&yaml_to_value(&text).ok()?, "default", true) {
@@ -299,9 +315,9 @@ enum FileChange {
 
 fn file_change() -> impl Strategy<Value = FileChange> {
     prop_oneof![
-        4 => (0usize..3, proptest::collection::vec(document(), 0..5), any::<bool>())
+        4 => (0usize..3, proptest::collection::vec(file_document(), 0..5), any::<bool>())
             .prop_map(|(n, d, r)| FileChange::Write(n, d, r)),
-        4 => (0usize..3, 0usize..5, document()).prop_map(|(n, i, d)| FileChange::Edit(n, i, d)),
+        4 => (0usize..3, 0usize..5, file_document()).prop_map(|(n, i, d)| FileChange::Edit(n, i, d)),
         1 => (0usize..3).prop_map(FileChange::Delete),
     ]
 }
@@ -358,11 +374,16 @@ proptest! {
                     }
                 }
             }
-            source.load().unwrap();
-            watched.load_changed(&std::collections::BTreeSet::from([named])).unwrap();
+            let full = source.load().unwrap();
+            let part = watched.load_changed(&std::collections::BTreeSet::from([named])).unwrap();
             prop_assert_eq!(source.view(), watched.view(), "step {}: {:?}: reading the named file only", step, c);
+            prop_assert_eq!(full, part, "step {}: {:?}: the report of reading the named file only", step, c);
             // A restarted agent: a fresh source, plus the last good versions the running
-            // one would have saved.
+            // one would have saved. Not while a file is not YAML: the running source
+            // keeps the objects it had from it, which a fresh start cannot know.
+            if files.values().flatten().any(|d| d == NOT_YAML) {
+                continue;
+            }
             let mut fresh = ManifestSource::new(dir.path());
             fresh.load().unwrap();
             fresh.view_mut().adopt_last_good(&source.view().kept_last_good());

@@ -75,7 +75,7 @@ impl std::fmt::Display for DocumentError {
 }
 
 /// What one load found.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LoadReport {
     /// Rejected documents.
     pub errors: Vec<DocumentError>,
@@ -147,9 +147,6 @@ impl DocSummary {
 struct FileEntry {
     len: usize,
     hash: u64,
-    /// Size and modification time when it was read (a file named by no event is read
-    /// again when they differ).
-    stamp: Option<Stamp>,
     docs: Vec<DocSummary>,
 }
 
@@ -171,6 +168,8 @@ pub struct ManifestSource {
     /// unchanged is not parsed again (a resync of an unchanged directory reads the files
     /// but parses nothing), and neither its text nor its documents are kept.
     parsed: ParseCache,
+    /// Files that could not be read, with the error (reported until read again).
+    unreadable: BTreeMap<PathBuf, String>,
 }
 
 fn parse_file(text: &str) -> Vec<ParsedDoc> {
@@ -197,7 +196,13 @@ fn is_manifest(path: &Path) -> bool {
 impl ManifestSource {
     /// A source reading `dir`. Nothing is read until [`ManifestSource::load`].
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into(), view: ClusterView::default(), origins: BTreeMap::new(), parsed: BTreeMap::new() }
+        Self {
+            dir: dir.into(),
+            view: ClusterView::default(),
+            origins: BTreeMap::new(),
+            parsed: BTreeMap::new(),
+            unreadable: BTreeMap::new(),
+        }
     }
 
     /// The current view.
@@ -212,133 +217,125 @@ impl ManifestSource {
 
     /// The manifest files, sorted by name.
     pub fn files(&self) -> Result<Vec<PathBuf>, SourceError> {
-        Ok(self.listing()?.into_iter().map(|(path, _)| path).collect())
-    }
-
-    /// The manifest files, sorted by name, with their size and modification time.
-    fn listing(&self) -> Result<Vec<(PathBuf, Option<Stamp>)>, SourceError> {
-        let entries =
-            std::fs::read_dir(&self.dir).map_err(|source| SourceError::Directory { path: self.dir.clone(), source })?;
-        let mut files: Vec<(PathBuf, Option<Stamp>)> = entries
-            .filter_map(Result::ok)
-            .map(|e| e.path())
-            .filter(|p| is_manifest(p))
-            .filter_map(|p| {
-                // Symlinks are followed (a ConfigMap volume's files are links).
-                let meta = std::fs::metadata(&p).ok()?;
-                meta.is_file().then(|| (p, meta.modified().ok().map(|t| (meta.len(), t))))
-            })
-            .collect();
+        let entries = std::fs::read_dir(&self.dir).map_err(|source| self.dir_error(source))?;
+        // Symlinks are followed (a ConfigMap volume's files are links).
+        let mut files: Vec<PathBuf> =
+            entries.filter_map(Result::ok).map(|e| e.path()).filter(|p| is_manifest(p) && p.is_file()).collect();
         files.sort();
         Ok(files)
+    }
+
+    fn dir_error(&self, source: std::io::Error) -> SourceError {
+        SourceError::Directory { path: self.dir.clone(), source }
     }
 
     /// Read the whole directory and bring the view up to date: refresh the parse cache
     /// (every file read, only changed ones parsed), collect the objects and rejections
     /// of all files, then update the view with what differs.
     pub fn load(&mut self) -> Result<LoadReport, SourceError> {
-        self.load_files(None)
+        let files = self.files()?;
+        let present: BTreeSet<&PathBuf> = files.iter().collect();
+        self.parsed.retain(|path, _| present.contains(path));
+        self.unreadable.retain(|path, _| present.contains(path));
+        let mut read = Read::default();
+        for file in &files {
+            self.read_file(file, &mut read);
+        }
+        Ok(self.finish(read))
     }
 
-    /// [`ManifestSource::load`] when only `changed` files (and new ones) can differ from
-    /// the last load: the others are not read again. What a directory watch reports (a
-    /// change it could not attribute to files calls for a whole [`ManifestSource::load`]).
+    /// [`ManifestSource::load`] when only `changed` files can differ from the last load
+    /// (what a directory watch reports): only they are read again, and the directory is
+    /// not listed. A path outside the directory calls for a whole load.
     pub fn load_changed(&mut self, changed: &BTreeSet<PathBuf>) -> Result<LoadReport, SourceError> {
-        self.load_files(Some(changed))
+        if changed.iter().any(|p| p.parent() != Some(self.dir.as_path())) {
+            return self.load();
+        }
+        std::fs::read_dir(&self.dir).map_err(|source| self.dir_error(source))?;
+        let mut read = Read::default();
+        for file in changed {
+            if is_manifest(file) && file.is_file() {
+                self.read_file(file, &mut read);
+            } else {
+                self.parsed.remove(file);
+                self.unreadable.remove(file);
+            }
+        }
+        Ok(self.finish(read))
     }
 
-    fn load_files(&mut self, only: Option<&BTreeSet<PathBuf>>) -> Result<LoadReport, SourceError> {
-        let listing = self.listing()?;
+    /// Read one file: parse it when its text changed (into `read`), note it when it
+    /// cannot be read.
+    fn read_file(&mut self, file: &Path, read: &mut Read) {
+        match std::fs::read_to_string(file) {
+            Ok(text) => {
+                self.unreadable.remove(file);
+                let (len, hash) = (text.len(), text_hash(&text));
+                if self.parsed.get(file).is_none_or(|e| e.len != len || e.hash != hash) {
+                    let docs = parse_file(&text);
+                    let summaries = docs.iter().map(DocSummary::of).collect();
+                    self.parsed.insert(file.to_path_buf(), FileEntry { len, hash, docs: summaries });
+                    read.changed.insert(file.to_path_buf(), docs);
+                }
+            }
+            Err(e) => {
+                self.parsed.remove(file);
+                self.unreadable.insert(file.to_path_buf(), format!("cannot read file: {e}"));
+            }
+        }
+    }
+
+    /// Collect the objects and rejections of all files (from the cache) and update the
+    /// view with what differs.
+    fn finish(&mut self, mut read: Read) -> LoadReport {
         let mut report = LoadReport::default();
-        let mut read = refresh(&mut self.parsed, &listing, only, &mut report);
-        let files: Vec<PathBuf> = listing.into_iter().map(|(path, _)| path).collect();
-        let mut collected = collect(&files, &self.parsed, &mut report);
-        collected.unreadable.extend(std::mem::take(&mut read.unreadable));
+        for (file, message) in &self.unreadable {
+            let message = message.clone();
+            report.errors.push(DocumentError { file: file.clone(), document: 0, line: 0, key: None, message });
+        }
+        let mut collected = collect(&self.parsed, &mut report);
+        collected.unreadable.extend(self.unreadable.keys());
         report.objects = collected.objects.len();
         report.changed = update_view(&mut self.view, &mut self.origins, collected, &mut read);
-        Ok(report)
+        report
     }
 }
 
 /// What is kept of each file.
 type ParseCache = BTreeMap<PathBuf, FileEntry>;
 
-/// A file's size and modification time.
-type Stamp = (u64, std::time::SystemTime);
-
-/// What reading the files found.
+/// What one load parsed.
+#[derive(Default)]
 struct Read {
     /// Files parsed anew (new, or with changed text), with their documents (kept for
     /// this load only).
     changed: BTreeMap<PathBuf, Vec<ParsedDoc>>,
-    /// Files that could not be read.
-    unreadable: BTreeSet<PathBuf>,
-}
-
-/// Bring the parse cache up to date with `files`: drop files that are gone, read every
-/// file (with `only`: those, and files that are new or whose size or modification time
-/// changed), parse only the ones whose text changed.
-fn refresh(
-    parsed: &mut ParseCache,
-    files: &[(PathBuf, Option<Stamp>)],
-    only: Option<&BTreeSet<PathBuf>>,
-    report: &mut LoadReport,
-) -> Read {
-    let present: BTreeSet<&PathBuf> = files.iter().map(|(path, _)| path).collect();
-    parsed.retain(|path, _| present.contains(path));
-    let mut read = Read { changed: BTreeMap::new(), unreadable: BTreeSet::new() };
-    for (file, stamp) in files {
-        let unchanged = parsed.get(file).is_some_and(|e| stamp.is_some() && e.stamp == *stamp);
-        if unchanged && only.is_some_and(|only| !only.contains(file)) {
-            continue;
-        }
-        match std::fs::read_to_string(file) {
-            Ok(text) => {
-                let (len, hash) = (text.len(), text_hash(&text));
-                if let Some(e) = parsed.get_mut(file).filter(|e| e.len == len && e.hash == hash) {
-                    e.stamp = *stamp;
-                } else {
-                    let docs = parse_file(&text);
-                    let summaries = docs.iter().map(DocSummary::of).collect();
-                    parsed.insert(file.clone(), FileEntry { len, hash, stamp: *stamp, docs: summaries });
-                    read.changed.insert(file.clone(), docs);
-                }
-            }
-            Err(e) => {
-                parsed.remove(file);
-                report.errors.push(DocumentError {
-                    file: file.clone(),
-                    document: 0,
-                    line: 0,
-                    key: None,
-                    message: format!("cannot read file: {e}"),
-                });
-                read.unreadable.insert(file.clone());
-            }
-        }
-    }
-    read
 }
 
 /// Every object of the directory, by the document summaries of the parse cache (keys
 /// and files borrowed from it: this runs on every change, over every document).
 struct Collected<'a> {
-    /// Good objects and their file (the first definition wins; later copies are errors).
-    objects: BTreeMap<&'a ObjectKey, &'a PathBuf>,
-    /// Rejected objects: the located error and their file.
-    rejected: BTreeMap<&'a ObjectKey, (String, &'a PathBuf)>,
-    /// Files with a document that is not YAML (their objects cannot be told).
-    unreadable: BTreeSet<PathBuf>,
+    /// Good objects, their file and document number (the first definition wins; later
+    /// copies are errors).
+    objects: BTreeMap<&'a ObjectKey, (&'a PathBuf, usize)>,
+    /// Rejected objects: the located error, their file and document number.
+    rejected: BTreeMap<&'a ObjectKey, (String, &'a PathBuf, usize)>,
+    /// Files with a document that is not YAML, and files that cannot be read (their
+    /// objects cannot be told).
+    unreadable: BTreeSet<&'a PathBuf>,
 }
 
-/// Walk the cached summaries of `files` in order, reporting errors.
-fn collect<'a>(files: &'a [PathBuf], parsed: &'a ParseCache, report: &mut LoadReport) -> Collected<'a> {
+impl<'a> Collected<'a> {
+    /// Where `key` was first defined (file and document number).
+    fn first(&self, key: &ObjectKey) -> Option<(&'a PathBuf, usize)> {
+        self.objects.get(key).copied().or_else(|| self.rejected.get(key).map(|(_, f, n)| (*f, *n)))
+    }
+}
+
+/// Walk the cached summaries of every file, in order, reporting errors.
+fn collect<'a>(parsed: &'a ParseCache, report: &mut LoadReport) -> Collected<'a> {
     let mut c = Collected { objects: BTreeMap::new(), rejected: BTreeMap::new(), unreadable: BTreeSet::new() };
-    // Where each key was first defined: file and document number.
-    let mut seen_at: BTreeMap<&ObjectKey, (&Path, usize)> = BTreeMap::new();
-    let at = |(file, number): (&Path, usize)| format!("{} document {number}", file.display());
-    for file in files {
-        let Some(entry) = parsed.get(file) else { continue };
+    for (file, entry) in parsed {
         for doc in &entry.docs {
             let err = |document: usize, line: usize, key: Option<ObjectKey>, message: String| DocumentError {
                 file: file.clone(),
@@ -350,32 +347,33 @@ fn collect<'a>(files: &'a [PathBuf], parsed: &'a ParseCache, report: &mut LoadRe
             match doc {
                 DocSummary::Unreadable { number, line, error } => {
                     report.errors.push(err(*number, *line, None, error.clone()));
-                    c.unreadable.insert(file.clone());
+                    c.unreadable.insert(file);
                 }
                 DocSummary::Ignored { number, what, .. } => {
                     report.ignored.push(format!("{} document {number}: {what}", file.display()));
                 }
                 DocSummary::Object { number, line, key } => {
-                    if let Some(first) = seen_at.get(key) {
+                    if let Some((f, n)) = c.first(key) {
                         report.errors.push(err(
                             *number,
                             *line,
                             Some(key.clone()),
-                            format!("duplicate object: already defined in {}; this copy is ignored", at(*first)),
+                            format!(
+                                "duplicate object: already defined in {} document {n}; this copy is ignored",
+                                f.display()
+                            ),
                         ));
                         continue;
                     }
-                    seen_at.insert(key, (file, *number));
-                    c.objects.insert(key, file);
+                    c.objects.insert(key, (file, *number));
                 }
                 DocSummary::Rejected { number, line, key, message } => {
                     if let Some(key) = key
-                        && !seen_at.contains_key(key)
+                        && c.first(key).is_none()
                     {
-                        seen_at.insert(key, (file, *number));
                         // The status names where the bad version is, then the fields.
                         let located = err(*number, *line, None, message.clone()).to_string();
-                        c.rejected.insert(key, (located, file));
+                        c.rejected.insert(key, (located, file, *number));
                     }
                     report.errors.push(err(*number, *line, key.clone(), message.clone()));
                 }
@@ -409,30 +407,42 @@ fn update_view(
     c: Collected<'_>,
     read: &mut Read,
 ) -> bool {
+    // One walk over the objects and their previous origins (both sorted by key): what is
+    // gone, and what is new, moved or from a changed file.
+    let mut gone: Vec<ObjectKey> = Vec::new();
+    let mut todo: Vec<(&ObjectKey, &PathBuf)> = Vec::new();
+    let mut before = origins.iter().peekable();
+    let keep = |k: &ObjectKey, file: &PathBuf| c.rejected.contains_key(k) || c.unreadable.contains(file);
+    for (key, (file, _)) in &c.objects {
+        while let Some((k, f)) = before.next_if(|(k, _)| *k < *key) {
+            if !keep(k, f) {
+                gone.push(k.clone());
+            }
+        }
+        let same_origin = before.next_if(|(k, _)| *k == *key).is_some_and(|(_, f)| f.as_os_str() == file.as_os_str());
+        // The same version from the same unchanged file is in the view already.
+        if !same_origin || read.changed.contains_key(*file) {
+            todo.push((key, file));
+        }
+    }
+    for (k, f) in before {
+        if !keep(k, f) {
+            gone.push(k.clone());
+        }
+    }
     let mut changed = false;
-    let gone: Vec<ObjectKey> = origins
-        .iter()
-        .filter(|(k, file)| {
-            !c.objects.contains_key(*k) && !c.rejected.contains_key(*k) && !c.unreadable.contains(*file)
-        })
-        .map(|(k, _)| k.clone())
-        .collect();
     for key in gone {
         view.remove(&key);
         origins.remove(&key);
         changed = true;
     }
-    for (key, file) in c.objects {
-        // The same version from the same unchanged file is in the view already.
-        if !read.changed.contains_key(file) && origins.get(key) == Some(file) {
-            continue;
-        }
+    for (key, file) in todo {
         // A file changed again since it was read is read again at its event.
         let Some(update) = object_of(read, file, key) else { continue };
         changed |= view.apply(update);
         origins.insert(key.clone(), file.clone());
     }
-    for (key, (message, file)) in c.rejected {
+    for (key, (message, file, _)) in c.rejected {
         changed |= view.reject(key, message);
         origins.insert(key.clone(), file.clone());
     }
