@@ -1,7 +1,8 @@
 //! Element-only changes sent in-process over nf_tables netlink leave the kernel with
 //! exactly the table a full replace gives (root required): random sequences of pods
 //! coming, going and moving between namespace chains, DNS addresses with timeouts,
-//! plain set members — applied by one syncer as netlink deltas in one namespace and
+//! plain set members, ranges of interval sets (a start element and an interval-end
+//! element each, as `nft` writes them) — applied by one syncer as netlink deltas in one namespace and
 //! loaded afresh by `nft` in another, then compared as `nft -j list` shows them. No
 //! `nft` process runs for those deltas; a delta the kernel refuses is retried as a full
 //! replace; a delta larger than the socket's default send buffer is one transaction.
@@ -22,9 +23,33 @@ fn set(key: KeyType, verdict_map: bool, timeout: bool, elements: BTreeMap<String
     Set { key, verdict_map, interval: false, timeout, elements: elements.into() }
 }
 
-/// The fixed shape (chains, sets, rules) with the given elements.
+/// Ranges of the interval sets: the whole space, or prefixes that start at the first
+/// address, touch each other, end at the last address, hold one address.
+const RANGES4: [&str; 6] =
+    ["0.0.0.0/1", "192.0.2.0/25", "192.0.2.128/26", "198.51.100.7/32", "203.0.113.0/24", "240.0.0.0/4"];
+const RANGES6: [&str; 4] = ["2001:db8::/32", "2001:db9::/48", "fe80::/10", "ff00::/8"];
+
+fn ranges(key: KeyType, ranges: &[&str]) -> Set {
+    Set { interval: true, ..set(key, false, false, ranges.iter().map(|r| (r.to_string(), String::new())).collect()) }
+}
+
+/// The fixed shape (chains, sets, rules) with the given elements, and no ranges.
 fn table(pods4: &BTreeMap<u8, usize>, pods6: &BTreeMap<u8, usize>, dns: &BTreeMap<u8, u32>, plain: &[u8]) -> Table {
+    with_ranges(pods4, pods6, dns, plain, &[], &[])
+}
+
+/// The fixed shape (chains, sets, rules) with the given elements.
+fn with_ranges(
+    pods4: &BTreeMap<u8, usize>,
+    pods6: &BTreeMap<u8, usize>,
+    dns: &BTreeMap<u8, u32>,
+    plain: &[u8],
+    ranges4: &[&str],
+    ranges6: &[&str],
+) -> Table {
     let mut t = Table::new("egressd");
+    t.sets.insert("ranges-v4".into(), ranges(KeyType::Ipv4, ranges4));
+    t.sets.insert("ranges-v6".into(), ranges(KeyType::Ipv6, ranges6));
     let jump = |c: &usize| format!("jump {}", CHAINS[*c % CHAINS.len()]);
     t.sets.insert(
         "fw-pods-v4".into(),
@@ -56,7 +81,12 @@ fn table(pods4: &BTreeMap<u8, usize>, pods6: &BTreeMap<u8, usize>, dns: &BTreeMa
         set(KeyType::Ipv4, false, false, plain.iter().map(|i| (format!("203.0.113.{i}"), String::new())).collect()),
     );
     for c in CHAINS {
-        let rules = vec!["ip daddr @dns4-example counter accept".to_string(), "counter drop".to_string()];
+        let rules = vec![
+            "ip daddr @dns4-example counter accept".to_string(),
+            "ip daddr @ranges-v4 counter accept".to_string(),
+            "ip6 daddr @ranges-v6 counter accept".to_string(),
+            "counter drop".to_string(),
+        ];
         t.chains.insert(c.into(), Chain { hook: None, rules: Arc::new(rules) });
     }
     t.chains.insert(
@@ -79,8 +109,16 @@ fn step() -> impl Strategy<Value = Table> {
         proptest::collection::btree_map(0u8..40, 0usize..3, 0..10),
         proptest::collection::btree_map(0u8..30, 100u32..400, 0..10),
         proptest::collection::vec(0u8..10, 0..4),
+        prop_oneof![
+            1 => Just(vec!["0.0.0.0/0"]),
+            4 => proptest::sample::subsequence(RANGES4.to_vec(), 0..=RANGES4.len()),
+        ],
+        prop_oneof![
+            1 => Just(vec!["::/0"]),
+            4 => proptest::sample::subsequence(RANGES6.to_vec(), 0..=RANGES6.len()),
+        ],
     )
-        .prop_map(|(p4, p6, dns, plain)| table(&p4, &p6, &dns, &plain))
+        .prop_map(|(p4, p6, dns, plain, r4, r6)| with_ranges(&p4, &p6, &dns, &plain, &r4, &r6))
 }
 
 /// `nft -j list table inet egressd` without what differs between equal tables: object

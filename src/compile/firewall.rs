@@ -11,7 +11,9 @@
 //! * `fw-<namespace>`: the namespace's rules in order; the first match accepts or
 //!   drops; no match returns to the base chain, whose policy is accept. Consecutive
 //!   CIDR/nodeSelector rules with the same action are one nft rule per family and port
-//!   set ([`super::runs`]; not in chains that log), commented `egress[i..j]`.
+//!   set ([`super::runs`]; not in chains that log), commented `egress[i..j]`, its
+//!   destinations in the named interval set `fw-<namespace>-r<k>`: a changed
+//!   destination is an element change, sent without re-validating the table.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -253,8 +255,11 @@ fn static_targets(rule: &FirewallRule, ctx: &Ctx) -> Option<BTreeSet<IpNet>> {
 }
 
 /// The nft rules of merged runs ([`super::runs`]): one per family and port set, with
-/// the run's counter and comment.
-fn run_statements(rules: &[super::runs::StaticRule]) -> Vec<String> {
+/// the run's counter and comment, its destinations in a named interval set of the
+/// namespace (`<chain>-r<k>`, numbered in chain order, added to `sets`). The chain's
+/// shape depends on the actions and port sets only: editing a rule's destination, or a
+/// node's addresses, changes elements, not rules, and the kernel re-validates nothing.
+fn run_statements(rules: &[super::runs::StaticRule], chain: &str, sets: &mut Vec<(String, Set)>) -> Vec<String> {
     let mut out = Vec::new();
     for run in super::runs::merge(rules) {
         let (verdict, total) = match run.action {
@@ -262,12 +267,16 @@ fn run_statements(rules: &[super::runs::StaticRule]) -> Vec<String> {
             Action::Deny => ("drop", "fw-deny"),
         };
         for m in &run.matches {
+            let name = format!("{chain}-r{}", sets.len());
+            let mut set = Set::new(if m.v4 { KeyType::Ipv4 } else { KeyType::Ipv6 }, true);
+            set.elements.extend(m.addrs.iter().map(|n| (n.to_string(), String::new())));
             out.push(format!(
-                "{}{} counter name \"{total}\" counter {verdict} comment \"{}\"",
-                addr_match(if m.v4 { "ip" } else { "ip6" }, &m.addrs),
+                "{} daddr @{name}{} counter name \"{total}\" counter {verdict} comment \"{}\"",
+                if m.v4 { "ip" } else { "ip6" },
                 ports_match(&m.ports),
                 run.comment()
             ));
+            sets.push((name, set));
         }
     }
     out
@@ -304,11 +313,20 @@ impl LogSpec {
     }
 }
 
+/// A compiled namespace chain: its rules, the named sets of its merged runs, and the
+/// errors of rules it could not compile.
+#[derive(Debug, Clone)]
+struct Compiled {
+    chain: Chain,
+    sets: Vec<(String, Set)>,
+    errors: Vec<String>,
+}
+
 /// Compiled namespace chains of the previous compile, by namespace: reused when the
 /// policy is equal (and has no nodeSelector rule, whose addresses come from the nodes).
 /// The policy is the view's shared copy: unchanged, it is the same allocation, and the
 /// comparison costs a pointer.
-type ChainCache = std::collections::HashMap<String, (std::sync::Arc<FirewallPolicy>, LogSpec, Chain, Vec<String>)>;
+type ChainCache = std::collections::HashMap<String, (std::sync::Arc<FirewallPolicy>, LogSpec, Compiled)>;
 
 /// What the firewall reuses from the previous compile: namespace chains, and the pod
 /// verdict maps (patched per changed pod, [`super::pod_maps`]).
@@ -323,11 +341,11 @@ fn namespace_chain(
     ctx: &Ctx,
     table: &mut Table,
     cache: &mut ChainCache,
-) -> (Chain, Vec<String>) {
+) -> Compiled {
     let cacheable = !policy.rules.iter().any(|r| matches!(r.target, Target::Nodes(_)));
     let log = LogSpec::of(policy, ctx.view);
     if cacheable
-        && let Some((cached, cached_log, chain, errors)) = cache.get(&policy.namespace)
+        && let Some((cached, cached_log, compiled)) = cache.get(&policy.namespace)
         && (std::sync::Arc::ptr_eq(cached, policy) || cached == policy)
         && *cached_log == log
     {
@@ -340,10 +358,12 @@ fn namespace_chain(
                 dns_sets(ctx, name, table);
             }
         }
-        return (chain.clone(), errors.clone());
+        return compiled.clone();
     }
+    let name = chain_name("fw", &policy.namespace);
     let mut rules = Vec::new();
     let mut errors = Vec::new();
+    let mut sets = Vec::new();
     // Runs of same-action CIDR/nodeSelector rules are merged, unless the chain logs (its
     // lines name the rule).
     let merged = log.allow.is_none() && log.deny.is_none() && !log.audit;
@@ -354,19 +374,19 @@ fn namespace_chain(
             pending.push(super::runs::StaticRule { index: i, action: rule.action, targets, ports });
             continue;
         }
-        rules.extend(run_statements(&pending));
+        rules.extend(run_statements(&pending, &name, &mut sets));
         pending.clear();
         match rule_statements(i, rule, &log, ctx, table) {
             Ok(stmts) => rules.extend(stmts),
             Err(e) => errors.push(e),
         }
     }
-    rules.extend(run_statements(&pending));
-    let chain = Chain::regular(rules);
+    rules.extend(run_statements(&pending, &name, &mut sets));
+    let compiled = Compiled { chain: Chain::regular(rules), sets, errors };
     if cacheable {
-        cache.insert(policy.namespace.clone(), (policy.clone(), log, chain.clone(), errors.clone()));
+        cache.insert(policy.namespace.clone(), (policy.clone(), log, compiled.clone()));
     }
-    (chain, errors)
+    compiled
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -399,10 +419,12 @@ pub(super) fn compile(
     for (namespace, entry) in &view.firewalls {
         let mut problems: Vec<String> = entry.error.iter().cloned().collect();
         if let Some(policy) = &entry.policy {
-            let (chain, errors) = namespace_chain(policy, &ctx, table, &mut cache.chains);
+            let Compiled { chain, sets, errors } = namespace_chain(policy, &ctx, table, &mut cache.chains);
             problems.extend(errors);
+            // Only namespaces with local pods have their chain (and its sets) here.
             if cache.pods.has(namespace) {
                 table.chains.insert(chain_name("fw", namespace), chain);
+                table.sets.extend(sets);
             }
         }
         let mut warnings = entry.policy.as_ref().map(|p| p.warnings.clone()).unwrap_or_default();

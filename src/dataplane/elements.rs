@@ -85,14 +85,23 @@ impl ElementWriter {
         let mut waiting: Vec<u32> = Vec::new();
         for (delete, lists) in [(true, &delta.delete), (false, &delta.add)] {
             for list in lists {
-                let per_message = if list.elements.iter().any(|(_, v)| matches!(v, ElementValue::Jump(_))) {
+                // A message's element list is one attribute, at most 64 KiB: verdicts
+                // and ranges (two kernel elements each) are larger.
+                let per_message = if list
+                    .elements
+                    .iter()
+                    .any(|(_, v)| matches!(v, ElementValue::Jump(_) | ElementValue::Prefix(_)))
+                {
                     256
                 } else {
                     ELEMENTS_PER_MESSAGE
                 };
                 for chunk in list.elements.chunks(per_message) {
-                    let elements =
-                        chunk.iter().map(|(ip, v)| ListAttribute::Element(attributes(*ip, v, !delete))).collect();
+                    let elements = chunk
+                        .iter()
+                        .flat_map(|(ip, v)| kernel_elements(*ip, v, !delete))
+                        .map(ListAttribute::Element)
+                        .collect();
                     let message = self.elements_of(&list.set, elements);
                     let (msg, flags) = if delete {
                         (NfTablesMessage::DeleteSetElement(message), NLM_F_REQUEST | NLM_F_ACK)
@@ -298,11 +307,42 @@ pub(crate) const ELEMENTS_PER_MESSAGE: usize = 1024;
 pub(crate) const BATCH_BYTES: usize = 128 * 1024;
 
 /// The attributes of one element: its key and, when added, its timeout or verdict.
+/// The kernel's elements for one typed element: one, or for a range of an interval set
+/// its start and, flagged as an interval end, the address after its last one (none when
+/// the range reaches the family's last address) — as `nft` sends them, so the two can
+/// delete what the other added.
+fn kernel_elements(ip: IpAddr, value: &ElementValue, with_value: bool) -> Vec<Vec<SetElementAttribute>> {
+    let ElementValue::Prefix(len) = value else { return vec![attributes(ip, value, with_value)] };
+    let mut out = vec![vec![SetElementAttribute::Key(DataAttribute::Value(key(ip)))]];
+    if let Some(after) = after_prefix(ip, *len) {
+        out.push(vec![
+            SetElementAttribute::Key(DataAttribute::Value(key(after))),
+            SetElementAttribute::Flags(netlink_packet_netfilter::nftables::SetElementFlags::IntervalEnd),
+        ]);
+    }
+    out
+}
+
+/// The address right after the prefix `ip/len`, or `None` when it ends the family's
+/// address space.
+fn after_prefix(ip: IpAddr, len: u8) -> Option<IpAddr> {
+    match ip {
+        IpAddr::V4(v4) => {
+            let host = u32::MAX.checked_shr(u32::from(len)).unwrap_or(0);
+            (u32::from(v4) | host).checked_add(1).map(|a| IpAddr::from(std::net::Ipv4Addr::from(a)))
+        }
+        IpAddr::V6(v6) => {
+            let host = u128::MAX.checked_shr(u32::from(len)).unwrap_or(0);
+            (u128::from(v6) | host).checked_add(1).map(|a| IpAddr::from(std::net::Ipv6Addr::from(a)))
+        }
+    }
+}
+
 fn attributes(ip: IpAddr, value: &ElementValue, with_value: bool) -> Vec<SetElementAttribute> {
     let mut attrs = vec![SetElementAttribute::Key(DataAttribute::Value(key(ip)))];
     if with_value {
         match value {
-            ElementValue::None => {}
+            ElementValue::None | ElementValue::Prefix(_) => {}
             ElementValue::Timeout(t) => {
                 attrs.push(SetElementAttribute::Timeout(u64::try_from(t.as_millis()).unwrap_or(u64::MAX)));
             }
@@ -349,4 +389,21 @@ fn elements_left(list: SetElementList) -> Vec<(IpAddr, Duration)> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_range_ends_at_the_address_after_its_last_one() {
+        let after = |ip: &str, len| after_prefix(ip.parse().unwrap(), len).map(|a| a.to_string());
+        assert_eq!(after("198.51.100.0", 25).as_deref(), Some("198.51.100.128"));
+        assert_eq!(after("203.0.113.7", 32).as_deref(), Some("203.0.113.8"));
+        assert_eq!(after("0.0.0.0", 0), None, "the whole space has no end element");
+        assert_eq!(after("240.0.0.0", 4), None);
+        assert_eq!(after("2001:db8::", 32).as_deref(), Some("2001:db9::"));
+        assert_eq!(after("ff00::", 8), None);
+        assert_eq!(after("::", 0), None);
+    }
 }

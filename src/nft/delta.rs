@@ -19,6 +19,10 @@ pub enum ElementValue {
     Timeout(Duration),
     /// `jump <chain>` (a verdict map).
     Jump(String),
+    /// A range of an interval set: the key is the network's first address, this its
+    /// prefix length (`addr/len`; the kernel stores its start and the address after its
+    /// end, see [`crate::dataplane::elements`]).
+    Prefix(u8),
 }
 
 /// Elements of one set or map.
@@ -44,8 +48,8 @@ pub struct ElementDelta {
 impl ElementDelta {
     /// The element changes from `old` to `new`, or `None` when anything else differs
     /// (the table's name, chains or rules, which sets exist or how they are declared)
-    /// or a changed set cannot be expressed as typed elements (an interval set, a key
-    /// or value not in the canonical form the compiler writes). Equal tables give an
+    /// or a changed set cannot be expressed as typed elements (a key or value not in
+    /// the canonical form the compiler writes). Equal tables give an
     /// empty delta.
     pub fn between(old: &Table, new: &Table) -> Option<Self> {
         if old.name != new.name
@@ -60,9 +64,6 @@ impl ElementDelta {
             let (gone, added) = changes(before, after);
             if gone.is_empty() && added.is_empty() {
                 continue;
-            }
-            if before.interval {
-                return None;
             }
             for (list, items, set) in [(&mut delta.delete, gone, before), (&mut delta.add, added, after)] {
                 if items.is_empty() {
@@ -110,6 +111,7 @@ impl ElementDelta {
                     .elements
                     .iter()
                     .map(|(k, v)| match v {
+                        ElementValue::Prefix(len) => format!("{k}/{len}"),
                         _ if !values => k.to_string(),
                         ElementValue::None => k.to_string(),
                         ElementValue::Timeout(t) => format!("{k} timeout {}s", t.as_secs()),
@@ -179,6 +181,15 @@ fn same_declaration(a: &Set, b: &Set) -> bool {
 /// family; values `""`, `timeout <n>s` or `jump <chain>` as the set's kind requires),
 /// typed; `None` for anything else.
 fn typed(set: &Set, key: &str, value: &str) -> Option<(IpAddr, ElementValue)> {
+    if set.interval {
+        // `addr/len`, host bits clear, as `IpNet` writes it.
+        let net: ipnet::IpNet = key.parse().ok()?;
+        if set.verdict_map || set.timeout || !value.is_empty() || net.trunc() != net || net.to_string() != key {
+            return None;
+        }
+        return (net.addr().is_ipv6() == (set.key == KeyType::Ipv6))
+            .then_some((net.addr(), ElementValue::Prefix(net.prefix_len())));
+    }
     let ip: IpAddr = key.parse().ok()?;
     if ip.to_string() != key || ip.is_ipv6() != (set.key == KeyType::Ipv6) {
         return None;
@@ -253,10 +264,6 @@ mod tests {
     #[test]
     fn anything_but_typed_elements_of_existing_sets_is_not_a_delta() {
         let old = table();
-        // Interval sets (ranges need their own encoding).
-        let mut new = table();
-        new.sets.get_mut("exempt-v4").unwrap().elements.insert("192.0.2.0/24".into(), String::new());
-        assert_eq!(ElementDelta::between(&old, &new), None);
         // Rules.
         let mut new = table();
         new.chains.insert("fw-a".into(), Chain::regular(vec!["counter accept".into()]));
@@ -271,11 +278,32 @@ mod tests {
             ("dns6-x", "2001:DB8::2", "timeout 1s"),
             ("fw-pods-v4", "198.18.1.9", "accept"),
             ("dns6-x", "2001:db8::3", "timeout 1m"),
+            ("exempt-v4", "192.0.2.1/24", ""),
+            ("exempt-v4", "192.0.2.0/24", "timeout 1s"),
+            ("exempt-v4", "2001:db8::/32", ""),
+            ("exempt-v4", "192.0.2.7", ""),
         ] {
             let mut new = table();
             new.sets.get_mut(set).unwrap().elements.insert(key.into(), value.into());
             assert_eq!(ElementDelta::between(&old, &new), None, "{set} {key} {value}");
         }
+    }
+
+    #[test]
+    fn ranges_of_interval_sets_are_typed_prefixes() {
+        let old = table();
+        let mut new = table();
+        let exempt = new.sets.get_mut("exempt-v4").unwrap();
+        exempt.elements.remove("198.18.0.0/15");
+        exempt.elements.insert("192.0.2.0/24".into(), String::new());
+        exempt.elements.insert("203.0.113.7/32".into(), String::new());
+        let delta = ElementDelta::between(&old, &new).unwrap();
+        assert_eq!(delta.delete[0].elements, vec![("198.18.0.0".parse().unwrap(), ElementValue::Prefix(15))]);
+        assert_eq!(
+            delta.script("egressd"),
+            "delete element inet egressd exempt-v4 { 198.18.0.0/15 }\n\
+             add element inet egressd exempt-v4 { 192.0.2.0/24, 203.0.113.7/32 }\n"
+        );
     }
 
     #[test]

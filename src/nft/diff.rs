@@ -219,6 +219,8 @@ mod props {
             timed in proptest::option::of(proptest::collection::btree_map(proptest::sample::select(ADDRS.to_vec()), 1u32..4, 0..5)),
             map in proptest::option::of(proptest::collection::btree_map(proptest::sample::select(ADDRS.to_vec()), 0usize..4, 0..5)),
             base in proptest::collection::vec(0usize..4, 0..4),
+            ranges in proptest::option::of(proptest::sample::subsequence(
+                vec!["0.0.0.0/1", "192.0.2.0/25", "192.0.2.128/26", "198.51.100.7/32", "203.0.113.0/24"], 0..=5)),
         ) -> Table {
             let mut t = Table::new("egressd");
             let mut regular: BTreeMap<String, Vec<String>> = chains.iter().map(|c| (c.to_string(), Vec::new())).collect();
@@ -227,6 +229,11 @@ mod props {
                 let mut s = Set::new(KeyType::Ipv4, false);
                 s.elements.extend(p.iter().map(|a| (a.to_string(), String::new())));
                 t.sets.insert("plain".into(), s);
+            }
+            if let Some(r) = &ranges {
+                let mut s = Set::new(KeyType::Ipv4, true);
+                s.elements.extend(r.iter().map(|n| (n.to_string(), String::new())));
+                t.sets.insert("ranges".into(), s);
             }
             if let Some(tm) = &timed {
                 let mut s = Set::with_timeout(KeyType::Ipv4);
