@@ -56,6 +56,7 @@ wait_sync() { # N: wait for the N-th sync line, print its elapsed_ms
 }
 full=$(wait_sync 1)
 rss=$(awk '/VmRSS/ { print $2 }' "/proc/$AGENT/status")
+anon=$(awk '/RssAnon/ { print $2 }' "/proc/$AGENT/status")
 rules_applied=$(ip netns exec "$NET" nft -a list table inet egressd | grep -c 'comment "egress\[' || true)
 sleep 1
 cp "$WORK/edit-rule.yaml" "$WORK/m/.tmp" && mv "$WORK/m/.tmp" "$WORK/m/fw-7.yaml"
@@ -66,4 +67,4 @@ cp "$WORK/replace-ns.yaml" "$WORK/m/.tmp" && mv "$WORK/m/.tmp" "$WORK/m/fw-8.yam
 replace=$(wait_sync 4)
 # Where each sync's time went (egressd's compile and diff vs netlink and nft), to stderr.
 grep "dataplane in sync" "$WORK/log" | head -n 4 | grep -o 'elapsed_ms=[0-9]* compile_ms=[0-9.]* diff_ms=[0-9.]* netlink_ms=[0-9.]* nft_ms=[0-9.]*' >&2 || true
-echo "| $((NSN * RULES)) rules, $NSN namespaces, $PODS local pods ($rules_applied nft rules) | full sync ${full} ms | one rule edited ${edit} ms | one pod added ${pod} ms | one namespace replaced ${replace} ms | RSS $((rss / 1024)) MiB |"
+echo "| $((NSN * RULES)) rules, $NSN namespaces, $PODS local pods ($rules_applied nft rules) | full sync ${full} ms | one rule edited ${edit} ms | one pod added ${pod} ms | one namespace replaced ${replace} ms | RSS $((rss / 1024)) MiB (heap $((anon / 1024)) MiB, the rest mapped code) |"

@@ -11,7 +11,9 @@
 //!   (`foo.yaml -> ..data/foo.yaml`, swapped atomically) and editors' rename-on-save work.
 //!   Hidden entries (`..data`, `.foo.yaml.swp`) are skipped.
 //!
-//! [`watch`] turns directory events into debounced reload signals.
+//! [`watch`] turns directory events into debounced [`DirChange`]s naming the files they
+//! touched; [`ManifestSource::load_changed`] reads only those (a change it cannot
+//! attribute — `..data` swapped, a directory, a lost event — reads the whole directory).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -248,7 +250,14 @@ impl ManifestSource {
     /// (what a directory watch reports): only they are read again, and the directory is
     /// not listed. A path outside the directory calls for a whole load.
     pub fn load_changed(&mut self, changed: &BTreeSet<PathBuf>) -> Result<LoadReport, SourceError> {
-        if changed.iter().any(|p| p.parent() != Some(self.dir.as_path())) {
+        // A ConfigMap volume swaps `..data` (a link to a new `..<timestamp>` directory):
+        // its files, links through it, change without an event naming them.
+        let indirect = |p: &Path| {
+            p.parent() != Some(self.dir.as_path())
+                || p.file_name().and_then(|n| n.to_str()).is_none_or(|n| n.starts_with(".."))
+                || p.is_dir()
+        };
+        if changed.iter().any(|p| indirect(p)) {
             return self.load();
         }
         std::fs::read_dir(&self.dir).map_err(|source| self.dir_error(source))?;
@@ -703,6 +712,15 @@ mod tests {
         let after = rule_cidr(&src).unwrap();
         assert_ne!(before, after);
         assert!(after.contains("198.51.100.0/24"));
+        // The same swap seen as a watch sees it: events name only `..data_tmp`, `..data`
+        // and the new directory, not `fw.yaml`.
+        std::fs::create_dir(d.join("..v3")).unwrap();
+        std::fs::write(d.join("..v3/fw.yaml"), GOOD.replace("192.0.2.0/24", "203.0.113.0/24")).unwrap();
+        std::os::unix::fs::symlink("..v3", d.join("..data_tmp")).unwrap();
+        std::fs::rename(d.join("..data_tmp"), d.join("..data")).unwrap();
+        let named = BTreeSet::from([d.join("..v3"), d.join("..data_tmp"), d.join("..data")]);
+        assert!(src.load_changed(&named).unwrap().changed);
+        assert!(rule_cidr(&src).unwrap().contains("203.0.113.0/24"));
     }
 
     #[test]
