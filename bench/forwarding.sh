@@ -116,6 +116,10 @@ setup() { # config
       AGENT=$!
       for _ in $(seq 600); do grep -q "dataplane in sync" "$WORK/log" && break; sleep 0.1; done
       if ! kill -0 "$AGENT" 2>/dev/null; then echo "egressd exited:" >&2; tail -5 "$WORK/log" >&2; exit 1; fi
+      # Measuring before the table is in place would measure no policy at all.
+      if ! grep -q "dataplane in sync" "$WORK/log"; then
+        echo "$1: egressd did not sync within 60 s:" >&2; tail -5 "$WORK/log" >&2; exit 1
+      fi
       kill -TERM "$AGENT"; wait "$AGENT" || true; AGENT=""   # the table stays after SIGTERM
       ;;
     ipt-1k) ip netns exec "$NODE" iptables-nft-restore <"$WORK/ipt-1000" ;;

@@ -159,8 +159,7 @@ fn node_selector_rules_follow_a_label_edit_in_a_shared_file() {
     let p0 = &t.pods[0];
     assert!(tcp(p0, "192.0.2.10", 8080).is_some(), "worker node allowed:\n{}", agent.log_text());
     assert_eq!(tcp(p0, "198.51.100.10", 8080), None);
-    // The Allow run's destinations are the first set of the namespace.
-    assert!(t.node.exec(&["nft", "list", "set", "inet", "egressd", "fw-team-a-r0"]).contains("192.0.2.10"));
+    assert!(t.node.exec(&["nft", "list", "chain", "inet", "egressd", "fw-team-a"]).contains("ip daddr 192.0.2.10 "));
 
     // node-b's label only (the selector keeps `role: worker`).
     netns::sh(&["sed", "-i", "0,/    role: worker/s//    role: db/", file.to_str().unwrap()]);

@@ -289,8 +289,8 @@ fn changes_to_the_table_by_others_are_undone_within_a_second() {
     let agent = t.start_agent("agent");
     assert_eq!(tcp(p0, "203.0.113.2", 8080), None);
     let intact = || {
-        let (ok, text) = t.node.try_exec(&["nft", "list", "table", "inet", "egressd"]);
-        ok && text.contains("ip daddr @fw-team-a-r0 counter") && text.contains("elements = { 203.0.113.0/24 }")
+        let (ok, text) = t.node.try_exec(&["nft", "list", "chain", "inet", "egressd", "fw-team-a"]);
+        ok && text.contains("ip daddr 203.0.113.0/24 counter")
     };
     let repairs = || agent.log_text().matches("was changed by another process").count();
 

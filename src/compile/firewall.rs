@@ -255,10 +255,11 @@ fn static_targets(rule: &FirewallRule, ctx: &Ctx) -> Option<BTreeSet<IpNet>> {
 }
 
 /// The nft rules of merged runs ([`super::runs`]): one per family and port set, with
-/// the run's counter and comment, its destinations in a named interval set of the
-/// namespace (`<chain>-r<k>`, numbered in chain order, added to `sets`). The chain's
-/// shape depends on the actions and port sets only: editing a rule's destination, or a
-/// node's addresses, changes elements, not rules, and the kernel re-validates nothing.
+/// the run's counter and comment, its destinations (more than one) in a named interval
+/// set of the namespace (`<chain>-r<k>`, numbered in chain order, added to `sets`). The
+/// chain's shape then depends on the actions and port sets: editing a destination of a
+/// merged run, or a node's addresses, changes elements, not rules, and the kernel
+/// re-validates nothing.
 fn run_statements(rules: &[super::runs::StaticRule], chain: &str, sets: &mut Vec<(String, Set)>) -> Vec<String> {
     let mut out = Vec::new();
     for run in super::runs::merge(rules) {
@@ -267,18 +268,26 @@ fn run_statements(rules: &[super::runs::StaticRule], chain: &str, sets: &mut Vec
             Action::Deny => ("drop", "fw-deny"),
         };
         for m in &run.matches {
-            let name = format!("{chain}-r{}", sets.len());
-            // Collected, not inserted one by one: built from sorted keys, the map's nodes
-            // are full (a third less memory at 100k ranges).
-            let elements = m.addrs.iter().map(|n| (n.to_string(), String::new())).collect();
-            let set = Set { elements, ..Set::new(if m.v4 { KeyType::Ipv4 } else { KeyType::Ipv6 }, true) };
+            let family = if m.v4 { "ip" } else { "ip6" };
+            let matched = if m.addrs.len() == 1 {
+                // One destination is compared in the rule: a set per rule would make the
+                // kernel, which finds sets by name in a list, quadratic in the rules
+                // when actions alternate (100k sets: minutes to load).
+                addr_match(family, &m.addrs)
+            } else {
+                let name = format!("{chain}-r{}", sets.len());
+                // Collected, not inserted one by one: built from sorted keys, the map's
+                // nodes are full (a third less memory at 100k ranges).
+                let elements = m.addrs.iter().map(|n| (n.to_string(), String::new())).collect();
+                let set = Set { elements, ..Set::new(if m.v4 { KeyType::Ipv4 } else { KeyType::Ipv6 }, true) };
+                sets.push((name.clone(), set));
+                format!("{family} daddr @{name}")
+            };
             out.push(format!(
-                "{} daddr @{name}{} counter name \"{total}\" counter {verdict} comment \"{}\"",
-                if m.v4 { "ip" } else { "ip6" },
+                "{matched}{} counter name \"{total}\" counter {verdict} comment \"{}\"",
                 ports_match(&m.ports),
                 run.comment()
             ));
-            sets.push((name, set));
         }
     }
     out
