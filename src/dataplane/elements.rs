@@ -7,7 +7,8 @@
 //!   (putting back thousands of learned addresses after a full replace) are split into
 //!   messages and transactions the kernel takes.
 //! * [`ElementWriter::apply`]: the steady state of the nftables driver — an
-//!   [`ElementDelta`] (pods, DNS answers, EgressIP members) as one transaction however
+//!   [`ElementDelta`] (pods, DNS answers, EgressIP members, the destinations of merged
+//!   firewall runs as ranges) as one transaction however
 //!   large, with the socket's send buffer raised to hold it (`SO_SNDBUFFORCE`). An
 //!   `nft` process would first read the whole table into its cache (tens of ms at 100k
 //!   rules, far more with large interval sets).
