@@ -981,6 +981,8 @@ pub async fn run<S: ViewSource, B: NftBackend, K: StatusSink>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::parse::{Parsed, parse_document, split_documents, yaml_to_value};
+    use crate::dataplane::nft_sync::RecordingBackend;
 
     #[test]
     fn only_changed_statuses_are_logged() {
@@ -999,8 +1001,6 @@ mod tests {
         assert_eq!(changed, ["b", "d"]);
         assert_eq!(changed_statuses(&new, &new).count(), 0);
     }
-    use crate::api::parse::{Parsed, parse_document, split_documents, yaml_to_value};
-    use crate::dataplane::nft_sync::RecordingBackend;
 
     /// A source whose view the test sets.
     struct FakeSource {

@@ -12,8 +12,8 @@
 //!   drops; no match returns to the base chain, whose policy is accept. Consecutive
 //!   CIDR/nodeSelector rules with the same action are one nft rule per family and port
 //!   set ([`super::runs`]; not in chains that log), commented `egress[i..j]`, its
-//!   destinations in the named interval set `fw-<namespace>-r<k>`: a changed
-//!   destination is an element change, sent without re-validating the table.
+//!   destinations (when more than one) in the named interval set `fw-<namespace>-r<k>`:
+//!   a changed destination is an element change, sent without re-validating the table.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;

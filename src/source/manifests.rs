@@ -180,7 +180,10 @@ fn parse_file(text: &str) -> Vec<ParsedDoc> {
         .map(|(number, line, body)| match yaml_to_value(&body) {
             Ok(value) => {
                 let result = parse_document(&value, "default", true).map(|parsed| match parsed {
-                    Parsed::Object(o) => Doc::Object { key: o.key(), update: Some(Update::of(&o)) },
+                    Parsed::Object(o) => {
+                        let update = Update::of(&o);
+                        Doc::Object { key: update.key().clone(), update: Some(update) }
+                    }
                     Parsed::Ignored { api_version, kind } => Doc::Ignored { api_version, kind },
                 });
                 ParsedDoc::Parsed { number, line, result }
