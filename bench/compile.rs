@@ -20,22 +20,34 @@ use egressd::nft::delta::ElementDelta;
 use egressd::view::ClusterView;
 use k8s_openapi::api::core::v1::{Pod, PodIP, PodSpec, PodStatus};
 
+/// The EgressFirewall of namespace `ns{n}`: `count` rules, all Allow but the last, every
+/// third with a port; the first `moved` point at the upper half of their range.
+fn firewall(n: usize, count: usize, moved: usize) -> Object {
+    let egress = (0..count)
+        .map(|r| EgressFirewallRule {
+            rule_type: if r + 1 == count { "Deny".into() } else { "Allow".into() },
+            to: EgressFirewallDestination {
+                cidr_selector: Some(format!(
+                    "{}.{}.{}.{}",
+                    100 + r % 100,
+                    (r / 100) % 256,
+                    n % 256,
+                    if r < moved { "128/25" } else { "0/24" }
+                )),
+                ..Default::default()
+            },
+            ports: (r % 3 == 0).then(|| vec![EgressFirewallPort { protocol: "TCP".into(), port: 443 }]),
+        })
+        .collect();
+    let mut ef = EgressFirewall::new("default", EgressFirewallSpec { egress });
+    ef.metadata.namespace = Some(format!("ns{n}"));
+    Object::EgressFirewall(ef)
+}
+
 fn view(namespaces: usize, rules_per_ns: usize, pods: usize) -> ClusterView {
     let mut v = ClusterView::default();
     for n in 0..namespaces {
-        let egress = (0..rules_per_ns)
-            .map(|r| EgressFirewallRule {
-                rule_type: if r + 1 == rules_per_ns { "Deny".into() } else { "Allow".into() },
-                to: EgressFirewallDestination {
-                    cidr_selector: Some(format!("{}.{}.{}.0/24", 100 + r % 100, (r / 100) % 256, n % 256)),
-                    ..Default::default()
-                },
-                ports: (r % 3 == 0).then(|| vec![EgressFirewallPort { protocol: "TCP".into(), port: 443 }]),
-            })
-            .collect();
-        let mut ef = EgressFirewall::new("default", EgressFirewallSpec { egress });
-        ef.metadata.namespace = Some(format!("ns{n}"));
-        v.upsert(&Object::EgressFirewall(ef));
+        v.upsert(&firewall(n, rules_per_ns, 0));
     }
     for p in 0..pods {
         let mut pod = Pod::default();
@@ -105,6 +117,36 @@ fn bench_compile(c: &mut Criterion) {
         })
     });
     group.finish();
+
+    // One rule edited, and one namespace's rules replaced, at 100k rules: compile with
+    // the warm cache and find the delta, alternating between the two versions.
+    let mut group = c.benchmark_group("one_change");
+    group.sample_size(10);
+    for (name, changed) in [("rule_edited", edited(&v, 7, 1)), ("namespace_replaced", edited(&v, 8, 99))] {
+        let mut cache = CompileCache::default();
+        let mut previous = compile_cached(&v, &node(), &DnsAnswers::new(), &links, &mut cache).table;
+        let mut flip = false;
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                flip = !flip;
+                let view = if flip { &changed } else { &v };
+                let after = compile_cached(view, &node(), &DnsAnswers::new(), &links, &mut cache).table;
+                let delta = ElementDelta::between(&previous, &after);
+                assert!(delta.is_some(), "the change is element changes");
+                previous = after;
+                black_box(delta)
+            })
+        });
+    }
+    group.finish();
+}
+
+/// `v` with the first `rules` rules of namespace `ns{n}` pointing elsewhere (same
+/// actions and ports: the chain keeps its shape).
+fn edited(v: &ClusterView, n: usize, rules: usize) -> ClusterView {
+    let mut v = v.clone();
+    v.upsert(&firewall(n, 100, rules));
+    v
 }
 
 criterion_group!(benches, bench_compile);

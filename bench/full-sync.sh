@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Benchmark: the first full sync (compile + one nft transaction) of R EgressFirewall rules
 # over NS namespaces with P local pods, then single changes at that scale — one rule
-# edited, one pod added, one namespace's firewall replaced — each timed by egressd's own
-# "dataplane in sync" log line (compile + nft). Also the agent's RSS. Needs root.
+# edited, one pod added, one namespace's firewall replaced, one node's label changed —
+# each timed by egressd's own "dataplane in sync" log line (compile + nft). Also the
+# agent's RSS. Every hundredth namespace allows ten cluster nodes by label (a nodeSelector
+# rule in the middle of its list), so the label change moves a node's address in or out
+# of ten namespaces' rules. Needs root.
 #
 #   bench/full-sync.sh        # NS=1000 RULES=100 (100k rules) PODS=10000
 set -euo pipefail
@@ -34,6 +37,9 @@ def firewall(n, variant=0):
     for r in range(rules - 1):
         a, b = 100 + (r + variant) % 100, (r // 100) % 256
         ports = "\n    ports: [{protocol: TCP, port: 443}]" if r % 3 == 0 else ""
+        if n % 100 == 0 and r == rules // 2:
+            lines.append("  - type: Allow\n    to: {nodeSelector: {matchLabels: {role: egress}}}")
+            continue
         lines.append(f"  - type: Allow\n    to: {{cidrSelector: {a}.{b}.{n % 256}.0/24}}{ports}")
     lines.append("  - type: Deny\n    to: {cidrSelector: 0.0.0.0/0}")
     return "\n".join(lines) + "\n"
@@ -43,6 +49,11 @@ with open(f"{out}/pods.yaml", "w") as f:
     for p in range(pods):
         f.write(f"---\napiVersion: v1\nkind: Pod\nmetadata: {{name: p{p}, namespace: ns{p % ns}}}\nspec: {{nodeName: bench}}\n"
                 f"status: {{phase: Running, podIP: 198.18.{p // 250}.{p % 250 + 1}}}\n")
+def nodes(egress):
+    return "".join(f"---\napiVersion: v1\nkind: Node\nmetadata: {{name: node{i}, labels: {{role: {'egress' if i in egress else 'none'}}}}}\n"
+                   f"status: {{addresses: [{{type: InternalIP, address: 203.0.113.{i + 1}}}]}}\n" for i in range(10))
+open(f"{out}/nodes.yaml", "w").write(nodes({0, 2, 4, 6, 8}))
+open(f"{out}/../label-node.yaml", "w").write(nodes({0, 1, 2, 4, 6, 8}))
 open(f"{out}/../edit-rule.yaml", "w").write(firewall(7).replace("100.0.7.0/24", "100.0.7.128/25", 1))
 open(f"{out}/../replace-ns.yaml", "w").write(firewall(8, variant=50))
 PY
@@ -65,6 +76,8 @@ printf -- '---\napiVersion: v1\nkind: Pod\nmetadata: {name: extra, namespace: ns
 pod=$(wait_sync 3)
 cp "$WORK/replace-ns.yaml" "$WORK/m/.tmp" && mv "$WORK/m/.tmp" "$WORK/m/fw-8.yaml"
 replace=$(wait_sync 4)
+cp "$WORK/label-node.yaml" "$WORK/m/.tmp" && mv "$WORK/m/.tmp" "$WORK/m/nodes.yaml"
+label=$(wait_sync 5)
 # Where each sync's time went (egressd's compile and diff vs netlink and nft), to stderr.
-grep "dataplane in sync" "$WORK/log" | head -n 4 | grep -o 'elapsed_ms=[0-9]* compile_ms=[0-9.]* diff_ms=[0-9.]* netlink_ms=[0-9.]* nft_ms=[0-9.]*' >&2 || true
-echo "| $((NSN * RULES)) rules, $NSN namespaces, $PODS local pods ($rules_applied nft rules) | full sync ${full} ms | one rule edited ${edit} ms | one pod added ${pod} ms | one namespace replaced ${replace} ms | RSS $((rss / 1024)) MiB (heap $((anon / 1024)) MiB, the rest mapped code) |"
+grep "dataplane in sync" "$WORK/log" | head -n 5 | grep -o 'elapsed_ms=[0-9]* compile_ms=[0-9.]* diff_ms=[0-9.]* netlink_ms=[0-9.]* nft_ms=[0-9.]*' >&2 || true
+echo "| $((NSN * RULES)) rules, $NSN namespaces, $PODS local pods ($rules_applied nft rules) | full sync ${full} ms | one rule edited ${edit} ms | one pod added ${pod} ms | one namespace replaced ${replace} ms | one node label changed ${label} ms | RSS $((rss / 1024)) MiB (heap $((anon / 1024)) MiB, the rest mapped code) |"

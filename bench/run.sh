@@ -47,11 +47,11 @@ field() { sed -n "s/.*$1 \([0-9]*\) ms.*/\1/p" "$2"; }
   echo
   echo "## Sync (\`bench/full-sync.sh\`: compile + one nft transaction, egressd's own timing)"
   echo
-  echo "| rules | full sync (goal < 0.5 s at 100k) | one rule edited (goal < 5 ms) | one pod added (goal < 5 ms) | one namespace replaced (goal < 5 ms) |"
-  echo "|---|---|---|---|---|"
+  echo "| rules | full sync (goal < 0.5 s at 100k) | one rule edited (goal < 5 ms) | one pod added (goal < 5 ms) | one namespace replaced (goal < 5 ms) | one node label changed (goal < 5 ms) |"
+  echo "|---|---|---|---|---|---|"
   for f in fs1k fs10k fs100k; do
     rules=$(sed -n 's/^| \([0-9]*\) rules.*/\1/p' "$tmp/$f")
-    echo "| $rules | $(field "full sync" "$tmp/$f") ms | $(field "one rule edited" "$tmp/$f") ms | $(field "one pod added" "$tmp/$f") ms | $(field "one namespace replaced" "$tmp/$f") ms |"
+    echo "| $rules | $(field "full sync" "$tmp/$f") ms | $(field "one rule edited" "$tmp/$f") ms | $(field "one pod added" "$tmp/$f") ms | $(field "one namespace replaced" "$tmp/$f") ms | $(field "one node label changed" "$tmp/$f") ms |"
   done
   echo
   echo "Agent RSS at 100k rules and 10k pods (goal < 48 MiB): $(sed -n 's/.*RSS \([0-9]*\) MiB.*/\1/p' "$tmp/fs100k") MiB (heap $(sed -n 's/.*heap \([0-9]*\) MiB.*/\1/p' "$tmp/fs100k") MiB).

@@ -259,9 +259,9 @@ fn logged_pods(view: &ClusterView, node: &NodeConfig) -> std::collections::HashM
     }
     let (owners, _) = view.pod_ip_owners();
     owners
-        .into_iter()
+        .iter()
         .filter(|(_, p)| node.is_local(p))
-        .map(|(ip, p)| (ip, format!("{}/{}", p.namespace, p.name)))
+        .map(|(ip, p)| (*ip, format!("{}/{}", p.namespace, p.name)))
         .collect()
 }
 

@@ -31,8 +31,8 @@ use ipnet::IpNet;
 use super::{NodeConfig, ObjectStatus, Outcome};
 use crate::net::{EgressSettings, HostLinks, MarkRule, NetDesired, NextHop};
 use crate::nft::{Chain, Hook, KeyType, Set, Table, chain_name};
+use crate::view::ClusterView;
 use crate::view::policy::EgressIpPolicy;
-use crate::view::{ClusterView, PodInfo};
 
 /// The prerouting chain that marks local pods' packets for steering.
 pub const STEER_CHAIN: &str = "egress-steer";
@@ -129,7 +129,7 @@ pub(super) fn compile(
     view: &ClusterView,
     node: &NodeConfig,
     host: &HostLinks,
-    owners: &BTreeMap<IpAddr, &PodInfo>,
+    owners: &crate::view::Owners,
     table: &mut Table,
     net: &mut NetDesired,
     statuses: &mut Vec<ObjectStatus>,
@@ -435,7 +435,7 @@ fn number_hop_sets(plans: &[Plan], via: &BTreeMap<IpAddr, Vec<NextHop>>, setting
 fn assign_pods<'a>(
     ctx: &Ctx<'a>,
     plans: &mut [Plan<'a>],
-    owners: &BTreeMap<IpAddr, &'a PodInfo>,
+    owners: &'a crate::view::Owners,
     via: &BTreeMap<IpAddr, Vec<NextHop>>,
     hop_sets: &HopSets,
 ) -> Assigned {

@@ -15,8 +15,7 @@
 //!   destinations (when more than one) in the named interval set `fw-<namespace>-r<k>`:
 //!   a changed destination is an element change, sent without re-validating the table.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
+use std::collections::BTreeSet;
 
 use ipnet::IpNet;
 
@@ -24,7 +23,7 @@ use super::{NodeConfig, ObjectStatus, Outcome};
 use crate::dns::{DnsAnswers, element_timeout};
 use crate::nft::{Chain, Hook, KeyType, Set, Table, chain_name, set_name};
 use crate::view::policy::{Action, DnsName, FirewallPolicy, FirewallRule, Protocol, Target};
-use crate::view::{ACL_LOGGING_ANNOTATION, ClusterView, PodInfo};
+use crate::view::{ACL_LOGGING_ANNOTATION, ClusterView};
 
 /// What rule compilation reads besides the rule.
 struct Ctx<'a> {
@@ -345,6 +344,9 @@ type ChainCache = std::collections::HashMap<String, (std::sync::Arc<FirewallPoli
 pub(crate) struct FirewallCache {
     chains: ChainCache,
     pods: super::pod_maps::PodMaps,
+    /// What the pod maps were last made from: the pods' stamp and the namespaces with a
+    /// policy. The same again, the maps are too, without a walk over every pod.
+    pods_from: Option<(u64, Vec<String>)>,
 }
 
 fn namespace_chain(
@@ -405,7 +407,7 @@ pub(super) fn compile(
     view: &ClusterView,
     node: &NodeConfig,
     dns: &DnsAnswers,
-    owners: &BTreeMap<IpAddr, &PodInfo>,
+    owners: &crate::view::Owners,
     table: &mut Table,
     statuses: &mut Vec<ObjectStatus>,
     cache: &mut FirewallCache,
@@ -413,13 +415,22 @@ pub(super) fn compile(
     cache.chains.retain(|ns, _| view.firewalls.contains_key(ns));
     // Local pods (by the pod-identity rule) of namespaces with a firewall policy jump to
     // their namespace's chain.
-    let policed: std::collections::HashSet<&str> =
+    let policed: Vec<&str> =
         view.firewalls.iter().filter(|(_, e)| e.policy.is_some()).map(|(ns, _)| ns.as_str()).collect();
-    let wanted = owners
-        .iter()
-        .filter(|(_, pod)| policed.contains(pod.namespace.as_str()) && node.is_local(pod))
-        .map(|(ip, pod)| (*ip, pod.namespace.as_str()));
-    let (v4, v6) = cache.pods.update(wanted, |ns| format!("jump {}", chain_name("fw", ns)));
+    let stamp = view.pods.stamp();
+    let (v4, v6) = match &cache.pods_from {
+        Some((s, p)) if *s == stamp && p.iter().map(String::as_str).eq(policed.iter().copied()) => cache.pods.maps(),
+        _ => {
+            let lookup: std::collections::HashSet<&str> = policed.iter().copied().collect();
+            let wanted = owners
+                .iter()
+                .filter(|(_, pod)| lookup.contains(pod.namespace.as_str()) && node.is_local(pod))
+                .map(|(ip, pod)| (*ip, pod.namespace.as_str()));
+            let maps = cache.pods.update(wanted, |ns| format!("jump {}", chain_name("fw", ns)));
+            cache.pods_from = Some((stamp, policed.iter().map(|ns| ns.to_string()).collect()));
+            maps
+        }
+    };
     // No EgressFirewall, no hook: packets pay nothing for an empty policy.
     if view.firewalls.is_empty() {
         return;

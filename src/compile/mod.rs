@@ -231,7 +231,7 @@ pub fn compile_cached(
     // could leave a pod's traffic unfiltered when a range is missing from the flags),
     // but it points at a wrong --cluster-cidr or a wrong pod status.
     if !node.cluster_cidrs.is_empty() {
-        for (ip, pod) in &owners {
+        for (ip, pod) in owners {
             if !node.cluster_cidrs.iter().any(|n| n.contains(ip)) {
                 warnings.push(format!(
                     "pod IP {ip} of {}/{} is outside the cluster ranges (--cluster-cidr)",
@@ -240,11 +240,11 @@ pub fn compile_cached(
             }
         }
     }
-    firewall::compile(view, node, dns, &owners, &mut table, &mut statuses, &mut cache.firewall);
-    qos::compile(view, node, &owners, &mut table, &mut statuses);
-    egress_ip::compile(view, node, host, &owners, &mut table, &mut net, &mut statuses);
-    snoop_copies::compile(view, node, &owners, &mut table);
-    let snoop = snoop_copies::targets(view, node, &owners);
+    firewall::compile(view, node, dns, owners, &mut table, &mut statuses, &mut cache.firewall);
+    qos::compile(view, node, owners, &mut table, &mut statuses);
+    egress_ip::compile(view, node, host, owners, &mut table, &mut net, &mut statuses);
+    snoop_copies::compile(view, node, owners, &mut table);
+    let snoop = snoop_copies::targets(view, node, owners);
 
     for (key, reason) in &view.ignored {
         statuses.push(ObjectStatus::new(key.clone(), &node.node_name, Outcome::Ignored(reason.clone())));

@@ -19,8 +19,49 @@ pub(crate) struct PodMaps {
     by_ip: BTreeMap<IpAddr, String>,
     /// How many addresses each owner has.
     per_owner: BTreeMap<String, usize>,
-    v4: Elements,
-    v6: Elements,
+    v4: Buffered,
+    v6: Buffered,
+}
+
+/// A changed element (`None`: removed).
+type Patch = Vec<(String, Option<String>)>;
+
+/// An element map handed out as a shared snapshot and changed without copying it: the
+/// snapshot before the current one, which nobody else holds any more once the syncer has
+/// moved on (the table it belonged to is dropped), is brought up to date by replaying
+/// the patch that made the current one, then the new patch, and becomes the next
+/// snapshot. Copying the whole map (10k elements) per pod added cost more than the rest
+/// of the compile. Should the old snapshot still be held, writing to it copies it first
+/// (`Arc::make_mut`): slower, never wrong. After a big patch (the first build) nothing
+/// is kept: the next change copies the map once, and the patch is not held twice.
+#[derive(Debug, Default)]
+struct Buffered {
+    current: Elements,
+    /// `current` before the patch that made it, and that patch.
+    spare: Option<(Elements, Patch)>,
+}
+
+/// The largest patch [`Buffered`] keeps to replay.
+const KEPT_PATCH: usize = 1024;
+
+impl Buffered {
+    fn apply(&mut self, patch: Patch) {
+        if patch.is_empty() {
+            return;
+        }
+        let (mut next, replay) = match self.spare.take() {
+            Some((spare, last)) => (spare, last),
+            None => (self.current.clone(), Vec::new()),
+        };
+        for (key, value) in replay.into_iter().chain(patch.iter().cloned()) {
+            match value {
+                Some(v) => next.insert(key, v),
+                None => next.remove(&key),
+            };
+        }
+        let previous = std::mem::replace(&mut self.current, next);
+        self.spare = (patch.len() <= KEPT_PATCH).then_some((previous, patch));
+    }
 }
 
 impl PodMaps {
@@ -56,20 +97,29 @@ impl PodMaps {
             }
         }
         gone.extend(old.map(|(ip, _)| *ip));
+        let mut patches: [Patch; 2] = Default::default();
         for ip in gone {
             if let Some(owner) = self.by_ip.remove(&ip) {
                 self.forget(&owner);
             }
-            self.map(ip).remove(&ip.to_string());
+            patches[usize::from(ip.is_ipv6())].push((ip.to_string(), None));
         }
         for (ip, owner) in set {
-            self.map(ip).insert(ip.to_string(), value(owner));
+            patches[usize::from(ip.is_ipv6())].push((ip.to_string(), Some(value(owner))));
             *self.per_owner.entry(owner.to_string()).or_default() += 1;
             if let Some(before) = self.by_ip.insert(ip, owner.to_string()) {
                 self.forget(&before);
             }
         }
-        (self.v4.clone(), self.v6.clone())
+        let [p4, p6] = patches;
+        self.v4.apply(p4);
+        self.v6.apply(p6);
+        self.maps()
+    }
+
+    /// The IPv4 and the IPv6 map as the last update left them.
+    pub(crate) fn maps(&self) -> (Elements, Elements) {
+        (self.v4.current.clone(), self.v6.current.clone())
     }
 
     /// Whether `owner` has an element.
@@ -84,10 +134,6 @@ impl PodMaps {
                 self.per_owner.remove(owner);
             }
         }
-    }
-
-    fn map(&mut self, ip: IpAddr) -> &mut Elements {
-        if ip.is_ipv4() { &mut self.v4 } else { &mut self.v6 }
     }
 }
 
@@ -119,17 +165,26 @@ mod tests {
 
     proptest! {
         /// Any sequence of wanted maps: after each update the maps are exactly what a
-        /// fresh build gives.
+        /// fresh build gives, and every map handed out earlier and still held is as it
+        /// was (whether the caller dropped the previous ones or kept them).
         #[test]
-        fn patched_maps_equal_fresh_ones(steps in proptest::collection::vec(wanted(), 1..8)) {
+        fn patched_maps_equal_fresh_ones(steps in proptest::collection::vec((wanted(), any::<bool>()), 1..12)) {
             let mut maps = PodMaps::default();
-            for w in &steps {
+            let mut held = Vec::new();
+            for (w, keep) in &steps {
                 let (v4, v6) = maps.update(w.iter().map(|(ip, o)| (*ip, o.as_str())), |o| format!("jump fw-{o}"));
                 let (f4, f6) = fresh(w);
                 prop_assert_eq!(&*v4, &f4);
                 prop_assert_eq!(&*v6, &f6);
                 for owner in ["a", "b", "c"] {
                     prop_assert_eq!(maps.has(owner), w.values().any(|o| o == owner));
+                }
+                if *keep {
+                    held.push(((v4, v6), (f4, f6)));
+                }
+                for ((v4, v6), (f4, f6)) in &held {
+                    prop_assert_eq!(&**v4, f4);
+                    prop_assert_eq!(&**v6, f6);
                 }
             }
         }

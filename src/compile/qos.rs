@@ -49,7 +49,7 @@ fn rule_statements(index: usize, rule: &QosRule, pod_sets: Option<(&str, &str)>)
 pub(super) fn compile(
     view: &ClusterView,
     node: &NodeConfig,
-    owners: &BTreeMap<IpAddr, &PodInfo>,
+    owners: &crate::view::Owners,
     table: &mut Table,
     statuses: &mut Vec<ObjectStatus>,
 ) {

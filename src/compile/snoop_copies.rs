@@ -21,8 +21,7 @@
 //!   counted-only classes) is counted in the named counter `snoop-over-<class>` and not
 //!   copied, so a flood from port 53 cannot keep the listener busy.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
+use std::collections::BTreeSet;
 
 use super::NodeConfig;
 use crate::dns::targets::{
@@ -30,8 +29,8 @@ use crate::dns::targets::{
     SnoopTargets,
 };
 use crate::nft::{Chain, Hook, KeyType, Set, Table};
+use crate::view::ClusterView;
 use crate::view::policy::Target;
-use crate::view::{ClusterView, PodInfo};
 
 /// Namespaces whose EgressFirewall has a `dnsName` rule.
 pub fn snooped_namespaces(view: &ClusterView) -> BTreeSet<&str> {
@@ -43,7 +42,7 @@ pub fn snooped_namespaces(view: &ClusterView) -> BTreeSet<&str> {
         .collect()
 }
 
-pub(super) fn compile(view: &ClusterView, node: &NodeConfig, owners: &BTreeMap<IpAddr, &PodInfo>, table: &mut Table) {
+pub(super) fn compile(view: &ClusterView, node: &NodeConfig, owners: &crate::view::Owners, table: &mut Table) {
     let Some(settings) = &node.snoop else { return };
     let namespaces = snooped_namespaces(view);
     if namespaces.is_empty() {
@@ -135,7 +134,7 @@ pub(crate) fn copy_counter(class: &str) -> String {
 }
 
 /// The listener's view of `view` on this node.
-pub(crate) fn targets(view: &ClusterView, node: &NodeConfig, owners: &BTreeMap<IpAddr, &PodInfo>) -> SnoopTargets {
+pub(crate) fn targets(view: &ClusterView, node: &NodeConfig, owners: &crate::view::Owners) -> SnoopTargets {
     let mut t = SnoopTargets {
         exempt: node.exempt_ranges(),
         grace: node.dns_grace,

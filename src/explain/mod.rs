@@ -271,7 +271,7 @@ fn describe_qos(rule: &QosRule) -> String {
 /// source pod's namespace): what to read from the kernel before [`explain`].
 pub fn dns_names(view: &ClusterView, query: &Query) -> Vec<String> {
     let (owners, _) = view.pod_ip_owners();
-    let Some(pod) = source_pod(view, &owners, query).ok().flatten() else { return Vec::new() };
+    let Some(pod) = source_pod(view, owners, query).ok().flatten() else { return Vec::new() };
     let Some(policy) = view.firewalls.get(&pod.namespace).and_then(|e| e.policy.as_ref()) else { return Vec::new() };
     let names: BTreeSet<String> = policy
         .rules
@@ -287,11 +287,11 @@ pub fn dns_names(view: &ClusterView, query: &Query) -> Vec<String> {
 /// The pod the source names, or `Err` with why it is not policed.
 fn source_pod<'a>(
     view: &'a ClusterView,
-    owners: &BTreeMap<IpAddr, &'a PodInfo>,
+    owners: &'a crate::view::Owners,
     query: &Query,
 ) -> Result<Option<&'a PodInfo>, String> {
     match &query.from {
-        From::Ip(ip) => Ok(owners.get(ip).copied()),
+        From::Ip(ip) => Ok(owners.get(ip).map(|p| &**p)),
         From::Pod { namespace, name } => {
             let pod = view
                 .pods
@@ -337,7 +337,7 @@ fn explain_known(view: &ClusterView, node: &NodeConfig, dns: &DnsKnowledge, quer
         From::Ip(ip) => Some(ip),
         From::Pod { .. } => None,
     };
-    let pod = match source_pod(view, &owners, query) {
+    let pod = match source_pod(view, owners, query) {
         Ok(p) => p,
         Err(why) => {
             let mut e = unpoliced(node, destination, None, given, &why);
@@ -354,7 +354,7 @@ fn explain_known(view: &ClusterView, node: &NodeConfig, dns: &DnsKnowledge, quer
         (From::Pod { .. }, Some(p)) => {
             // The pod's own address of the destination's family, as the pod-identity rule
             // gives it (an address claimed by a newer pod is not this pod's).
-            p.ips.iter().copied().find(|ip| ip.is_ipv4() == v4 && owners.get(ip).is_some_and(|o| std::ptr::eq(*o, p)))
+            p.ips.iter().copied().find(|ip| ip.is_ipv4() == v4 && owners.get(ip).is_some_and(|o| std::ptr::eq(&**o, p)))
         }
         (From::Pod { .. }, None) => None,
     };
@@ -371,7 +371,7 @@ fn explain_known(view: &ClusterView, node: &NodeConfig, dns: &DnsKnowledge, quer
             "the source and destination are of different address families",
         );
     }
-    let Some(pod) = pod.or_else(|| owners.get(&src).copied()) else {
+    let Some(pod) = pod.or_else(|| owners.get(&src).map(|p| &**p)) else {
         let why = format!("no pod egressd knows has the address {src}: not policed");
         return unpoliced(node, destination, None, given, &why);
     };

@@ -88,7 +88,9 @@ impl ClusterView {
         for key in &self.rejected_core {
             let saved = match key.kind {
                 Kind::Namespace => self.namespaces.get(&key.name).cloned().map(SavedPolicy::Namespace),
-                Kind::Pod => self.pods.get(&(key.namespace.clone(), key.name.clone())).cloned().map(SavedPolicy::Pod),
+                Kind::Pod => {
+                    self.pods.get(&(key.namespace.clone(), key.name.clone())).map(|p| SavedPolicy::Pod((**p).clone()))
+                }
                 Kind::Node => self.nodes.get(&key.name).cloned().map(SavedPolicy::Node),
                 _ => None,
             };
@@ -114,7 +116,7 @@ impl ClusterView {
                 }
                 SavedPolicy::Pod(p) => {
                     self.rejected_core.contains(key)
-                        && adopt_core(&mut self.pods, (key.namespace.clone(), key.name.clone()), p)
+                        && self.pods.set_if_absent((key.namespace.clone(), key.name.clone()), p)
                 }
                 SavedPolicy::Node(n) => {
                     self.rejected_core.contains(key) && adopt_core(&mut self.nodes, key.name.clone(), n)

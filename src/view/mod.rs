@@ -8,6 +8,7 @@
 
 pub mod last_good;
 pub mod observed;
+pub mod pods;
 pub mod policy;
 pub mod selector;
 
@@ -197,6 +198,9 @@ impl NodeInfo {
     }
 }
 
+/// The owner of every pod IP ([`ClusterView::pod_ip_owners`]).
+pub(crate) type Owners = BTreeMap<IpAddr, std::sync::Arc<PodInfo>>;
+
 /// Two or more live pods claiming one IP.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct IpClash {
@@ -213,8 +217,9 @@ pub(crate) struct IpClash {
 pub struct ClusterView {
     /// Namespaces by name.
     pub namespaces: BTreeMap<String, NamespaceInfo>,
-    /// Pods by (namespace, name).
-    pub pods: BTreeMap<(String, String), PodInfo>,
+    /// Pods by (namespace, name), and the owner of each pod IP (changed through the
+    /// view, which keeps that index).
+    pub pods: pods::Pods,
     /// Nodes by name.
     pub nodes: BTreeMap<String, NodeInfo>,
     /// EgressFirewalls by namespace (only the one named `default`).
@@ -355,7 +360,7 @@ impl ClusterView {
                 true
             }
             Item::Namespace(info) => replace(&mut self.namespaces, key.name, info),
-            Item::Pod(info) => replace(&mut self.pods, (key.namespace, key.name), info),
+            Item::Pod(info) => self.pods.set((key.namespace, key.name), Some(info)),
             Item::Node(info) => replace(&mut self.nodes, key.name, info),
         }
     }
@@ -408,7 +413,7 @@ impl ClusterView {
                 self.namespaces.remove(&key.name);
             }
             Kind::Pod => {
-                self.pods.remove(&(key.namespace.clone(), key.name.clone()));
+                self.pods.set((key.namespace.clone(), key.name.clone()), None);
             }
             Kind::Node => {
                 self.nodes.remove(&key.name);
@@ -448,31 +453,11 @@ impl ClusterView {
         keys
     }
 
-    /// The owner of every pod IP, by the pod-identity rule: among pods that count, the
-    /// newest claim wins (an older pod still listing the IP is the stale one), ties go
-    /// to the smallest `namespace/name`. Clashes are returned for reporting.
-    pub(crate) fn pod_ip_owners(&self) -> (BTreeMap<IpAddr, &PodInfo>, Vec<IpClash>) {
-        // One sorted list of claims (address, then the winner first) instead of a list
-        // per address: this runs on every compile, over every pod of the cluster.
-        let mut claims: Vec<(IpAddr, &PodInfo)> =
-            self.pods.values().filter(|p| p.counts()).flat_map(|p| p.ips.iter().map(move |ip| (*ip, p))).collect();
-        claims.sort_unstable_by(|(ia, a), (ib, b)| {
-            ia.cmp(ib)
-                .then_with(|| b.created.cmp(&a.created))
-                .then_with(|| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)))
-        });
-        let mut clashes = Vec::new();
-        for group in claims.chunk_by(|a, b| a.0 == b.0).filter(|g| g.len() > 1) {
-            let winner = group[0].1;
-            clashes.push(IpClash {
-                ip: group[0].0,
-                winner: format!("{}/{}", winner.namespace, winner.name),
-                losers: group[1..].iter().map(|(_, p)| format!("{}/{}", p.namespace, p.name)).collect(),
-            });
-        }
-        claims.dedup_by(|later, first| later.0 == first.0);
-        let owners: BTreeMap<IpAddr, &PodInfo> = claims.into_iter().collect();
-        (owners, clashes)
+    /// The owner of every pod IP, by the pod-identity rule (see [`pods`]), and the
+    /// addresses more than one pod claims. Kept with every change: nothing is computed
+    /// over all pods here.
+    pub(crate) fn pod_ip_owners(&self) -> (&Owners, Vec<IpClash>) {
+        (self.pods.owners(), self.pods.clashes())
     }
 }
 
@@ -536,9 +521,11 @@ mod tests {
             pod("c", "also-new", Some("n1"), &["198.18.1.2"], 5),
             pod("d", "done", Some("n1"), &["198.18.1.3"], 9),
         ] {
-            v.pods.insert((p.namespace.clone(), p.name.clone()), p);
+            v.pods.set((p.namespace.clone(), p.name.clone()), Some(p));
         }
-        v.pods.get_mut(&("d".into(), "done".into())).unwrap().phase = Some("Succeeded".into());
+        let mut done = (*v.pods[&("d".to_string(), "done".to_string())]).clone();
+        done.phase = Some("Succeeded".into());
+        v.pods.set(("d".into(), "done".into()), Some(done));
         let (owners, clashes) = v.pod_ip_owners();
         let ip: IpAddr = "198.18.1.2".parse().unwrap();
         assert_eq!(owners[&ip].name, "new");
