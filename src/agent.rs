@@ -257,7 +257,7 @@ fn logged_pods(view: &ClusterView, node: &NodeConfig) -> std::collections::HashM
     if !logging {
         return Default::default();
     }
-    let (owners, _) = view.pod_ip_owners();
+    let owners = view.pods.owners();
     owners
         .iter()
         .filter(|(_, p)| node.is_local(p))

@@ -270,7 +270,7 @@ fn describe_qos(rule: &QosRule) -> String {
 /// The absolute names of the `dnsName` rules that could decide `query` (those of the
 /// source pod's namespace): what to read from the kernel before [`explain`].
 pub fn dns_names(view: &ClusterView, query: &Query) -> Vec<String> {
-    let (owners, _) = view.pod_ip_owners();
+    let owners = view.pods.owners();
     let Some(pod) = source_pod(view, owners, query).ok().flatten() else { return Vec::new() };
     let Some(policy) = view.firewalls.get(&pod.namespace).and_then(|e| e.policy.as_ref()) else { return Vec::new() };
     let names: BTreeSet<String> = policy
@@ -331,7 +331,7 @@ pub fn explain(
 }
 
 fn explain_known(view: &ClusterView, node: &NodeConfig, dns: &DnsKnowledge, query: &Query) -> Explanation {
-    let (owners, _) = view.pod_ip_owners();
+    let owners = view.pods.owners();
     let destination = query.destination();
     let given = match query.from {
         From::Ip(ip) => Some(ip),

@@ -13,7 +13,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{IpClash, PodInfo};
+use super::{IpClash, Owners, PodInfo};
 
 /// A pod's key: (namespace, name).
 pub type PodKey = (String, String);
@@ -25,7 +25,7 @@ pub type PodKey = (String, String);
 pub struct Pods {
     by_key: BTreeMap<PodKey, Arc<PodInfo>>,
     /// The winning claim of every address claimed by a pod that counts.
-    owners: BTreeMap<IpAddr, Arc<PodInfo>>,
+    owners: Owners,
     /// Every claim of an address claimed more than once, winner first.
     contested: BTreeMap<IpAddr, Vec<Arc<PodInfo>>>,
     stamp: Stamp,
@@ -86,7 +86,7 @@ impl Pods {
     }
 
     /// The owner of every pod IP.
-    pub fn owners(&self) -> &BTreeMap<IpAddr, Arc<PodInfo>> {
+    pub(crate) fn owners(&self) -> &Owners {
         &self.owners
     }
 
