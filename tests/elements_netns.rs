@@ -20,7 +20,8 @@ use proptest::prelude::*;
 const CHAINS: [&str; 3] = ["fw-a", "fw-b", "fw-h0123456789abcdef"];
 
 fn set(key: KeyType, verdict_map: bool, timeout: bool, elements: BTreeMap<String, String>) -> Set {
-    Set { key, verdict_map, interval: false, timeout, elements: elements.into() }
+    let elements = elements.into_iter().map(|(k, v)| (k.into(), v.into())).collect();
+    Set { key, verdict_map, interval: false, timeout, elements }
 }
 
 /// Ranges of the interval sets: the whole space, or prefixes that start at the first
@@ -216,7 +217,7 @@ fn a_refused_delta_is_retried_in_full_and_a_large_one_is_one_transaction() {
         let map = t.sets.get_mut("fw-pods-v6").unwrap();
         for i in 0..n {
             let ip = std::net::Ipv6Addr::from(0x2001_0db8_0002_0000_0000_0000_0000_0001u128 + i as u128);
-            map.elements.insert(ip.to_string(), format!("jump {}", CHAINS[i % 3]));
+            map.elements.insert(ip.to_string().into(), format!("jump {}", CHAINS[i % 3]).into());
         }
         t
     };

@@ -26,11 +26,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
+use compact_str::{ToCompactString, format_compact};
 use ipnet::IpNet;
 
 use super::{NodeConfig, ObjectStatus, Outcome};
 use crate::net::{EgressSettings, HostLinks, MarkRule, NetDesired, NextHop};
-use crate::nft::{Chain, Hook, KeyType, Set, Table, chain_name};
+use crate::nft::{Chain, Hook, KeyType, Set, Table, Text, chain_name};
 use crate::view::ClusterView;
 use crate::view::policy::EgressIpPolicy;
 
@@ -470,12 +471,14 @@ fn assign_pods<'a>(
             if local {
                 plan.snat_here.insert(id);
             }
-            a.snat[f].elements.insert(ip.to_string(), format!("jump {}", ip_chain("eip-snat", egress_ip)));
+            a.snat[f]
+                .elements
+                .insert(ip.to_compact_string(), format_compact!("jump {}", ip_chain("eip-snat", egress_ip)));
             a.snat_chains.insert(egress_ip);
             // Out of the address's own link: mark for its table (pods of other nodes too,
             // whose packets are leaving the cluster here, not going back).
             if let Some(k) = via.get(&egress_ip).and_then(|hops| hop_sets.get(&(f == 1, hops.clone()))) {
-                a.steer[f].elements.insert(ip.to_string(), format!("jump eip-mark-{k}"));
+                a.steer[f].elements.insert(ip.to_compact_string(), format_compact!("jump eip-mark-{k}"));
             }
             continue;
         }
@@ -484,7 +487,7 @@ fn assign_pods<'a>(
         }
         match hop_sets.get(&(f == 1, plan.remote[f].clone())) {
             Some(k) if !plan.remote[f].is_empty() => {
-                a.steer[f].elements.insert(ip.to_string(), format!("jump eip-mark-{k}"));
+                a.steer[f].elements.insert(ip.to_compact_string(), format_compact!("jump eip-mark-{k}"));
                 plan.steered.insert(id);
             }
             Some(_) | None => {
@@ -493,7 +496,7 @@ fn assign_pods<'a>(
                 }
                 plan.fallback.insert(id);
                 if settings.fail_closed {
-                    a.steer[f].elements.insert(ip.to_string(), format!("jump {DROP_CHAIN}"));
+                    a.steer[f].elements.insert(ip.to_compact_string(), format_compact!("jump {DROP_CHAIN}"));
                     a.drop_used = true;
                 }
             }
@@ -526,7 +529,7 @@ fn emit_routes(
         if !via.values().any(|v| v == hops) {
             // Next hops that are nodes: packets routed to them get the null SNAT.
             for hop in hops {
-                gateways[usize::from(*v6)].elements.insert(hop.gateway.to_string(), String::new());
+                gateways[usize::from(*v6)].elements.insert(hop.gateway.to_compact_string(), Text::default());
             }
         }
     }
@@ -550,7 +553,7 @@ fn emit_tables(
     exempt_nets.extend(ctx.node_addrs.iter().map(|a| IpNet::from(*a)));
     let mut exempt = [Set::new(KeyType::Ipv4, true), Set::new(KeyType::Ipv6, true)];
     for n in IpNet::aggregate(&exempt_nets) {
-        exempt[fam(n.addr())].elements.insert(n.to_string(), String::new());
+        exempt[fam(n.addr())].elements.insert(n.to_compact_string(), Text::default());
     }
 
     let [e4, e6] = exempt;
@@ -766,7 +769,7 @@ mod tests {
     }
 
     fn elements(d: &crate::compile::Desired, set: &str) -> Vec<(String, String)> {
-        d.table.sets[set].elements.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+        d.table.sets[set].elements.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }
 
     #[test]

@@ -17,12 +17,13 @@
 
 use std::collections::BTreeSet;
 
+use compact_str::{ToCompactString, format_compact};
 use ipnet::IpNet;
 
 use super::{NodeConfig, ObjectStatus, Outcome};
 use crate::dns::{DnsAnswers, element_timeout};
-use crate::nft::{Chain, Hook, KeyType, Set, Table, chain_name, set_name};
-use crate::view::policy::{Action, DnsName, FirewallPolicy, FirewallRule, Protocol, Target};
+use crate::nft::{Chain, Hook, KeyType, Set, Table, Text, chain_name, set_name};
+use crate::view::policy::{Action, DnsName, FirewallPolicy, FirewallRule, Ports, Target};
 use crate::view::{ACL_LOGGING_ANNOTATION, ClusterView};
 
 /// What rule compilation reads besides the rule.
@@ -54,7 +55,7 @@ pub fn dns_set_names(name: &str) -> [String; 2] {
 pub fn dns_rule_names(view: &ClusterView) -> impl Iterator<Item = &DnsName> {
     view.firewalls.values().filter_map(|e| e.policy.as_ref()).flat_map(|p| p.rules.iter()).filter_map(|r| {
         match &r.target {
-            Target::Dns(name) => Some(name),
+            Target::Dns(name) => Some(&**name),
             _ => None,
         }
     })
@@ -93,7 +94,7 @@ fn dns_sets(ctx: &Ctx, name: &DnsName, table: &mut Table) -> Vec<(&'static str, 
                 let timeout = element_timeout(resolved.ttl, ctx.node.dns_grace);
                 for ip in resolved.addresses.iter().filter(|ip| !ctx.exempt.iter().any(|n| n.contains(*ip))) {
                     if ip.is_ipv4() == (key == KeyType::Ipv4) {
-                        set.elements.insert(ip.to_string(), format!("timeout {}s", timeout.as_secs()));
+                        set.elements.insert(ip.to_compact_string(), format_compact!("timeout {}s", timeout.as_secs()));
                     }
                 }
             }
@@ -120,7 +121,7 @@ fn exempt_sets(node: &NodeConfig, table: &mut Table) -> Vec<IpNet> {
     let mut v6 = Set::new(KeyType::Ipv6, true);
     for net in merged {
         let set = if net.addr().is_ipv4() { &mut v4 } else { &mut v6 };
-        set.elements.insert(net.to_string(), String::new());
+        set.elements.insert(net.to_compact_string(), Text::default());
     }
     table.sets.insert(CLUSTER_V4.into(), v4);
     table.sets.insert(CLUSTER_V6.into(), v6);
@@ -144,7 +145,7 @@ fn base_chain(hook: &'static str, local: bool) -> Chain {
     Chain::base(Hook { chain_type: "filter", hook, priority: "filter" }, rules)
 }
 
-fn ports_match(ports: &BTreeSet<(Protocol, u16)>) -> String {
+fn ports_match(ports: &Ports) -> String {
     match (ports.first(), ports.len()) {
         (None, _) => String::new(),
         (Some((proto, port)), 1) => format!(" {} dport {port}", proto.nft()),
@@ -277,7 +278,7 @@ fn run_statements(rules: &[super::runs::StaticRule], chain: &str, sets: &mut Vec
                 let name = format!("{chain}-r{}", sets.len());
                 // Collected, not inserted one by one: built from sorted keys, the map's
                 // nodes are full (a third less memory at 100k ranges).
-                let elements = m.addrs.iter().map(|n| (n.to_string(), String::new())).collect();
+                let elements = m.addrs.iter().map(|n| (n.to_compact_string(), Text::default())).collect();
                 let set = Set { elements, ..Set::new(if m.v4 { KeyType::Ipv4 } else { KeyType::Ipv6 }, true) };
                 sets.push((name.clone(), set));
                 format!("{family} daddr @{name}")
@@ -426,7 +427,7 @@ pub(super) fn compile(
                 .iter()
                 .filter(|(_, pod)| lookup.contains(pod.namespace.as_str()) && node.is_local(pod))
                 .map(|(ip, pod)| (*ip, pod.namespace.as_str()));
-            let maps = cache.pods.update(wanted, |ns| format!("jump {}", chain_name("fw", ns)));
+            let maps = cache.pods.update(wanted, |ns| format_compact!("jump {}", chain_name("fw", ns)));
             cache.pods_from = Some((stamp, policed.iter().map(|ns| ns.to_string()).collect()));
             maps
         }

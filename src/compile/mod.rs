@@ -370,10 +370,7 @@ mod tests {
         let v4 = &desired.table.sets["dns4-api.example.com"];
         assert!(v4.timeout);
         // TTL 2 → floor 5 s, plus the 300 s grace; the in-cluster 198.18.9.9 is dropped.
-        assert_eq!(
-            v4.elements.iter().collect::<Vec<_>>(),
-            vec![(&"192.0.2.7".to_string(), &"timeout 305s".to_string())]
-        );
+        assert_eq!(v4.elements.iter().collect::<Vec<_>>(), vec![(&"192.0.2.7".into(), &"timeout 305s".into())]);
         assert_eq!(desired.table.sets["dns6-api.example.com"].elements.len(), 1);
         assert_eq!(dns_names(&view(&docs)).into_iter().collect::<Vec<_>>(), vec!["api.example.com.".to_string()]);
     }

@@ -10,21 +10,23 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use crate::nft::Elements;
+use compact_str::ToCompactString;
+
+use crate::nft::{Elements, Text};
 
 /// An IPv4 and an IPv6 element map and the `address → owner` pairs they were rendered
 /// from.
 #[derive(Debug, Default)]
 pub(crate) struct PodMaps {
-    by_ip: BTreeMap<IpAddr, String>,
+    by_ip: BTreeMap<IpAddr, Text>,
     /// How many addresses each owner has.
-    per_owner: BTreeMap<String, usize>,
+    per_owner: BTreeMap<Text, usize>,
     v4: Buffered,
     v6: Buffered,
 }
 
 /// A changed element (`None`: removed).
-type Patch = Vec<(String, Option<String>)>;
+type Patch = Vec<(Text, Option<Text>)>;
 
 /// An element map handed out as a shared snapshot and changed without copying it: the
 /// snapshot before the current one, which nobody else holds any more once the syncer has
@@ -71,7 +73,7 @@ impl PodMaps {
     pub(crate) fn update<'a>(
         &mut self,
         wanted: impl IntoIterator<Item = (IpAddr, &'a str)>,
-        value: impl Fn(&str) -> String,
+        value: impl Fn(&str) -> Text,
     ) -> (Elements, Elements) {
         let mut gone = Vec::new();
         let mut set = Vec::new();
@@ -102,12 +104,12 @@ impl PodMaps {
             if let Some(owner) = self.by_ip.remove(&ip) {
                 self.forget(&owner);
             }
-            patches[usize::from(ip.is_ipv6())].push((ip.to_string(), None));
+            patches[usize::from(ip.is_ipv6())].push((ip.to_compact_string(), None));
         }
         for (ip, owner) in set {
-            patches[usize::from(ip.is_ipv6())].push((ip.to_string(), Some(value(owner))));
-            *self.per_owner.entry(owner.to_string()).or_default() += 1;
-            if let Some(before) = self.by_ip.insert(ip, owner.to_string()) {
+            patches[usize::from(ip.is_ipv6())].push((ip.to_compact_string(), Some(value(owner))));
+            *self.per_owner.entry(owner.into()).or_default() += 1;
+            if let Some(before) = self.by_ip.insert(ip, owner.into()) {
                 self.forget(&before);
             }
         }
@@ -142,11 +144,11 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn fresh(wanted: &BTreeMap<IpAddr, String>) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+    fn fresh(wanted: &BTreeMap<IpAddr, String>) -> (BTreeMap<Text, Text>, BTreeMap<Text, Text>) {
         let mut out = (BTreeMap::new(), BTreeMap::new());
         for (ip, owner) in wanted {
             let m = if ip.is_ipv4() { &mut out.0 } else { &mut out.1 };
-            m.insert(ip.to_string(), format!("jump fw-{owner}"));
+            m.insert(ip.to_string().into(), format!("jump fw-{owner}").into());
         }
         out
     }
@@ -172,7 +174,7 @@ mod tests {
             let mut maps = PodMaps::default();
             let mut held = Vec::new();
             for (w, keep) in &steps {
-                let (v4, v6) = maps.update(w.iter().map(|(ip, o)| (*ip, o.as_str())), |o| format!("jump fw-{o}"));
+                let (v4, v6) = maps.update(w.iter().map(|(ip, o)| (*ip, o.as_str())), |o| format!("jump fw-{o}").into());
                 let (f4, f6) = fresh(w);
                 prop_assert_eq!(&*v4, &f4);
                 prop_assert_eq!(&*v6, &f6);
@@ -194,12 +196,12 @@ mod tests {
     fn an_unchanged_map_is_the_same_allocation() {
         let mut maps = PodMaps::default();
         let w = [(IpAddr::from([198, 18, 0, 1]), "a")];
-        let (first, _) = maps.update(w, |o| format!("jump fw-{o}"));
-        let (again, _) = maps.update(w, |o| format!("jump fw-{o}"));
+        let (first, _) = maps.update(w, |o| format!("jump fw-{o}").into());
+        let (again, _) = maps.update(w, |o| format!("jump fw-{o}").into());
         assert!(first.same(&again));
-        let (moved, _) = maps.update([(IpAddr::from([198, 18, 0, 1]), "b")], |o| format!("jump fw-{o}"));
+        let (moved, _) = maps.update([(IpAddr::from([198, 18, 0, 1]), "b")], |o| format!("jump fw-{o}").into());
         assert!(!first.same(&moved));
-        assert_eq!(moved.get("198.18.0.1").map(String::as_str), Some("jump fw-b"));
-        assert_eq!(first.get("198.18.0.1").map(String::as_str), Some("jump fw-a"), "the earlier map is untouched");
+        assert_eq!(moved.get("198.18.0.1").map(Text::as_str), Some("jump fw-b"));
+        assert_eq!(first.get("198.18.0.1").map(Text::as_str), Some("jump fw-a"), "the earlier map is untouched");
     }
 }

@@ -15,8 +15,10 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+use compact_str::{ToCompactString, format_compact};
+
 use super::{NodeConfig, ObjectStatus, Outcome};
-use crate::nft::{Chain, Hook, KeyType, Set, Table, chain_name};
+use crate::nft::{Chain, Hook, KeyType, Set, Table, Text, chain_name};
 use crate::view::policy::QosRule;
 use crate::view::{ClusterView, PodInfo};
 
@@ -77,7 +79,7 @@ pub(super) fn compile(
                     let mut set6 = Set::new(KeyType::Ipv6, false);
                     for (ip, _) in pods.iter().filter(|(_, p)| selector.matches(&p.labels)) {
                         let set = if ip.is_ipv4() { &mut set4 } else { &mut set6 };
-                        set.elements.insert(ip.to_string(), String::new());
+                        set.elements.insert(ip.to_compact_string(), Text::default());
                     }
                     table.sets.insert(s4.clone(), set4);
                     table.sets.insert(s6.clone(), set6);
@@ -87,7 +89,7 @@ pub(super) fn compile(
             }
             for (ip, _) in pods {
                 let map = if ip.is_ipv4() { &mut pods_v4 } else { &mut pods_v6 };
-                map.elements.insert(ip.to_string(), format!("jump {name}"));
+                map.elements.insert(ip.to_compact_string(), format_compact!("jump {name}"));
             }
             table.chains.insert(name, Chain::regular(rules));
         }

@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use ipnet::IpNet;
 
-use crate::view::policy::{Action, Protocol};
+use crate::view::policy::{Action, Ports};
 
 /// One static rule (CIDR or nodeSelector, its addresses resolved) as the merge sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,7 +29,7 @@ pub(super) struct StaticRule {
     /// Destinations (empty: the rule matches nothing, e.g. a nodeSelector without nodes).
     pub targets: BTreeSet<IpNet>,
     /// Protocol/port pairs, OR-ed; empty: every packet.
-    pub ports: BTreeSet<(Protocol, u16)>,
+    pub ports: Ports,
 }
 
 /// One nft rule of a run: destinations of one family, one port set.
@@ -40,7 +40,7 @@ pub(super) struct Match {
     /// Destinations, aggregated (no overlaps, adjacent prefixes joined).
     pub addrs: Vec<IpNet>,
     /// Protocol/port pairs; empty: every packet.
-    pub ports: BTreeSet<(Protocol, u16)>,
+    pub ports: Ports,
 }
 
 /// A run of consecutive same-action rules.
@@ -70,7 +70,7 @@ impl Run {
 /// Merge consecutive same-action rules (rules without targets are left out: they match
 /// nothing and do not break a run).
 pub(super) fn merge(rules: &[StaticRule]) -> Vec<Run> {
-    type Groups = BTreeMap<BTreeSet<(Protocol, u16)>, [Vec<IpNet>; 2]>;
+    type Groups = BTreeMap<Ports, [Vec<IpNet>; 2]>;
     let mut runs: Vec<(usize, usize, Action, Groups)> = Vec::new();
     for r in rules.iter().filter(|r| !r.targets.is_empty()) {
         match runs.last_mut() {
@@ -101,7 +101,7 @@ pub(super) fn merge(rules: &[StaticRule]) -> Vec<Run> {
 /// Whether a packet to `dst` (with its protocol and destination port, when it has one)
 /// matches `m`, as the kernel evaluates the rendered rule.
 #[cfg(test)]
-fn matches(m: &Match, dst: std::net::IpAddr, port: Option<(Protocol, u16)>) -> bool {
+fn matches(m: &Match, dst: std::net::IpAddr, port: Option<(crate::view::policy::Protocol, u16)>) -> bool {
     m.v4 == dst.is_ipv4()
         && m.addrs.iter().any(|n| n.contains(&dst))
         && (m.ports.is_empty() || port.is_some_and(|p| m.ports.contains(&p)))
@@ -112,6 +112,7 @@ mod tests {
     use std::net::IpAddr;
 
     use super::*;
+    use crate::view::policy::Protocol;
     use proptest::prelude::*;
 
     /// The reference: the first rule that matches decides.
@@ -163,7 +164,12 @@ mod tests {
         .prop_map(|v| {
             v.into_iter()
                 .enumerate()
-                .map(|(index, (action, targets, ports))| StaticRule { index, action, targets, ports })
+                .map(|(index, (action, targets, ports))| StaticRule {
+                    index,
+                    action,
+                    targets,
+                    ports: ports.into_iter().collect(),
+                })
                 .collect()
         })
     }

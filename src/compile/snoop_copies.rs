@@ -23,12 +23,14 @@
 
 use std::collections::BTreeSet;
 
+use compact_str::ToCompactString;
+
 use super::NodeConfig;
 use crate::dns::targets::{
     COUNTED_ONLY_RATE, PREFIX_ANSWER, PREFIX_QUERY, PREFIX_SPOOFED, PREFIX_UNTRACKED, PREFIX_UNTRUSTED, SnoopName,
     SnoopTargets,
 };
-use crate::nft::{Chain, Hook, KeyType, Set, Table};
+use crate::nft::{Chain, Hook, KeyType, Set, Table, Text};
 use crate::view::ClusterView;
 use crate::view::policy::Target;
 
@@ -51,12 +53,12 @@ pub(super) fn compile(view: &ClusterView, node: &NodeConfig, owners: &crate::vie
     let mut pods = [Set::new(KeyType::Ipv4, false), Set::new(KeyType::Ipv6, false)];
     for (ip, pod) in owners {
         if node.is_local(pod) && namespaces.contains(pod.namespace.as_str()) {
-            pods[usize::from(ip.is_ipv6())].elements.insert(ip.to_string(), String::new());
+            pods[usize::from(ip.is_ipv6())].elements.insert(ip.to_compact_string(), Text::default());
         }
     }
     let mut servers = [Set::new(KeyType::Ipv4, false), Set::new(KeyType::Ipv6, false)];
     for ip in &settings.servers {
-        servers[usize::from(ip.is_ipv6())].elements.insert(ip.to_string(), String::new());
+        servers[usize::from(ip.is_ipv6())].elements.insert(ip.to_compact_string(), Text::default());
     }
     let [p4, p6] = pods;
     table.sets.insert("snoop-pods-v4".into(), p4);

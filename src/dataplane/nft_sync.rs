@@ -529,7 +529,7 @@ mod tests {
         let mut t = Table::new("egressd");
         let mut s = Set::new(KeyType::Ipv4, false);
         for i in 0..n {
-            s.elements.insert(format!("198.18.0.{i}"), String::new());
+            s.elements.insert(format!("198.18.0.{i}").into(), Default::default());
         }
         t.sets.insert("s".into(), s);
         t.chains.insert("c".into(), Chain::regular(vec!["counter accept".into()]));

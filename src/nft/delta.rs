@@ -8,7 +8,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use super::{FAMILY, KeyType, Set, Table};
+use super::{FAMILY, KeyType, Set, Table, Text};
 
 /// What one element carries besides its key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,7 +129,7 @@ impl ElementDelta {
 /// walk over both (sorted) element maps. As in `diff`: in a timeout set a changed value
 /// is a new timeout, which re-adding sets, so only elements that are gone are deleted.
 #[allow(clippy::type_complexity)]
-fn changes<'a>(before: &'a Set, after: &'a Set) -> (Vec<(&'a String, &'a String)>, Vec<(&'a String, &'a String)>) {
+fn changes<'a>(before: &'a Set, after: &'a Set) -> (Vec<(&'a Text, &'a Text)>, Vec<(&'a Text, &'a Text)>) {
     use std::cmp::Ordering;
     let (mut gone, mut added) = (Vec::new(), Vec::new());
     if before.elements.same(&after.elements) {
@@ -229,7 +229,7 @@ mod tests {
         dns.elements.insert("2001:db8::1".into(), "timeout 300s".into());
         t.sets.insert("dns6-x".into(), dns);
         let mut exempt = Set::new(KeyType::Ipv4, true);
-        exempt.elements.insert("198.18.0.0/15".into(), String::new());
+        exempt.elements.insert("198.18.0.0/15".into(), Text::default());
         t.sets.insert("exempt-v4".into(), exempt);
         t.chains.insert("fw-a".into(), Chain::regular(vec!["counter drop".into()]));
         t.chains.insert("fw-b".into(), Chain::regular(vec!["counter accept".into()]));
@@ -295,8 +295,8 @@ mod tests {
         let mut new = table();
         let exempt = new.sets.get_mut("exempt-v4").unwrap();
         exempt.elements.remove("198.18.0.0/15");
-        exempt.elements.insert("192.0.2.0/24".into(), String::new());
-        exempt.elements.insert("203.0.113.7/32".into(), String::new());
+        exempt.elements.insert("192.0.2.0/24".into(), Text::default());
+        exempt.elements.insert("203.0.113.7/32".into(), Text::default());
         let delta = ElementDelta::between(&old, &new).unwrap();
         assert_eq!(delta.delete[0].elements, vec![("198.18.0.0".parse().unwrap(), ElementValue::Prefix(15))]);
         assert_eq!(

@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use super::render::elements;
-use super::{FAMILY, Table};
+use super::{FAMILY, Table, Text};
 
 /// The script that changes `old` into `new`, or `None` when they are equal. A change
 /// that cannot be expressed as a delta (the table's name, a set's type or flags, a base
@@ -60,14 +60,14 @@ pub fn diff(old: &Table, new: &Table) -> Option<String> {
         // In a timeout set a changed value is a new timeout: re-adding refreshes it, so
         // only elements that are gone are deleted (an element may also have expired in
         // the kernel already, where a delete would fail).
-        let gone: Vec<String> = before
+        let gone: Vec<&str> = before
             .elements
             .iter()
             .filter(|(k, v)| match set.elements.get(*k) {
                 None => true,
                 Some(new) => !set.timeout && new != *v,
             })
-            .map(|(k, _)| k.clone())
+            .map(|(k, _)| k.as_str())
             .collect();
         if !gone.is_empty() {
             let _ = writeln!(out, "delete element {t} {name} {{ {} }}", gone.join(", "));
@@ -75,11 +75,11 @@ pub fn diff(old: &Table, new: &Table) -> Option<String> {
     }
     for (name, set) in &new.sets {
         let before = old.sets.get(name);
-        let added: Vec<String> = set
+        let added: Vec<&Text> = set
             .elements
             .iter()
             .filter(|(k, v)| before.is_none_or(|b| b.elements.get(*k) != Some(v)))
-            .map(|(k, _)| k.clone())
+            .map(|(k, _)| k)
             .collect();
         if !added.is_empty() {
             let _ = writeln!(out, "add element {t} {name} {{ {} }}", elements(set, added.into_iter()));
@@ -227,22 +227,22 @@ mod props {
             let names: Vec<String> = regular.keys().cloned().collect();
             if let Some(p) = &plain {
                 let mut s = Set::new(KeyType::Ipv4, false);
-                s.elements.extend(p.iter().map(|a| (a.to_string(), String::new())));
+                s.elements.extend(p.iter().map(|a| (a.to_string().into(), Default::default())));
                 t.sets.insert("plain".into(), s);
             }
             if let Some(r) = &ranges {
                 let mut s = Set::new(KeyType::Ipv4, true);
-                s.elements.extend(r.iter().map(|n| (n.to_string(), String::new())));
+                s.elements.extend(r.iter().map(|n| (n.to_string().into(), Default::default())));
                 t.sets.insert("ranges".into(), s);
             }
             if let Some(tm) = &timed {
                 let mut s = Set::with_timeout(KeyType::Ipv4);
-                s.elements.extend(tm.iter().map(|(a, n)| (a.to_string(), format!("timeout {}s", n * 100))));
+                s.elements.extend(tm.iter().map(|(a, n)| (a.to_string().into(), format!("timeout {}s", n * 100).into())));
                 t.sets.insert("timed".into(), s);
             }
             if let Some(m) = map.as_ref().filter(|_| !names.is_empty()) {
                 let mut s = Set::verdict_map(KeyType::Ipv4);
-                s.elements.extend(m.iter().map(|(a, c)| (a.to_string(), format!("jump {}", names[c % names.len()]))));
+                s.elements.extend(m.iter().map(|(a, c)| (a.to_string().into(), format!("jump {}", names[c % names.len()]).into())));
                 t.sets.insert("map".into(), s);
             }
             for (i, (c, r)) in rule_picks.iter().enumerate() {
@@ -351,7 +351,7 @@ mod props {
                 "delete element" => {
                     let set = t.sets.get_mut(&name).ok_or(format!("{line}: no set"))?;
                     for k in braces(line) {
-                        set.elements.remove(&k).ok_or(format!("{line}: no element {k}"))?;
+                        set.elements.remove(k.as_str()).ok_or(format!("{line}: no element {k}"))?;
                     }
                 }
                 "add element" => {
@@ -371,10 +371,10 @@ mod props {
                                 None => (item.clone(), String::new()),
                             }
                         };
-                        if set.verdict_map && set.elements.get(&k).is_some_and(|old| *old != v) {
+                        if set.verdict_map && set.elements.get(k.as_str()).is_some_and(|old| *old != v) {
                             return Err(format!("{line}: {k} exists with another verdict"));
                         }
-                        set.elements.insert(k, v);
+                        set.elements.insert(k.into(), v.into());
                     }
                 }
                 other => return Err(format!("unknown verb {other:?} in {line}")),

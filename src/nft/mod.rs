@@ -76,12 +76,18 @@ pub struct Set {
     pub elements: Elements,
 }
 
+/// An element's key or value as nft text (`198.51.100.0/24`, `jump fw-a`, `timeout 35s`).
+/// Inline up to 24 bytes (every IPv4 key and prefix, most values), so a set of 100k
+/// ranges costs no allocation per element: the keys and values were a third of the
+/// agent's heap at 100k rules as `String`s.
+pub type Text = compact_str::CompactString;
+
 /// A set's elements, shared: cloning a set (or the table holding it) costs a pointer,
 /// and an element map carried over unchanged from the previous compile is the same
 /// allocation, which [`delta::ElementDelta::between`] skips without comparing its elements.
 /// Reads go through `Deref`; the first write to a shared map copies it (`Arc::make_mut`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Elements(std::sync::Arc<BTreeMap<String, String>>);
+pub struct Elements(std::sync::Arc<BTreeMap<Text, Text>>);
 
 impl Elements {
     /// Whether `self` and `other` are the same allocation (then they are equal).
@@ -91,7 +97,7 @@ impl Elements {
 }
 
 impl std::ops::Deref for Elements {
-    type Target = BTreeMap<String, String>;
+    type Target = BTreeMap<Text, Text>;
     fn deref(&self) -> &Self::Target {
         &self.0
     }
@@ -103,21 +109,21 @@ impl std::ops::DerefMut for Elements {
     }
 }
 
-impl From<BTreeMap<String, String>> for Elements {
-    fn from(map: BTreeMap<String, String>) -> Self {
+impl From<BTreeMap<Text, Text>> for Elements {
+    fn from(map: BTreeMap<Text, Text>) -> Self {
         Self(std::sync::Arc::new(map))
     }
 }
 
-impl FromIterator<(String, String)> for Elements {
-    fn from_iter<I: IntoIterator<Item = (String, String)>>(iter: I) -> Self {
+impl FromIterator<(Text, Text)> for Elements {
+    fn from_iter<I: IntoIterator<Item = (Text, Text)>>(iter: I) -> Self {
         Self(std::sync::Arc::new(iter.into_iter().collect()))
     }
 }
 
 impl<'a> IntoIterator for &'a Elements {
-    type Item = (&'a String, &'a String);
-    type IntoIter = std::collections::btree_map::Iter<'a, String, String>;
+    type Item = (&'a Text, &'a Text);
+    type IntoIter = std::collections::btree_map::Iter<'a, Text, Text>;
     fn into_iter(self) -> Self::IntoIter {
         self.0.iter()
     }

@@ -2,14 +2,14 @@
 
 use std::fmt::Write;
 
-use super::{Chain, FAMILY, Set, Table};
+use super::{Chain, FAMILY, Set, Table, Text};
 
-pub(super) fn elements(set: &Set, keys: impl Iterator<Item = String>) -> String {
+pub(super) fn elements<'a>(set: &Set, keys: impl Iterator<Item = &'a Text>) -> String {
     let items: Vec<String> = keys
-        .map(|k| match set.elements.get(&k) {
+        .map(|k| match set.elements.get(k) {
             Some(v) if set.verdict_map => format!("{k} : {v}"),
             Some(v) if !v.is_empty() => format!("{k} {v}"),
-            _ => k,
+            _ => k.to_string(),
         })
         .collect();
     items.join(", ")
@@ -21,7 +21,7 @@ fn set_block(out: &mut String, name: &str, set: &Set) {
         let _ = writeln!(out, "\t\t{}", part.trim());
     }
     if !set.elements.is_empty() {
-        let _ = writeln!(out, "\t\telements = {{ {} }}", elements(set, set.elements.keys().cloned()));
+        let _ = writeln!(out, "\t\telements = {{ {} }}", elements(set, set.elements.keys()));
     }
     let _ = writeln!(out, "\t}}");
 }
