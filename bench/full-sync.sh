@@ -5,7 +5,8 @@
 # each timed by egressd's own "dataplane in sync" log line (compile + nft). Also the
 # agent's RSS. Every hundredth namespace allows ten cluster nodes by label (a nodeSelector
 # rule in the middle of its list), so the label change moves a node's address in or out
-# of ten namespaces' rules. Needs root.
+# of ten namespaces' rules. Then the idle CPU (the agent and the nft runs it waited for)
+# over IDLE=20 seconds without changes. Needs root.
 #
 #   bench/full-sync.sh        # NS=1000 RULES=100 (100k rules) PODS=10000
 set -euo pipefail
@@ -78,6 +79,12 @@ cp "$WORK/replace-ns.yaml" "$WORK/m/.tmp" && mv "$WORK/m/.tmp" "$WORK/m/fw-8.yam
 replace=$(wait_sync 4)
 cp "$WORK/label-node.yaml" "$WORK/m/.tmp" && mv "$WORK/m/.tmp" "$WORK/m/nodes.yaml"
 label=$(wait_sync 5)
+# Idle CPU: the agent and the processes it ran (waited-for children: its nft runs) over
+# IDLE seconds with nothing changing, in % of one core.
+ticks() { awk '{ print $14 + $15 + $16 + $17 }' "/proc/$AGENT/stat"; }
+sleep 1
+t0=$(ticks); sleep "${IDLE:-20}"; t1=$(ticks)
+idle=$(awk -v a="$t0" -v b="$t1" -v hz="$(getconf CLK_TCK)" -v s="${IDLE:-20}" 'BEGIN { printf "%.2f", (b - a) / hz / s * 100 }')
 # Where each sync's time went (egressd's compile and diff vs netlink and nft), to stderr.
 grep "dataplane in sync" "$WORK/log" | head -n 5 | grep -o 'elapsed_ms=[0-9]* compile_ms=[0-9.]* diff_ms=[0-9.]* netlink_ms=[0-9.]* nft_ms=[0-9.]*' >&2 || true
-echo "| $((NSN * RULES)) rules, $NSN namespaces, $PODS local pods ($rules_applied nft rules) | full sync ${full} ms | one rule edited ${edit} ms | one pod added ${pod} ms | one namespace replaced ${replace} ms | one node label changed ${label} ms | RSS $((rss / 1024)) MiB (heap $((anon / 1024)) MiB, the rest mapped code) |"
+echo "| $((NSN * RULES)) rules, $NSN namespaces, $PODS local pods ($rules_applied nft rules) | full sync ${full} ms | one rule edited ${edit} ms | one pod added ${pod} ms | one namespace replaced ${replace} ms | one node label changed ${label} ms | RSS $((rss / 1024)) MiB (heap $((anon / 1024)) MiB, the rest mapped code) | idle CPU ${idle} % |"

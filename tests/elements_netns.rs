@@ -6,6 +6,7 @@
 //! loaded afresh by `nft` in another, then compared as `nft -j list` shows them. No
 //! `nft` process runs for those deltas; a delta the kernel refuses is retried as a full
 //! replace; a delta larger than the socket's default send buffer is one transaction.
+//! The named counters read over netlink are the ones `nft` lists.
 
 mod netns;
 
@@ -256,4 +257,41 @@ fn a_refused_delta_is_retried_in_full_and_a_large_one_is_one_transaction() {
     assert_eq!(kinds, vec![SyncKind::Full, SyncKind::Full, SyncKind::Partial, SyncKind::Partial, SyncKind::Partial]);
     let listed = ns.exec(&["nft", "list", "map", "inet", "egressd", "fw-pods-v6"]);
     assert_eq!(listed.matches("jump fw-").count(), 20_000, "all 20,000 elements are in the map");
+}
+
+#[test]
+fn named_counters_read_over_netlink_are_what_nft_lists() {
+    netns::require_root();
+    let ns = Netns::new("counters");
+    let t = table(&BTreeMap::from([(1, 0)]), &BTreeMap::new(), &BTreeMap::new(), &[]);
+    let (netlink, cli) = ns.run(move || {
+        let mut over_netlink = NftSyncer::new(NftCli::new("nft"));
+        let mut through_nft = NftSyncer::new(NftCli::new("nft").with_netlink_elements(false));
+        over_netlink.sync(&t).unwrap();
+        through_nft.sync(&t).unwrap();
+        // Counters with packets, and counters of the same names elsewhere: another
+        // family's table of the same name and another inet table.
+        let script = "delete counter inet egressd snoop-over-query\n\
+                      add counter inet egressd snoop-over-query { packets 17 bytes 1200 }\n\
+                      delete counter inet egressd acl-over\n\
+                      add counter inet egressd acl-over { packets 7 bytes 300 }\n\
+                      add table ip egressd\n\
+                      add counter ip egressd snoop-over-query { packets 99 bytes 1 }\n\
+                      add table inet other\n\
+                      add counter inet other acl-over { packets 55 bytes 1 }\n";
+        let mut nft =
+            std::process::Command::new("nft").args(["-f", "-"]).stdin(std::process::Stdio::piped()).spawn().unwrap();
+        std::io::Write::write_all(nft.stdin.as_mut().unwrap(), script.as_bytes()).unwrap();
+        drop(nft.stdin.take());
+        assert!(nft.wait().unwrap().success());
+        let mut netlink = over_netlink.counters().unwrap();
+        let mut cli = through_nft.counters().unwrap();
+        netlink.sort();
+        cli.sort();
+        (netlink, cli)
+    });
+    assert_eq!(netlink, cli, "netlink read vs nft -j list counters");
+    assert_eq!(netlink.len(), 9, "the nine named counters every table declares: {netlink:?}");
+    assert!(netlink.contains(&("snoop-over-query".to_string(), 17)), "{netlink:?}");
+    assert!(netlink.contains(&("acl-over".to_string(), 7)), "{netlink:?}");
 }

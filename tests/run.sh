@@ -27,5 +27,10 @@ command -v kubectl >/dev/null || { echo "tests/run.sh: kubectl is required (the 
 # cached in /var/cache/egressd-kube) and etcd.
 tests/kube/build-apiserver.sh >/dev/null
 
+# Every shell script of the repository parses (the benchmarks are not run here: a
+# missing quote in bench/run.sh once went unnoticed).
+if git rev-parse --git-dir >/dev/null 2>&1; then
+  git ls-files -z | xargs -0 grep -lZ '^#!/usr/bin/env bash' | xargs -0 -r -n1 bash -n
+fi
 cargo test --locked "$@"
 tests/packaging.sh

@@ -390,7 +390,8 @@ struct RunArgs {
     /// How changes that are set and map elements only (pods, DNS answers, EgressIP
     /// members) reach the kernel: `netlink` sends them in-process as one nf_tables
     /// transaction; `nft` runs the nft program for them too (slower at scale: nft reads
-    /// the whole table first). Full replaces and rule changes always go through nft.
+    /// the whole table first). The named counters (read every 5 s) go the same way.
+    /// Full replaces and rule changes always go through nft.
     #[arg(long, env = "EGRESSD_NFT_ELEMENTS", value_enum, default_value = "netlink")]
     nft_elements: NftElements,
     /// Quiet time after a change in the directory before it is applied (milliseconds,

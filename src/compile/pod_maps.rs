@@ -34,8 +34,10 @@ type Patch = Vec<(Text, Option<Text>)>;
 /// the patch that made the current one, then the new patch, and becomes the next
 /// snapshot. Copying the whole map (10k elements) per pod added cost more than the rest
 /// of the compile. Should the old snapshot still be held, writing to it copies it first
-/// (`Arc::make_mut`): slower, never wrong. After a big patch (the first build) nothing
-/// is kept: the next change copies the map once, and the patch is not held twice.
+/// (`Arc::make_mut`): slower, never wrong. A big patch (the first build, a full sync) is
+/// not kept; the spare is then a private copy of the new map, made during that build, so
+/// the first single change after a full sync does not copy the map either (one more map
+/// in memory: 10k elements, ~0.6 MB, no allocation per element).
 #[derive(Debug, Default)]
 struct Buffered {
     current: Elements,
@@ -43,8 +45,9 @@ struct Buffered {
     spare: Option<(Elements, Patch)>,
 }
 
-/// The largest patch [`Buffered`] keeps to replay.
-const KEPT_PATCH: usize = 1024;
+/// The largest patch [`Buffered`] keeps to replay (small in unit tests, so that their
+/// random updates take both ways).
+const KEPT_PATCH: usize = if cfg!(test) { 3 } else { 1024 };
 
 impl Buffered {
     fn apply(&mut self, patch: Patch) {
@@ -62,7 +65,12 @@ impl Buffered {
             };
         }
         let previous = std::mem::replace(&mut self.current, next);
-        self.spare = (patch.len() <= KEPT_PATCH).then_some((previous, patch));
+        self.spare = if patch.len() <= KEPT_PATCH {
+            Some((previous, patch))
+        } else {
+            drop(previous);
+            Some((Elements::from(BTreeMap::clone(&self.current)), Vec::new()))
+        };
     }
 }
 

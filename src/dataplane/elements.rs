@@ -20,7 +20,9 @@ use std::io;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload};
+use netlink_packet_core::{
+    DefaultNla, NLM_F_ACK, NLM_F_CREATE, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload, Nla,
+};
 use netlink_packet_netfilter::nftables::{
     DataAttribute, ListAttribute, NfTablesMessage, SetElementAttribute, SetElementList, SetElementMessage, Verdict,
     VerdictAttribute,
@@ -235,6 +237,62 @@ impl ElementWriter {
         Ok(if exists { found } else { Vec::new() })
     }
 
+    /// The named counters of this table and their packets (a `GETOBJ` dump of counter
+    /// objects; empty when the table does not exist). What the agent reads every few
+    /// seconds: `nft -j list counters` first reads the whole table into its cache
+    /// (0.3 s of CPU and a 76 MB process at 100k rules), this reads the nine counters.
+    pub(crate) fn counters(&mut self) -> io::Result<Vec<(String, u64)>> {
+        const NFTA_OBJ_TABLE: u16 = 1;
+        const NFTA_OBJ_NAME: u16 = 2;
+        const NFTA_OBJ_TYPE: u16 = 3;
+        const NFTA_OBJ_DATA: u16 = 4;
+        const NFTA_COUNTER_PACKETS: u16 = 2;
+        const NFT_OBJECT_COUNTER: u32 = 1;
+        let mut table = self.table.clone().into_bytes();
+        table.push(0);
+        let msg = NfTablesMessage::GetObject(vec![
+            DefaultNla::new(NFTA_OBJ_TABLE, table),
+            DefaultNla::new(NFTA_OBJ_TYPE, NFT_OBJECT_COUNTER.to_be_bytes().to_vec()),
+        ]);
+        let out = self.message(NLM_F_REQUEST | netlink_packet_core::NLM_F_DUMP, msg, 0);
+        self.socket.send(&out, 0)?;
+        let mut found = Vec::new();
+        super::recv_until(&self.socket, &mut self.buf, |msg| match msg.payload {
+            NetlinkPayload::Done(_) => Some(Ok(())),
+            NetlinkPayload::Error(e) => Some(super::ack(e.code).map(|_| ())),
+            NetlinkPayload::InnerMessage(NetfilterMessage {
+                inner: netlink_packet_netfilter::NetfilterMessageInner::NfTables(NfTablesMessage::NewObject(attrs)),
+                ..
+            }) => {
+                let (mut name, mut packets) = (None, None);
+                for a in &attrs {
+                    let value = nla_value(a);
+                    match a.kind() & NLA_TYPE_MASK {
+                        NFTA_OBJ_NAME => {
+                            name = Some(
+                                String::from_utf8_lossy(value.split(|b| *b == 0).next().unwrap_or_default())
+                                    .into_owned(),
+                            )
+                        }
+                        NFTA_OBJ_DATA => {
+                            packets = netlink_packet_core::NlasIterator::new(&value[..])
+                                .filter_map(Result::ok)
+                                .find(|n| n.kind() & NLA_TYPE_MASK == NFTA_COUNTER_PACKETS)
+                                .and_then(|n| Some(u64::from_be_bytes(n.value().try_into().ok()?)));
+                        }
+                        _ => {}
+                    }
+                }
+                if let (Some(name), Some(packets)) = (name, packets) {
+                    found.push((name, packets));
+                }
+                None
+            }
+            _ => None,
+        })?;
+        Ok(found)
+    }
+
     /// Add `elements`: in one transaction when they fit ([`ELEMENTS_PER_MESSAGE`] per
     /// message, [`BATCH_BYTES`] per transaction), else in as many as needed. Replies
     /// are matched to messages by sequence number. On an error (an unknown set, a full
@@ -297,6 +355,16 @@ impl ElementWriter {
         }
         error.map_or(Ok(()), Err)
     }
+}
+
+/// An attribute's type without the nested and byte-order flags.
+const NLA_TYPE_MASK: u16 = !(netlink_packet_core::NLA_F_NESTED | netlink_packet_core::NLA_F_NET_BYTEORDER);
+
+/// The value bytes of a parsed attribute.
+fn nla_value(nla: &DefaultNla) -> Vec<u8> {
+    let mut value = vec![0; nla.value_len()];
+    nla.emit_value(&mut value);
+    value
 }
 
 /// Most elements in one `NEWSETELEM` message: its element list is one netlink attribute
