@@ -6,7 +6,7 @@
 //! loaded afresh by `nft` in another, then compared as `nft -j list` shows them. No
 //! `nft` process runs for those deltas; a delta the kernel refuses is retried as a full
 //! replace; a delta larger than the socket's default send buffer is one transaction.
-//! The named counters read over netlink are the ones `nft` lists.
+//! The named counters and the rule counters read over netlink are the ones `nft` lists.
 
 mod netns;
 
@@ -294,4 +294,57 @@ fn named_counters_read_over_netlink_are_what_nft_lists() {
     assert_eq!(netlink.len(), 9, "the nine named counters every table declares: {netlink:?}");
     assert!(netlink.contains(&("snoop-over-query".to_string(), 17)), "{netlink:?}");
     assert!(netlink.contains(&("acl-over".to_string(), 7)), "{netlink:?}");
+}
+
+#[test]
+fn rule_counters_read_over_netlink_are_what_nft_lists() {
+    use egressd::dataplane::rule_counters::{read, read_with_nft};
+    netns::require_root();
+    let ns = Netns::new("rules");
+    // Rules as the compiler writes them (a named counter reference, then the rule's own
+    // counter), with counts; rules without an `egress[…]` comment are not policy rules.
+    let script = r#"table inet egressd {
+        counter fw-allow { }
+        counter acl-over { }
+        chain fw-a {
+            ip daddr 192.0.2.0/24 counter name "fw-allow" counter packets 3 bytes 180 accept comment "egress[0]"
+            ip daddr 192.0.2.1 limit rate 10/second log prefix "acl a 1 " group 3 counter name "acl-over"
+            ip daddr 198.51.100.0/24 counter packets 2 bytes 120 drop comment "egress[1]"
+            ip6 daddr 2001:db8::/32 counter packets 5 bytes 400 drop comment "egress[1]"
+            ip daddr 203.0.113.0/24 meta l4proto . th dport { tcp . 443, udp . 53 } counter packets 4 bytes 40 accept comment "egress[2..5]"
+            ip daddr 203.0.113.7 counter packets 9 bytes 9
+        }
+        chain qos-a {
+            ip daddr 192.0.2.0/24 ip dscp set 46 counter packets 1 bytes 60 return comment "egress[0]"
+        }
+        chain fw-b {
+            ip daddr 192.0.2.9 counter packets 6 bytes 6 accept comment "egress[7]"
+        }
+    }
+    table inet other {
+        chain fw-a {
+            ip daddr 192.0.2.0/24 counter packets 99 bytes 99 accept comment "egress[0]"
+        }
+    }"#;
+    let got = ns.run(move || {
+        let mut nft =
+            std::process::Command::new("nft").args(["-f", "-"]).stdin(std::process::Stdio::piped()).spawn().unwrap();
+        std::io::Write::write_all(nft.stdin.as_mut().unwrap(), script.as_bytes()).unwrap();
+        drop(nft.stdin.take());
+        assert!(nft.wait().unwrap().success());
+        let nft = std::path::Path::new("nft");
+        [None, Some("fw-a"), Some("fw-gone")]
+            .map(|chain| (read(nft, "egressd", chain).unwrap(), read_with_nft(nft, "egressd", chain).unwrap()))
+    });
+    for (netlink, cli) in &got {
+        assert_eq!(netlink, cli, "netlink read vs nft -j list");
+    }
+    let fw_a: Vec<_> =
+        got[1].0.iter().map(|c| (c.chain.as_str(), c.index, c.last, c.verdict.as_str(), c.packets, c.bytes)).collect();
+    assert_eq!(
+        fw_a,
+        [("fw-a", 0, 0, "accept", 3, 180), ("fw-a", 1, 1, "drop", 7, 520), ("fw-a", 2, 5, "accept", 4, 40)]
+    );
+    assert_eq!(got[0].0.len(), 5, "the whole table: fw-a, qos-a and fw-b: {:?}", got[0].0);
+    assert!(got[2].0.is_empty());
 }

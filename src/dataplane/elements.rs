@@ -24,8 +24,8 @@ use netlink_packet_core::{
     DefaultNla, NLM_F_ACK, NLM_F_CREATE, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload, Nla,
 };
 use netlink_packet_netfilter::nftables::{
-    DataAttribute, ListAttribute, NfTablesMessage, SetElementAttribute, SetElementList, SetElementMessage, Verdict,
-    VerdictAttribute,
+    DataAttribute, ExpressionAttribute, Expressions, Immediate, ListAttribute, NfTablesMessage, RuleAttribute,
+    RuleMessage, SetElementAttribute, SetElementList, SetElementMessage, Verdict, VerdictAttribute,
 };
 use netlink_packet_netfilter::none::ControlMessage;
 use netlink_packet_netfilter::{NetfilterHeader, NetfilterMessage, NetfilterProtoFamily};
@@ -219,22 +219,13 @@ impl ElementWriter {
         let msg = NfTablesMessage::GetSetElement(SetElementMessage {
             attributes: vec![SetElementList::Table(self.table.clone()), SetElementList::Set(set.to_string())],
         });
-        let out = self.message(NLM_F_REQUEST | netlink_packet_core::NLM_F_DUMP, msg, 0);
-        self.socket.send(&out, 0)?;
-        let mut found = Vec::new();
-        let exists = super::recv_until(&self.socket, &mut self.buf, |msg| match msg.payload {
-            NetlinkPayload::Done(_) => Some(Ok(true)),
-            NetlinkPayload::Error(e) => Some(super::ack(e.code)),
-            NetlinkPayload::InnerMessage(NetfilterMessage {
-                inner: netlink_packet_netfilter::NetfilterMessageInner::NfTables(NfTablesMessage::NewSetElement(m)),
-                ..
-            }) => {
-                found.extend(m.attributes.into_iter().flat_map(elements_left));
-                None
+        let lists = self.dump_each(msg, |m| match m {
+            NfTablesMessage::NewSetElement(m) => {
+                Some(m.attributes.into_iter().flat_map(elements_left).collect::<Vec<_>>())
             }
             _ => None,
         })?;
-        Ok(if exists { found } else { Vec::new() })
+        Ok(lists.into_iter().flatten().collect())
     }
 
     /// The named counters of this table and their packets (a `GETOBJ` dump of counter
@@ -243,10 +234,7 @@ impl ElementWriter {
     /// (0.3 s of CPU and a 76 MB process at 100k rules), this reads the nine counters.
     pub(crate) fn counters(&mut self) -> io::Result<Vec<(String, u64)>> {
         const NFTA_OBJ_TABLE: u16 = 1;
-        const NFTA_OBJ_NAME: u16 = 2;
         const NFTA_OBJ_TYPE: u16 = 3;
-        const NFTA_OBJ_DATA: u16 = 4;
-        const NFTA_COUNTER_PACKETS: u16 = 2;
         const NFT_OBJECT_COUNTER: u32 = 1;
         let mut table = self.table.clone().into_bytes();
         table.push(0);
@@ -254,6 +242,33 @@ impl ElementWriter {
             DefaultNla::new(NFTA_OBJ_TABLE, table),
             DefaultNla::new(NFTA_OBJ_TYPE, NFT_OBJECT_COUNTER.to_be_bytes().to_vec()),
         ]);
+        self.dump_each(msg, |m| match m {
+            NfTablesMessage::NewObject(attrs) => counter_read(&attrs),
+            _ => None,
+        })
+    }
+
+    /// Every rule of this table, or of its chain `chain`, as counted: chain, comment,
+    /// the packets and bytes of its anonymous counters, its verdict (a `GETRULE` dump;
+    /// nothing when the table or chain does not exist). `nft -j list chain` read the
+    /// whole table first, for every chain asked for.
+    pub(crate) fn rules(&mut self, chain: Option<&str>) -> io::Result<Vec<super::rule_counters::RuleRead>> {
+        let mut attributes = vec![RuleAttribute::Table(self.table.clone())];
+        attributes.extend(chain.map(|c| RuleAttribute::Chain(c.to_string())));
+        let msg = NfTablesMessage::GetRule(RuleMessage { attributes });
+        self.dump_each(msg, |m| match m {
+            NfTablesMessage::NewRule(m) => Some(rule_read(m)),
+            _ => None,
+        })
+    }
+
+    /// Send `msg` as a dump request and collect what `each` makes of every message of
+    /// the reply (nothing when what it names does not exist).
+    fn dump_each<T>(
+        &mut self,
+        msg: NfTablesMessage,
+        mut each: impl FnMut(NfTablesMessage) -> Option<T>,
+    ) -> io::Result<Vec<T>> {
         let out = self.message(NLM_F_REQUEST | netlink_packet_core::NLM_F_DUMP, msg, 0);
         self.socket.send(&out, 0)?;
         let mut found = Vec::new();
@@ -261,31 +276,10 @@ impl ElementWriter {
             NetlinkPayload::Done(_) => Some(Ok(())),
             NetlinkPayload::Error(e) => Some(super::ack(e.code).map(|_| ())),
             NetlinkPayload::InnerMessage(NetfilterMessage {
-                inner: netlink_packet_netfilter::NetfilterMessageInner::NfTables(NfTablesMessage::NewObject(attrs)),
+                inner: netlink_packet_netfilter::NetfilterMessageInner::NfTables(m),
                 ..
             }) => {
-                let (mut name, mut packets) = (None, None);
-                for a in &attrs {
-                    let value = nla_value(a);
-                    match a.kind() & NLA_TYPE_MASK {
-                        NFTA_OBJ_NAME => {
-                            name = Some(
-                                String::from_utf8_lossy(value.split(|b| *b == 0).next().unwrap_or_default())
-                                    .into_owned(),
-                            )
-                        }
-                        NFTA_OBJ_DATA => {
-                            packets = netlink_packet_core::NlasIterator::new(&value[..])
-                                .filter_map(Result::ok)
-                                .find(|n| n.kind() & NLA_TYPE_MASK == NFTA_COUNTER_PACKETS)
-                                .and_then(|n| Some(u64::from_be_bytes(n.value().try_into().ok()?)));
-                        }
-                        _ => {}
-                    }
-                }
-                if let (Some(name), Some(packets)) = (name, packets) {
-                    found.push((name, packets));
-                }
+                found.extend(each(m));
                 None
             }
             _ => None,
@@ -355,6 +349,97 @@ impl ElementWriter {
         }
         error.map_or(Ok(()), Err)
     }
+}
+
+/// A counter object as [`ElementWriter::counters`] reports it: name and packets.
+fn counter_read(attrs: &[DefaultNla]) -> Option<(String, u64)> {
+    const NFTA_OBJ_NAME: u16 = 2;
+    const NFTA_OBJ_DATA: u16 = 4;
+    const NFTA_COUNTER_PACKETS: u16 = 2;
+    let (mut name, mut packets) = (None, None);
+    for a in attrs {
+        let value = nla_value(a);
+        match a.kind() & NLA_TYPE_MASK {
+            NFTA_OBJ_NAME => {
+                name = Some(String::from_utf8_lossy(value.split(|b| *b == 0).next().unwrap_or_default()).into_owned())
+            }
+            NFTA_OBJ_DATA => {
+                packets = netlink_packet_core::NlasIterator::new(&value[..])
+                    .filter_map(Result::ok)
+                    .find(|n| n.kind() & NLA_TYPE_MASK == NFTA_COUNTER_PACKETS)
+                    .and_then(|n| Some(u64::from_be_bytes(n.value().try_into().ok()?)));
+            }
+            _ => {}
+        }
+    }
+    Some((name?, packets?))
+}
+
+/// A rule as [`ElementWriter::rules`] reports it.
+fn rule_read(m: RuleMessage) -> super::rule_counters::RuleRead {
+    const NFTA_COUNTER_BYTES: u16 = 1;
+    const NFTA_COUNTER_PACKETS: u16 = 2;
+    /// `NFTNL_UDATA_RULE_COMMENT`: the comment in the rule's user data (type, length,
+    /// value records).
+    const COMMENT: u8 = 0;
+    let mut rule = super::rule_counters::RuleRead::default();
+    for attribute in m.attributes {
+        match attribute {
+            RuleAttribute::Chain(chain) => rule.chain = chain,
+            RuleAttribute::UserData(data) => {
+                let mut rest = &data[..];
+                while let [kind, len, tail @ ..] = rest {
+                    let Some(value) = tail.get(..usize::from(*len)) else { break };
+                    if *kind == COMMENT {
+                        let text = value.split(|b| *b == 0).next().unwrap_or_default();
+                        rule.comment = Some(String::from_utf8_lossy(text).into_owned());
+                    }
+                    rest = &tail[usize::from(*len)..];
+                }
+            }
+            RuleAttribute::Expressions(list) => {
+                for part in list.into_iter().filter_map(|l| match l {
+                    ListAttribute::Element(attrs) => Some(attrs),
+                    _ => None,
+                }) {
+                    let Some(data) = part.into_iter().find_map(|a| match a {
+                        ExpressionAttribute::Data(d) => Some(d),
+                        _ => None,
+                    }) else {
+                        continue;
+                    };
+                    match data {
+                        Expressions::Other { expression_type, attributes } if expression_type == "counter" => {
+                            for a in &attributes {
+                                let Ok(value) = <[u8; 8]>::try_from(nla_value(a).as_slice()) else { continue };
+                                match a.kind() & NLA_TYPE_MASK {
+                                    NFTA_COUNTER_PACKETS => rule.packets += u64::from_be_bytes(value),
+                                    NFTA_COUNTER_BYTES => rule.bytes += u64::from_be_bytes(value),
+                                    _ => {}
+                                }
+                            }
+                        }
+                        Expressions::Immediate(attrs) => {
+                            for a in attrs {
+                                let Immediate::Data(DataAttribute::Verdict(v)) = a else { continue };
+                                for code in v {
+                                    rule.verdict = match code {
+                                        VerdictAttribute::Code(Verdict::Other(1)) => "accept",
+                                        VerdictAttribute::Code(Verdict::Other(0)) => "drop",
+                                        VerdictAttribute::Code(Verdict::Return) => "return",
+                                        _ => continue,
+                                    };
+                                }
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    rule
 }
 
 /// An attribute's type without the nested and byte-order flags.
