@@ -346,7 +346,9 @@ pub(crate) struct FirewallCache {
     chains: ChainCache,
     pods: super::pod_maps::PodMaps,
     /// What the pod maps were last made from: the pods' stamp and the namespaces with a
-    /// policy. The same again, the maps are too, without a walk over every pod.
+    /// policy. The same again, the maps are too, without a walk over every pod; with the
+    /// same namespaces, only the addresses the pods' journal lists since that stamp are
+    /// looked at.
     pods_from: Option<(u64, Vec<String>)>,
 }
 
@@ -419,15 +421,35 @@ pub(super) fn compile(
     let policed: Vec<&str> =
         view.firewalls.iter().filter(|(_, e)| e.policy.is_some()).map(|(ns, _)| ns.as_str()).collect();
     let stamp = view.pods.stamp();
-    let (v4, v6) = match &cache.pods_from {
-        Some((s, p)) if *s == stamp && p.iter().map(String::as_str).eq(policed.iter().copied()) => cache.pods.maps(),
-        _ => {
+    let jump = |ns: &str| format_compact!("jump {}", chain_name("fw", ns));
+    // With the same policed namespaces, only the addresses the pod changes since the
+    // last compile touched can differ (none: the maps as they are); else every owner.
+    let touched = match &cache.pods_from {
+        Some((s, p)) if p.iter().map(String::as_str).eq(policed.iter().copied()) => view.pods.touched_since(*s),
+        _ => None,
+    };
+    let (v4, v6) = match touched {
+        Some(touched) if touched.is_empty() => cache.pods.maps(),
+        Some(touched) => {
+            let wanted = touched.into_iter().map(|ip| {
+                let pod = owners
+                    .get(&ip)
+                    .filter(|pod| policed.binary_search(&pod.namespace.as_str()).is_ok() && node.is_local(pod));
+                (ip, pod.map(|pod| pod.namespace.as_str()))
+            });
+            let maps = cache.pods.patch(wanted, jump);
+            if let Some((s, _)) = &mut cache.pods_from {
+                *s = stamp;
+            }
+            maps
+        }
+        None => {
             let lookup: std::collections::HashSet<&str> = policed.iter().copied().collect();
             let wanted = owners
                 .iter()
                 .filter(|(_, pod)| lookup.contains(pod.namespace.as_str()) && node.is_local(pod))
                 .map(|(ip, pod)| (*ip, pod.namespace.as_str()));
-            let maps = cache.pods.update(wanted, |ns| format_compact!("jump {}", chain_name("fw", ns)));
+            let maps = cache.pods.update(wanted, jump);
             cache.pods_from = Some((stamp, policed.iter().map(|ns| ns.to_string()).collect()));
             maps
         }

@@ -107,6 +107,37 @@ impl PodMaps {
             }
         }
         gone.extend(old.map(|(ip, _)| *ip));
+        self.write(gone, set, value)
+    }
+
+    /// Make the elements of the addresses `touched` hold what it says for each (its
+    /// owner, or `None`: no element), leaving every other address as it is: the update
+    /// when the caller knows which addresses may have changed (the view's journal,
+    /// [`crate::view::pods::Pods::touched_since`]), without a walk over all of them.
+    pub(crate) fn patch<'a>(
+        &mut self,
+        touched: impl IntoIterator<Item = (IpAddr, Option<&'a str>)>,
+        value: impl Fn(&str) -> Text,
+    ) -> (Elements, Elements) {
+        let (mut gone, mut set) = (Vec::new(), Vec::new());
+        for (ip, owner) in touched {
+            match (self.by_ip.get(&ip), owner) {
+                (Some(_), None) => gone.push(ip),
+                (Some(had), Some(owner)) if had.as_str() == owner => {}
+                (_, Some(owner)) => set.push((ip, owner)),
+                (None, None) => {}
+            }
+        }
+        self.write(gone, set, value)
+    }
+
+    /// Remove the elements of `gone`, set those of `set`.
+    fn write(
+        &mut self,
+        gone: Vec<IpAddr>,
+        set: Vec<(IpAddr, &str)>,
+        value: impl Fn(&str) -> Text,
+    ) -> (Elements, Elements) {
         let mut patches: [Patch; 2] = Default::default();
         for ip in gone {
             if let Some(owner) = self.by_ip.remove(&ip) {
@@ -174,15 +205,33 @@ mod tests {
     }
 
     proptest! {
-        /// Any sequence of wanted maps: after each update the maps are exactly what a
-        /// fresh build gives, and every map handed out earlier and still held is as it
+        /// Any sequence of wanted maps, each given whole or as the addresses that changed:
+        /// after each update the maps are exactly what a fresh build gives, and every map handed out earlier and still held is as it
         /// was (whether the caller dropped the previous ones or kept them).
         #[test]
-        fn patched_maps_equal_fresh_ones(steps in proptest::collection::vec((wanted(), any::<bool>()), 1..12)) {
+        fn patched_maps_equal_fresh_ones(
+            steps in proptest::collection::vec((wanted(), any::<bool>(), 0u8..3), 1..12),
+        ) {
             let mut maps = PodMaps::default();
             let mut held = Vec::new();
-            for (w, keep) in &steps {
-                let (v4, v6) = maps.update(w.iter().map(|(ip, o)| (*ip, o.as_str())), |o| format!("jump fw-{o}").into());
+            let mut before = BTreeMap::new();
+            for (w, keep, how) in &steps {
+                let value = |o: &str| format!("jump fw-{o}").into();
+                let (v4, v6) = match how {
+                    // Every wanted address at once.
+                    0 => maps.update(w.iter().map(|(ip, o)| (*ip, o.as_str())), value),
+                    // Only the addresses that changed, or (2) every address either had.
+                    _ => {
+                        let touched: std::collections::BTreeSet<IpAddr> = before
+                            .keys()
+                            .chain(w.keys())
+                            .filter(|ip| *how == 2 || before.get(*ip) != w.get(*ip))
+                            .copied()
+                            .collect();
+                        maps.patch(touched.into_iter().map(|ip| (ip, w.get(&ip).map(String::as_str))), value)
+                    }
+                };
+                before = w.clone();
                 let (f4, f6) = fresh(w);
                 prop_assert_eq!(&*v4, &f4);
                 prop_assert_eq!(&*v6, &f6);

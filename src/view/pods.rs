@@ -29,7 +29,45 @@ pub struct Pods {
     /// Every claim of an address claimed more than once, winner first.
     contested: BTreeMap<IpAddr, Vec<Arc<PodInfo>>>,
     stamp: Stamp,
+    /// The addresses each recent change touched, for [`Pods::touched_since`].
+    journal: Journal,
 }
+
+/// The addresses recent changes touched (all addresses of the pod before and after the
+/// change: a superset of the addresses whose owner changed), each change under the
+/// stamp it gave, after `base`, the stamp they start from. Bounded: when it is full, the
+/// oldest changes are dropped and `base` moves on. Not part of equality.
+#[derive(Debug, Clone, Default)]
+struct Journal {
+    base: u64,
+    changes: std::collections::VecDeque<(u64, Vec<IpAddr>)>,
+    addresses: usize,
+}
+
+/// The most changes, and addresses, the journal keeps (a caller further behind walks
+/// all owners).
+const JOURNAL_CHANGES: usize = 1024;
+const JOURNAL_ADDRESSES: usize = 4096;
+
+impl Journal {
+    fn push(&mut self, stamp: u64, touched: Vec<IpAddr>) {
+        self.addresses += touched.len();
+        self.changes.push_back((stamp, touched));
+        while self.changes.len() > JOURNAL_CHANGES || self.addresses > JOURNAL_ADDRESSES {
+            let Some((dropped, ips)) = self.changes.pop_front() else { break };
+            self.base = dropped;
+            self.addresses -= ips.len();
+        }
+    }
+}
+
+impl PartialEq for Journal {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Journal {}
 
 /// Changes with every change of the pods, and is never the same for two different sets
 /// of pods (numbers come from one process-wide counter; a clone keeps its original's
@@ -68,16 +106,33 @@ impl Pods {
         if self.by_key.get(&key).map(|p| &**p) == pod.as_ref() {
             return false;
         }
+        let mut touched: Vec<IpAddr> = Vec::new();
         if let Some(old) = self.by_key.remove(&key) {
             self.unclaim(&old);
+            touched.extend(&old.ips);
         }
         if let Some(pod) = pod {
             let pod = Arc::new(pod);
             self.claim(&pod);
+            touched.extend(&pod.ips);
             self.by_key.insert(key, pod);
         }
         self.stamp = Stamp(NEXT_STAMP.fetch_add(1, Ordering::Relaxed));
+        self.journal.push(self.stamp.0, touched);
         true
+    }
+
+    /// The addresses touched since the pods had stamp `since` (every address whose owner
+    /// may differ from then), or `None` when that is not known (a stamp these pods never
+    /// had, or too far back): then look at all owners.
+    pub(crate) fn touched_since(&self, since: u64) -> Option<std::collections::BTreeSet<IpAddr>> {
+        if since == self.stamp.0 {
+            return Some(Default::default());
+        }
+        let known = since == self.journal.base || self.journal.changes.iter().any(|(s, _)| *s == since);
+        known.then(|| {
+            self.journal.changes.iter().filter(|(s, _)| *s > since).flat_map(|(_, ips)| ips.iter().copied()).collect()
+        })
     }
 
     /// Add `pod` (unless `key` has one already); returns whether it was added.
@@ -215,6 +270,7 @@ mod tests {
         #[test]
         fn kept_owners_equal_the_rule_from_scratch(steps in proptest::collection::vec(pod(), 1..30)) {
             let mut pods = Pods::default();
+            let mut history: Vec<(u64, Owners)> = vec![(pods.stamp(), pods.owners().clone())];
             for (key, info) in steps {
                 let before = (pods.by_key.clone(), pods.stamp());
                 let changed = pods.set(key, info);
@@ -229,7 +285,51 @@ mod tests {
                     prop_assert!(owner.ips.contains(ip) && owner.counts());
                     prop_assert!(Arc::ptr_eq(owner, &pods.by_key[&(owner.namespace.clone(), owner.name.clone())]));
                 }
+                // From every earlier state: each address whose owner is not the same
+                // (another pod, or the pod changed) was touched since.
+                history.push((pods.stamp(), pods.owners().clone()));
+                for (stamp, then) in &history {
+                    let touched = pods.touched_since(*stamp);
+                    prop_assert!(touched.is_some(), "stamp {} of this history is known", stamp);
+                    let touched = touched.unwrap_or_default();
+                    for ip in then.keys().chain(pods.owners().keys()) {
+                        let same = match (then.get(ip), pods.owners().get(ip)) {
+                            (Some(a), Some(b)) => a == b,
+                            (None, None) => true,
+                            _ => false,
+                        };
+                        prop_assert!(same || touched.contains(ip), "{} changed owner after {} but is not listed", ip, stamp);
+                    }
+                }
+                prop_assert!(pods.touched_since(pods.stamp()).is_some_and(|t| t.is_empty()));
             }
         }
+    }
+
+    #[test]
+    fn the_journal_is_bounded_and_says_when_it_does_not_reach_back() {
+        let mut pods = Pods::default();
+        let first = pods.stamp();
+        let mut stamps = Vec::new();
+        for i in 0..(JOURNAL_CHANGES as u32 + 10) {
+            let ip = IpAddr::from((0xc612_0000u32 + i).to_be_bytes());
+            let info = PodInfo {
+                namespace: "a".into(),
+                name: format!("p{i}"),
+                labels: BTreeMap::new(),
+                node: Some("n1".into()),
+                host_network: false,
+                phase: Some("Running".into()),
+                ips: vec![ip],
+                created: None,
+            };
+            assert!(pods.set(("a".into(), format!("p{i}")), Some(info)));
+            stamps.push(pods.stamp());
+        }
+        assert!(pods.journal.changes.len() <= JOURNAL_CHANGES && pods.journal.addresses <= JOURNAL_ADDRESSES);
+        assert_eq!(pods.touched_since(first), None, "too far back");
+        assert_eq!(pods.touched_since(u64::MAX), None, "never these pods' stamp");
+        let recent = stamps[stamps.len() - 3];
+        assert_eq!(pods.touched_since(recent).map(|t| t.len()), Some(2));
     }
 }
