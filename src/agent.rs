@@ -440,6 +440,10 @@ pub struct Agent<S, B, K> {
     /// The kernel counters as last read (named counters, and per-namespace sums).
     copy_counts: std::collections::HashMap<String, u64>,
     last_links: Option<HostLinks>,
+    /// When held-back egress IPs were last probed again from the run loop: the next
+    /// probe waits at least [`REPROBE_GAP`] even when a probe could not run (links
+    /// unreadable, or no EgressIP left), so the loop never spins.
+    reprobed: tokio::time::Instant,
     /// The ACL logging listener.
     acl: Option<crate::dataplane::acl_log::AclHandle>,
     /// Changes made by someone else to what egressd owns.
@@ -552,6 +556,7 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
             problems: Vec::new(),
             refreshed: Default::default(),
             last_links,
+            reprobed: tokio::time::Instant::now(),
             drift,
             drift_replaces: Default::default(),
             queries,
@@ -870,6 +875,11 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
             // A failed sync is retried at every wake.
             let mut changed = self.last_result.is_err();
             let mut attempted = Vec::new();
+            let reprobe = self
+                .net
+                .as_ref()
+                .and_then(Netlink::next_reprobe)
+                .map(|due| tokio::time::Instant::from_std(due).max(self.reprobed + REPROBE_GAP));
             tokio::select! {
                 _ = &mut shutdown => break,
                 c = self.source.next_change() => changed |= self.on_change(c),
@@ -884,9 +894,13 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
                     let _ = reply.send(self.explain(&query));
                 }
                 // An address another host answered for is probed again soon, so it is
-                // taken within seconds once that host lets go.
-                _ = tokio::time::sleep(crate::dataplane::netlink::REPROBE),
-                    if self.net.as_ref().is_some_and(Netlink::has_conflicts) => changed |= self.check_net().await,
+                // taken within seconds once that host lets go (a deadline, not a sleep
+                // restarted at every wake: other events must not postpone it).
+                _ = tokio::time::sleep_until(reprobe.unwrap_or_else(tokio::time::Instant::now)),
+                    if reprobe.is_some() => {
+                    self.reprobed = tokio::time::Instant::now();
+                    changed |= self.check_net().await;
+                }
             }
             if changed {
                 self.apply().await;
@@ -917,6 +931,9 @@ async fn next_query(
 
 /// How often the snooping rate limits' counters are read.
 const COUNTERS_EVERY: Duration = Duration::from_secs(5);
+
+/// The shortest gap between two probes of held-back egress IPs from the run loop.
+const REPROBE_GAP: Duration = Duration::from_millis(500);
 
 /// At most this many full replaces because of drift ...
 const DRIFT_LIMIT: usize = 5;

@@ -209,7 +209,11 @@ fn restart_keeps_connections_and_removes_stale_state() {
     // B (stopped, then restarted) held the address until its restart removed it: C's
     // duplicate address probe found it in use, and C takes it at a later probe (every
     // 2 s while a conflict lasts).
-    assert!(wait_for(Duration::from_secs(8), || c.has_addr(2, EIP_B)).is_some(), "C hosts after the move");
+    assert!(
+        wait_for(Duration::from_secs(8), || c.has_addr(2, EIP_B)).is_some(),
+        "C hosts after the move\n{}",
+        c.logs()
+    );
     c.nodes[2].ns.ip(&["addr", "add", "198.19.0.201/32", "dev", "eth0"]);
     for n in [0, 1, 2] {
         c.nodes[n].agent.take().map(|mut a| a.stop());

@@ -259,9 +259,12 @@ impl Netlink {
         self.sync(desired).await
     }
 
-    /// Whether some egress IP is held back because another host answered for it.
-    pub(crate) fn has_conflicts(&self) -> bool {
-        self.conflicts.lock().is_ok_and(|c| !c.is_empty())
+    /// When the earliest held-back address is due to be probed again ([`REPROBE`] after
+    /// its last probe); `None` without conflicts. An absolute time, so that the agent's
+    /// other wake-ups do not push it back.
+    pub(crate) fn next_reprobe(&self) -> Option<std::time::Instant> {
+        let conflicts = self.conflicts.lock().ok()?;
+        conflicts.values().map(|c| c.probed + REPROBE).min()
     }
 
     /// The conflicts, each probed again once [`REPROBE`] has passed: an address nobody
