@@ -67,7 +67,8 @@ fn pod() -> impl Strategy<Value = String> {
         pick(&["a", "b"]),
         pick(&["{app: web}", "{app: db}", "{}"]),
         pick(&["n1", "n2"]),
-        proptest::sample::subsequence(vec!["198.18.1.1", "198.18.1.2", "198.18.1.3", "2001:db8:1::1"], 0..=2),
+        // 198.19.1.1 is outside the cluster ranges (a warning).
+        proptest::sample::subsequence(vec!["198.18.1.1", "198.18.1.2", "198.18.1.3", "2001:db8:1::1", "198.19.1.1"], 0..=2),
         pick(&["Running", "Running", "Succeeded"]),
         prop_oneof![9 => Just(false), 1 => Just(true)],
         0i64..3,

@@ -313,6 +313,16 @@ pub(crate) struct LogSpec {
 }
 
 impl LogSpec {
+    /// Whether `LogSpec::of(policy, view)` would be `self` (without making it).
+    fn is(&self, policy: &FirewallPolicy, view: &ClusterView) -> bool {
+        let logging =
+            view.namespaces.get(&policy.namespace).and_then(|n| n.acl_logging.as_ref()).and_then(|l| l.as_ref().ok());
+        self.namespace == policy.namespace
+            && self.audit == policy.audit
+            && self.allow.as_ref() == logging.and_then(|l| l.allow.as_ref())
+            && self.deny.as_ref() == logging.and_then(|l| l.deny.as_ref())
+    }
+
     fn of(policy: &FirewallPolicy, view: &ClusterView) -> Self {
         let logging = view.namespaces.get(&policy.namespace).and_then(|n| n.acl_logging.clone()).and_then(Result::ok);
         Self {
@@ -333,11 +343,22 @@ struct Compiled {
     errors: Vec<String>,
 }
 
+/// A namespace chain of the previous compile, with what it was made from.
+#[derive(Debug)]
+struct Cached {
+    /// The policy: the view's shared copy, so that an unchanged policy is recognised by
+    /// a pointer comparison.
+    policy: std::sync::Arc<FirewallPolicy>,
+    log: LogSpec,
+    compiled: Compiled,
+    /// The positions of the policy's `dnsName` rules (their sets are rebuilt from the
+    /// current answers at every compile): no walk over the rules when nothing changed.
+    dns_rules: Vec<usize>,
+}
+
 /// Compiled namespace chains of the previous compile, by namespace: reused when the
 /// policy is equal (and has no nodeSelector rule, whose addresses come from the nodes).
-/// The policy is the view's shared copy: unchanged, it is the same allocation, and the
-/// comparison costs a pointer.
-type ChainCache = std::collections::HashMap<String, (std::sync::Arc<FirewallPolicy>, LogSpec, Compiled)>;
+type ChainCache = std::collections::HashMap<String, Cached>;
 
 /// What the firewall reuses from the previous compile: namespace chains, and the pod
 /// verdict maps (patched per changed pod, [`super::pod_maps`]).
@@ -358,23 +379,35 @@ fn namespace_chain(
     table: &mut Table,
     cache: &mut ChainCache,
 ) -> Compiled {
-    let cacheable = !policy.rules.iter().any(|r| matches!(r.target, Target::Nodes(_)));
-    let log = LogSpec::of(policy, ctx.view);
-    if cacheable
-        && let Some((cached, cached_log, compiled)) = cache.get(&policy.namespace)
-        && (std::sync::Arc::ptr_eq(cached, policy) || cached == policy)
-        && *cached_log == log
-    {
-        // The chain text is the same; the DNS sets it references are rebuilt from the
-        // current answers.
-        for rule in &policy.rules {
-            if let Target::Dns(name) = &rule.target
+    // The DNS sets a cached chain references are rebuilt from the current answers.
+    let reuse = |cached: &Cached, table: &mut Table| {
+        for &i in &cached.dns_rules {
+            if let Some(Target::Dns(name)) = policy.rules.get(i).map(|r| &r.target)
                 && (!name.wildcard || ctx.node.snoop.is_some())
             {
                 dns_sets(ctx, name, table);
             }
         }
-        return compiled.clone();
+        cached.compiled.clone()
+    };
+    // The same version as last time (only chains that read nothing but their policy and
+    // the namespace's logging settings are cached): no look at its rules.
+    if let Some(cached) = cache.get(&policy.namespace)
+        && std::sync::Arc::ptr_eq(&cached.policy, policy)
+        && cached.log.is(policy, ctx.view)
+    {
+        return reuse(cached, table);
+    }
+    let cacheable = !policy.rules.iter().any(|r| matches!(r.target, Target::Nodes(_)));
+    let log = LogSpec::of(policy, ctx.view);
+    if cacheable
+        && let Some(cached) = cache.get_mut(&policy.namespace)
+        && *cached.policy == **policy
+        && cached.log == log
+    {
+        // An equal copy (the object written again unchanged): kept for the next time.
+        cached.policy = policy.clone();
+        return reuse(cached, table);
     }
     let name = chain_name("fw", &policy.namespace);
     let mut rules = Vec::new();
@@ -400,7 +433,10 @@ fn namespace_chain(
     rules.extend(run_statements(&pending, &name, &mut sets));
     let compiled = Compiled { chain: Chain::regular(rules), sets, errors };
     if cacheable {
-        cache.insert(policy.namespace.clone(), (policy.clone(), log, compiled.clone()));
+        let dns_rules =
+            policy.rules.iter().enumerate().filter(|(_, r)| matches!(r.target, Target::Dns(_))).map(|(i, _)| i);
+        let cached = Cached { policy: policy.clone(), log, compiled: compiled.clone(), dns_rules: dns_rules.collect() };
+        cache.insert(policy.namespace.clone(), cached);
     }
     compiled
 }
@@ -415,7 +451,12 @@ pub(super) fn compile(
     statuses: &mut Vec<ObjectStatus>,
     cache: &mut FirewallCache,
 ) {
-    cache.chains.retain(|ns, _| view.firewalls.contains_key(ns));
+    // Chains of namespaces without a policy any more are dropped when there are more
+    // cached than policies (an entry is only used for its own namespace: one left over
+    // never changes the output, and this keeps the cache within the view's size).
+    if cache.chains.len() > view.firewalls.len() {
+        cache.chains.retain(|ns, _| view.firewalls.contains_key(ns));
+    }
     // Local pods (by the pod-identity rule) of namespaces with a firewall policy jump to
     // their namespace's chain.
     let policed: Vec<&str> =

@@ -191,6 +191,9 @@ pub struct Desired {
 pub struct CompileCache {
     node: Option<NodeConfig>,
     firewall: firewall::FirewallCache,
+    snoop_names: snoop_copies::NamesCache,
+    /// Pod addresses outside the cluster ranges (warnings), as of the pods' stamp.
+    outside: Option<(u64, std::collections::BTreeMap<std::net::IpAddr, String>)>,
 }
 
 /// Compile the view for this node, with the current addresses of DNS names and no
@@ -231,20 +234,13 @@ pub fn compile_cached(
     // could leave a pod's traffic unfiltered when a range is missing from the flags),
     // but it points at a wrong --cluster-cidr or a wrong pod status.
     if !node.cluster_cidrs.is_empty() {
-        for (ip, pod) in owners {
-            if !node.cluster_cidrs.iter().any(|n| n.contains(ip)) {
-                warnings.push(format!(
-                    "pod IP {ip} of {}/{} is outside the cluster ranges (--cluster-cidr)",
-                    pod.namespace, pod.name
-                ));
-            }
-        }
+        warnings.extend(outside_ranges(view, node, owners, &mut cache.outside).values().cloned());
     }
     firewall::compile(view, node, dns, owners, &mut table, &mut statuses, &mut cache.firewall);
     qos::compile(view, node, owners, &mut table, &mut statuses);
     egress_ip::compile(view, node, host, owners, &mut table, &mut net, &mut statuses);
-    snoop_copies::compile(view, node, owners, &mut table);
-    let snoop = snoop_copies::targets(view, node, owners);
+    let snoop = snoop_copies::targets(view, node, owners, &mut cache.snoop_names);
+    snoop_copies::compile(node, &snoop, &mut table);
 
     for (key, reason) in &view.ignored {
         statuses.push(ObjectStatus::new(key.clone(), &node.node_name, Outcome::Ignored(reason.clone())));
@@ -259,6 +255,38 @@ pub fn compile_cached(
     }
     statuses.sort_by(|a, b| a.key.cmp(&b.key));
     Desired { table, net, snoop, statuses, warnings }
+}
+
+/// The warnings for pod addresses outside the cluster ranges, by address: patched for
+/// the addresses the pods' journal lists since the stamp `kept` was made at (each
+/// address's warning depends on its owner only), made anew when it does not reach back.
+fn outside_ranges<'a>(
+    view: &ClusterView,
+    node: &NodeConfig,
+    owners: &crate::view::Owners,
+    kept: &'a mut Option<(u64, std::collections::BTreeMap<std::net::IpAddr, String>)>,
+) -> &'a std::collections::BTreeMap<std::net::IpAddr, String> {
+    let warning = |ip: &std::net::IpAddr| {
+        let pod = owners.get(ip)?;
+        (!node.cluster_cidrs.iter().any(|n| n.contains(ip))).then(|| {
+            format!("pod IP {ip} of {}/{} is outside the cluster ranges (--cluster-cidr)", pod.namespace, pod.name)
+        })
+    };
+    let stamp = view.pods.stamp();
+    let touched = kept.as_ref().and_then(|(since, _)| view.pods.touched_since(*since));
+    let (at, warnings) = match (kept.take(), touched) {
+        (Some((_, mut warnings)), Some(touched)) => {
+            for ip in touched {
+                match warning(&ip) {
+                    Some(w) => warnings.insert(ip, w),
+                    None => warnings.remove(&ip),
+                };
+            }
+            (stamp, warnings)
+        }
+        _ => (stamp, owners.keys().filter_map(|ip| Some((*ip, warning(ip)?))).collect()),
+    };
+    &kept.insert((at, warnings)).1
 }
 
 /// Render statuses as text, one object per line (`egressd render` / `egressd status`).

@@ -44,17 +44,16 @@ pub fn snooped_namespaces(view: &ClusterView) -> BTreeSet<&str> {
         .collect()
 }
 
-pub(super) fn compile(view: &ClusterView, node: &NodeConfig, owners: &crate::view::Owners, table: &mut Table) {
+/// The copy rules and sets, for the snooped pods of `targets` (its namespaces are
+/// [`snooped_namespaces`]).
+pub(super) fn compile(node: &NodeConfig, targets: &SnoopTargets, table: &mut Table) {
     let Some(settings) = &node.snoop else { return };
-    let namespaces = snooped_namespaces(view);
-    if namespaces.is_empty() {
+    if targets.names.is_empty() {
         return;
     }
     let mut pods = [Set::new(KeyType::Ipv4, false), Set::new(KeyType::Ipv6, false)];
-    for (ip, pod) in owners {
-        if node.is_local(pod) && namespaces.contains(pod.namespace.as_str()) {
-            pods[usize::from(ip.is_ipv6())].elements.insert(ip.to_compact_string(), Text::default());
-        }
+    for ip in targets.pods.keys() {
+        pods[usize::from(ip.is_ipv6())].elements.insert(ip.to_compact_string(), Text::default());
     }
     let mut servers = [Set::new(KeyType::Ipv4, false), Set::new(KeyType::Ipv6, false)];
     for ip in &settings.servers {
@@ -135,8 +134,19 @@ pub(crate) fn copy_counter(class: &str) -> String {
     format!("snoop-over-{class}")
 }
 
+/// The `dnsName` rules of each namespace's policy as the listener matches them, by
+/// namespace, kept with the policy version they were read from (an unchanged policy is
+/// the same allocation: no walk over its rules).
+pub(super) type NamesCache =
+    std::collections::HashMap<String, (std::sync::Arc<crate::view::policy::FirewallPolicy>, Vec<SnoopName>)>;
+
 /// The listener's view of `view` on this node.
-pub(crate) fn targets(view: &ClusterView, node: &NodeConfig, owners: &crate::view::Owners) -> SnoopTargets {
+pub(crate) fn targets(
+    view: &ClusterView,
+    node: &NodeConfig,
+    owners: &crate::view::Owners,
+    cache: &mut NamesCache,
+) -> SnoopTargets {
     let mut t = SnoopTargets {
         exempt: node.exempt_ranges(),
         grace: node.dns_grace,
@@ -147,27 +157,39 @@ pub(crate) fn targets(view: &ClusterView, node: &NodeConfig, owners: &crate::vie
         return t;
     }
     let families = node.families();
+    if cache.len() > view.firewalls.len() {
+        cache.retain(|ns, _| view.firewalls.contains_key(ns));
+    }
     for policy in view.firewalls.values().filter_map(|e| e.policy.as_ref()) {
-        let mut names = Vec::new();
-        for rule in &policy.rules {
-            if let Target::Dns(name) = &rule.target {
-                let [s4, s6] = super::dns_set_names(&super::firewall::absolute(name));
-                let entry = SnoopName {
-                    base: name.base.clone(),
-                    wildcard: name.wildcard,
-                    sets: [families.v4.then_some(s4), families.v6.then_some(s6)],
-                };
-                if !names.contains(&entry) {
-                    names.push(entry);
+        let names = match cache.get(&policy.namespace) {
+            Some((read, names)) if std::sync::Arc::ptr_eq(read, policy) => names,
+            _ => {
+                let mut names = Vec::new();
+                for rule in &policy.rules {
+                    if let Target::Dns(name) = &rule.target {
+                        let [s4, s6] = super::dns_set_names(&super::firewall::absolute(name));
+                        let entry = SnoopName {
+                            base: name.base.clone(),
+                            wildcard: name.wildcard,
+                            sets: [families.v4.then_some(s4), families.v6.then_some(s6)],
+                        };
+                        if !names.contains(&entry) {
+                            names.push(entry);
+                        }
+                    }
                 }
+                &cache.entry(policy.namespace.clone()).insert_entry((policy.clone(), names)).into_mut().1
             }
-        }
+        };
         if !names.is_empty() {
-            t.names.insert(policy.namespace.clone(), names);
+            t.names.insert(policy.namespace.clone(), names.clone());
         }
     }
+    if t.names.is_empty() {
+        return t;
+    }
     for (ip, pod) in owners {
-        if node.is_local(pod) && t.names.contains_key(&pod.namespace) {
+        if t.names.contains_key(&pod.namespace) && node.is_local(pod) {
             t.pods.insert(*ip, pod.namespace.clone());
         }
     }
