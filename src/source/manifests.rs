@@ -123,7 +123,64 @@ enum DocSummary {
     Rejected { number: usize, line: usize, key: Option<ObjectKey>, message: String },
 }
 
+/// The error of a document that defines an object again (`first` is where it was).
+fn duplicate(file: &Path, number: usize, line: usize, key: &ObjectKey, first: (&Path, usize)) -> DocumentError {
+    DocumentError {
+        file: file.to_path_buf(),
+        document: number,
+        line,
+        key: Some(key.clone()),
+        message: format!(
+            "duplicate object: already defined in {} document {}; this copy is ignored",
+            first.0.display(),
+            first.1
+        ),
+    }
+}
+
 impl DocSummary {
+    /// The error this document reports by itself (not YAML, or refused), in `file`.
+    fn error(&self, file: &Path) -> Option<DocumentError> {
+        let (document, line, key, message) = match self {
+            Self::Unreadable { number, line, error } => (*number, *line, None, error.clone()),
+            Self::Rejected { number, line, key, message } => (*number, *line, key.clone(), message.clone()),
+            _ => return None,
+        };
+        Some(DocumentError { file: file.to_path_buf(), document, line, key, message })
+    }
+
+    /// A refused document's error as its object's status gives it: where the bad version
+    /// is, then the fields (no key: the status is the object's own).
+    fn located(&self, file: &Path) -> String {
+        let mut e = self.error(file).unwrap_or_else(|| DocumentError {
+            file: file.to_path_buf(),
+            document: self.number(),
+            line: 0,
+            key: None,
+            message: String::new(),
+        });
+        e.key = None;
+        e.to_string()
+    }
+
+    /// What an ignored document is (`file document n: apiVersion/kind`).
+    fn ignored(&self, file: &Path) -> Option<String> {
+        match self {
+            Self::Ignored { number, what } => Some(format!("{} document {number}: {what}", file.display())),
+            _ => None,
+        }
+    }
+
+    /// The document's 1-based number in its file.
+    fn number(&self) -> usize {
+        match self {
+            Self::Unreadable { number, .. }
+            | Self::Ignored { number, .. }
+            | Self::Object { number, .. }
+            | Self::Rejected { number, .. } => *number,
+        }
+    }
+
     fn of(doc: &ParsedDoc) -> Self {
         match doc {
             ParsedDoc::Unreadable { number, line, error } => {
@@ -172,6 +229,73 @@ pub struct ManifestSource {
     parsed: ParseCache,
     /// Files that could not be read, with the error (reported until read again).
     unreadable: BTreeMap<PathBuf, String>,
+    /// Where each object is defined (from the parse cache): a watch event re-collects
+    /// only the objects its files defined before or define now.
+    index: DefIndex,
+}
+
+/// Every definition of each object (a document naming it, good or refused), in file
+/// and document order: the first one counts, later ones are duplicates.
+#[derive(Debug, Default)]
+struct DefIndex {
+    defs: BTreeMap<ObjectKey, Vec<(PathBuf, usize)>>,
+    /// Objects defined more than once (usually none).
+    multi: BTreeSet<ObjectKey>,
+    /// Documents that are not YAML, in all files: while there are any, objects cannot be
+    /// told apart from them and every load collects everything.
+    unreadable_docs: usize,
+}
+
+impl DefIndex {
+    /// The keys of `entry`'s documents with their positions.
+    fn keys(entry: &FileEntry) -> impl Iterator<Item = (&ObjectKey, usize)> {
+        entry.docs.iter().enumerate().filter_map(|(i, d)| match d {
+            DocSummary::Object { key, .. } | DocSummary::Rejected { key: Some(key), .. } => Some((key, i)),
+            _ => None,
+        })
+    }
+
+    fn unreadable(entry: &FileEntry) -> usize {
+        entry.docs.iter().filter(|d| matches!(d, DocSummary::Unreadable { .. })).count()
+    }
+
+    /// Forget what `file` defined (its cache entry `old`).
+    fn remove(&mut self, file: &Path, old: &FileEntry) {
+        self.unreadable_docs -= Self::unreadable(old);
+        for (key, _) in Self::keys(old) {
+            if let Some(defs) = self.defs.get_mut(key) {
+                defs.retain(|(f, _)| f != file);
+                match defs.len() {
+                    0 => {
+                        self.defs.remove(key);
+                        self.multi.remove(key);
+                    }
+                    1 => {
+                        self.multi.remove(key);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Note what `file` defines (its cache entry `new`).
+    fn add(&mut self, file: &Path, new: &FileEntry) {
+        self.unreadable_docs += Self::unreadable(new);
+        for (key, i) in Self::keys(new) {
+            let defs = self.defs.entry(key.clone()).or_default();
+            let at = defs.partition_point(|(f, n)| (f.as_path(), *n) < (file, i));
+            defs.insert(at, (file.to_path_buf(), i));
+            if defs.len() > 1 {
+                self.multi.insert(key.clone());
+            }
+        }
+    }
+
+    /// The first definition of `key`: its file and document position.
+    fn first(&self, key: &ObjectKey) -> Option<(&PathBuf, usize)> {
+        self.defs.get(key)?.first().map(|(f, i)| (f, *i))
+    }
 }
 
 fn parse_file(text: &str) -> Vec<ParsedDoc> {
@@ -207,7 +331,25 @@ impl ManifestSource {
             origins: BTreeMap::new(),
             parsed: BTreeMap::new(),
             unreadable: BTreeMap::new(),
+            index: DefIndex::default(),
         }
+    }
+
+    /// Set (or with `None` drop) the cache entry of `file`, keeping the index in step.
+    fn set_entry(&mut self, file: &Path, entry: Option<FileEntry>) {
+        if let Some(old) = self.parsed.remove(file) {
+            self.index.remove(file, &old);
+        }
+        if let Some(new) = entry {
+            self.index.add(file, &new);
+            self.parsed.insert(file.to_path_buf(), new);
+        }
+    }
+
+    /// Whether every file could be read and every document is YAML: then the index
+    /// tells each object's definitions, and a change can be collected incrementally.
+    fn clean(&self) -> bool {
+        self.unreadable.is_empty() && self.index.unreadable_docs == 0
     }
 
     /// The current view.
@@ -240,7 +382,10 @@ impl ManifestSource {
     pub fn load(&mut self) -> Result<LoadReport, SourceError> {
         let files = self.files()?;
         let present: BTreeSet<&PathBuf> = files.iter().collect();
-        self.parsed.retain(|path, _| present.contains(path));
+        let gone: Vec<PathBuf> = self.parsed.keys().filter(|p| !present.contains(p)).cloned().collect();
+        for file in gone {
+            self.set_entry(&file, None);
+        }
         self.unreadable.retain(|path, _| present.contains(path));
         let mut read = Read::default();
         for file in &files {
@@ -264,16 +409,100 @@ impl ManifestSource {
             return self.load();
         }
         std::fs::read_dir(&self.dir).map_err(|source| self.dir_error(source))?;
+        let was_clean = self.clean();
+        // The objects the files defined before: with what they define now, the only
+        // ones whose first definition can have changed.
+        let mut touched: BTreeSet<ObjectKey> = BTreeSet::new();
         let mut read = Read::default();
         for file in changed {
+            if let Some(entry) = self.parsed.get(file) {
+                touched.extend(DefIndex::keys(entry).map(|(k, _)| k.clone()));
+            }
             if is_manifest(file) && file.is_file() {
                 self.read_file(file, &mut read);
             } else {
-                self.parsed.remove(file);
+                self.set_entry(file, None);
                 self.unreadable.remove(file);
             }
+            if let Some(entry) = self.parsed.get(file) {
+                touched.extend(DefIndex::keys(entry).map(|(k, _)| k.clone()));
+            }
         }
-        Ok(self.finish(read))
+        if !(was_clean && self.clean()) {
+            return Ok(self.finish(read));
+        }
+        Ok(self.finish_touched(read, &touched))
+    }
+
+    /// [`ManifestSource::finish`] when every file is readable YAML (before and after
+    /// this load) and only the objects `touched` can have changed: they are brought up
+    /// to date from the index; the report is made from the cache summaries, looking up
+    /// definitions only for objects defined more than once.
+    fn finish_touched(&mut self, mut read: Read, touched: &BTreeSet<ObjectKey>) -> LoadReport {
+        let mut report = self.summarise();
+        // In the order of the whole collect: removals, then objects, then rejections.
+        let mut gone = Vec::new();
+        let mut todo = Vec::new();
+        let mut rejected = Vec::new();
+        for key in touched {
+            let Some((file, i)) = self.index.first(key) else {
+                if self.origins.contains_key(key) {
+                    gone.push(key);
+                }
+                continue;
+            };
+            match self.parsed.get(file).and_then(|e| e.docs.get(i)) {
+                Some(DocSummary::Object { .. }) => {
+                    let same_origin = self.origins.get(key).is_some_and(|f| f == file);
+                    if !same_origin || read.changed.contains_key(file) {
+                        todo.push((key, file.clone()));
+                    }
+                }
+                Some(doc @ DocSummary::Rejected { .. }) => {
+                    rejected.push((key, doc.located(file), file.clone()));
+                }
+                _ => {}
+            }
+        }
+        let mut changed = false;
+        for key in gone {
+            self.view.remove(key);
+            self.origins.remove(key);
+            changed = true;
+        }
+        for (key, file) in todo {
+            // A file changed again since it was read is read again at its event.
+            let Some(update) = object_of(&mut read, &file, key) else { continue };
+            changed |= self.view.apply(update);
+            self.origins.insert(key.clone(), file);
+        }
+        for (key, message, file) in rejected {
+            changed |= self.view.reject(key, message);
+            self.origins.insert(key.clone(), file);
+        }
+        report.changed = changed;
+        report
+    }
+
+    /// The report of the whole directory from the cache summaries and the index (every
+    /// file readable YAML): errors in file and document order, duplicates named.
+    fn summarise(&self) -> LoadReport {
+        let mut report = LoadReport::default();
+        for (file, entry) in &self.parsed {
+            for (i, doc) in entry.docs.iter().enumerate() {
+                report.errors.extend(doc.error(file));
+                report.ignored.extend(doc.ignored(file));
+                let DocSummary::Object { number, line, key } = doc else { continue };
+                match self.index.multi.contains(key).then(|| self.index.first(key)).flatten() {
+                    Some((f, n)) if (f, n) != (file, i) => {
+                        let first = self.parsed.get(f).and_then(|e| e.docs.get(n)).map_or(0, DocSummary::number);
+                        report.errors.push(duplicate(file, *number, *line, key, (f, first)));
+                    }
+                    _ => report.objects += 1,
+                }
+            }
+        }
+        report
     }
 
     /// Read one file: parse it when its text changed (into `read`), note it when it
@@ -286,12 +515,12 @@ impl ManifestSource {
                 if self.parsed.get(file).is_none_or(|e| e.len != len || e.hash != hash) {
                     let docs = parse_file(&text);
                     let summaries = docs.iter().map(DocSummary::of).collect();
-                    self.parsed.insert(file.to_path_buf(), FileEntry { len, hash, docs: summaries });
+                    self.set_entry(file, Some(FileEntry { len, hash, docs: summaries }));
                     read.changed.insert(file.to_path_buf(), docs);
                 }
             }
             Err(e) => {
-                self.parsed.remove(file);
+                self.set_entry(file, None);
                 self.unreadable.insert(file.to_path_buf(), format!("cannot read file: {e}"));
             }
         }
@@ -349,45 +578,26 @@ fn collect<'a>(parsed: &'a ParseCache, report: &mut LoadReport) -> Collected<'a>
     let mut c = Collected { objects: BTreeMap::new(), rejected: BTreeMap::new(), unreadable: BTreeSet::new() };
     for (file, entry) in parsed {
         for doc in &entry.docs {
-            let err = |document: usize, line: usize, key: Option<ObjectKey>, message: String| DocumentError {
-                file: file.clone(),
-                document,
-                line,
-                key,
-                message,
-            };
+            report.errors.extend(doc.error(file));
+            report.ignored.extend(doc.ignored(file));
             match doc {
-                DocSummary::Unreadable { number, line, error } => {
-                    report.errors.push(err(*number, *line, None, error.clone()));
+                DocSummary::Unreadable { .. } => {
                     c.unreadable.insert(file);
                 }
-                DocSummary::Ignored { number, what, .. } => {
-                    report.ignored.push(format!("{} document {number}: {what}", file.display()));
-                }
+                DocSummary::Ignored { .. } => {}
                 DocSummary::Object { number, line, key } => {
                     if let Some((f, n)) = c.first(key) {
-                        report.errors.push(err(
-                            *number,
-                            *line,
-                            Some(key.clone()),
-                            format!(
-                                "duplicate object: already defined in {} document {n}; this copy is ignored",
-                                f.display()
-                            ),
-                        ));
+                        report.errors.push(duplicate(file, *number, *line, key, (f, n)));
                         continue;
                     }
                     c.objects.insert(key, (file, *number));
                 }
-                DocSummary::Rejected { number, line, key, message } => {
+                DocSummary::Rejected { number, key, .. } => {
                     if let Some(key) = key
                         && c.first(key).is_none()
                     {
-                        // The status names where the bad version is, then the fields.
-                        let located = err(*number, *line, None, message.clone()).to_string();
-                        c.rejected.insert(key, (located, file, *number));
+                        c.rejected.insert(key, (doc.located(file), file, *number));
                     }
-                    report.errors.push(err(*number, *line, key.clone(), message.clone()));
                 }
             }
         }
