@@ -282,6 +282,7 @@ pub(crate) async fn apply_once<B: NftBackend>(
     syncer: &mut NftSyncer<B>,
     net: Option<&Netlink>,
     cache: &mut crate::compile::CompileCache,
+    seen: Option<std::time::Instant>,
 ) -> (Desired, Result<SyncKind, SyncError>, Option<HostLinks>, Phases) {
     let started = std::time::Instant::now();
     let mut phases = Phases::default();
@@ -346,7 +347,7 @@ pub(crate) async fn apply_once<B: NftBackend>(
         }
     }
     let t = std::time::Instant::now();
-    let result = tokio::task::block_in_place(|| syncer.sync(&desired.table)).map_err(SyncError::from);
+    let result = tokio::task::block_in_place(|| syncer.sync(desired.table.clone())).map_err(SyncError::from);
     phases.nft = syncer.backend_time();
     phases.diff = t.elapsed().saturating_sub(phases.nft);
     let ms = |d: Duration| (d.as_secs_f64() * 1e4).round() / 10.0;
@@ -357,6 +358,9 @@ pub(crate) async fn apply_once<B: NftBackend>(
             elements = desired.table.element_count(),
             egress_ips_hosted = desired.net.addresses.len(),
             elapsed_ms = started.elapsed().as_millis() as u64,
+            // From the source seeing the change (a watch event arriving) to the kernel's
+            // ack: the source's reading and the agent's work before the compile too.
+            seen_ms = seen.map(|s| ms(s.elapsed())),
             compile_ms = ms(phases.compile),
             diff_ms = ms(phases.diff),
             netlink_ms = ms(phases.netlink),
@@ -444,6 +448,8 @@ pub struct Agent<S, B, K> {
     /// probe waits at least [`REPROBE_GAP`] even when a probe could not run (links
     /// unreadable, or no EgressIP left), so the loop never spins.
     reprobed: tokio::time::Instant,
+    /// When the oldest change of the source not applied yet was seen.
+    seen: Option<std::time::Instant>,
     /// The ACL logging listener.
     acl: Option<crate::dataplane::acl_log::AclHandle>,
     /// Changes made by someone else to what egressd owns.
@@ -532,7 +538,7 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
             None => None,
         };
         let empty = Desired {
-            table: crate::nft::Table::new(config.node.table_name.clone()),
+            table: std::sync::Arc::new(crate::nft::Table::new(config.node.table_name.clone())),
             net: Default::default(),
             snoop: Default::default(),
             statuses: Vec::new(),
@@ -557,6 +563,7 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
             refreshed: Default::default(),
             last_links,
             reprobed: tokio::time::Instant::now(),
+            seen: None,
             drift,
             drift_replaces: Default::default(),
             queries,
@@ -583,12 +590,14 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
         if self.source.view_mut().adopt_last_good(&self.saved) {
             tracing::info!("invalid objects keep the last good version saved before the restart");
         }
+        let seen = self.seen.take();
         let view = self.source.view();
         let answers = self.dns.as_ref().map(DnsWorker::answers).unwrap_or_default();
         let started = std::time::Instant::now();
         self.config.telemetry.health.set_syncing(true);
         let (desired, result, links, phases) =
-            apply_once(view, &self.config.node, &answers, &mut self.syncer, self.net.as_ref(), &mut self.cache).await;
+            apply_once(view, &self.config.node, &answers, &mut self.syncer, self.net.as_ref(), &mut self.cache, seen)
+                .await;
         if links.is_some() {
             self.last_links = links;
         }
@@ -882,7 +891,12 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
                 .map(|due| tokio::time::Instant::from_std(due).max(self.reprobed + REPROBE_GAP));
             tokio::select! {
                 _ = &mut shutdown => break,
-                c = self.source.next_change() => changed |= self.on_change(c),
+                c = self.source.next_change() => {
+                    if c {
+                        self.seen = self.seen.or(self.source.seen_at());
+                    }
+                    changed |= self.on_change(c);
+                }
                 round = next_round(&mut self.dns) => {
                     changed |= round.changed;
                     attempted = round.attempted;

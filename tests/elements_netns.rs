@@ -176,7 +176,7 @@ proptest! {
             nix::sched::setns(std::fs::File::open(&path).unwrap(), nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
             let mut syncer = NftSyncer::new(NftCli::new(&program));
             while let Ok(Some(t)) = rx.recv() {
-                done_tx.send(syncer.sync(&t).expect("sync")).unwrap();
+                done_tx.send(syncer.sync(t.clone()).expect("sync")).unwrap();
             }
         });
         let first = table(&BTreeMap::from([(1, 0)]), &BTreeMap::new(), &BTreeMap::new(), &[]);
@@ -225,7 +225,7 @@ fn a_refused_delta_is_retried_in_full_and_a_large_one_is_one_transaction() {
     let (small, large) = (desired(0), desired(20_000));
     let kinds = ns.run(move || {
         let mut syncer = NftSyncer::new(NftCli::new("nft"));
-        let mut kinds = vec![syncer.sync(&small).unwrap()];
+        let mut kinds = vec![syncer.sync(small.clone()).unwrap()];
         // Someone else removes an element the next delta deletes: the kernel refuses
         // the netlink delta, the syncer replaces the table.
         let removed = std::process::Command::new("nft")
@@ -236,7 +236,7 @@ fn a_refused_delta_is_retried_in_full_and_a_large_one_is_one_transaction() {
         let mut fewer = small.clone();
         fewer.sets.get_mut("fw-pods-v4").unwrap().elements.remove("198.18.1.3");
         fewer.sets.get_mut("fw-pods-v4").unwrap().elements.insert("198.18.1.3".into(), "jump fw-b".into());
-        kinds.push(syncer.sync(&fewer).unwrap());
+        kinds.push(syncer.sync(fewer.clone()).unwrap());
         let listed = String::from_utf8(
             std::process::Command::new("nft")
                 .args(["list", "map", "inet", "egressd", "fw-pods-v4"])
@@ -247,9 +247,9 @@ fn a_refused_delta_is_retried_in_full_and_a_large_one_is_one_transaction() {
         .unwrap();
         assert!(listed.contains("198.18.1.3 : jump fw-b"), "{listed}");
         // 20,000 map elements (~2.4 MB of netlink messages) in one delta.
-        kinds.push(syncer.sync(&large).unwrap());
-        kinds.push(syncer.sync(&small).unwrap());
-        kinds.push(syncer.sync(&large).unwrap());
+        kinds.push(syncer.sync(large.clone()).unwrap());
+        kinds.push(syncer.sync(small.clone()).unwrap());
+        kinds.push(syncer.sync(large.clone()).unwrap());
         kinds
     });
     // The second sync: a changed verdict is a delete (refused: the element is gone) and
@@ -267,8 +267,8 @@ fn named_counters_read_over_netlink_are_what_nft_lists() {
     let (netlink, cli) = ns.run(move || {
         let mut over_netlink = NftSyncer::new(NftCli::new("nft"));
         let mut through_nft = NftSyncer::new(NftCli::new("nft").with_netlink_elements(false));
-        over_netlink.sync(&t).unwrap();
-        through_nft.sync(&t).unwrap();
+        over_netlink.sync(t.clone()).unwrap();
+        through_nft.sync(t.clone()).unwrap();
         // Counters with packets, and counters of the same names elsewhere: another
         // family's table of the same name and another inet table.
         let script = "delete counter inet egressd snoop-over-query\n\

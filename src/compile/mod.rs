@@ -171,7 +171,7 @@ pub const DEFAULT_DNS_GRACE: std::time::Duration = std::time::Duration::from_sec
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Desired {
     /// The nft table.
-    pub table: Table,
+    pub table: std::sync::Arc<Table>,
     /// Addresses, policy rules and routes (EgressIP).
     pub net: NetDesired,
     /// What DNS snooping matches answers against.
@@ -254,7 +254,7 @@ pub fn compile_cached(
         }));
     }
     statuses.sort_by(|a, b| a.key.cmp(&b.key));
-    Desired { table, net, snoop, statuses, warnings }
+    Desired { table: std::sync::Arc::new(table), net, snoop, statuses, warnings }
 }
 
 /// The warnings for pod addresses outside the cluster ranges, by address: patched for

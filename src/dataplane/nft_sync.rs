@@ -378,7 +378,8 @@ pub enum SyncKind {
 /// Keeps the applied table in memory and sends differences.
 pub struct NftSyncer<B> {
     backend: B,
-    applied: Option<Table>,
+    /// Shared with the agent's copy of what it applied: keeping it costs no copy.
+    applied: Option<std::sync::Arc<Table>>,
     /// How long the last [`NftSyncer::sync`] spent in the backend (the `nft` program and
     /// the kernel), as opposed to egressd's own diff and rendering.
     backend_time: std::time::Duration,
@@ -420,7 +421,7 @@ impl<B: NftBackend> NftSyncer<B> {
     /// The table last applied successfully.
     #[cfg(test)]
     pub(crate) fn applied(&self) -> Option<&Table> {
-        self.applied.as_ref()
+        self.applied.as_deref()
     }
 
     /// How long the last [`NftSyncer::sync`] spent in the backend.
@@ -428,19 +429,21 @@ impl<B: NftBackend> NftSyncer<B> {
         self.backend_time
     }
 
-    /// Make the kernel's table equal `desired`.
-    pub fn sync(&mut self, desired: &Table) -> Result<SyncKind, NftError> {
+    /// Make the kernel's table equal `desired` (kept as what is applied: an `Arc`
+    /// shared with the caller is kept without a copy).
+    pub fn sync(&mut self, desired: impl Into<std::sync::Arc<Table>>) -> Result<SyncKind, NftError> {
+        let desired: std::sync::Arc<Table> = desired.into();
         self.backend_time = std::time::Duration::ZERO;
         if let Some(applied) = &self.applied {
             let t;
-            let applied = match ElementDelta::between(applied, desired) {
+            let applied = match ElementDelta::between(applied, &desired) {
                 Some(delta) if delta.is_empty() => return Ok(SyncKind::Unchanged),
                 Some(delta) => {
                     t = std::time::Instant::now();
                     self.backend.apply_elements(&desired.name, &delta)
                 }
                 None => {
-                    let Some(script) = diff(applied, desired) else {
+                    let Some(script) = diff(applied, &desired) else {
                         return Ok(SyncKind::Unchanged);
                     };
                     t = std::time::Instant::now();
@@ -450,7 +453,7 @@ impl<B: NftBackend> NftSyncer<B> {
             self.backend_time += t.elapsed();
             match applied {
                 Ok(()) => {
-                    self.applied = Some(desired.clone());
+                    self.applied = Some(desired);
                     return Ok(SyncKind::Partial);
                 }
                 Err(e) => {
@@ -468,7 +471,7 @@ impl<B: NftBackend> NftSyncer<B> {
         }
         self.backend_time += t.elapsed();
         applied?;
-        self.applied = Some(desired.clone());
+        self.applied = Some(desired);
         Ok(SyncKind::Full)
     }
 
@@ -559,9 +562,9 @@ mod tests {
     #[test]
     fn first_full_then_delta_then_nothing() {
         let mut s = NftSyncer::new(RecordingBackend::default());
-        assert_eq!(s.sync(&table(1)).unwrap(), SyncKind::Full);
-        assert_eq!(s.sync(&table(2)).unwrap(), SyncKind::Partial);
-        assert_eq!(s.sync(&table(2)).unwrap(), SyncKind::Unchanged);
+        assert_eq!(s.sync(table(1)).unwrap(), SyncKind::Full);
+        assert_eq!(s.sync(table(2)).unwrap(), SyncKind::Partial);
+        assert_eq!(s.sync(table(2)).unwrap(), SyncKind::Unchanged);
         let scripts = &s.backend().scripts;
         assert_eq!(scripts.len(), 2);
         assert!(scripts[0].starts_with("add table inet egressd\ndelete table inet egressd\ntable inet egressd {"));
@@ -571,9 +574,9 @@ mod tests {
     #[test]
     fn failed_delta_is_retried_in_full() {
         let mut s = NftSyncer::new(RecordingBackend::default());
-        s.sync(&table(1)).unwrap();
+        s.sync(table(1)).unwrap();
         s.backend_mut().fail_next = 1;
-        assert_eq!(s.sync(&table(3)).unwrap(), SyncKind::Full);
+        assert_eq!(s.sync(table(3)).unwrap(), SyncKind::Full);
         let scripts = &s.backend().scripts;
         assert_eq!(scripts.len(), 3);
         assert!(scripts[2].starts_with("add table inet egressd\ndelete table inet egressd\n"));
@@ -583,10 +586,10 @@ mod tests {
     fn failed_full_sync_reports_nfts_message_and_retries_in_full_next_time() {
         let mut s = NftSyncer::new(RecordingBackend::default());
         s.backend_mut().fail_next = 1;
-        let err = s.sync(&table(1)).unwrap_err();
+        let err = s.sync(table(1)).unwrap_err();
         assert_eq!(err.to_string(), "nft rejected the transaction: Error: injected failure");
         assert!(s.applied().is_none());
-        assert_eq!(s.sync(&table(1)).unwrap(), SyncKind::Full);
+        assert_eq!(s.sync(table(1)).unwrap(), SyncKind::Full);
     }
 
     #[test]

@@ -233,10 +233,8 @@ pub struct KubeWatch {
     rx: mpsc::Receiver<KubeMsg>,
     telemetry: std::sync::Arc<crate::telemetry::Telemetry>,
     reported: BTreeMap<Kind, WatchProblem>,
-    /// Messages handled but not yet reported by [`super::ViewSource::next_change`], and
-    /// whether they changed the view: kept here, not in the future, so a `select!` that
-    /// drops `next_change` half-way (another branch was ready first) loses nothing.
-    unreported: Option<bool>,
+    /// When the first message of the last reported change arrived.
+    seen: Option<std::time::Instant>,
 }
 
 impl KubeWatch {
@@ -281,7 +279,7 @@ impl KubeWatch {
             rx: start_watches(client),
             telemetry,
             reported: BTreeMap::new(),
-            unreported: None,
+            seen: None,
         };
         while !view.source.synced() {
             match view.rx.recv().await {
@@ -314,24 +312,26 @@ impl super::ViewSource for KubeWatch {
         self.source.problems()
     }
 
-    /// Cancellation-safe: what was handled before a drop is reported by the next call.
+    /// Cancellation-safe: `recv` is, and nothing is awaited once a message is taken (a
+    /// message handled is always reported by the same call).
     async fn next_change(&mut self) -> bool {
-        if self.unreported.is_none() {
-            let Some(first) = self.rx.recv().await else {
-                return std::future::pending().await;
-            };
-            self.unreported = Some(self.source.handle(first));
-        }
-        // Coalesce a burst (a re-list, a rollout) into one recompile.
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(50);
-        while let Ok(Some(msg)) = tokio::time::timeout_at(deadline, self.rx.recv()).await {
-            let changed = self.source.handle(msg);
-            if let Some(c) = &mut self.unreported {
-                *c |= changed;
-            }
+        let Some(first) = self.rx.recv().await else {
+            return std::future::pending().await;
+        };
+        self.seen = Some(std::time::Instant::now());
+        let mut changed = self.source.handle(first);
+        // Coalesce what is queued already (a re-list, a rollout arrive as a burst) into
+        // one recompile, without waiting for more: what arrives during that recompile
+        // and sync is queued, and coalesced at the next call.
+        while let Ok(msg) = self.rx.try_recv() {
+            changed |= self.source.handle(msg);
         }
         self.report_kinds();
-        self.unreported.take().unwrap_or(false)
+        changed
+    }
+
+    fn seen_at(&self) -> Option<std::time::Instant> {
+        self.seen
     }
 }
 
@@ -545,12 +545,12 @@ mod tests {
         assert!(!s.unavailable().contains_key(&Kind::Namespace));
     }
 
-    /// The agent's loop `select!`s `next_change` against timers: after SIGSTOP/SIGCONT
-    /// (or any burst) a timer can win while a change is being coalesced. The change
-    /// handled before the drop must still be reported (it was lost: a deleted
-    /// EgressFirewall stayed applied until the next unrelated change).
+    /// A change is reported when it arrives, with every message queued behind it in
+    /// the same report; a call with nothing queued waits, and dropping it (the agent's
+    /// loop `select!`s `next_change` against timers) loses nothing: there is no await
+    /// between handling a message and reporting it.
     #[tokio::test]
-    async fn a_change_is_not_lost_when_next_change_is_dropped_half_way() {
+    async fn queued_messages_coalesce_and_a_dropped_wait_loses_nothing() {
         use super::super::ViewSource;
         let (tx, rx) = mpsc::channel(16);
         let mut w = KubeWatch {
@@ -558,19 +558,23 @@ mod tests {
             rx,
             telemetry: std::sync::Arc::new(crate::telemetry::Telemetry::default()),
             reported: BTreeMap::new(),
-            unreported: None,
+            seen: None,
         };
         tx.send(KubeMsg::Init(Kind::Namespace)).await.unwrap();
         tx.send(ns("a")).await.unwrap();
+        tx.send(ns("b")).await.unwrap();
         tx.send(KubeMsg::InitDone(Kind::Namespace)).await.unwrap();
-        assert!(w.next_change().await);
+        let first = tokio::time::timeout(std::time::Duration::from_secs(1), w.next_change()).await;
+        assert_eq!(first, Ok(true));
+        assert_eq!(w.view().namespaces.len(), 2, "the queued messages are in the same report");
+        let seen = w.seen_at().expect("seen");
+        let idle = tokio::time::timeout(std::time::Duration::from_millis(20), w.next_change()).await;
+        assert!(idle.is_err(), "reported a change while nothing arrived");
         tx.send(KubeMsg::Delete(ObjectKey::new(Kind::Namespace, "", "a"))).await.unwrap();
-        // Dropped while coalescing: the deletion is handled, the answer not given yet.
-        let dropped = tokio::time::timeout(std::time::Duration::from_millis(10), w.next_change()).await;
-        assert!(dropped.is_err(), "next_change answered before its coalescing window ended");
-        assert!(w.view().namespaces.is_empty(), "the deletion was handled");
         let again = tokio::time::timeout(std::time::Duration::from_secs(1), w.next_change()).await;
-        assert_eq!(again, Ok(true), "the change handled before the drop was lost");
+        assert_eq!(again, Ok(true), "the change after a dropped wait was lost");
+        assert_eq!(w.view().namespaces.keys().collect::<Vec<_>>(), vec!["b"]);
+        assert!(w.seen_at().is_some_and(|s| s > seen), "seen_at is the new change's arrival");
     }
 
     #[test]

@@ -762,6 +762,8 @@ pub struct ManifestsWatch {
     events: mpsc::Receiver<DirChange>,
     resync: tokio::time::Interval,
     _watcher: notify::RecommendedWatcher,
+    /// When the last reported change was seen (its debounced event arrived).
+    seen: Option<std::time::Instant>,
 }
 
 impl ManifestsWatch {
@@ -775,7 +777,7 @@ impl ManifestsWatch {
         let watcher = watch(dir, debounce, debounce * 5, tx)?;
         let mut resync = tokio::time::interval(resync);
         resync.tick().await;
-        Ok(Self { source, report, events, resync, _watcher: watcher })
+        Ok(Self { source, report, events, resync, _watcher: watcher, seen: None })
     }
 }
 
@@ -792,6 +794,10 @@ impl super::ViewSource for ManifestsWatch {
         self.report.errors.iter().map(ToString::to_string).collect()
     }
 
+    fn seen_at(&self) -> Option<std::time::Instant> {
+        self.seen
+    }
+
     async fn next_change(&mut self) -> bool {
         // The periodic re-read catches missed events; what changed is what the view says.
         // Files a watch event named are read again; a rescan or the resync reads all.
@@ -800,6 +806,7 @@ impl super::ViewSource for ManifestsWatch {
             _ = self.resync.tick() => None,
         };
         let started = std::time::Instant::now();
+        self.seen = Some(started);
         let loaded = match &changed {
             Some(files) => self.source.load_changed(files),
             None => self.source.load(),

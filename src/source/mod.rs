@@ -22,4 +22,10 @@ pub trait ViewSource {
     /// Wait for the next change. `Ok(true)`: the view (may have) changed and must be
     /// recompiled; `Ok(false)`: nothing to do.
     async fn next_change(&mut self) -> bool;
+    /// When the change the last [`ViewSource::next_change`] reported was first seen (the
+    /// watch event arriving, before it was read or coalesced), for the time from a
+    /// change to the kernel having it; `None` when the source does not tell.
+    fn seen_at(&self) -> Option<std::time::Instant> {
+        None
+    }
 }

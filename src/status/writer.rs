@@ -603,7 +603,7 @@ mod tests {
     /// n1 applied the EgressFirewall.
     fn desired() -> Desired {
         Desired {
-            table: Table::new("egressd"),
+            table: Table::new("egressd").into(),
             net: Default::default(),
             snoop: Default::default(),
             statuses: vec![ObjectStatus::new(key(), "n1", Outcome::Applied)],
@@ -719,7 +719,7 @@ mod tests {
             },
         )]);
         let d = Desired {
-            table: Table::new("egressd"),
+            table: Table::new("egressd").into(),
             net: Default::default(),
             snoop: Default::default(),
             statuses: vec![ObjectStatus::new(qkey, "n1", Outcome::Applied)],
