@@ -15,7 +15,7 @@ use std::time::Duration;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use crate::compile::{Desired, NodeConfig, ObjectStatus, Outcome, dns_names, dns_set_names};
+use crate::compile::{Desired, DnsNamesCache, NodeConfig, ObjectStatus, Outcome, dns_set_names};
 use crate::dataplane::netlink::Netlink;
 use crate::dataplane::nft_sync::{NftBackend, NftError, NftSyncer, SyncKind};
 use crate::dns::resolver::DnsResolver;
@@ -428,6 +428,8 @@ pub struct Agent<S, B, K> {
     dns: Option<DnsWorker>,
     /// The DNS names of the current view.
     names: BTreeSet<String>,
+    /// Them by namespace and policy version (a change reads only changed policies).
+    names_cache: DnsNamesCache,
     net: Option<Netlink>,
     snoop: Option<crate::dataplane::nflog::SnoopHandle>,
     cache: crate::compile::CompileCache,
@@ -466,7 +468,8 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
     pub async fn start(mut config: RunConfig, source: S, mut syncer: NftSyncer<B>, sink: K) -> Self {
         let families = config.node.families();
         let telemetry = config.telemetry.clone();
-        let names = dns_names(source.view());
+        let mut names_cache = DnsNamesCache::default();
+        let names = names_cache.names(source.view());
         // Names are resolved in the background: applying the view never waits for DNS.
         let mut dns = match DnsResolver::new(&config.dns_servers, config.dns_timeout) {
             Ok(r) => Some(DnsWorker::start(r, families, names.clone(), config.node.dns_max_ttl, telemetry.clone())),
@@ -556,6 +559,7 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
             acl,
             copy_counts: Default::default(),
             cache: Default::default(),
+            names_cache,
             saved,
             desired: empty,
             last_result: Ok(SyncKind::Unchanged),
@@ -576,7 +580,7 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
     /// The source changed: follow its DNS names. Returns whether it must be applied.
     pub(crate) fn on_change(&mut self, changed: bool) -> bool {
         if changed {
-            self.names = dns_names(self.source.view());
+            self.names = self.names_cache.names(self.source.view());
             if let Some(d) = &self.dns {
                 d.set_names(&self.names);
             }

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use egressd::api::ObjectKey;
 use egressd::api::parse::{Parsed, parse_document, split_documents, yaml_to_value};
-use egressd::compile::{CompileCache, NodeConfig, compile_cached};
+use egressd::compile::{CompileCache, DnsNamesCache, NodeConfig, compile_cached, dns_names};
 use egressd::dns::targets::SnoopSettings;
 use egressd::dns::{DnsAnswers, Resolved};
 use egressd::net::{HostLink, HostLinks};
@@ -277,6 +277,7 @@ proptest! {
         let mut dns = DnsAnswers::new();
         let mut host = HostLinks::default();
         let mut cache = CompileCache::default();
+        let mut names = DnsNamesCache::default();
         for (step, c) in changes.iter().enumerate() {
             match c {
                 Change::Put(doc) => put(&mut view, doc),
@@ -297,6 +298,7 @@ proptest! {
             let cached = compile_cached(&view, &node, &dns, &host, &mut cache);
             let fresh = compile_cached(&view, &node, &dns, &host, &mut CompileCache::default());
             prop_assert_eq!(cached, fresh, "step {}: {:?}", step, c);
+            prop_assert_eq!(names.names(&view), dns_names(&view), "DNS names, step {}: {:?}", step, c);
         }
     }
 }

@@ -24,7 +24,9 @@ pub use egress_ip::{SNAT_CHAIN, STEER_CHAIN};
 pub(crate) use egress_ip::{ip_owners, namespace_labels, oldest_first};
 pub(crate) use firewall::ACL_OVER;
 pub(crate) use firewall::absolute;
-pub use firewall::{FIREWALL_CHAIN, FIREWALL_LOCAL_CHAIN, dns_names, dns_rule_names, dns_set_names, wildcard_sets};
+pub use firewall::{
+    DnsNamesCache, FIREWALL_CHAIN, FIREWALL_LOCAL_CHAIN, dns_names, dns_rule_names, dns_set_names, wildcard_sets,
+};
 pub use qos::QOS_CHAIN;
 pub use snoop_copies::snooped_namespaces;
 pub use status::{
