@@ -15,7 +15,7 @@
 //!   destinations (when more than one) in the named interval set `fw-<namespace>-r<k>`:
 //!   a changed destination is an element change, sent without re-validating the table.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use compact_str::{ToCompactString, format_compact};
@@ -34,6 +34,8 @@ struct Ctx<'a> {
     dns: &'a DnsAnswers,
     /// Cluster and Service ranges: resolved addresses inside them are dropped.
     exempt: Vec<IpNet>,
+    /// The version of the view's nodes ([`FirewallCache::nodes_epoch`]).
+    nodes_epoch: u64,
 }
 
 /// The absolute name egressd resolves for a rule name (`*.base.` for a wildcard, which
@@ -394,13 +396,16 @@ struct Cached {
     policy: std::sync::Arc<FirewallPolicy>,
     log: LogSpec,
     compiled: Compiled,
+    /// Made with `nodeSelector` rules from the nodes of this [`FirewallCache::nodes_epoch`]
+    /// (`None`: the policy has none, the nodes do not matter).
+    nodes_epoch: Option<u64>,
     /// The positions of the policy's `dnsName` rules (their sets are rebuilt from the
     /// current answers at every compile): no walk over the rules when nothing changed.
     dns_rules: Vec<usize>,
 }
 
 /// Compiled namespace chains of the previous compile, by namespace: reused when the
-/// policy is equal (and has no nodeSelector rule, whose addresses come from the nodes).
+/// policy is equal (and, with a nodeSelector rule, the nodes are as they were then).
 type ChainCache = std::collections::HashMap<String, Cached>;
 
 /// What the firewall reuses from the previous compile: namespace chains, and the pod
@@ -408,6 +413,10 @@ type ChainCache = std::collections::HashMap<String, Cached>;
 #[derive(Debug, Default)]
 pub(crate) struct FirewallCache {
     chains: ChainCache,
+    /// The nodes of the last compile and their version, counted up whenever they differ:
+    /// chains with `nodeSelector` rules are reused while it stays the same.
+    nodes: BTreeMap<String, crate::view::NodeInfo>,
+    nodes_epoch: u64,
     pods: super::pod_maps::PodMaps,
     /// What the pod maps were last made from: the pods' stamp and the namespaces with a
     /// policy. The same again, the maps are too, without a walk over every pod; with the
@@ -433,19 +442,21 @@ fn namespace_chain(
         }
         cached.compiled.clone()
     };
-    // The same version as last time (only chains that read nothing but their policy and
-    // the namespace's logging settings are cached): no look at its rules.
+    // A chain reads its policy, the namespace's logging settings and, with nodeSelector
+    // rules, the nodes. The same version as last time: no look at its rules.
+    let nodes_same = |cached: &Cached| cached.nodes_epoch.is_none_or(|e| e == ctx.nodes_epoch);
     if let Some(cached) = cache.get(&policy.namespace)
         && std::sync::Arc::ptr_eq(&cached.policy, policy)
+        && nodes_same(cached)
         && cached.log.is(policy, ctx.view)
     {
         return reuse(cached, table);
     }
-    let cacheable = !policy.rules.iter().any(|r| matches!(r.target, Target::Nodes(_)));
+    let reads_nodes = policy.rules.iter().any(|r| matches!(r.target, Target::Nodes(_)));
     let log = LogSpec::of(policy, ctx.view);
-    if cacheable
-        && let Some(cached) = cache.get_mut(&policy.namespace)
+    if let Some(cached) = cache.get_mut(&policy.namespace)
         && *cached.policy == **policy
+        && nodes_same(cached)
         && cached.log == log
     {
         // An equal copy (the object written again unchanged): kept for the next time.
@@ -475,12 +486,15 @@ fn namespace_chain(
     }
     rules.extend(run_statements(&pending, &name, &mut sets));
     let compiled = Compiled { chain: Chain::regular(rules), sets, errors };
-    if cacheable {
-        let dns_rules =
-            policy.rules.iter().enumerate().filter(|(_, r)| matches!(r.target, Target::Dns(_))).map(|(i, _)| i);
-        let cached = Cached { policy: policy.clone(), log, compiled: compiled.clone(), dns_rules: dns_rules.collect() };
-        cache.insert(policy.namespace.clone(), cached);
-    }
+    let dns_rules = policy.rules.iter().enumerate().filter(|(_, r)| matches!(r.target, Target::Dns(_))).map(|(i, _)| i);
+    let cached = Cached {
+        policy: policy.clone(),
+        log,
+        compiled: compiled.clone(),
+        nodes_epoch: reads_nodes.then_some(ctx.nodes_epoch),
+        dns_rules: dns_rules.collect(),
+    };
+    cache.insert(policy.namespace.clone(), cached);
     compiled
 }
 
@@ -543,7 +557,11 @@ pub(super) fn compile(
         return;
     }
     let exempt = exempt_sets(node, table);
-    let ctx = Ctx { view, node, dns, exempt };
+    if cache.nodes != view.nodes {
+        cache.nodes.clone_from(&view.nodes);
+        cache.nodes_epoch += 1;
+    }
+    let ctx = Ctx { view, node, dns, exempt, nodes_epoch: cache.nodes_epoch };
 
     for (namespace, entry) in &view.firewalls {
         let mut problems: Vec<String> = entry.error.iter().cloned().collect();
