@@ -2,9 +2,11 @@
 # Benchmark: the first full sync (compile + one nft transaction) of R EgressFirewall rules
 # over NS namespaces with P local pods, then single changes at that scale — one rule
 # edited, one pod added, one namespace's firewall replaced, one node's label changed —
-# each timed by egressd's own "dataplane in sync" log line: from the change being seen
-# (the directory watch's event) to the kernel's ack (seen_ms; the full sync: compile +
-# nft, elapsed_ms), split into compile, diff and nft on stderr. Also the
+# each made REPEAT=11 times (toggled back and forth; a new pod each time) and timed by
+# egressd's own "dataplane in sync" log line: from the change being seen (the directory
+# watch's event) to the kernel's ack (seen_ms; the full sync: compile + nft, elapsed_ms).
+# A step reports the median and the range (one change on this 2-core VM varies by 2x);
+# the medians of its compile, diff and nft parts go to stderr. Also the
 # agent's RSS. Every hundredth namespace allows ten cluster nodes by label (a nodeSelector
 # rule in the middle of its list), so the label change moves a node's address in or out
 # of ten namespaces' rules. Then the idle CPU (the agent and the nft runs it waited for)
@@ -13,7 +15,7 @@
 #   bench/full-sync.sh        # NS=1000 RULES=100 (100k rules) PODS=10000
 set -euo pipefail
 cd "$(dirname "$0")/.."
-NSN=${NS:-1000} RULES=${RULES:-100} PODS=${PODS:-10000}
+NSN=${NS:-1000} RULES=${RULES:-100} PODS=${PODS:-10000} REPEAT=${REPEAT:-11}
 # Root is needed (network namespaces, nftables): as root it runs as is; otherwise it
 # re-runs itself with sudo (keeping PATH, so cargo is found).
 if [ "$(id -u)" != 0 ]; then
@@ -64,32 +66,59 @@ NO_COLOR=1 ip netns exec "$NET" "$BIN" run --manifests "$WORK/m" --node-name ben
   --state-dir "$WORK/state" --health-addr 127.0.0.1:9798 2>"$WORK/log" &
 AGENT=$!
 syncs() { grep -c "dataplane in sync" "$WORK/log" || true; }
-wait_sync() { # N: wait for the N-th sync line, print its seen_ms (from the change being
-  # seen to the kernel's ack), rounded, or for the first sync (no change) its elapsed_ms
+wait_sync() { # N: wait for the N-th sync line
   for _ in $(seq 1200); do [ "$(syncs)" -ge "$1" ] && break; sleep 0.05; done
-  line=$(grep "dataplane in sync" "$WORK/log" | sed -n "${1}p")
-  seen=$(echo "$line" | grep -o 'seen_ms=[0-9.]*' | cut -d= -f2)
-  if [ -n "$seen" ]; then printf '%.0f\n' "$seen"; else echo "$line" | grep -o 'elapsed_ms=[0-9]*' | cut -d= -f2; fi
 }
-full=$(wait_sync 1)
+value() { # N KEY: KEY's value in the N-th sync line
+  grep "dataplane in sync" "$WORK/log" | sed -n "${1}p" | grep -o "$2=[0-9.]*" | cut -d= -f2
+}
+median() { sort -g | awk '{ v[NR] = $1 } END { printf "%.1f", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+put() { # FILE NAME: replace m/NAME with FILE at once (as kubectl-less users and ConfigMaps do)
+  cp "$1" "$WORK/m/.tmp" && mv "$WORK/m/.tmp" "$WORK/m/$2"
+}
+n=1
+step() { # LABEL CHANGE: run CHANGE I for I in 1..REPEAT, one sync each; RESULT: the
+  # median seen_ms and its range (not printed: a subshell would lose the count n); the
+  # medians of the parts to stderr
+  local first=$((n + 1)) i
+  for i in $(seq "$REPEAT"); do
+    "$2" "$i"; n=$((n + 1)); wait_sync "$n"; sleep 0.2
+  done
+  local seen; seen=$(for i in $(seq "$first" "$n"); do value "$i" seen_ms; done)
+  RESULT=$(printf '%s %s ms (%s–%s)' "$1" "$(echo "$seen" | median)" "$(echo "$seen" | sort -g | head -n1)" "$(echo "$seen" | sort -g | tail -n1)")
+  printf '%s: median seen_ms=%s' "$1" "$(echo "$seen" | median)" >&2
+  for k in compile_ms diff_ms nft_ms; do
+    printf ' %s=%s' "$k" "$(for i in $(seq "$first" "$n"); do value "$i" "$k"; done | median)" >&2
+  done
+  echo >&2
+}
+wait_sync 1
+full=$(value 1 elapsed_ms)
+grep "dataplane in sync" "$WORK/log" | head -n 1 | grep -o 'elapsed_ms=.*nft_ms=[0-9.]*' >&2 || true
 rss=$(awk '/VmRSS/ { print $2 }' "/proc/$AGENT/status")
 anon=$(awk '/RssAnon/ { print $2 }' "/proc/$AGENT/status")
 rules_applied=$(ip netns exec "$NET" nft -a list table inet egressd | grep -c 'comment "egress\[' || true)
 sleep 1
-cp "$WORK/edit-rule.yaml" "$WORK/m/.tmp" && mv "$WORK/m/.tmp" "$WORK/m/fw-7.yaml"
-edit=$(wait_sync 2)
-printf -- '---\napiVersion: v1\nkind: Pod\nmetadata: {name: extra, namespace: ns9}\nspec: {nodeName: bench}\nstatus: {phase: Running, podIP: 198.19.255.1}\n' >"$WORK/m/.tmp" && mv "$WORK/m/.tmp" "$WORK/m/extra-pod.yaml"
-pod=$(wait_sync 3)
-cp "$WORK/replace-ns.yaml" "$WORK/m/.tmp" && mv "$WORK/m/.tmp" "$WORK/m/fw-8.yaml"
-replace=$(wait_sync 4)
-cp "$WORK/label-node.yaml" "$WORK/m/.tmp" && mv "$WORK/m/.tmp" "$WORK/m/nodes.yaml"
-label=$(wait_sync 5)
+for f in fw-7.yaml fw-8.yaml nodes.yaml; do cp "$WORK/m/$f" "$WORK/orig-$f"; done
+toggle() { # CHANGED I NAME: odd I puts the changed version of NAME, even I the original
+  if [ $(($2 % 2)) = 1 ]; then put "$WORK/$1" "$3"; else put "$WORK/orig-$3" "$3"; fi
+}
+edit_rule() { toggle edit-rule.yaml "$1" fw-7.yaml; }
+add_pod() {
+  printf -- '---\napiVersion: v1\nkind: Pod\nmetadata: {name: extra%d, namespace: ns%d}\nspec: {nodeName: bench}\nstatus: {phase: Running, podIP: 198.19.255.%d}\n' \
+    "$1" "$((9 + $1))" "$1" >"$WORK/pod.yaml"
+  put "$WORK/pod.yaml" "extra-pod-$1.yaml"
+}
+replace_ns() { toggle replace-ns.yaml "$1" fw-8.yaml; }
+label_node() { toggle label-node.yaml "$1" nodes.yaml; }
+step "one rule edited" edit_rule; edit=$RESULT
+step "one pod added" add_pod; pod=$RESULT
+step "one namespace replaced" replace_ns; replace=$RESULT
+step "one node label changed" label_node; label=$RESULT
 # Idle CPU: the agent and the processes it ran (waited-for children: its nft runs) over
 # IDLE seconds with nothing changing, in % of one core.
 ticks() { awk '{ print $14 + $15 + $16 + $17 }' "/proc/$AGENT/stat"; }
 sleep 1
 t0=$(ticks); sleep "${IDLE:-20}"; t1=$(ticks)
 idle=$(awk -v a="$t0" -v b="$t1" -v hz="$(getconf CLK_TCK)" -v s="${IDLE:-20}" 'BEGIN { printf "%.2f", (b - a) / hz / s * 100 }')
-# Where each sync's time went (egressd's compile and diff vs netlink and nft), to stderr.
-grep "dataplane in sync" "$WORK/log" | head -n 5 | grep -o 'elapsed_ms=[0-9]* \(seen_ms=[0-9.]* \)\?compile_ms=[0-9.]* diff_ms=[0-9.]* netlink_ms=[0-9.]* nft_ms=[0-9.]*' >&2 || true
-echo "| $((NSN * RULES)) rules, $NSN namespaces, $PODS local pods ($rules_applied nft rules) | full sync ${full} ms | one rule edited ${edit} ms | one pod added ${pod} ms | one namespace replaced ${replace} ms | one node label changed ${label} ms | RSS $((rss / 1024)) MiB (heap $((anon / 1024)) MiB, the rest mapped code) | idle CPU ${idle} % |"
+echo "| $((NSN * RULES)) rules, $NSN namespaces, $PODS local pods ($rules_applied nft rules) | full sync ${full} ms | ${edit} | ${pod} | ${replace} | ${label} | RSS $((rss / 1024)) MiB (heap $((anon / 1024)) MiB, the rest mapped code) | idle CPU ${idle} % |"
