@@ -417,12 +417,77 @@ pub(crate) struct FirewallCache {
     /// chains with `nodeSelector` rules are reused while it stays the same.
     nodes: BTreeMap<String, crate::view::NodeInfo>,
     nodes_epoch: u64,
+    /// The namespaces' part of the last output, patched where a namespace's inputs changed.
+    out: Output,
     pods: super::pod_maps::PodMaps,
     /// What the pod maps were last made from: the pods' stamp and the namespaces with a
     /// policy. The same again, the maps are too, without a walk over every pod; with the
     /// same namespaces, only the addresses the pods' journal lists since that stamp are
     /// looked at.
     pods_from: Option<(u64, Vec<String>)>,
+}
+
+/// The namespace chains and run sets of the last compile and, by namespace, what made
+/// them: a compile touches only namespaces whose inputs differ, then copies the maps into
+/// the table (no lookup or insert per unchanged namespace).
+#[derive(Debug, Default)]
+struct Output {
+    chains: BTreeMap<String, Chain>,
+    sets: BTreeMap<String, Set>,
+    parts: BTreeMap<String, Part>,
+}
+
+/// One namespace's part of [`Output`] and its inputs: its EgressFirewall entry, its
+/// logging annotation, whether it has local pods (only then its chain and sets are in the
+/// table) and, with nodeSelector rules, the nodes' version. The same inputs give the same
+/// part; only its DNS sets are made anew (from the current answers) every time.
+#[derive(Debug)]
+struct Part {
+    key: crate::api::ObjectKey,
+    policy: Option<Arc<FirewallPolicy>>,
+    error: Option<String>,
+    logging: Option<Result<crate::view::AclLogging, String>>,
+    present: bool,
+    nodes_epoch: Option<u64>,
+    /// What it put in [`Output`]: its chain's name and its sets' names.
+    chain: Option<String>,
+    sets: Vec<String>,
+    status: ObjectStatus,
+    /// The positions of the policy's `dnsName` rules (no walk over its rules to find them).
+    dns_rules: Vec<usize>,
+}
+
+impl Output {
+    fn forget(&mut self, part: &Part) {
+        if let Some(chain) = &part.chain {
+            self.chains.remove(chain);
+        }
+        for set in &part.sets {
+            self.sets.remove(set);
+        }
+    }
+}
+
+impl Part {
+    fn same(
+        &self,
+        entry: &crate::view::Entry<FirewallPolicy>,
+        logging: Option<&Result<crate::view::AclLogging, String>>,
+        present: bool,
+        nodes_epoch: u64,
+    ) -> bool {
+        let same_policy = match (&self.policy, &entry.policy) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        same_policy
+            && self.present == present
+            && self.nodes_epoch.is_none_or(|e| e == nodes_epoch)
+            && self.error == entry.error
+            && self.logging.as_ref() == logging
+            && self.key == entry.key
+    }
 }
 
 fn namespace_chain(
@@ -554,6 +619,7 @@ pub(super) fn compile(
     };
     // No EgressFirewall, no hook: packets pay nothing for an empty policy.
     if view.firewalls.is_empty() {
+        cache.out = Output::default();
         return;
     }
     let exempt = exempt_sets(node, table);
@@ -563,19 +629,51 @@ pub(super) fn compile(
     }
     let ctx = Ctx { view, node, dns, exempt, nodes_epoch: cache.nodes_epoch };
 
+    // Namespaces in order, beside the parts of the last compile (also in order): a part
+    // whose inputs are the same is kept, others are made anew.
+    let out = &mut cache.out;
+    let mut old = std::mem::take(&mut out.parts).into_iter().peekable();
+    let mut parts = Vec::with_capacity(view.firewalls.len());
     for (namespace, entry) in &view.firewalls {
+        while let Some((_, gone)) = old.next_if(|(ns, _)| ns < namespace) {
+            out.forget(&gone);
+        }
+        let prev = old.next_if(|(ns, _)| ns == namespace);
+        let logging = view.namespaces.get(namespace).and_then(|n| n.acl_logging.as_ref());
+        let present = cache.pods.has(namespace);
+        if let Some((ns, part)) = prev {
+            if part.same(entry, logging, present, ctx.nodes_epoch) {
+                if let Some(policy) = &entry.policy {
+                    for &i in &part.dns_rules {
+                        if let Some(Target::Dns(name)) = policy.rules.get(i).map(|r| &r.target)
+                            && (!name.wildcard || ctx.node.snoop.is_some())
+                        {
+                            dns_sets(&ctx, name, table);
+                        }
+                    }
+                }
+                statuses.push(part.status.clone());
+                parts.push((ns, part));
+                continue;
+            }
+            out.forget(&part);
+        }
         let mut problems: Vec<String> = entry.error.iter().cloned().collect();
+        let (mut chain, mut sets) = (None, Vec::new());
         if let Some(policy) = &entry.policy {
-            let Compiled { chain, sets, errors } = namespace_chain(policy, &ctx, table, &mut cache.chains);
-            problems.extend(errors);
+            let compiled = namespace_chain(policy, &ctx, table, &mut cache.chains);
+            problems.extend(compiled.errors);
             // Only namespaces with local pods have their chain (and its sets) here.
-            if cache.pods.has(namespace) {
-                table.chains.insert(chain_name("fw", namespace), chain);
-                table.sets.extend(sets);
+            if present {
+                let name = chain_name("fw", namespace);
+                out.chains.insert(name.clone(), compiled.chain);
+                sets = compiled.sets.iter().map(|(name, _)| name.clone()).collect();
+                out.sets.extend(compiled.sets);
+                chain = Some(name);
             }
         }
         let mut warnings = entry.policy.as_ref().map(|p| p.warnings.clone()).unwrap_or_default();
-        if let Some(Some(Err(e))) = view.namespaces.get(namespace).map(|n| &n.acl_logging) {
+        if let Some(Err(e)) = logging {
             warnings.push(format!("namespace annotation {ACL_LOGGING_ANNOTATION}: {e}"));
         }
         let outcome = if problems.is_empty() { Outcome::Applied } else { Outcome::Failed(problems.join("; ")) };
@@ -583,8 +681,35 @@ pub(super) fn compile(
         if entry.policy.as_ref().is_some_and(|p| p.audit) {
             status = status.with_detail("audit mode: Deny rules log and count, nothing is dropped".into());
         }
-        statuses.push(status);
+        statuses.push(status.clone());
+        let rules = entry.policy.as_ref().map_or(&[][..], |p| &p.rules[..]);
+        let reads_nodes = rules.iter().any(|r| matches!(r.target, Target::Nodes(_)));
+        let dns_rules = rules.iter().enumerate().filter(|(_, r)| matches!(r.target, Target::Dns(_))).map(|(i, _)| i);
+        let part = Part {
+            key: entry.key.clone(),
+            policy: entry.policy.clone(),
+            error: entry.error.clone(),
+            logging: logging.cloned(),
+            present,
+            nodes_epoch: reads_nodes.then_some(ctx.nodes_epoch),
+            chain,
+            sets,
+            status,
+            dns_rules: dns_rules.collect(),
+        };
+        parts.push((namespace.clone(), part));
     }
+    for (_, gone) in old {
+        out.forget(&gone);
+    }
+    out.parts = parts.into_iter().collect();
+    // The kept maps, with what the walk added (the DNS and cluster sets) merged in.
+    let mut sets = out.sets.clone();
+    sets.append(&mut table.sets);
+    table.sets = sets;
+    let mut chains = out.chains.clone();
+    chains.append(&mut table.chains);
+    table.chains = chains;
 
     table.sets.insert(PODS_V4.into(), Set { elements: v4, ..Set::verdict_map(KeyType::Ipv4) });
     table.sets.insert(PODS_V6.into(), Set { elements: v6, ..Set::verdict_map(KeyType::Ipv6) });

@@ -185,10 +185,10 @@ pub struct Desired {
 }
 
 /// What one compile can reuse from the previous one. The output never depends on it:
-/// an entry is used only when the input that produced it is equal — the namespace's
-/// policy, and the node's settings (a different [`NodeConfig`] empties the cache);
-/// chains that read more of the view (nodeSelector rules) are never cached. The
-/// property test in `tests/incremental.rs` checks it against a fresh compile.
+/// an entry is used only when the input that produced it is equal — a namespace's
+/// policy, logging and local pods, the nodes' version for nodeSelector rules, and the
+/// node's settings (a different [`NodeConfig`] empties the cache). The property test in
+/// `tests/incremental.rs` checks it against a fresh compile.
 #[derive(Debug, Default)]
 pub struct CompileCache {
     node: Option<NodeConfig>,
