@@ -611,7 +611,7 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
         if let Some(h) = &self.snoop {
             h.update(desired.snoop.clone());
             if matches!(result, Ok(SyncKind::Full)) {
-                let sets: BTreeSet<String> = desired.table.sets.keys().cloned().collect();
+                let sets: BTreeSet<String> = desired.table.sets.keys().map(|s| s.to_string()).collect();
                 match h.reinstall(&sets) {
                     Ok(0) => {}
                     Ok(n) => tracing::info!(elements = n, "learned DNS addresses put back after a full sync"),
@@ -789,7 +789,7 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
             .collect();
         for (ns, verdicts) in logged {
             let chain = crate::nft::chain_name("fw", &ns);
-            if !self.desired.table.chains.contains_key(&chain) {
+            if !self.desired.table.chains.contains_key(chain.as_str()) {
                 continue;
             }
             let counters = match tokio::task::block_in_place(|| self.syncer.rule_counters(&chain)) {

@@ -516,7 +516,7 @@ fn emit_routes(
 ) {
     let mut gateways = [Set::new(KeyType::Ipv4, false), Set::new(KeyType::Ipv6, false)];
     for ((v6, hops), k) in hop_sets {
-        table.chains.insert(format!("eip-mark-{k}"), Chain::regular(vec![mark_statement(settings, *k)]));
+        table.chains.insert(format_compact!("eip-mark-{k}"), Chain::regular(vec![mark_statement(settings, *k)]));
         let table_id = settings.table_base + k;
         net.routes.insert((table_id, *v6), hops.clone());
         net.rules.insert(MarkRule {
@@ -573,7 +573,7 @@ fn emit_tables(
             IpAddr::V4(v4) => format!("snat ip to {v4}"),
             IpAddr::V6(v6) => format!("snat ip6 to {v6}"),
         };
-        table.chains.insert(ip_chain("eip-snat", *ip), Chain::regular(vec![stmt]));
+        table.chains.insert(ip_chain("eip-snat", *ip).into(), Chain::regular(vec![stmt]));
     }
     table.chains.insert(
         STEER_CHAIN.into(),

@@ -131,7 +131,7 @@ fn dns_sets(ctx: &Ctx, name: &DnsName, table: &mut Table) -> Vec<(&'static str, 
         if !used {
             continue;
         }
-        if !table.sets.contains_key(&set_id) {
+        if !table.sets.contains_key(set_id.as_str()) {
             let mut set = Set::with_timeout(key);
             if let Some(resolved) = resolved {
                 // Kernel-side expiry: the agent refreshes these while it runs; if it is
@@ -143,7 +143,7 @@ fn dns_sets(ctx: &Ctx, name: &DnsName, table: &mut Table) -> Vec<(&'static str, 
                     }
                 }
             }
-            table.sets.insert(set_id.clone(), set);
+            table.sets.insert(set_id.as_str().into(), set);
         }
         out.push((family, set_id));
     }
@@ -305,7 +305,7 @@ fn static_targets(rule: &FirewallRule, ctx: &Ctx) -> Option<BTreeSet<IpNet>> {
 /// chain's shape then depends on the actions and port sets: editing a destination of a
 /// merged run, or a node's addresses, changes elements, not rules, and the kernel
 /// re-validates nothing.
-fn run_statements(rules: &[super::runs::StaticRule], chain: &str, sets: &mut Vec<(String, Set)>) -> Vec<String> {
+fn run_statements(rules: &[super::runs::StaticRule], chain: &str, sets: &mut Vec<(Text, Set)>) -> Vec<String> {
     let mut out = Vec::new();
     for run in super::runs::merge(rules) {
         let (verdict, total) = match run.action {
@@ -325,7 +325,7 @@ fn run_statements(rules: &[super::runs::StaticRule], chain: &str, sets: &mut Vec
                 // nodes are full (a third less memory at 100k ranges).
                 let elements = m.addrs.iter().map(|n| (n.to_compact_string(), Text::default())).collect();
                 let set = Set { elements, ..Set::new(if m.v4 { KeyType::Ipv4 } else { KeyType::Ipv6 }, true) };
-                sets.push((name.clone(), set));
+                sets.push((name.as_str().into(), set));
                 format!("{family} daddr @{name}")
             };
             out.push(format!(
@@ -384,7 +384,7 @@ impl LogSpec {
 #[derive(Debug, Clone)]
 struct Compiled {
     chain: Chain,
-    sets: Vec<(String, Set)>,
+    sets: Vec<(Text, Set)>,
     errors: Vec<String>,
 }
 
@@ -432,9 +432,11 @@ pub(crate) struct FirewallCache {
 /// the table (no lookup or insert per unchanged namespace).
 #[derive(Debug, Default)]
 struct Output {
-    chains: BTreeMap<String, Chain>,
-    sets: BTreeMap<String, Set>,
-    parts: BTreeMap<String, Part>,
+    chains: BTreeMap<Text, Chain>,
+    sets: BTreeMap<Text, Set>,
+    /// By namespace, in the order of the view's firewalls (each boxed: a compile moves
+    /// every part once).
+    parts: Vec<(String, Box<Part>)>,
 }
 
 /// One namespace's part of [`Output`] and its inputs: its EgressFirewall entry, its
@@ -450,8 +452,8 @@ struct Part {
     present: bool,
     nodes_epoch: Option<u64>,
     /// What it put in [`Output`]: its chain's name and its sets' names.
-    chain: Option<String>,
-    sets: Vec<String>,
+    chain: Option<Text>,
+    sets: Vec<Text>,
     status: ObjectStatus,
     /// The positions of the policy's `dnsName` rules (no walk over its rules to find them).
     dns_rules: Vec<usize>,
@@ -581,8 +583,8 @@ pub(super) fn compile(
     }
     // Local pods (by the pod-identity rule) of namespaces with a firewall policy jump to
     // their namespace's chain.
-    let policed: Vec<&str> =
-        view.firewalls.iter().filter(|(_, e)| e.policy.is_some()).map(|(ns, _)| ns.as_str()).collect();
+    let mut policed: Vec<&str> = Vec::with_capacity(view.firewalls.len());
+    policed.extend(view.firewalls.iter().filter(|(_, e)| e.policy.is_some()).map(|(ns, _)| ns.as_str()));
     let stamp = view.pods.stamp();
     let jump = |ns: &str| format_compact!("jump {}", chain_name("fw", ns));
     // With the same policed namespaces, only the addresses the pod changes since the
@@ -665,7 +667,7 @@ pub(super) fn compile(
             problems.extend(compiled.errors);
             // Only namespaces with local pods have their chain (and its sets) here.
             if present {
-                let name = chain_name("fw", namespace);
+                let name: Text = chain_name("fw", namespace).into();
                 out.chains.insert(name.clone(), compiled.chain);
                 sets = compiled.sets.iter().map(|(name, _)| name.clone()).collect();
                 out.sets.extend(compiled.sets);
@@ -697,12 +699,12 @@ pub(super) fn compile(
             status,
             dns_rules: dns_rules.collect(),
         };
-        parts.push((namespace.clone(), part));
+        parts.push((namespace.clone(), Box::new(part)));
     }
     for (_, gone) in old {
         out.forget(&gone);
     }
-    out.parts = parts.into_iter().collect();
+    out.parts = parts;
     // The kept maps, with what the walk added (the DNS and cluster sets) merged in.
     let mut sets = out.sets.clone();
     sets.append(&mut table.sets);

@@ -81,8 +81,8 @@ pub(super) fn compile(
                         let set = if ip.is_ipv4() { &mut set4 } else { &mut set6 };
                         set.elements.insert(ip.to_compact_string(), Text::default());
                     }
-                    table.sets.insert(s4.clone(), set4);
-                    table.sets.insert(s6.clone(), set6);
+                    table.sets.insert(s4.as_str().into(), set4);
+                    table.sets.insert(s6.as_str().into(), set6);
                     (s4, s6)
                 });
                 rules.extend(rule_statements(i, rule, sets.as_ref().map(|(a, b)| (a.as_str(), b.as_str()))));
@@ -91,7 +91,7 @@ pub(super) fn compile(
                 let map = if ip.is_ipv4() { &mut pods_v4 } else { &mut pods_v6 };
                 map.elements.insert(ip.to_compact_string(), format_compact!("jump {name}"));
             }
-            table.chains.insert(name, Chain::regular(rules));
+            table.chains.insert(name.into(), Chain::regular(rules));
         }
         let outcome = entry.error.clone().map_or(Outcome::Applied, Outcome::Failed);
         statuses.push(ObjectStatus::new(entry.key.clone(), &node.node_name, outcome));

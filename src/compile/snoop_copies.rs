@@ -78,7 +78,7 @@ pub(super) fn compile(node: &NodeConfig, targets: &SnoopTargets, table: &mut Tab
     ];
     for (prefix, class, rate) in classes {
         table.chains.insert(
-            format!("dns-copy-{class}"),
+            format!("dns-copy-{class}").into(),
             Chain::regular(vec![
                 format!(
                     "limit rate over {rate}/second burst {rate} packets counter name \"{}\" return",

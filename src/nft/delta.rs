@@ -70,7 +70,7 @@ impl ElementDelta {
                     continue;
                 }
                 let elements = items.into_iter().map(|(k, v)| typed(set, k, v)).collect::<Option<Vec<_>>>()?;
-                list.push(SetElements { set: name.clone(), elements });
+                list.push(SetElements { set: name.to_string(), elements });
             }
         }
         Some(delta)
@@ -82,7 +82,9 @@ impl ElementDelta {
     pub(crate) fn refresh(table: &Table, sets: &[String]) -> Option<Self> {
         let mut delta = Self::default();
         for name in sets {
-            let Some(set) = table.sets.get(name).filter(|s| s.timeout && !s.interval && !s.elements.is_empty()) else {
+            let Some(set) =
+                table.sets.get(name.as_str()).filter(|s| s.timeout && !s.interval && !s.elements.is_empty())
+            else {
                 continue;
             };
             let elements = set.elements.iter().map(|(k, v)| typed(set, k, v)).collect::<Option<Vec<_>>>()?;

@@ -98,7 +98,7 @@ pub fn diff(old: &Table, new: &Table) -> Option<String> {
     // 6. Chains and sets that are gone. Chains may still jump to each other and use
     //    sets, and gone maps may still jump to gone chains: flush the chains, delete the
     //    sets and maps, then delete the chains.
-    let gone_chains: Vec<&String> = old.chains.keys().filter(|n| !new.chains.contains_key(*n)).collect();
+    let gone_chains: Vec<&Text> = old.chains.keys().filter(|n| !new.chains.contains_key(*n)).collect();
     for name in &gone_chains {
         let _ = writeln!(out, "flush chain {t} {name}");
     }
@@ -266,7 +266,7 @@ mod props {
                 }
             }
             for (name, rules) in regular {
-                t.chains.insert(name, Chain::regular(rules));
+                t.chains.insert(name.into(), Chain::regular(rules));
             }
             let mut base_rules = vec!["ct direction reply accept".to_string()];
             for b in base {
@@ -307,13 +307,13 @@ mod props {
             let name = rest.split_whitespace().next().unwrap_or_default().to_string();
             match verb.trim() {
                 "add chain" => {
-                    t.chains.entry(name).or_default();
+                    t.chains.entry(name.into()).or_default();
                 }
                 "add set" | "add map" => {
-                    let template = desired.sets.get(&name).ok_or(format!("{line}: not desired"))?;
+                    let template = desired.sets.get(name.as_str()).ok_or(format!("{line}: not desired"))?;
                     let mut s = template.clone();
                     s.elements.clear();
-                    if t.sets.insert(name.clone(), s).is_some() {
+                    if t.sets.insert(name.as_str().into(), s).is_some() {
                         return Err(format!("{line}: exists"));
                     }
                 }
@@ -327,36 +327,36 @@ mod props {
                     if let Some(target) = rule.strip_prefix("jump ") {
                         t.chains.get(target).ok_or(format!("{line}: no chain {target}"))?;
                     }
-                    let chain = t.chains.get_mut(&name).ok_or(format!("{line}: no chain"))?;
+                    let chain = t.chains.get_mut(name.as_str()).ok_or(format!("{line}: no chain"))?;
                     std::sync::Arc::make_mut(&mut chain.rules).push(rule);
                 }
                 "flush chain" => {
-                    let chain = t.chains.get_mut(&name).ok_or(format!("{line}: no chain"))?;
+                    let chain = t.chains.get_mut(name.as_str()).ok_or(format!("{line}: no chain"))?;
                     chain.rules = Default::default();
                 }
                 "delete chain" => {
-                    let chain = t.chains.get(&name).ok_or(format!("{line}: no chain"))?;
+                    let chain = t.chains.get(name.as_str()).ok_or(format!("{line}: no chain"))?;
                     if !chain.rules.is_empty() || referenced(&t, &name) {
                         return Err(format!("{line}: busy"));
                     }
-                    t.chains.remove(&name);
+                    t.chains.remove(name.as_str());
                 }
                 "delete set" | "delete map" => {
-                    t.sets.get(&name).ok_or(format!("{line}: no set"))?;
+                    t.sets.get(name.as_str()).ok_or(format!("{line}: no set"))?;
                     if referenced(&t, &name) {
                         return Err(format!("{line}: busy"));
                     }
-                    t.sets.remove(&name);
+                    t.sets.remove(name.as_str());
                 }
                 "delete element" => {
-                    let set = t.sets.get_mut(&name).ok_or(format!("{line}: no set"))?;
+                    let set = t.sets.get_mut(name.as_str()).ok_or(format!("{line}: no set"))?;
                     for k in braces(line) {
                         set.elements.remove(k.as_str()).ok_or(format!("{line}: no element {k}"))?;
                     }
                 }
                 "add element" => {
-                    let chains: Vec<String> = t.chains.keys().cloned().collect();
-                    let set = t.sets.get_mut(&name).ok_or(format!("{line}: no set"))?;
+                    let chains: Vec<String> = t.chains.keys().map(|c| c.to_string()).collect();
+                    let set = t.sets.get_mut(name.as_str()).ok_or(format!("{line}: no set"))?;
                     for item in braces(line) {
                         let (k, v) = if set.verdict_map {
                             let (k, v) = item.split_once(" : ").ok_or(format!("{line}: {item}"))?;

@@ -207,9 +207,9 @@ pub struct Table {
     /// Table name (the agent owns exactly this table).
     pub name: String,
     /// Sets and maps by name.
-    pub sets: BTreeMap<String, Set>,
+    pub sets: BTreeMap<Text, Set>,
     /// Chains by name.
-    pub chains: BTreeMap<String, Chain>,
+    pub chains: BTreeMap<Text, Chain>,
 }
 
 impl Table {
