@@ -379,13 +379,19 @@ impl LogSpec {
     }
 }
 
-/// A compiled namespace chain: its rules, the named sets of its merged runs, and the
-/// errors of rules it could not compile.
+/// A compiled namespace chain: its rules, the named sets of its merged runs, the
+/// errors of rules it could not compile, and what the next compile checks to reuse it.
 #[derive(Debug, Clone)]
 struct Compiled {
     chain: Chain,
     sets: Vec<(Text, Set)>,
     errors: Vec<String>,
+    /// Made with `nodeSelector` rules from the nodes of this [`FirewallCache::nodes_epoch`]
+    /// (`None`: the policy has none, the nodes do not matter).
+    nodes_epoch: Option<u64>,
+    /// The positions of the policy's `dnsName` rules (their sets are rebuilt from the
+    /// current answers at every compile): no walk over the rules when nothing changed.
+    dns_rules: Vec<usize>,
 }
 
 /// A namespace chain of the previous compile, with what it was made from.
@@ -396,12 +402,6 @@ struct Cached {
     policy: std::sync::Arc<FirewallPolicy>,
     log: LogSpec,
     compiled: Compiled,
-    /// Made with `nodeSelector` rules from the nodes of this [`FirewallCache::nodes_epoch`]
-    /// (`None`: the policy has none, the nodes do not matter).
-    nodes_epoch: Option<u64>,
-    /// The positions of the policy's `dnsName` rules (their sets are rebuilt from the
-    /// current answers at every compile): no walk over the rules when nothing changed.
-    dns_rules: Vec<usize>,
 }
 
 /// Compiled namespace chains of the previous compile, by namespace: reused when the
@@ -492,26 +492,31 @@ impl Part {
     }
 }
 
+/// The DNS sets the `dnsName` rules at `positions` of `policy` reference, made anew from
+/// the current answers (a reused chain's sets are never taken from the last compile).
+fn rebuild_dns_sets(policy: &FirewallPolicy, positions: &[usize], ctx: &Ctx, table: &mut Table) {
+    for &i in positions {
+        if let Some(Target::Dns(name)) = policy.rules.get(i).map(|r| &r.target)
+            && (!name.wildcard || ctx.node.snoop.is_some())
+        {
+            dns_sets(ctx, name, table);
+        }
+    }
+}
+
 fn namespace_chain(
     policy: &std::sync::Arc<FirewallPolicy>,
     ctx: &Ctx,
     table: &mut Table,
     cache: &mut ChainCache,
 ) -> Compiled {
-    // The DNS sets a cached chain references are rebuilt from the current answers.
     let reuse = |cached: &Cached, table: &mut Table| {
-        for &i in &cached.dns_rules {
-            if let Some(Target::Dns(name)) = policy.rules.get(i).map(|r| &r.target)
-                && (!name.wildcard || ctx.node.snoop.is_some())
-            {
-                dns_sets(ctx, name, table);
-            }
-        }
+        rebuild_dns_sets(policy, &cached.compiled.dns_rules, ctx, table);
         cached.compiled.clone()
     };
     // A chain reads its policy, the namespace's logging settings and, with nodeSelector
     // rules, the nodes. The same version as last time: no look at its rules.
-    let nodes_same = |cached: &Cached| cached.nodes_epoch.is_none_or(|e| e == ctx.nodes_epoch);
+    let nodes_same = |cached: &Cached| cached.compiled.nodes_epoch.is_none_or(|e| e == ctx.nodes_epoch);
     if let Some(cached) = cache.get(&policy.namespace)
         && std::sync::Arc::ptr_eq(&cached.policy, policy)
         && nodes_same(cached)
@@ -552,15 +557,15 @@ fn namespace_chain(
         }
     }
     rules.extend(run_statements(&pending, &name, &mut sets));
-    let compiled = Compiled { chain: Chain::regular(rules), sets, errors };
     let dns_rules = policy.rules.iter().enumerate().filter(|(_, r)| matches!(r.target, Target::Dns(_))).map(|(i, _)| i);
-    let cached = Cached {
-        policy: policy.clone(),
-        log,
-        compiled: compiled.clone(),
+    let compiled = Compiled {
+        chain: Chain::regular(rules),
+        sets,
+        errors,
         nodes_epoch: reads_nodes.then_some(ctx.nodes_epoch),
         dns_rules: dns_rules.collect(),
     };
+    let cached = Cached { policy: policy.clone(), log, compiled: compiled.clone() };
     cache.insert(policy.namespace.clone(), cached);
     compiled
 }
@@ -646,13 +651,7 @@ pub(super) fn compile(
         if let Some((ns, part)) = prev {
             if part.same(entry, logging, present, ctx.nodes_epoch) {
                 if let Some(policy) = &entry.policy {
-                    for &i in &part.dns_rules {
-                        if let Some(Target::Dns(name)) = policy.rules.get(i).map(|r| &r.target)
-                            && (!name.wildcard || ctx.node.snoop.is_some())
-                        {
-                            dns_sets(&ctx, name, table);
-                        }
-                    }
+                    rebuild_dns_sets(policy, &part.dns_rules, &ctx, table);
                 }
                 statuses.push(part.status.clone());
                 parts.push((ns, part));
@@ -661,10 +660,11 @@ pub(super) fn compile(
             out.forget(&part);
         }
         let mut problems: Vec<String> = entry.error.iter().cloned().collect();
-        let (mut chain, mut sets) = (None, Vec::new());
+        let (mut chain, mut sets, mut nodes_epoch, mut dns_rules) = (None, Vec::new(), None, Vec::new());
         if let Some(policy) = &entry.policy {
             let compiled = namespace_chain(policy, &ctx, table, &mut cache.chains);
             problems.extend(compiled.errors);
+            (nodes_epoch, dns_rules) = (compiled.nodes_epoch, compiled.dns_rules);
             // Only namespaces with local pods have their chain (and its sets) here.
             if present {
                 let name: Text = chain_name("fw", namespace).into();
@@ -684,20 +684,17 @@ pub(super) fn compile(
             status = status.with_detail("audit mode: Deny rules log and count, nothing is dropped".into());
         }
         statuses.push(status.clone());
-        let rules = entry.policy.as_ref().map_or(&[][..], |p| &p.rules[..]);
-        let reads_nodes = rules.iter().any(|r| matches!(r.target, Target::Nodes(_)));
-        let dns_rules = rules.iter().enumerate().filter(|(_, r)| matches!(r.target, Target::Dns(_))).map(|(i, _)| i);
         let part = Part {
             key: entry.key.clone(),
             policy: entry.policy.clone(),
             error: entry.error.clone(),
             logging: logging.cloned(),
             present,
-            nodes_epoch: reads_nodes.then_some(ctx.nodes_epoch),
+            nodes_epoch,
             chain,
             sets,
             status,
-            dns_rules: dns_rules.collect(),
+            dns_rules,
         };
         parts.push((namespace.clone(), Box::new(part)));
     }
