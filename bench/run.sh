@@ -75,8 +75,8 @@ field() { sed -n "s/.*$1 \([0-9.]* ms\( ([0-9.]*–[0-9.]*)\)\?\).*/\1/p" "$2"; 
   echo
   echo "## DNS names refreshed at their TTLs (\`bench/dns-refresh.sh\`)"
   echo
-  echo "| workload | window | lookups | CPU | RSS |"
-  echo "|---|---|---|---|---|"
+  echo "| workload | first sync (goal < 1 s) | window | lookups | CPU | RSS |"
+  echo "|---|---|---|---|---|---|"
   row "$tmp/dns"
   echo
   echo "## Following a cluster (\`bench/kube-pods.sh\`, RSS goal < 64 MiB)"

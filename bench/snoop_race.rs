@@ -122,6 +122,7 @@ fn main() {
         let file = std::fs::File::open(&node_ns).expect("netns");
         nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
         let mut writer = egressd::dataplane::elements::ElementWriter::open("egressd").expect("netlink");
+        let [_, slot] = egressd::compile::dns_slots("*.example.com.");
         loop {
             if stop_rx.try_recv().is_ok() {
                 return;
@@ -130,7 +131,7 @@ fn main() {
                 std::thread::yield_now();
                 continue;
             };
-            if writer.contains("dnsw6-example.com", IpAddr::V6(address(i))).unwrap_or(false) {
+            if writer.contains(slot.set, Some(slot.tag), IpAddr::V6(address(i))).unwrap_or(false) {
                 let at = Instant::now();
                 let mut current = w.lock().expect("lock");
                 if *current == Some(i) {

@@ -15,7 +15,7 @@ use std::time::Duration;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use crate::compile::{Desired, DnsNamesCache, NodeConfig, ObjectStatus, Outcome, dns_set_names};
+use crate::compile::{Desired, DnsNamesCache, NodeConfig, ObjectStatus, Outcome, dns_slots};
 use crate::dataplane::netlink::Netlink;
 use crate::dataplane::nft_sync::{NftBackend, NftError, NftSyncer, SyncKind};
 use crate::dns::resolver::DnsResolver;
@@ -611,8 +611,9 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
         if let Some(h) = &self.snoop {
             h.update(desired.snoop.clone());
             if matches!(result, Ok(SyncKind::Full)) {
-                let sets: BTreeSet<String> = desired.table.sets.keys().map(|s| s.to_string()).collect();
-                match h.reinstall(&sets) {
+                let slots: BTreeSet<crate::nft::Slot> =
+                    desired.snoop.names.values().flatten().flat_map(|n| n.slots).flatten().collect();
+                match h.reinstall(&slots) {
                     Ok(0) => {}
                     Ok(n) => tracing::info!(elements = n, "learned DNS addresses put back after a full sync"),
                     Err(e) => tracing::warn!(error = %e, "learned DNS addresses not put back"),
@@ -659,8 +660,8 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
         if stale.is_empty() {
             return;
         }
-        let sets: Vec<String> = stale.iter().flat_map(|n| dns_set_names(n)).collect();
-        match tokio::task::block_in_place(|| self.syncer.refresh_timeouts(&sets)) {
+        let slots: Vec<crate::nft::Slot> = stale.iter().flat_map(|n| dns_slots(n)).collect();
+        match tokio::task::block_in_place(|| self.syncer.refresh_timeouts(&slots)) {
             Ok(_) => self.refreshed.extend(stale.into_iter().map(|n| (n, now))),
             Err(e) => {
                 tracing::warn!(error = %e, "refreshing DNS element timeouts failed; next sync replaces the table")
@@ -991,8 +992,7 @@ fn start_snooping(config: &RunConfig, view: &ClusterView) -> Option<crate::datap
         }
     };
     tracing::info!(group = settings.group, servers = ?settings.servers, "DNS snooping on");
-    let sets: Vec<String> = crate::compile::wildcard_sets(view).into_iter().collect();
-    match handle.recover(&sets) {
+    match handle.recover(&crate::compile::wildcard_slots(view)) {
         Ok(0) => {}
         Ok(n) => tracing::info!(elements = n, "addresses learned by an earlier run kept"),
         Err(e) => tracing::warn!(error = %e, "addresses learned by an earlier run not read back"),

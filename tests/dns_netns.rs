@@ -33,9 +33,11 @@ fn dns_rules_follow_answers_keep_last_good_and_expire_in_the_kernel() {
     assert!(tcp(p0, "2001:db8:ff:1::10", 8080).is_some(), "allowed by name (v6):\n{}", t.node.nft_list());
     assert_eq!(tcp(p0, "198.51.100.10", 8080), None, "other addresses denied");
     assert_eq!(tcp(p0, "192.0.2.10", 9090), None, "other ports denied");
-    let table = t.node.exec(&["nft", "list", "set", "inet", "egressd", "dns4-api.example.com"]);
+    // The name's slot of the shared set: its tag, then the address.
+    let table = t.node.exec(&["nft", "list", "set", "inet", "egressd", "dns-v4"]);
+    let [slot, _] = egressd::compile::dns_slots("api.example.com.");
     assert!(
-        table.contains("192.0.2.10 timeout 35s expires"),
+        table.contains(&format!("{} timeout 35s expires", slot.key("192.0.2.10".parse().unwrap()))),
         "kernel-side timeout (TTL 1 → 5 s floor + 30 s grace):\n{table}"
     );
 

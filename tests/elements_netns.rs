@@ -14,11 +14,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use egressd::dataplane::nft_sync::{NftCli, NftSyncer, SyncKind};
-use egressd::nft::{Chain, Hook, KeyType, Set, Table};
+use egressd::nft::{Chain, Hook, KeyType, Set, Slot, Table};
 use netns::Netns;
 use proptest::prelude::*;
 
 const CHAINS: [&str; 3] = ["fw-a", "fw-b", "fw-h0123456789abcdef"];
+const DNS_SLOTS: [Slot; 2] = [Slot { set: "dns-v4", tag: 0xfedc_ba98_7654_3210 }, Slot { set: "dns-v4", tag: 7 }];
 
 fn set(key: KeyType, verdict_map: bool, timeout: bool, elements: BTreeMap<String, String>) -> Set {
     let elements = elements.into_iter().map(|(k, v)| (k.into(), v.into())).collect();
@@ -69,13 +70,21 @@ fn with_ranges(
                 .collect(),
         ),
     );
+    // DNS addresses of two names sharing one tagged set (the tags' halves both in use).
     t.sets.insert(
-        "dns4-example".into(),
+        "dns-v4".into(),
         set(
-            KeyType::Ipv4,
+            KeyType::TaggedIpv4,
             false,
             true,
-            dns.iter().map(|(i, s)| (format!("192.0.2.{i}"), format!("timeout {s}s"))).collect(),
+            dns.iter()
+                .map(|(i, s)| {
+                    (
+                        DNS_SLOTS[usize::from(*i) % 2].key(format!("192.0.2.{i}").parse().unwrap()).to_string(),
+                        format!("timeout {s}s"),
+                    )
+                })
+                .collect(),
         ),
     );
     t.sets.insert(
@@ -84,7 +93,8 @@ fn with_ranges(
     );
     for c in CHAINS {
         let rules = vec![
-            "ip daddr @dns4-example counter accept".to_string(),
+            format!("{} counter accept", DNS_SLOTS[0].matches("ip")),
+            format!("{} counter accept", DNS_SLOTS[1].matches("ip")),
             "ip daddr @ranges-v4 counter accept".to_string(),
             "ip6 daddr @ranges-v6 counter accept".to_string(),
             "counter drop".to_string(),

@@ -124,8 +124,10 @@ fn wildcards_are_learned_from_the_pods_own_trusted_answers() {
     assert_eq!(ask(p0, TRUSTED, "a.example.com.", RecordType::A, false), vec!["192.0.2.10".parse::<IpAddr>().unwrap()]);
     let took = wait_for(Duration::from_secs(2), || tcp(p0, "192.0.2.10", 8080).is_some());
     assert!(took.is_some(), "learned address not allowed:\n{}\n{}", t.node.nft_list(), agent.log_text());
-    let set = t.node.exec(&["nft", "list", "set", "inet", "egressd", "dnsw4-example.com"]);
-    assert!(set.contains("192.0.2.10 timeout 6m"), "TTL 60 s + 300 s grace:\n{set}");
+    let set = t.node.exec(&["nft", "list", "set", "inet", "egressd", "dns-v4"]);
+    let [wildcard, _] = egressd::compile::dns_slots("*.example.com.");
+    let key = wildcard.key("192.0.2.10".parse().unwrap());
+    assert!(set.contains(&format!("{key} timeout 6m")), "TTL 60 s + 300 s grace:\n{set}");
 
     // Two labels below the wildcard: not matched.
     assert_eq!(ask(p0, TRUSTED, "x.y.example.com.", RecordType::A, false).len(), 1);
@@ -313,7 +315,7 @@ fn another_pod_cannot_forge_an_answer_from_the_servers_address() {
     let counted = wait_for(Duration::from_secs(3), || snooped(&t, "spoofed") >= 2);
     assert!(counted.is_some(), "spoofed {}:\n{}", snooped(&t, "spoofed"), agent.log_text());
     assert_eq!(snooped(&t, "learned"), 0, "a forged answer was learned");
-    let set = t.node.exec(&["nft", "list", "set", "inet", "egressd", "dnsw4-example.com"]);
+    let set = t.node.exec(&["nft", "list", "set", "inet", "egressd", "dns-v4"]);
     assert!(!set.contains(UNTRUSTED), "forged address in the set:\n{set}");
     assert_eq!(tcp(p0, UNTRUSTED, 8080), None, "forged address allowed");
 }
@@ -367,7 +369,7 @@ fn thousands_of_learned_addresses_survive_a_full_replace_and_a_restart() {
     });
     assert_eq!(answered, NAMES * PER_NAME);
     let count = |t: &Topology| {
-        let set = t.node.exec(&["nft", "list", "set", "inet", "egressd", "dnsw6-bulk.example.com"]);
+        let set = t.node.exec(&["nft", "list", "set", "inet", "egressd", "dns-v6"]);
         set.matches("2001:db8:aa:").count()
     };
     let learned = wait_for(Duration::from_secs(10), || count(&t) == NAMES * PER_NAME);
@@ -414,4 +416,34 @@ fn a_flood_from_port_53_is_copied_only_up_to_the_rate_limit() {
     assert!(seen.is_some(), "copied {copied} + held back {held} of 3000:\n{}", agent.log_text());
     assert!(copied <= 1000, "{copied} untracked copies taken of 3000");
     assert!(copied + held <= 3000, "copied {copied} + held back {held}");
+}
+
+#[test]
+fn an_upgrade_keeps_what_an_older_egressd_learned_in_its_per_name_sets() {
+    // An egressd before the shared DNS sets kept a wildcard name's learned addresses in
+    // `dnsw4-<base>`: the new one reads them back at start-up into the name's slot, so
+    // pods keep reaching what they resolved before the upgrade.
+    let t = Topology::new(&["team-a"]);
+    t.set_firewall(
+        "team-a",
+        &[
+            "  - type: Allow\n    to: {dnsName: \"*.example.com\"}\n    ports: [{protocol: TCP, port: 8080}]\n",
+            "  - type: Deny\n    to: {cidrSelector: 0.0.0.0/0}\n",
+        ]
+        .concat(),
+    );
+    let old = "table inet egressd {\n set dnsw4-example.com { type ipv4_addr; flags timeout; size 65536; elements = { 192.0.2.10 timeout 1h } }\n set dnsw4-example.org { type ipv4_addr; flags timeout; elements = { 198.51.100.10 timeout 1h } }\n}\n";
+    let path = t.dir.path().join("old.nft");
+    std::fs::write(&path, old).unwrap();
+    t.node.exec(&["nft", "-f", path.to_str().unwrap()]);
+    let agent = t.start_agent_with("agent", &["--dns-server", TRUSTED]);
+    let p0 = &t.pods[0];
+    assert!(agent.log_text().contains("addresses learned by an earlier run kept"), "{}", agent.log_text());
+    assert!(tcp(p0, "192.0.2.10", 8080).is_some(), "learned before the upgrade:\n{}", t.node.nft_list());
+    assert_eq!(tcp(p0, "198.51.100.10", 8080), None, "a set of a name no rule has is not read back");
+    let set = t.node.exec(&["nft", "list", "set", "inet", "egressd", "dns-v4"]);
+    let [wildcard, _] = egressd::compile::dns_slots("*.example.com.");
+    let key = wildcard.key("192.0.2.10".parse().unwrap());
+    assert!(set.contains(&key.to_string()), "{set}");
+    assert_eq!(set.matches(" expires ").count(), 1, "one element:\n{set}");
 }

@@ -23,7 +23,7 @@ use ipnet::IpNet;
 
 use super::{NodeConfig, ObjectStatus, Outcome};
 use crate::dns::{DnsAnswers, element_timeout};
-use crate::nft::{Chain, Hook, KeyType, Set, Table, Text, chain_name, set_name};
+use crate::nft::{Chain, Hook, KeyType, Set, Slot, Table, Text, chain_name};
 use crate::view::policy::{Action, DnsName, FirewallPolicy, FirewallRule, Ports, Target};
 use crate::view::{ACL_LOGGING_ANNOTATION, ClusterView};
 
@@ -44,14 +44,22 @@ pub(crate) fn absolute(name: &DnsName) -> String {
     if name.wildcard { format!("*.{}.", name.base) } else { format!("{}.", name.base) }
 }
 
-/// The nft sets holding the addresses of an (absolute) rule name: IPv4, then IPv6.
-/// Wildcards have their own prefix, so `*.example.com` and `example.com` never share.
-pub fn dns_set_names(name: &str) -> [String; 2] {
-    let base = name.strip_suffix('.').unwrap_or(name);
-    match base.strip_prefix("*.") {
-        Some(base) => [set_name("dnsw4", base), set_name("dnsw6", base)],
-        None => [set_name("dns4", base), set_name("dns6", base)],
-    }
+/// The shared sets of every DNS name's addresses: IPv4, IPv6 ([`Slot`]).
+pub const DNS_SETS: [&str; 2] = ["dns-v4", "dns-v6"];
+
+/// Where the addresses of an (absolute) rule name are: its slots of the shared DNS sets,
+/// IPv4, then IPv6. The tag is the first 64 bits of the name's SHA-256: the same on
+/// every node and after every restart, with no table of names to keep; a wildcard
+/// (`*.example.com.`) is another name than its base, so the two never share. Two names
+/// sharing a tag would share addresses: with 64 bits that takes ~2^32 names for an
+/// accidental pair, and ~2^64 tries to make a name that meets a given one.
+pub fn dns_slots(name: &str) -> [Slot; 2] {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(name.as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    let tag = u64::from_be_bytes(first);
+    [Slot { set: DNS_SETS[0], tag }, Slot { set: DNS_SETS[1], tag }]
 }
 
 /// Every `dnsName` of the firewall policies of `view`, with repeats.
@@ -112,40 +120,58 @@ impl DnsNamesCache {
     }
 }
 
-/// The sets of the wildcard `dnsName` rules of `view` (filled only by snooping).
-pub fn wildcard_sets(view: &ClusterView) -> BTreeSet<String> {
-    dns_rule_names(view).filter(|n| n.wildcard).flat_map(|n| dns_set_names(&absolute(n))).collect()
+/// The slots of the wildcard `dnsName` rules of `view` (filled only by snooping), each
+/// with the set an egressd before the shared sets kept it in (`dnsw4-<base>`,
+/// `dnsw6-<base>`, or `-h<hash>` for a base that is not a readable nft name): at
+/// start-up, what an older version learned is read back from there too, so an upgrade
+/// loses none of it.
+pub fn wildcard_slots(view: &ClusterView) -> BTreeMap<Slot, String> {
+    let mut out = BTreeMap::new();
+    for name in dns_rule_names(view).filter(|n| n.wildcard) {
+        let slots = dns_slots(&absolute(name));
+        let readable = !name.base.is_empty()
+            && name.base.len() <= 200
+            && name.base.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+            && name.base.starts_with(|c: char| c.is_ascii_alphanumeric());
+        for (slot, prefix) in slots.into_iter().zip(["dnsw4", "dnsw6"]) {
+            let legacy = if readable {
+                format!("{prefix}-{}", name.base)
+            } else {
+                chain_name(prefix, &format!("\u{0}{}", name.base))
+            };
+            out.insert(slot, legacy);
+        }
+    }
+    out
 }
 
-/// The timeout sets holding a name's addresses (created once per name).
-/// The timeout sets holding a name's addresses, one per address family in use (created
-/// once per name). Sets are few on purpose: nf_tables finds a set by name with a linear
-/// scan, so every set costs on every later command (see bench/RESULTS.md).
-fn dns_sets(ctx: &Ctx, name: &DnsName, table: &mut Table) -> Vec<(&'static str, String)> {
+/// A name's slots of the shared DNS timeout sets, one per address family in use, with
+/// its resolved addresses (the sets are made when a name first needs them). Two sets
+/// for all names on purpose: nf_tables finds a set by name with a linear scan, so every
+/// set costs on every later command (see bench/FINDINGS.md).
+fn dns_sets(ctx: &Ctx, name: &DnsName, table: &mut Table) -> Vec<(&'static str, Slot)> {
     let families = ctx.node.families();
-    let [s4, s6] = dns_set_names(&absolute(name));
-    let wanted = [("ip", families.v4, KeyType::Ipv4, s4), ("ip6", families.v6, KeyType::Ipv6, s6)];
-    let resolved = ctx.dns.get(&absolute(name));
+    let absolute = absolute(name);
+    let slots = dns_slots(&absolute);
+    let wanted = [("ip", families.v4, KeyType::TaggedIpv4), ("ip6", families.v6, KeyType::TaggedIpv6)];
+    let resolved = ctx.dns.get(&absolute);
     let mut out = Vec::new();
-    for (family, used, key, set_id) in wanted {
+    for ((family, used, key), slot) in wanted.into_iter().zip(slots) {
         if !used {
             continue;
         }
-        if !table.sets.contains_key(set_id.as_str()) {
-            let mut set = Set::with_timeout(key);
-            if let Some(resolved) = resolved {
-                // Kernel-side expiry: the agent refreshes these while it runs; if it is
-                // gone for long, stale addresses leave by themselves.
-                let timeout = element_timeout(resolved.ttl, ctx.node.dns_grace);
-                for ip in resolved.addresses.iter().filter(|ip| !ctx.exempt.iter().any(|n| n.contains(*ip))) {
-                    if ip.is_ipv4() == (key == KeyType::Ipv4) {
-                        set.elements.insert(ip.to_compact_string(), format_compact!("timeout {}s", timeout.as_secs()));
-                    }
+        let set = table.sets.entry(slot.set.into()).or_insert_with(|| Set::with_timeout(key));
+        if let Some(resolved) = resolved {
+            // Kernel-side expiry: the agent refreshes these while it runs; if it is
+            // gone for long, stale addresses leave by themselves.
+            let timeout = format_compact!("timeout {}s", element_timeout(resolved.ttl, ctx.node.dns_grace).as_secs());
+            for ip in resolved.addresses.iter().filter(|ip| !ctx.exempt.iter().any(|n| n.contains(*ip))) {
+                if ip.is_ipv6() == key.is_v6() {
+                    set.elements.insert(slot.key(*ip), timeout.clone());
                 }
             }
-            table.sets.insert(set_id.as_str().into(), set);
         }
-        out.push((family, set_id));
+        out.push((family, slot));
     }
     out
 }
@@ -266,10 +292,7 @@ fn rule_statements(
             // Each family in use always references its set, so address changes are
             // element updates and never change a rule.
             let sets = dns_sets(ctx, name, table);
-            return Ok(sets
-                .into_iter()
-                .flat_map(|(family, set)| with_match(&format!("{family} daddr @{set}"), &tail))
-                .collect());
+            return Ok(sets.into_iter().flat_map(|(family, slot)| with_match(&slot.matches(family), &tail)).collect());
         }
     };
     let mut out = Vec::new();

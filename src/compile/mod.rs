@@ -25,7 +25,7 @@ pub(crate) use egress_ip::{ip_owners, namespace_labels, oldest_first};
 pub(crate) use firewall::ACL_OVER;
 pub(crate) use firewall::absolute;
 pub use firewall::{
-    DnsNamesCache, FIREWALL_CHAIN, FIREWALL_LOCAL_CHAIN, dns_names, dns_rule_names, dns_set_names, wildcard_sets,
+    DNS_SETS, DnsNamesCache, FIREWALL_CHAIN, FIREWALL_LOCAL_CHAIN, dns_names, dns_rule_names, dns_slots, wildcard_slots,
 };
 pub use qos::QOS_CHAIN;
 pub use snoop_copies::snooped_namespaces;
@@ -394,14 +394,19 @@ mod tests {
         dual.cluster_cidrs.push("2001:db8:1::/48".parse().unwrap());
         let desired = compile(&view(&docs), &dual, &answers(&["192.0.2.7", "198.18.9.9", "2001:db8::7"], 2));
         assert!(
-            !compile(&view(&docs), &node(), &DnsAnswers::new()).table.sets.contains_key("dns6-api.example.com"),
+            !compile(&view(&docs), &node(), &DnsAnswers::new()).table.sets.contains_key("dns-v6"),
             "no IPv6 range: no IPv6 set"
         );
-        let v4 = &desired.table.sets["dns4-api.example.com"];
+        let [slot4, slot6] = dns_slots("api.example.com.");
+        let v4 = &desired.table.sets["dns-v4"];
         assert!(v4.timeout);
         // TTL 2 → floor 5 s, plus the 300 s grace; the in-cluster 198.18.9.9 is dropped.
-        assert_eq!(v4.elements.iter().collect::<Vec<_>>(), vec![(&"192.0.2.7".into(), &"timeout 305s".into())]);
-        assert_eq!(desired.table.sets["dns6-api.example.com"].elements.len(), 1);
+        let key = slot4.key("192.0.2.7".parse().unwrap());
+        assert_eq!(v4.elements.iter().collect::<Vec<_>>(), vec![(&key, &"timeout 305s".into())]);
+        assert_eq!(desired.table.sets["dns-v6"].elements.len(), 1);
+        let rules = &desired.table.chains["fw-a"].rules;
+        assert!(rules[0].starts_with(&format!("{} ", slot4.matches("ip"))), "{rules:?}");
+        assert!(rules[1].starts_with(&format!("{} ", slot6.matches("ip6"))), "{rules:?}");
         assert_eq!(dns_names(&view(&docs)).into_iter().collect::<Vec<_>>(), vec!["api.example.com.".to_string()]);
     }
 
@@ -411,10 +416,11 @@ mod tests {
         let v = view(&docs);
         let old = compile(&v, &node(), &answers(&["192.0.2.7"], 60)).table;
         let new = compile(&v, &node(), &answers(&["192.0.2.8"], 60)).table;
+        // The tag is the first 64 bits of SHA-256("api.example.com."), in two halves.
         assert_eq!(
             crate::nft::diff(&old, &new).unwrap(),
-            "delete element inet egressd dns4-api.example.com { 192.0.2.7 }\n\
-             add element inet egressd dns4-api.example.com { 192.0.2.8 timeout 360s }\n"
+            "delete element inet egressd dns-v4 { 670820034 . 1808457431 . 192.0.2.7 }\n\
+             add element inet egressd dns-v4 { 670820034 . 1808457431 . 192.0.2.8 timeout 360s }\n"
         );
     }
 }

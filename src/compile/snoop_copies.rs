@@ -167,11 +167,11 @@ pub(crate) fn targets(
                 let mut names = Vec::new();
                 for rule in &policy.rules {
                     if let Target::Dns(name) = &rule.target {
-                        let [s4, s6] = super::dns_set_names(&super::firewall::absolute(name));
+                        let [s4, s6] = super::dns_slots(&super::firewall::absolute(name));
                         let entry = SnoopName {
                             base: name.base.clone(),
                             wildcard: name.wildcard,
-                            sets: [families.v4.then_some(s4), families.v6.then_some(s6)],
+                            slots: [families.v4.then_some(s4), families.v6.then_some(s6)],
                         };
                         if !names.contains(&entry) {
                             names.push(entry);

@@ -430,14 +430,14 @@ mod tests {
             // unheard while quiet, and the generation moved by exactly that commit.
             let before = quiet.before();
             assert!(before.is_some());
-            nft("table inet egressd {\n set s { type ipv4_addr; flags timeout; }\n}\n");
+            nft("table inet egressd {\n set s { typeof numgen random mod 1 . numgen random mod 1 . ip daddr; flags timeout; }\n}\n");
             quiet.after(before, true);
             assert_eq!(settle(&mut rx), vec![]);
             // Egressd's own element batch during the window counts as its own.
             let before = quiet.before();
             crate::dataplane::elements::ElementWriter::open("egressd")
                 .unwrap()
-                .add(&[("s".into(), "192.0.2.1".parse().unwrap(), std::time::Duration::from_secs(60))])
+                .add(&[(crate::nft::Slot { set: "s", tag: 7 }, "192.0.2.1".parse().unwrap(), std::time::Duration::from_secs(60))])
                 .unwrap();
             quiet.after(before, false);
             assert_eq!(settle(&mut rx), vec![]);

@@ -31,6 +31,7 @@ use netlink_packet_netfilter::none::ControlMessage;
 use netlink_packet_netfilter::{NetfilterHeader, NetfilterMessage, NetfilterProtoFamily};
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
 
+use crate::nft::Slot;
 use crate::nft::delta::{ElementDelta, ElementValue};
 
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
@@ -45,8 +46,8 @@ pub(crate) fn own_commits() -> u64 {
     OWN_COMMITS.load(std::sync::atomic::Ordering::SeqCst)
 }
 
-/// One element to add: set name, address, timeout.
-pub(crate) type Element = (String, IpAddr, Duration);
+/// One element to add: its slot of a tagged set, address, timeout.
+pub(crate) type Element = (Slot, IpAddr, Duration);
 
 /// A netlink socket to nf_tables for element additions.
 pub struct ElementWriter {
@@ -102,7 +103,7 @@ impl ElementWriter {
                 for chunk in list.elements.chunks(per_message) {
                     let elements = chunk
                         .iter()
-                        .flat_map(|(ip, v)| kernel_elements(*ip, v, !delete))
+                        .flat_map(|(ip, v)| kernel_elements(list.tag, *ip, v, !delete))
                         .map(ListAttribute::Element)
                         .collect();
                     let message = self.elements_of(&list.set, elements);
@@ -188,9 +189,10 @@ impl ElementWriter {
         })
     }
 
-    /// Whether `ip` is in `set` now (a `GETSETELEM` for the one key).
-    pub fn contains(&mut self, set: &str, ip: IpAddr) -> io::Result<bool> {
-        let key = key(ip);
+    /// Whether `ip` (after `tag`, in a tagged set) is in `set` now (a `GETSETELEM` for
+    /// the one key).
+    pub fn contains(&mut self, set: &str, tag: Option<u64>, ip: IpAddr) -> io::Result<bool> {
+        let key = key(tag, ip);
         let msg = NfTablesMessage::GetSetElement(SetElementMessage {
             attributes: vec![
                 SetElementList::Table(self.table.clone()),
@@ -213,9 +215,10 @@ impl ElementWriter {
         })
     }
 
-    /// The elements of `set` with the time each has left (empty when the set does not
-    /// exist): what a previous run learned, read back before the table is replaced.
-    pub(crate) fn dump(&mut self, set: &str) -> io::Result<Vec<(IpAddr, Duration)>> {
+    /// The elements of `set` with their tag (in a tagged set) and the time each has left
+    /// (empty when the set does not exist): what a previous run learned, read back
+    /// before the table is replaced.
+    pub(crate) fn dump(&mut self, set: &str) -> io::Result<Vec<(Option<u64>, IpAddr, Duration)>> {
         let msg = NfTablesMessage::GetSetElement(SetElementMessage {
             attributes: vec![SetElementList::Table(self.table.clone()), SetElementList::Set(set.to_string())],
         });
@@ -294,9 +297,9 @@ impl ElementWriter {
     /// first error is returned.
     pub fn add(&mut self, elements: &[Element]) -> io::Result<()> {
         let mut by_set: std::collections::BTreeMap<&str, Vec<ListAttribute<SetElementAttribute>>> = Default::default();
-        for (set, ip, timeout) in elements {
-            let attrs = attributes(*ip, &ElementValue::Timeout(*timeout), true);
-            by_set.entry(set.as_str()).or_default().push(ListAttribute::Element(attrs));
+        for (slot, ip, timeout) in elements {
+            let attrs = attributes(Some(slot.tag), *ip, &ElementValue::Timeout(*timeout), true);
+            by_set.entry(slot.set).or_default().push(ListAttribute::Element(attrs));
         }
         let mut first_error = None;
         let mut batch: Vec<u8> = Vec::new();
@@ -306,9 +309,9 @@ impl ElementWriter {
             while list.peek().is_some() {
                 let chunk: Vec<_> = list.by_ref().take(ELEMENTS_PER_MESSAGE).collect();
                 let msg = NfTablesMessage::NewSetElement(self.elements_of(set, chunk));
-                // Room for one more message of at most 48 bytes per element?
+                // Room for one more message of at most 56 bytes per element?
                 if !batch.is_empty()
-                    && batch.len() + ELEMENTS_PER_MESSAGE * 48 > BATCH_BYTES
+                    && batch.len() + ELEMENTS_PER_MESSAGE * 56 > BATCH_BYTES
                     && let Err(e) = self.send_batch(std::mem::take(&mut batch), std::mem::take(&mut waiting))
                 {
                     first_error.get_or_insert(e);
@@ -453,8 +456,8 @@ fn nla_value(nla: &DefaultNla) -> Vec<u8> {
 }
 
 /// Most elements in one `NEWSETELEM` message: its element list is one netlink attribute
-/// with a 16-bit length (an IPv6 element with its timeout takes 44 bytes; 1,024 of
-/// them 45 KB).
+/// with a 16-bit length (a tagged IPv6 element with its timeout takes 52 bytes; 1,024 of
+/// them 53 KB).
 pub(crate) const ELEMENTS_PER_MESSAGE: usize = 1024;
 /// Most bytes of element messages in one transaction (one `send`): well under the
 /// socket's default send buffer (~212 KB), beyond which the send fails with EMSGSIZE.
@@ -465,12 +468,17 @@ pub(crate) const BATCH_BYTES: usize = 128 * 1024;
 /// its start and, flagged as an interval end, the address after its last one (none when
 /// the range reaches the family's last address) — as `nft` sends them, so the two can
 /// delete what the other added.
-fn kernel_elements(ip: IpAddr, value: &ElementValue, with_value: bool) -> Vec<Vec<SetElementAttribute>> {
-    let ElementValue::Prefix(len) = value else { return vec![attributes(ip, value, with_value)] };
-    let mut out = vec![vec![SetElementAttribute::Key(DataAttribute::Value(key(ip)))]];
+fn kernel_elements(
+    tag: Option<u64>,
+    ip: IpAddr,
+    value: &ElementValue,
+    with_value: bool,
+) -> Vec<Vec<SetElementAttribute>> {
+    let ElementValue::Prefix(len) = value else { return vec![attributes(tag, ip, value, with_value)] };
+    let mut out = vec![vec![SetElementAttribute::Key(DataAttribute::Value(key(tag, ip)))]];
     if let Some(after) = after_prefix(ip, *len) {
         out.push(vec![
-            SetElementAttribute::Key(DataAttribute::Value(key(after))),
+            SetElementAttribute::Key(DataAttribute::Value(key(tag, after))),
             SetElementAttribute::Flags(netlink_packet_netfilter::nftables::SetElementFlags::IntervalEnd),
         ]);
     }
@@ -492,8 +500,8 @@ fn after_prefix(ip: IpAddr, len: u8) -> Option<IpAddr> {
     }
 }
 
-fn attributes(ip: IpAddr, value: &ElementValue, with_value: bool) -> Vec<SetElementAttribute> {
-    let mut attrs = vec![SetElementAttribute::Key(DataAttribute::Value(key(ip)))];
+fn attributes(tag: Option<u64>, ip: IpAddr, value: &ElementValue, with_value: bool) -> Vec<SetElementAttribute> {
+    let mut attrs = vec![SetElementAttribute::Key(DataAttribute::Value(key(tag, ip)))];
     if with_value {
         match value {
             ElementValue::None | ElementValue::Prefix(_) => {}
@@ -509,37 +517,38 @@ fn attributes(ip: IpAddr, value: &ElementValue, with_value: bool) -> Vec<SetElem
     attrs
 }
 
-/// An address as a set element key.
-fn key(ip: IpAddr) -> Vec<u8> {
-    match ip {
-        IpAddr::V4(v4) => v4.octets().to_vec(),
-        IpAddr::V6(v6) => v6.octets().to_vec(),
+/// An address (after its tag, in a tagged set) as a set element key.
+fn key(tag: Option<u64>, ip: IpAddr) -> Vec<u8> {
+    match (tag, ip) {
+        (Some(tag), _) => Slot::key_bytes(tag, ip),
+        (None, IpAddr::V4(v4)) => v4.octets().to_vec(),
+        (None, IpAddr::V6(v6)) => v6.octets().to_vec(),
     }
 }
 
-/// The (address, time left) of the elements in one element list attribute.
-fn elements_left(list: SetElementList) -> Vec<(IpAddr, Duration)> {
+/// The (tag, address, time left) of the elements in one element list attribute.
+fn elements_left(list: SetElementList) -> Vec<(Option<u64>, IpAddr, Duration)> {
     let SetElementList::Elements(elements) = list else { return Vec::new() };
     let mut out = Vec::new();
     for element in elements {
         let ListAttribute::Element(attrs) = element else { continue };
-        let mut ip = None;
+        let mut key = None;
         let mut left = None;
         for a in attrs {
             match a {
                 SetElementAttribute::Key(DataAttribute::Value(v)) => {
-                    ip = match v.len() {
-                        4 => <[u8; 4]>::try_from(v.as_slice()).ok().map(IpAddr::from),
-                        16 => <[u8; 16]>::try_from(v.as_slice()).ok().map(IpAddr::from),
-                        _ => None,
+                    key = match v.len() {
+                        4 => <[u8; 4]>::try_from(v.as_slice()).ok().map(|a| (None, IpAddr::from(a))),
+                        16 => <[u8; 16]>::try_from(v.as_slice()).ok().map(|a| (None, IpAddr::from(a))),
+                        _ => Slot::from_key_bytes(&v).map(|(tag, ip)| (Some(tag), ip)),
                     }
                 }
                 SetElementAttribute::Expiration(ms) => left = Some(Duration::from_millis(ms)),
                 _ => {}
             }
         }
-        if let (Some(ip), Some(left)) = (ip, left) {
-            out.push((ip, left));
+        if let (Some((tag, ip)), Some(left)) = (key, left) {
+            out.push((tag, ip, left));
         }
     }
     out

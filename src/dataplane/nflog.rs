@@ -22,6 +22,7 @@ use crate::dns::snoop::{Dropped, Ignored, Snooper, parse_packet};
 use crate::dns::targets::{
     PREFIX_ANSWER, PREFIX_QUERY, PREFIX_SPOOFED, PREFIX_UNTRACKED, PREFIX_UNTRUSTED, SnoopTargets,
 };
+use crate::nft::Slot;
 use crate::telemetry::metrics::{Metrics, SnoopDropLabels, SnoopLabels};
 
 /// Expired entries are pruned when the memory of learned elements reaches a power of
@@ -29,26 +30,26 @@ use crate::telemetry::metrics::{Metrics, SnoopDropLabels, SnoopLabels};
 const PRUNE_AT: usize = 1024;
 /// Most learned elements remembered (all sets): ~100 bytes each.
 pub(crate) const MAX_LEARNED: usize = 262_144;
-/// Most learned elements of one set: half the kernel set's `size`
-/// ([`crate::nft::TIMEOUT_SET_SIZE`]), leaving room beside them for the most addresses
-/// one resolution can bring.
-pub(crate) const MAX_LEARNED_PER_SET: usize = crate::nft::TIMEOUT_SET_SIZE / 2;
+/// Most learned elements of one name (one [`Slot`]): half of what a name could have
+/// when it had its own set ([`crate::nft::TIMEOUT_SET_SIZE`]), leaving room beside them
+/// for the most addresses one resolution can bring.
+pub(crate) const MAX_LEARNED_PER_NAME: usize = crate::nft::TIMEOUT_SET_SIZE / 2;
 
-/// Elements the listener added: (set, address) → when they expire in the kernel, and
-/// how many each set has.
+/// Elements the listener added: (slot, address) → when they expire in the kernel, and
+/// how many each slot has.
 #[derive(Debug, Default)]
 struct Learned {
-    until: HashMap<(String, IpAddr), Instant>,
-    per_set: HashMap<String, usize>,
+    until: HashMap<(Slot, IpAddr), Instant>,
+    per_slot: HashMap<Slot, usize>,
 }
 
 impl Learned {
-    /// Forget what has expired (or, with `keep`, what is in sets no longer wanted).
-    fn retain(&mut self, mut keep: impl FnMut(&str, Instant) -> bool) {
-        self.until.retain(|(set, _), until| keep(set, *until));
-        self.per_set.clear();
-        for (set, _) in self.until.keys() {
-            *self.per_set.entry(set.clone()).or_default() += 1;
+    /// Forget what has expired (or, with `keep`, what is in slots no longer wanted).
+    fn retain(&mut self, mut keep: impl FnMut(&Slot, Instant) -> bool) {
+        self.until.retain(|(slot, _), until| keep(slot, *until));
+        self.per_slot.clear();
+        for (slot, _) in self.until.keys() {
+            *self.per_slot.entry(*slot).or_default() += 1;
         }
     }
 
@@ -60,28 +61,28 @@ impl Learned {
         }
         let mut out = Vec::with_capacity(elements.len());
         let mut total = self.until.len();
-        let mut added: HashMap<&str, usize> = HashMap::new();
+        let mut added: HashMap<Slot, usize> = HashMap::new();
         for e in &elements {
-            let known = self.until.contains_key(&(e.0.clone(), e.1));
-            let in_set = self.per_set.get(&e.0).copied().unwrap_or(0) + added.get(e.0.as_str()).copied().unwrap_or(0);
-            if !known && (total >= MAX_LEARNED || in_set >= MAX_LEARNED_PER_SET) {
+            let known = self.until.contains_key(&(e.0, e.1));
+            let in_set = self.per_slot.get(&e.0).copied().unwrap_or(0) + added.get(&e.0).copied().unwrap_or(0);
+            if !known && (total >= MAX_LEARNED || in_set >= MAX_LEARNED_PER_NAME) {
                 *refused += 1;
                 continue;
             }
             if !known {
                 total += 1;
-                *added.entry(e.0.as_str()).or_default() += 1;
+                *added.entry(e.0).or_default() += 1;
             }
-            out.push(e.clone());
+            out.push(*e);
         }
         out
     }
 
     /// Remember elements the kernel took.
     fn remember(&mut self, elements: &[Element], now: Instant) {
-        for (set, ip, timeout) in elements {
-            if self.until.insert((set.clone(), *ip), now + *timeout).is_none() {
-                *self.per_set.entry(set.clone()).or_default() += 1;
+        for (slot, ip, timeout) in elements {
+            if self.until.insert((*slot, *ip), now + *timeout).is_none() {
+                *self.per_slot.entry(*slot).or_default() += 1;
             }
         }
     }
@@ -200,15 +201,32 @@ impl SnoopHandle {
         }
     }
 
-    /// Read back what a previous run learned into `sets` (before the first full sync
+    /// Read back what a previous run learned into `slots` (before the first full sync
     /// replaces the table), so [`SnoopHandle::reinstall`] puts it back; returns how many.
-    pub(crate) fn recover(&self, sets: &[String]) -> std::io::Result<usize> {
+    /// Each slot comes with the set an older egressd kept its addresses in (one set per
+    /// name), read back into the slot as well.
+    pub(crate) fn recover(&self, slots: &std::collections::BTreeMap<Slot, String>) -> std::io::Result<usize> {
         let mut writer = ElementWriter::open(&self.table)?;
         let now = Instant::now();
         let mut n = 0;
         let Ok(mut learned) = self.learned.lock() else { return Ok(0) };
+        let sets: std::collections::BTreeSet<&'static str> = slots.keys().map(|s| s.set).collect();
+        let mut found: Vec<Vec<Element>> = Vec::new();
         for set in sets {
-            let found: Vec<Element> = writer.dump(set)?.into_iter().map(|(ip, left)| (set.clone(), ip, left)).collect();
+            found.push(
+                writer
+                    .dump(set)?
+                    .into_iter()
+                    .filter_map(|(tag, ip, left)| Some((Slot { set, tag: tag? }, ip, left)))
+                    .filter(|(slot, _, _)| slots.contains_key(slot))
+                    .collect(),
+            );
+        }
+        for (slot, legacy) in slots {
+            let old = writer.dump(legacy)?.into_iter().filter(|(tag, _, _)| tag.is_none());
+            found.push(old.map(|(_, ip, left)| (*slot, ip, left)).collect());
+        }
+        for found in found {
             let mut refused = 0;
             let found = learned.admit(found, now, &mut refused);
             learned.remember(&found, now);
@@ -218,13 +236,13 @@ impl SnoopHandle {
     }
 
     /// Put every learned element that has not expired back (after a full table replace,
-    /// which empties the sets); elements of sets that no longer exist are forgotten.
-    pub(crate) fn reinstall(&self, sets: &std::collections::BTreeSet<String>) -> std::io::Result<usize> {
+    /// which empties the sets); elements of slots no rule uses any more are forgotten.
+    pub(crate) fn reinstall(&self, slots: &std::collections::BTreeSet<Slot>) -> std::io::Result<usize> {
         let now = Instant::now();
         let elements: Vec<Element> = {
             let Ok(mut learned) = self.learned.lock() else { return Ok(0) };
-            learned.retain(|set, until| until > now && sets.contains(set));
-            learned.until.iter().map(|((set, ip), until)| (set.clone(), *ip, until.duration_since(now))).collect()
+            learned.retain(|slot, until| until > now && slots.contains(slot));
+            learned.until.iter().map(|((slot, ip), until)| (*slot, *ip, until.duration_since(now))).collect()
         };
         ElementWriter::open(&self.table)?.add(&elements)?;
         Ok(elements.len())
@@ -307,8 +325,8 @@ impl SnoopHandle {
                     if let Ok(mut learned) = self.learned.lock() {
                         learned.remember(&elements, now);
                     }
-                    for (set, ip, timeout) in &elements {
-                        tracing::debug!(set = %set, address = %ip, timeout_s = timeout.as_secs(), "learned from a pod's DNS answer");
+                    for (slot, ip, timeout) in &elements {
+                        tracing::debug!(set = slot.set, tag = slot.tag, address = %ip, timeout_s = timeout.as_secs(), "learned from a pod's DNS answer");
                     }
                 }
                 Err(e) if e.raw_os_error() == Some(libc::ENFILE) => {

@@ -487,13 +487,13 @@ impl<B: NftBackend> NftSyncer<B> {
         self.backend.rule_counters(&name, chain)
     }
 
-    /// Re-add every element of the named timeout sets as applied, which restarts their
-    /// kernel timeouts (re-adding an existing element updates its timeout). Sets that
-    /// are not applied, have no timeout or no elements are skipped. On failure the next
+    /// Re-add every element of `slots` as applied, which restarts their kernel
+    /// timeouts (re-adding an existing element updates its timeout). Slots without
+    /// applied elements are skipped. On failure the next
     /// sync is a full replace.
-    pub fn refresh_timeouts(&mut self, sets: &[String]) -> Result<bool, NftError> {
+    pub fn refresh_timeouts(&mut self, slots: &[crate::nft::Slot]) -> Result<bool, NftError> {
         let Some(applied) = &self.applied else { return Ok(false) };
-        let Some(delta) = ElementDelta::refresh(applied, sets) else {
+        let Some(delta) = ElementDelta::refresh(applied, slots) else {
             // Elements the compiler did not write in canonical form: a full replace
             // (next sync) sets every timeout afresh.
             self.applied = None;

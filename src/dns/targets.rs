@@ -40,8 +40,8 @@ pub struct SnoopName {
     pub base: String,
     /// `*.base`.
     pub wildcard: bool,
-    /// Its sets: IPv4, IPv6 (`None` for a family not in use).
-    pub sets: [Option<String>; 2],
+    /// Its slots of the shared DNS sets: IPv4, IPv6 (`None` for a family not in use).
+    pub slots: [Option<crate::nft::Slot>; 2],
 }
 
 /// What the snooping listener needs to know, rebuilt after every compile.
@@ -65,10 +65,13 @@ impl SnoopTargets {
     /// of its chain, with the answer's TTL (capped, plus the grace) as timeout.
     /// Addresses of the cluster's own ranges, and pods not snooped, teach nothing.
     ///
-    /// The sets are per name, shared by every namespace with a rule for that name: an
+    /// The slots are per name, shared by every namespace with a rule for that name: an
     /// answer a pod of one namespace received also serves another namespace's rule for
     /// the same name, but never a name its own namespace has no rule for.
-    pub(crate) fn elements(&self, learned: &[super::snoop::Learned]) -> Vec<(String, IpAddr, std::time::Duration)> {
+    pub(crate) fn elements(
+        &self,
+        learned: &[super::snoop::Learned],
+    ) -> Vec<(crate::nft::Slot, IpAddr, std::time::Duration)> {
         let mut out = Vec::new();
         for l in learned {
             let Some(namespace) = self.pods.get(&l.pod) else { continue };
@@ -80,8 +83,8 @@ impl SnoopTargets {
                 if !l.names.iter().any(|n| super::snoop::name_matches(&name.base, name.wildcard, n)) {
                     continue;
                 }
-                if let Some(set) = &name.sets[usize::from(l.address.is_ipv6())] {
-                    out.push((set.clone(), l.address, timeout));
+                if let Some(slot) = name.slots[usize::from(l.address.is_ipv6())] {
+                    out.push((slot, l.address, timeout));
                 }
             }
         }
@@ -95,8 +98,12 @@ mod tests {
     use crate::dns::snoop::Learned;
     use std::time::Duration;
 
-    fn name(base: &str, wildcard: bool, set: &str) -> SnoopName {
-        SnoopName { base: base.into(), wildcard, sets: [Some(format!("{set}4")), Some(format!("{set}6"))] }
+    fn slot(set: &'static str, tag: u64) -> crate::nft::Slot {
+        crate::nft::Slot { set, tag }
+    }
+
+    fn name(base: &str, wildcard: bool, tag: u64) -> SnoopName {
+        SnoopName { base: base.into(), wildcard, slots: [Some(slot("v4", tag)), Some(slot("v6", tag))] }
     }
 
     #[test]
@@ -105,8 +112,8 @@ mod tests {
         t.exempt = vec!["198.18.0.0/15".parse().unwrap()];
         t.pods.insert("198.18.1.1".parse().unwrap(), "team-a".into());
         t.pods.insert("198.18.1.2".parse().unwrap(), "team-b".into());
-        t.names.insert("team-a".into(), vec![name("api.example.com", false, "api")]);
-        t.names.insert("team-b".into(), vec![name("api.example.com", false, "api"), name("example.org", true, "org")]);
+        t.names.insert("team-a".into(), vec![name("api.example.com", false, 1)]);
+        t.names.insert("team-b".into(), vec![name("api.example.com", false, 1), name("example.org", true, 2)]);
         let learn = |pod: &str, names: &[&str], address: &str, ttl: u64| Learned {
             pod: pod.parse().unwrap(),
             names: names.iter().map(|n| n.to_string()).collect(),
@@ -120,12 +127,12 @@ mod tests {
         // Its own name: the shared set of that name (which team-b's rule uses as well).
         assert_eq!(
             t.elements(&[learn("198.18.1.1", &["api.example.com"], "192.0.2.2", 60)]),
-            vec![("api4".to_string(), "192.0.2.2".parse().unwrap(), Duration::from_secs(65))]
+            vec![(slot("v4", 1), "192.0.2.2".parse().unwrap(), Duration::from_secs(65))]
         );
         // team-b's pod: both of its names, per family.
         assert_eq!(
             t.elements(&[learn("198.18.1.2", &["x.example.org"], "2001:db8::1", 10)]),
-            vec![("org6".to_string(), "2001:db8::1".parse().unwrap(), Duration::from_secs(15))]
+            vec![(slot("v6", 2), "2001:db8::1".parse().unwrap(), Duration::from_secs(15))]
         );
         // Unknown pods, the cluster's own addresses: nothing. Huge TTLs are capped.
         assert!(t.elements(&[learn("198.18.1.9", &["api.example.com"], "192.0.2.2", 60)]).is_empty());

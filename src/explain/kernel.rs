@@ -36,12 +36,18 @@ pub fn dns_sets(table: &str, names: &[String]) -> std::io::Result<BTreeMap<Strin
         return Ok(out);
     }
     let mut writer = ElementWriter::open(table)?;
-    for name in names {
-        let mut addrs = BTreeSet::new();
-        for set in crate::compile::dns_set_names(name) {
-            addrs.extend(writer.dump(&set)?.into_iter().map(|(ip, _)| ip));
+    // Each shared set read once, its elements sorted to the names by tag.
+    let mut by_tag: BTreeMap<u64, BTreeSet<IpAddr>> = BTreeMap::new();
+    for set in crate::compile::DNS_SETS {
+        for (tag, ip, _) in writer.dump(set)? {
+            if let Some(tag) = tag {
+                by_tag.entry(tag).or_default().insert(ip);
+            }
         }
-        out.insert(name.clone(), addrs);
+    }
+    for name in names {
+        let [slot, _] = crate::compile::dns_slots(name);
+        out.insert(name.clone(), by_tag.get(&slot.tag).cloned().unwrap_or_default());
     }
     Ok(out)
 }
@@ -65,7 +71,7 @@ pub fn check(e: &Explanation, nft: &Path) -> KernelCheck {
     }
     let (Some(src), Some(chain)) = (e.source, e.firewall.chain.as_deref()) else { return k };
     let map = if src.is_ipv4() { "fw-pods-v4" } else { "fw-pods-v6" };
-    match ElementWriter::open(&e.table).and_then(|mut w| w.contains(map, src)) {
+    match ElementWriter::open(&e.table).and_then(|mut w| w.contains(map, None, src)) {
         Ok(found) => {
             k.pod_in_map = Some(found);
             if !found {

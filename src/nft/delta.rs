@@ -8,7 +8,9 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use super::{FAMILY, KeyType, Set, Table, Text};
+use compact_str::ToCompactString;
+
+use super::{FAMILY, Set, Slot, Table, Text};
 
 /// What one element carries besides its key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,11 +27,13 @@ pub enum ElementValue {
     Prefix(u8),
 }
 
-/// Elements of one set or map.
+/// Elements of one set or map (of one [`Slot`] of a tagged set).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SetElements {
     /// The set's name.
     pub set: String,
+    /// In a tagged set, the tag every key of these elements starts with.
+    pub tag: Option<u64>,
     /// Keys and values, in key order (as nft text would list them).
     pub elements: Vec<(IpAddr, ElementValue)>,
 }
@@ -66,29 +70,26 @@ impl ElementDelta {
                 continue;
             }
             for (list, items, set) in [(&mut delta.delete, gone, before), (&mut delta.add, added, after)] {
-                if items.is_empty() {
-                    continue;
-                }
-                let elements = items.into_iter().map(|(k, v)| typed(set, k, v)).collect::<Option<Vec<_>>>()?;
-                list.push(SetElements { set: name.to_string(), elements });
+                push_typed(list, name, set, items)?;
             }
         }
         Some(delta)
     }
 
-    /// Re-adding every element of the named timeout sets of `table`, which restarts
-    /// their kernel timeouts. Sets that do not exist, have no timeout or no elements are
-    /// skipped; `None` when an element cannot be typed.
-    pub(crate) fn refresh(table: &Table, sets: &[String]) -> Option<Self> {
+    /// Re-adding every element of the `slots` of `table`'s tagged timeout sets, which
+    /// restarts their kernel timeouts. Sets that do not exist, have no timeout or no
+    /// elements of a slot are skipped; `None` when an element cannot be typed.
+    pub(crate) fn refresh(table: &Table, slots: &[Slot]) -> Option<Self> {
         let mut delta = Self::default();
-        for name in sets {
-            let Some(set) =
-                table.sets.get(name.as_str()).filter(|s| s.timeout && !s.interval && !s.elements.is_empty())
-            else {
+        for slot in slots {
+            let Some(set) = table.sets.get(slot.set).filter(|s| s.timeout && !s.interval && s.key.is_tagged()) else {
                 continue;
             };
-            let elements = set.elements.iter().map(|(k, v)| typed(set, k, v)).collect::<Option<Vec<_>>>()?;
-            delta.add.push(SetElements { set: name.clone(), elements });
+            // A slot's keys are next to each other, from its prefix on.
+            let prefix = slot.key_prefix();
+            let items: Vec<(&Text, &Text)> =
+                set.elements.range(prefix.clone()..).take_while(|(k, _)| k.starts_with(prefix.as_str())).collect();
+            push_typed(&mut delta.add, slot.set, set, items)?;
         }
         Some(delta)
     }
@@ -112,6 +113,9 @@ impl ElementDelta {
                 let items: Vec<String> = list
                     .elements
                     .iter()
+                    .map(|(ip, v)| {
+                        (list.tag.map_or_else(|| ip.to_compact_string(), |tag| Slot { set: "", tag }.key(*ip)), v)
+                    })
                     .map(|(k, v)| match v {
                         ElementValue::Prefix(len) => format!("{k}/{len}"),
                         _ if !values => k.to_string(),
@@ -175,25 +179,58 @@ fn changes<'a>(before: &'a Set, after: &'a Set) -> (Vec<(&'a Text, &'a Text)>, V
     (gone, added)
 }
 
+/// `items` of `set` typed, appended to `list` as one [`SetElements`] per tag (a tagged
+/// set's items of one tag are next to each other); `None` when one cannot be typed.
+fn push_typed(list: &mut Vec<SetElements>, name: &str, set: &Set, items: Vec<(&Text, &Text)>) -> Option<()> {
+    let start = list.len();
+    for (k, v) in items {
+        let (tag, ip, value) = typed(set, k, v)?;
+        let ours = list.len() > start;
+        match list.last_mut() {
+            Some(last) if ours && last.tag == tag => last.elements.push((ip, value)),
+            _ => list.push(SetElements { set: name.to_string(), tag, elements: vec![(ip, value)] }),
+        }
+    }
+    Some(())
+}
+
 fn same_declaration(a: &Set, b: &Set) -> bool {
     a.key == b.key && a.verdict_map == b.verdict_map && a.interval == b.interval && a.timeout == b.timeout
 }
 
 /// An element of `set` as the compiler writes it (`ip.to_string()` keys of the set's
-/// family; values `""`, `timeout <n>s` or `jump <chain>` as the set's kind requires),
-/// typed; `None` for anything else.
-fn typed(set: &Set, key: &str, value: &str) -> Option<(IpAddr, ElementValue)> {
+/// family, after `<hi> . <lo> . ` in a tagged set; values `""`, `timeout <n>s` or
+/// `jump <chain>` as the set's kind requires), typed; `None` for anything else.
+fn typed(set: &Set, key: &str, value: &str) -> Option<(Option<u64>, IpAddr, ElementValue)> {
     if set.interval {
         // `addr/len`, host bits clear, as `IpNet` writes it.
         let net: ipnet::IpNet = key.parse().ok()?;
-        if set.verdict_map || set.timeout || !value.is_empty() || net.trunc() != net || net.to_string() != key {
+        if set.verdict_map
+            || set.timeout
+            || set.key.is_tagged()
+            || !value.is_empty()
+            || net.trunc() != net
+            || net.to_string() != key
+        {
             return None;
         }
-        return (net.addr().is_ipv6() == (set.key == KeyType::Ipv6))
-            .then_some((net.addr(), ElementValue::Prefix(net.prefix_len())));
+        return (net.addr().is_ipv6() == set.key.is_v6()).then_some((
+            None,
+            net.addr(),
+            ElementValue::Prefix(net.prefix_len()),
+        ));
     }
-    let ip: IpAddr = key.parse().ok()?;
-    if ip.to_string() != key || ip.is_ipv6() != (set.key == KeyType::Ipv6) {
+    let (tag, ip) = if set.key.is_tagged() {
+        let (tag, ip) = Slot::parse_key(key)?;
+        (Some(tag), ip)
+    } else {
+        let ip: IpAddr = key.parse().ok()?;
+        if ip.to_string() != key {
+            return None;
+        }
+        (None, ip)
+    };
+    if ip.is_ipv6() != set.key.is_v6() {
         return None;
     }
     let value = if set.verdict_map {
@@ -214,21 +251,26 @@ fn typed(set: &Set, key: &str, value: &str) -> Option<(IpAddr, ElementValue)> {
     } else {
         return None;
     };
-    Some((ip, value))
+    Some((tag, ip, value))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nft::Chain;
+    use crate::nft::{Chain, KeyType};
+
+    fn slot(tag: u64) -> Slot {
+        Slot { set: "dns6-x", tag }
+    }
 
     fn table() -> Table {
         let mut t = Table::new("egressd");
         let mut pods = Set::verdict_map(KeyType::Ipv4);
         pods.elements.insert("198.18.1.2".into(), "jump fw-a".into());
         t.sets.insert("fw-pods-v4".into(), pods);
-        let mut dns = Set::with_timeout(KeyType::Ipv6);
-        dns.elements.insert("2001:db8::1".into(), "timeout 300s".into());
+        let mut dns = Set::with_timeout(KeyType::TaggedIpv6);
+        dns.elements.insert(slot(1).key("2001:db8::1".parse().unwrap()), "timeout 300s".into());
+        dns.elements.insert(slot(4_294_967_297).key("2001:db8::9".parse().unwrap()), "timeout 300s".into());
         t.sets.insert("dns6-x".into(), dns);
         let mut exempt = Set::new(KeyType::Ipv4, true);
         exempt.elements.insert("198.18.0.0/15".into(), Text::default());
@@ -244,20 +286,28 @@ mod tests {
         let mut new = table();
         new.sets.get_mut("fw-pods-v4").unwrap().elements.insert("198.18.1.2".into(), "jump fw-b".into());
         new.sets.get_mut("fw-pods-v4").unwrap().elements.insert("198.18.1.3".into(), "jump fw-a".into());
-        new.sets.get_mut("dns6-x").unwrap().elements.insert("2001:db8::1".into(), "timeout 310s".into());
+        let dns = &mut new.sets.get_mut("dns6-x").unwrap().elements;
+        dns.insert("0 . 1 . 2001:db8::1".into(), "timeout 310s".into());
+        dns.insert("0 . 1 . 2001:db8::2".into(), "timeout 310s".into());
+        dns.insert("1 . 1 . 2001:db8::3".into(), "timeout 310s".into());
         let delta = ElementDelta::between(&old, &new).unwrap();
         assert_eq!(
             delta.delete,
             vec![SetElements {
                 set: "fw-pods-v4".into(),
+                tag: None,
                 elements: vec![("198.18.1.2".parse().unwrap(), ElementValue::Jump("fw-a".into()))]
             }]
         );
-        assert_eq!(delta.len(), 4);
+        // A tagged set's additions: one list per tag.
+        let tags: Vec<_> = delta.add.iter().map(|l| (l.set.as_str(), l.tag, l.elements.len())).collect();
+        assert_eq!(tags, [("dns6-x", Some(1), 2), ("dns6-x", Some(4_294_967_297), 1), ("fw-pods-v4", None, 2)]);
+        assert_eq!(delta.len(), 6);
         assert_eq!(
             delta.script("egressd"),
             "delete element inet egressd fw-pods-v4 { 198.18.1.2 }\n\
-             add element inet egressd dns6-x { 2001:db8::1 timeout 310s }\n\
+             add element inet egressd dns6-x { 0 . 1 . 2001:db8::1 timeout 310s, 0 . 1 . 2001:db8::2 timeout 310s }\n\
+             add element inet egressd dns6-x { 1 . 1 . 2001:db8::3 timeout 310s }\n\
              add element inet egressd fw-pods-v4 { 198.18.1.2 : jump fw-b, 198.18.1.3 : jump fw-a }\n"
         );
         assert!(ElementDelta::between(&old, &old).unwrap().is_empty());
@@ -277,9 +327,14 @@ mod tests {
         // A key of the other family, a key not in canonical form, an odd value.
         for (set, key, value) in [
             ("fw-pods-v4", "2001:db8::2", "jump fw-a"),
-            ("dns6-x", "2001:DB8::2", "timeout 1s"),
+            ("dns6-x", "0 . 1 . 2001:DB8::2", "timeout 1s"),
+            ("dns6-x", "2001:db8::2", "timeout 1s"),
+            ("dns6-x", "0 . 1 . 192.0.2.1", "timeout 1s"),
+            ("dns6-x", "00 . 1 . 2001:db8::2", "timeout 1s"),
+            ("dns6-x", "0 . 4294967296 . 2001:db8::2", "timeout 1s"),
             ("fw-pods-v4", "198.18.1.9", "accept"),
-            ("dns6-x", "2001:db8::3", "timeout 1m"),
+            ("fw-pods-v4", "0 . 1 . 198.18.1.9", "jump fw-a"),
+            ("dns6-x", "0 . 1 . 2001:db8::3", "timeout 1m"),
             ("exempt-v4", "192.0.2.1/24", ""),
             ("exempt-v4", "192.0.2.0/24", "timeout 1s"),
             ("exempt-v4", "2001:db8::/32", ""),
@@ -309,9 +364,35 @@ mod tests {
     }
 
     #[test]
-    fn refresh_re_adds_every_element_of_the_named_timeout_sets() {
-        let t = table();
-        let delta = ElementDelta::refresh(&t, &["dns6-x".into(), "fw-pods-v4".into(), "gone".into()]).unwrap();
-        assert_eq!(delta.script("egressd"), "add element inet egressd dns6-x { 2001:db8::1 timeout 300s }\n");
+    fn refresh_re_adds_every_element_of_the_slots_and_no_other() {
+        let mut t = table();
+        let dns = &mut t.sets.get_mut("dns6-x").unwrap().elements;
+        // Tag 1's keys start "0 . 1 . ", as tag 4294967297's start "1 . 1 . ", and tag
+        // 12's "0 . 12 . ": none of the others is tag 1's.
+        dns.insert(slot(12).key("2001:db8::5".parse().unwrap()), "timeout 300s".into());
+        dns.insert(slot(1).key("2001:db8::4".parse().unwrap()), "timeout 30s".into());
+        let gone = Slot { set: "gone", tag: 1 };
+        let pods = Slot { set: "fw-pods-v4", tag: 1 };
+        let delta = ElementDelta::refresh(&t, &[slot(1), pods, gone, slot(99)]).unwrap();
+        assert_eq!(
+            delta.script("egressd"),
+            "add element inet egressd dns6-x { 0 . 1 . 2001:db8::1 timeout 300s, 0 . 1 . 2001:db8::4 timeout 30s }\n"
+        );
+    }
+
+    #[test]
+    fn slot_keys_round_trip_through_text_and_kernel_bytes() {
+        for (tag, ip) in [(0u64, "192.0.2.1"), (u64::MAX, "2001:db8::1"), (0x1234_5678_9abc_def0, "198.51.100.7")] {
+            let ip: IpAddr = ip.parse().unwrap();
+            let key = Slot { set: "s", tag }.key(ip);
+            assert_eq!(Slot::parse_key(&key), Some((tag, ip)), "{key}");
+            assert_eq!(Slot::from_key_bytes(&Slot::key_bytes(tag, ip)), Some((tag, ip)));
+        }
+        // The halves are what nft prints for the two numgen constants.
+        assert_eq!(Slot { set: "s", tag: 0x1_0000_0002 }.key("192.0.2.1".parse().unwrap()), "1 . 2 . 192.0.2.1");
+        assert_eq!(
+            Slot { set: "dns-v4", tag: 0x1_0000_0002 }.matches("ip"),
+            "numgen random mod 1 offset 1 . numgen random mod 1 offset 2 . ip daddr @dns-v4"
+        );
     }
 }

@@ -42,6 +42,10 @@ pub(crate) const COUNTERS: [&str; 9] = [
 /// half of it per set).
 pub(crate) const TIMEOUT_SET_SIZE: usize = 65_536;
 
+/// The `size` of a shared tagged set ([`Slot`]): every DNS name's addresses of one
+/// family are in it. A cap only (the kernel's hash table grows with its elements).
+pub(crate) const SHARED_SET_SIZE: usize = 1 << 20;
+
 /// The key type of a set or map.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KeyType {
@@ -49,14 +53,110 @@ pub enum KeyType {
     Ipv4,
     /// `ipv6_addr`.
     Ipv6,
+    /// A 64-bit tag and an IPv4 address ([`Slot`]).
+    TaggedIpv4,
+    /// A 64-bit tag and an IPv6 address ([`Slot`]).
+    TaggedIpv6,
 }
 
 impl KeyType {
     fn nft(self) -> &'static str {
         match self {
-            KeyType::Ipv4 => "ipv4_addr",
-            KeyType::Ipv6 => "ipv6_addr",
+            KeyType::Ipv4 => "type ipv4_addr",
+            KeyType::Ipv6 => "type ipv6_addr",
+            KeyType::TaggedIpv4 => "typeof numgen random mod 1 . numgen random mod 1 . ip daddr",
+            KeyType::TaggedIpv6 => "typeof numgen random mod 1 . numgen random mod 1 . ip6 daddr",
         }
+    }
+
+    /// Whether the key's address is IPv6.
+    pub(crate) fn is_v6(self) -> bool {
+        matches!(self, KeyType::Ipv6 | KeyType::TaggedIpv6)
+    }
+
+    /// Whether keys carry a [`Slot`] tag before the address.
+    pub(crate) fn is_tagged(self) -> bool {
+        matches!(self, KeyType::TaggedIpv4 | KeyType::TaggedIpv6)
+    }
+}
+
+/// One owner's share of a set that many share: the set, and the 64-bit tag that every
+/// key of that owner starts with. A rule matches its share with the tag as a constant
+/// before the address (`numgen random mod 1 offset <hi> . numgen random mod 1 offset
+/// <lo> . ip daddr @set`: `numgen ... mod 1` is always 0, plus the offset; nft 1.0.6 has
+/// no other way to put a constant in a lookup key).
+///
+/// Why: nf_tables finds a set by name with a linear scan of the table's sets, for every
+/// rule, element list and set it is sent, so one set per DNS name made a first sync with
+/// 10,000 names cost seconds of kernel time. Shared by tag, the names are two sets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Slot {
+    /// The shared set.
+    pub set: &'static str,
+    /// The owner's tag.
+    pub tag: u64,
+}
+
+impl Slot {
+    /// The tag's two 32-bit halves, as the two `numgen` constants.
+    fn halves(self) -> (u32, u32) {
+        ((self.tag >> 32) as u32, self.tag as u32)
+    }
+
+    /// The element key text of `ip` in this slot (`<hi> . <lo> . <ip>`).
+    pub fn key(self, ip: std::net::IpAddr) -> Text {
+        let (hi, lo) = self.halves();
+        compact_str::format_compact!("{hi} . {lo} . {ip}")
+    }
+
+    /// The start of every key of this slot: keys of one slot are next to each other
+    /// in the set's (text-ordered) elements.
+    pub(crate) fn key_prefix(self) -> Text {
+        let (hi, lo) = self.halves();
+        compact_str::format_compact!("{hi} . {lo} . ")
+    }
+
+    /// The match of a packet's destination in this slot (`family` `ip` or `ip6`).
+    pub fn matches(self, family: &str) -> String {
+        let (hi, lo) = self.halves();
+        format!("numgen random mod 1 offset {hi} . numgen random mod 1 offset {lo} . {family} daddr @{}", self.set)
+    }
+
+    /// The kernel's key bytes: the two halves as the registers hold them (host byte
+    /// order, as `numgen` writes them), then the address.
+    pub(crate) fn key_bytes(tag: u64, ip: std::net::IpAddr) -> Vec<u8> {
+        let mut out = Vec::with_capacity(24);
+        out.extend(((tag >> 32) as u32).to_ne_bytes());
+        out.extend((tag as u32).to_ne_bytes());
+        match ip {
+            std::net::IpAddr::V4(v4) => out.extend(v4.octets()),
+            std::net::IpAddr::V6(v6) => out.extend(v6.octets()),
+        }
+        out
+    }
+
+    /// A tag and address from kernel key bytes ([`Slot::key_bytes`]).
+    pub(crate) fn from_key_bytes(bytes: &[u8]) -> Option<(u64, std::net::IpAddr)> {
+        let (hi, rest) = bytes.split_first_chunk::<4>()?;
+        let (lo, addr) = rest.split_first_chunk::<4>()?;
+        let tag = (u64::from(u32::from_ne_bytes(*hi)) << 32) | u64::from(u32::from_ne_bytes(*lo));
+        let ip = match addr.len() {
+            4 => std::net::IpAddr::from(<[u8; 4]>::try_from(addr).ok()?),
+            16 => std::net::IpAddr::from(<[u8; 16]>::try_from(addr).ok()?),
+            _ => return None,
+        };
+        Some((tag, ip))
+    }
+
+    /// Parse a key text of a tagged set (`<hi> . <lo> . <ip>`, canonical only).
+    pub(crate) fn parse_key(key: &str) -> Option<(u64, std::net::IpAddr)> {
+        let mut parts = key.splitn(3, " . ");
+        let hi: u32 = parts.next()?.parse().ok()?;
+        let lo: u32 = parts.next()?.parse().ok()?;
+        let text = parts.next()?;
+        let ip: std::net::IpAddr = text.parse().ok()?;
+        let tag = (u64::from(hi) << 32) | u64::from(lo);
+        (Slot { set: "", tag }.key(ip) == key).then_some((tag, ip))
     }
 }
 
@@ -146,15 +246,13 @@ impl Set {
     }
 
     fn declaration(&self) -> String {
-        let ty = if self.verdict_map {
-            format!("type {} : verdict;", self.key.nft())
-        } else {
-            format!("type {};", self.key.nft())
-        };
+        let ty =
+            if self.verdict_map { format!("{} : verdict;", self.key.nft()) } else { format!("{};", self.key.nft()) };
+        let size = if self.key.is_tagged() { SHARED_SET_SIZE } else { TIMEOUT_SET_SIZE };
         match (self.interval, self.timeout) {
             (true, true) => format!("{ty} flags interval,timeout;"),
             (true, false) => format!("{ty} flags interval;"),
-            (false, true) => format!("{ty} flags timeout; size {TIMEOUT_SET_SIZE};"),
+            (false, true) => format!("{ty} flags timeout; size {size};"),
             (false, false) => ty,
         }
     }
@@ -260,16 +358,6 @@ pub(crate) fn chain_name(prefix: &str, id: &str) -> String {
         let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
         format!("{prefix}-h{hex}")
     }
-}
-
-/// A readable set name `prefix-<name>` for a DNS name (lowercase letters, digits, `-`
-/// and `.` are valid in nft identifiers), else `prefix-h<hash>`.
-pub(crate) fn set_name(prefix: &str, name: &str) -> String {
-    let readable = !name.is_empty()
-        && name.len() <= 200
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-        && name.starts_with(|c: char| c.is_ascii_alphanumeric());
-    if readable { format!("{prefix}-{name}") } else { chain_name(prefix, &format!("\u{0}{name}")) }
 }
 
 #[cfg(test)]
