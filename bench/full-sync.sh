@@ -99,6 +99,12 @@ rss=$(awk '/VmRSS/ { print $2 }' "/proc/$AGENT/status")
 anon=$(awk '/RssAnon/ { print $2 }' "/proc/$AGENT/status")
 rules_applied=$(ip netns exec "$NET" nft -a list table inet egressd | grep -c 'comment "egress\[' || true)
 sleep 1
+# PERF_OUT=file: the change steps recorded with perf (call graphs) into that file.
+PERF=""
+if [ -n "${PERF_OUT:-}" ]; then
+  perf record -q -F "${PERF_FREQ:-20000}" ${PERF_CALLGRAPH:--g} -p "$AGENT" -o "$PERF_OUT" 2>/dev/null & PERF=$!
+  sleep 1
+fi
 for f in fw-7.yaml fw-8.yaml nodes.yaml; do cp "$WORK/m/$f" "$WORK/orig-$f"; done
 toggle() { # CHANGED I NAME: odd I puts the changed version of NAME, even I the original
   if [ $(($2 % 2)) = 1 ]; then put "$WORK/$1" "$3"; else put "$WORK/orig-$3" "$3"; fi
@@ -115,6 +121,7 @@ step "one rule edited" edit_rule; edit=$RESULT
 step "one pod added" add_pod; pod=$RESULT
 step "one namespace replaced" replace_ns; replace=$RESULT
 step "one node label changed" label_node; label=$RESULT
+if [ -n "$PERF" ]; then kill -INT "$PERF"; wait "$PERF" || true; fi
 # Idle CPU: the agent and the processes it ran (waited-for children: its nft runs) over
 # IDLE seconds with nothing changing, in % of one core.
 ticks() { awk '{ print $14 + $15 + $16 + $17 }' "/proc/$AGENT/stat"; }

@@ -118,14 +118,18 @@ pub struct ObjectKey {
     /// The kind.
     pub kind: Kind,
     /// The namespace, empty for cluster-scoped kinds.
-    pub namespace: String,
+    pub namespace: Name,
     /// The name.
-    pub name: String,
+    pub name: Name,
 }
+
+/// A namespace or object name: inline up to 24 bytes (Kubernetes names mostly are), so
+/// copying a key — every status of every compile carries one — allocates nothing.
+pub type Name = compact_str::CompactString;
 
 impl ObjectKey {
     /// A key for a namespaced or cluster-scoped object.
-    pub fn new(kind: Kind, namespace: impl Into<String>, name: impl Into<String>) -> Self {
+    pub fn new(kind: Kind, namespace: impl Into<Name>, name: impl Into<Name>) -> Self {
         Self { kind, namespace: namespace.into(), name: name.into() }
     }
 }

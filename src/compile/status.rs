@@ -48,8 +48,9 @@ pub struct StatusCondition {
 pub struct ObjectStatus {
     /// The object.
     pub key: ObjectKey,
-    /// The node reporting.
-    pub node: String,
+    /// The node reporting (shared: every status of a compile names the same node, and
+    /// statuses are copied at every compile).
+    pub node: std::sync::Arc<str>,
     /// What happened.
     pub outcome: Outcome,
     /// Values read in the reference's restrictive way (shown after an applied message).
@@ -64,7 +65,7 @@ pub struct ObjectStatus {
 impl ObjectStatus {
     /// The status of `key` on `node`.
     pub fn new(key: ObjectKey, node: &str, outcome: Outcome) -> Self {
-        Self { key, node: node.to_string(), outcome, warnings: Vec::new(), detail: None, cluster_only: false }
+        Self { key, node: node.into(), outcome, warnings: Vec::new(), detail: None, cluster_only: false }
     }
 
     /// With warnings.

@@ -101,7 +101,7 @@ impl StatusSink for PlacementSink {
         let mut egress_ips: Vec<(String, EgressIpPolicy, bool)> = view
             .egress_ips
             .values()
-            .filter_map(|e| e.policy.as_deref().map(|p| (e.key.name.clone(), p.clone(), e.error.is_some())))
+            .filter_map(|e| e.policy.as_deref().map(|p| (e.key.name.to_string(), p.clone(), e.error.is_some())))
             .collect();
         egress_ips.sort_by(|a, b| {
             (a.1.created.is_none(), a.1.created, &a.0).cmp(&(b.1.created.is_none(), b.1.created, &b.0))

@@ -460,8 +460,8 @@ pub(crate) async fn record_event(
         involved_object: ObjectReference {
             api_version: Some(key.kind.api_version().into()),
             kind: Some(key.kind.as_str().into()),
-            name: Some(key.name.clone()),
-            namespace: (!key.namespace.is_empty()).then(|| key.namespace.clone()),
+            name: Some(key.name.to_string()),
+            namespace: (!key.namespace.is_empty()).then(|| key.namespace.to_string()),
             ..Default::default()
         },
         reason: Some(reason),

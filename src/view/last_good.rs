@@ -87,11 +87,12 @@ impl ClusterView {
         objects.extend(kept(&self.cloud_ips, SavedPolicy::CloudPrivateIPConfig));
         for key in &self.rejected_core {
             let saved = match key.kind {
-                Kind::Namespace => self.namespaces.get(&key.name).cloned().map(SavedPolicy::Namespace),
-                Kind::Pod => {
-                    self.pods.get(&(key.namespace.clone(), key.name.clone())).map(|p| SavedPolicy::Pod((**p).clone()))
-                }
-                Kind::Node => self.nodes.get(&key.name).cloned().map(SavedPolicy::Node),
+                Kind::Namespace => self.namespaces.get(key.name.as_str()).cloned().map(SavedPolicy::Namespace),
+                Kind::Pod => self
+                    .pods
+                    .get(&(key.namespace.to_string(), key.name.to_string()))
+                    .map(|p| SavedPolicy::Pod((**p).clone())),
+                Kind::Node => self.nodes.get(key.name.as_str()).cloned().map(SavedPolicy::Node),
                 _ => None,
             };
             objects.extend(saved.map(|s| (key.clone(), s)));
@@ -112,14 +113,14 @@ impl ClusterView {
                 SavedPolicy::EgressIP(p) => adopt(&mut self.egress_ips, key, p),
                 SavedPolicy::CloudPrivateIPConfig(p) => adopt(&mut self.cloud_ips, key, p),
                 SavedPolicy::Namespace(n) => {
-                    self.rejected_core.contains(key) && adopt_core(&mut self.namespaces, key.name.clone(), n)
+                    self.rejected_core.contains(key) && adopt_core(&mut self.namespaces, key.name.to_string(), n)
                 }
                 SavedPolicy::Pod(p) => {
                     self.rejected_core.contains(key)
-                        && self.pods.set_if_absent((key.namespace.clone(), key.name.clone()), p)
+                        && self.pods.set_if_absent((key.namespace.to_string(), key.name.to_string()), p)
                 }
                 SavedPolicy::Node(n) => {
-                    self.rejected_core.contains(key) && adopt_core(&mut self.nodes, key.name.clone(), n)
+                    self.rejected_core.contains(key) && adopt_core(&mut self.nodes, key.name.to_string(), n)
                 }
             };
         }

@@ -351,17 +351,17 @@ impl ClusterView {
             };
         }
         match item {
-            Item::Firewall(p) => policy!(firewalls, key.namespace.clone(), p),
-            Item::Qos(p) => policy!(qos, key.namespace.clone(), p),
-            Item::EgressIp(p) => policy!(egress_ips, key.name.clone(), p),
-            Item::CloudIp(p) => policy!(cloud_ips, key.name.clone(), p),
+            Item::Firewall(p) => policy!(firewalls, key.namespace.to_string(), p),
+            Item::Qos(p) => policy!(qos, key.namespace.to_string(), p),
+            Item::EgressIp(p) => policy!(egress_ips, key.name.to_string(), p),
+            Item::CloudIp(p) => policy!(cloud_ips, key.name.to_string(), p),
             item @ (Item::Namespace(_) | Item::Pod(_) | Item::Node(_)) if self.rejected_core.remove(&key) => {
                 self.apply(Update { key, item });
                 true
             }
-            Item::Namespace(info) => replace(&mut self.namespaces, key.name, info),
-            Item::Pod(info) => self.pods.set((key.namespace, key.name), Some(info)),
-            Item::Node(info) => replace(&mut self.nodes, key.name, info),
+            Item::Namespace(info) => replace(&mut self.namespaces, key.name.into(), info),
+            Item::Pod(info) => self.pods.set((key.namespace.into(), key.name.into()), Some(info)),
+            Item::Node(info) => replace(&mut self.nodes, key.name.into(), info),
         }
     }
 
@@ -370,8 +370,8 @@ impl ClusterView {
     /// whether the view changed.
     pub fn reject(&mut self, key: &ObjectKey, error: String) -> bool {
         let id = match key.kind {
-            Kind::EgressFirewall | Kind::EgressQoS => key.namespace.clone(),
-            _ => key.name.clone(),
+            Kind::EgressFirewall | Kind::EgressQoS => key.namespace.to_string(),
+            _ => key.name.to_string(),
         };
         match key.kind {
             Kind::EgressFirewall | Kind::EgressQoS if key.name != policy::SINGLETON_NAME => {
@@ -394,29 +394,29 @@ impl ClusterView {
         let same = |e: &ObjectKey| e == key;
         match key.kind {
             Kind::EgressFirewall => {
-                if self.firewalls.get(&key.namespace).is_some_and(|e| same(&e.key)) {
-                    self.firewalls.remove(&key.namespace);
+                if self.firewalls.get(key.namespace.as_str()).is_some_and(|e| same(&e.key)) {
+                    self.firewalls.remove(key.namespace.as_str());
                 }
             }
             Kind::EgressQoS => {
-                if self.qos.get(&key.namespace).is_some_and(|e| same(&e.key)) {
-                    self.qos.remove(&key.namespace);
+                if self.qos.get(key.namespace.as_str()).is_some_and(|e| same(&e.key)) {
+                    self.qos.remove(key.namespace.as_str());
                 }
             }
             Kind::EgressIP => {
-                self.egress_ips.remove(&key.name);
+                self.egress_ips.remove(key.name.as_str());
             }
             Kind::CloudPrivateIPConfig => {
-                self.cloud_ips.remove(&key.name);
+                self.cloud_ips.remove(key.name.as_str());
             }
             Kind::Namespace => {
-                self.namespaces.remove(&key.name);
+                self.namespaces.remove(key.name.as_str());
             }
             Kind::Pod => {
-                self.pods.set((key.namespace.clone(), key.name.clone()), None);
+                self.pods.set((key.namespace.to_string(), key.name.to_string()), None);
             }
             Kind::Node => {
-                self.nodes.remove(&key.name);
+                self.nodes.remove(key.name.as_str());
             }
         }
     }
