@@ -29,6 +29,7 @@ NET="egfs$$" WORK=$(mktemp -d) AGENT=""
 cleanup() {
   set +e
   [ -n "$AGENT" ] && kill -TERM "$AGENT" && wait "$AGENT"
+  cp "$WORK/log" "${BENCH_LOG:-/tmp/egressd-full-sync.log}"
   ip netns del "$NET"; rm -rf "$WORK"
 } 2>/dev/null
 trap cleanup EXIT

@@ -451,15 +451,25 @@ pub(crate) struct FirewallCache {
 }
 
 /// The namespace chains and run sets of the last compile and, by namespace, what made
-/// them: a compile touches only namespaces whose inputs differ, then copies the maps into
-/// the table (no lookup or insert per unchanged namespace).
+/// them: a compile touches only namespaces whose inputs may differ (the view's journals
+/// say which; without them, every namespace is looked at), then copies the maps into the
+/// table (no lookup or insert per unchanged namespace).
 #[derive(Debug, Default)]
 struct Output {
     chains: BTreeMap<Text, Chain>,
     sets: BTreeMap<Text, Set>,
-    /// By namespace, in the order of the view's firewalls (each boxed: a compile moves
-    /// every part once).
-    parts: Vec<(String, Box<Part>)>,
+    /// By namespace (each boxed: parts move between maps).
+    parts: BTreeMap<String, Box<Part>>,
+    /// The parts' statuses, in namespace order: what every compile reports.
+    statuses: Vec<ObjectStatus>,
+    /// The namespaces whose part has `dnsName` rules (their sets are made anew from the
+    /// current answers at every compile).
+    dns: BTreeSet<String>,
+    /// The namespaces whose part was made from the nodes (`nodeSelector` rules).
+    reads_nodes: BTreeSet<String>,
+    /// What this was made from: the stamps of the view's firewalls and namespaces and
+    /// the nodes' version (`None`: not known, look at every namespace).
+    from: Option<(u64, u64, u64)>,
 }
 
 /// One namespace's part of [`Output`] and its inputs: its EgressFirewall entry, its
@@ -477,18 +487,46 @@ struct Part {
     /// What it put in [`Output`]: its chain's name and its sets' names.
     chain: Option<Text>,
     sets: Vec<Text>,
-    status: ObjectStatus,
     /// The positions of the policy's `dnsName` rules (no walk over its rules to find them).
     dns_rules: Vec<usize>,
 }
 
 impl Output {
-    fn forget(&mut self, part: &Part) {
+    /// Take `namespace`'s part out, and what it put in the maps.
+    fn forget(&mut self, namespace: &str) -> Option<Box<Part>> {
+        let part = self.parts.remove(namespace)?;
         if let Some(chain) = &part.chain {
             self.chains.remove(chain);
         }
         for set in &part.sets {
             self.sets.remove(set);
+        }
+        self.dns.remove(namespace);
+        self.reads_nodes.remove(namespace);
+        Some(part)
+    }
+
+    /// Put `namespace`'s (new or kept) part in.
+    fn keep(&mut self, namespace: &str, part: Box<Part>) {
+        if !part.dns_rules.is_empty() && part.policy.is_some() {
+            self.dns.insert(namespace.to_string());
+        }
+        if part.nodes_epoch.is_some() {
+            self.reads_nodes.insert(namespace.to_string());
+        }
+        self.parts.insert(namespace.to_string(), part);
+    }
+
+    /// Set (`None`: remove) `namespace`'s status.
+    fn set_status(&mut self, namespace: &str, status: Option<ObjectStatus>) {
+        let at = self.statuses.binary_search_by(|s| s.key.namespace.as_str().cmp(namespace));
+        match (at, status) {
+            (Ok(i), Some(s)) => self.statuses[i] = s,
+            (Ok(i), None) => {
+                self.statuses.remove(i);
+            }
+            (Err(i), Some(s)) => self.statuses.insert(i, s),
+            (Err(_), None) => {}
         }
     }
 }
@@ -659,29 +697,34 @@ pub(super) fn compile(
     }
     let ctx = Ctx { view, node, dns, exempt, nodes_epoch: cache.nodes_epoch };
 
-    // Namespaces in order, beside the parts of the last compile (also in order): a part
-    // whose inputs are the same is kept, others are made anew.
+    // The namespaces whose inputs may differ since the last compile: those the view's
+    // journals list (their EgressFirewall, their Namespace), those whose local pods came
+    // or went, and, when the nodes changed, those with nodeSelector rules. Unknown (the
+    // first compile, a journal too far behind): every namespace.
     let out = &mut cache.out;
-    let mut old = std::mem::take(&mut out.parts).into_iter().peekable();
-    let mut parts = Vec::with_capacity(view.firewalls.len());
-    for (namespace, entry) in &view.firewalls {
-        while let Some((_, gone)) = old.next_if(|(ns, _)| ns < namespace) {
-            out.forget(&gone);
+    let presence = cache.pods.presence_changed();
+    let dirty: Option<BTreeSet<String>> = out.from.and_then(|(fw, ns, nodes)| {
+        let mut dirty: BTreeSet<String> = view.firewalls.touched_since(fw)?.into_iter().map(str::to_string).collect();
+        dirty.extend(view.namespaces.touched_since(ns)?.into_iter().map(str::to_string));
+        dirty.extend(presence.iter().map(|t| t.to_string()));
+        if nodes != ctx.nodes_epoch {
+            dirty.extend(out.reads_nodes.iter().cloned());
         }
-        let prev = old.next_if(|(ns, _)| ns == namespace);
+        Some(dirty)
+    });
+    let dirty = dirty.unwrap_or_else(|| view.firewalls.keys().chain(out.parts.keys()).cloned().collect());
+    for namespace in &dirty {
+        let Some(entry) = view.firewalls.get(namespace) else {
+            out.forget(namespace);
+            out.set_status(namespace, None);
+            continue;
+        };
         let logging = view.namespaces.get(namespace).and_then(|n| n.acl_logging.as_ref());
         let present = cache.pods.has(namespace);
-        if let Some((ns, part)) = prev {
-            if part.same(entry, logging, present, ctx.nodes_epoch) {
-                if let Some(policy) = &entry.policy {
-                    rebuild_dns_sets(policy, &part.dns_rules, &ctx, table);
-                }
-                statuses.push(part.status.clone());
-                parts.push((ns, part));
-                continue;
-            }
-            out.forget(&part);
+        if out.parts.get(namespace).is_some_and(|p| p.same(entry, logging, present, ctx.nodes_epoch)) {
+            continue;
         }
+        out.forget(namespace);
         let mut problems: Vec<String> = entry.error.iter().cloned().collect();
         let (mut chain, mut sets, mut nodes_epoch, mut dns_rules) = (None, Vec::new(), None, Vec::new());
         if let Some(policy) = &entry.policy {
@@ -706,7 +749,7 @@ pub(super) fn compile(
         if entry.policy.as_ref().is_some_and(|p| p.audit) {
             status = status.with_detail("audit mode: Deny rules log and count, nothing is dropped".into());
         }
-        statuses.push(status.clone());
+        out.set_status(namespace, Some(status));
         let part = Part {
             key: entry.key.clone(),
             policy: entry.policy.clone(),
@@ -716,15 +759,20 @@ pub(super) fn compile(
             nodes_epoch,
             chain,
             sets,
-            status,
             dns_rules,
         };
-        parts.push((namespace.clone(), Box::new(part)));
+        out.keep(namespace, Box::new(part));
     }
-    for (_, gone) in old {
-        out.forget(&gone);
+    out.from = Some((view.firewalls.stamp(), view.namespaces.stamp(), ctx.nodes_epoch));
+    statuses.extend(out.statuses.iter().cloned());
+    // The DNS sets of every namespace with dnsName rules, from the current answers.
+    for namespace in &out.dns {
+        if let (Some(part), Some(policy)) =
+            (out.parts.get(namespace), view.firewalls.get(namespace).and_then(|e| e.policy.as_ref()))
+        {
+            rebuild_dns_sets(policy, &part.dns_rules, &ctx, table);
+        }
     }
-    out.parts = parts;
     // The kept maps, with what the walk added (the DNS and cluster sets) merged in.
     let mut sets = out.sets.clone();
     sets.append(&mut table.sets);

@@ -21,6 +21,9 @@ pub(crate) struct PodMaps {
     by_ip: BTreeMap<IpAddr, Text>,
     /// How many addresses each owner has.
     per_owner: BTreeMap<Text, usize>,
+    /// Owners that got their first element or lost their last one since
+    /// [`PodMaps::presence_changed`] was last asked.
+    flipped: Vec<Text>,
     v4: Buffered,
     v6: Buffered,
 }
@@ -147,7 +150,11 @@ impl PodMaps {
         }
         for (ip, owner) in set {
             patches[usize::from(ip.is_ipv6())].push((ip.to_compact_string(), Some(value(owner))));
-            *self.per_owner.entry(owner.into()).or_default() += 1;
+            let count = self.per_owner.entry(owner.into()).or_default();
+            if *count == 0 {
+                self.flipped.push(owner.into());
+            }
+            *count += 1;
             if let Some(before) = self.by_ip.insert(ip, owner.into()) {
                 self.forget(&before);
             }
@@ -168,11 +175,17 @@ impl PodMaps {
         self.per_owner.contains_key(owner)
     }
 
+    /// The owners whose [`PodMaps::has`] may have changed since this was last asked.
+    pub(crate) fn presence_changed(&mut self) -> Vec<Text> {
+        std::mem::take(&mut self.flipped)
+    }
+
     fn forget(&mut self, owner: &str) {
         if let Some(n) = self.per_owner.get_mut(owner) {
             *n -= 1;
             if *n == 0 {
                 self.per_owner.remove(owner);
+                self.flipped.push(owner.into());
             }
         }
     }

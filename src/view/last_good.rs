@@ -48,10 +48,7 @@ impl Default for LastGood {
     }
 }
 
-fn kept<T: Clone>(
-    entries: &std::collections::BTreeMap<String, Entry<T>>,
-    wrap: fn(T) -> SavedPolicy,
-) -> Vec<(ObjectKey, SavedPolicy)> {
+fn kept<T: Clone>(entries: &super::Tracked<Entry<T>>, wrap: fn(T) -> SavedPolicy) -> Vec<(ObjectKey, SavedPolicy)> {
     entries
         .values()
         .filter(|e| e.error.is_some())
@@ -59,18 +56,29 @@ fn kept<T: Clone>(
         .collect()
 }
 
-fn adopt<T: Clone>(entries: &mut std::collections::BTreeMap<String, Entry<T>>, key: &ObjectKey, policy: &T) -> bool {
-    match entries.values_mut().find(|e| &e.key == key) {
-        Some(e) if e.error.is_some() && e.policy.is_none() => {
+fn adopt<T: Clone>(entries: &mut super::Tracked<Entry<T>>, key: &ObjectKey, policy: &T) -> bool {
+    let found = entries.iter().find(|(_, e)| &e.key == key && e.error.is_some() && e.policy.is_none());
+    let Some(id) = found.map(|(id, _)| id.clone()) else { return false };
+    match entries.get_mut(&id) {
+        Some(e) => {
             e.policy = Some(std::sync::Arc::new(policy.clone()));
             true
         }
-        _ => false,
+        None => false,
     }
 }
 
 /// A rejected core object without a version in the view gets the saved one.
 fn adopt_core<K: Ord, T: Clone>(map: &mut std::collections::BTreeMap<K, T>, id: K, saved: &T) -> bool {
+    if map.contains_key(&id) {
+        return false;
+    }
+    map.insert(id, saved.clone());
+    true
+}
+
+/// [`adopt_core`] for a [`super::Tracked`] map.
+fn adopt_core_tracked<T: Clone>(map: &mut super::Tracked<T>, id: String, saved: &T) -> bool {
     if map.contains_key(&id) {
         return false;
     }
@@ -113,7 +121,8 @@ impl ClusterView {
                 SavedPolicy::EgressIP(p) => adopt(&mut self.egress_ips, key, p),
                 SavedPolicy::CloudPrivateIPConfig(p) => adopt(&mut self.cloud_ips, key, p),
                 SavedPolicy::Namespace(n) => {
-                    self.rejected_core.contains(key) && adopt_core(&mut self.namespaces, key.name.to_string(), n)
+                    self.rejected_core.contains(key)
+                        && adopt_core_tracked(&mut self.namespaces, key.name.to_string(), n)
                 }
                 SavedPolicy::Pod(p) => {
                     self.rejected_core.contains(key)

@@ -11,6 +11,9 @@ pub mod observed;
 pub mod pods;
 pub mod policy;
 pub mod selector;
+pub mod tracked;
+
+pub use tracked::Tracked;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -216,20 +219,20 @@ pub(crate) struct IpClash {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClusterView {
     /// Namespaces by name.
-    pub namespaces: BTreeMap<String, NamespaceInfo>,
+    pub namespaces: Tracked<NamespaceInfo>,
     /// Pods by (namespace, name), and the owner of each pod IP (changed through the
     /// view, which keeps that index).
     pub pods: pods::Pods,
     /// Nodes by name.
     pub nodes: BTreeMap<String, NodeInfo>,
     /// EgressFirewalls by namespace (only the one named `default`).
-    pub firewalls: BTreeMap<String, Entry<FirewallPolicy>>,
+    pub firewalls: Tracked<Entry<FirewallPolicy>>,
     /// EgressQoS by namespace (only the one named `default`).
-    pub qos: BTreeMap<String, Entry<QosPolicy>>,
+    pub qos: Tracked<Entry<QosPolicy>>,
     /// EgressIPs by name.
-    pub egress_ips: BTreeMap<String, Entry<EgressIpPolicy>>,
+    pub egress_ips: Tracked<Entry<EgressIpPolicy>>,
     /// CloudPrivateIPConfigs by name.
-    pub cloud_ips: BTreeMap<String, Entry<CloudPrivateIp>>,
+    pub cloud_ips: Tracked<Entry<CloudPrivateIp>>,
     /// Objects that are valid but not acted on, with the reason.
     pub ignored: BTreeMap<ObjectKey, String>,
     /// Namespaces, Pods and Nodes whose current version was rejected (a manifest with
@@ -238,13 +241,8 @@ pub struct ClusterView {
 }
 
 /// Store a conversion result; returns whether the entry changed.
-fn put<T: PartialEq>(
-    map: &mut BTreeMap<String, Entry<T>>,
-    id: String,
-    key: ObjectKey,
-    result: Result<T, String>,
-) -> bool {
-    let entry = map.entry(id).or_insert_with(|| Entry { key: key.clone(), policy: None, error: None });
+fn put<T: PartialEq>(map: &mut Tracked<Entry<T>>, id: String, key: ObjectKey, result: Result<T, String>) -> bool {
+    let entry = map.get_or_insert_with(id, || Entry { key: key.clone(), policy: None, error: None });
     let mut changed = entry.key != key;
     entry.key = key;
     match result {
@@ -267,6 +265,17 @@ fn put<T: PartialEq>(
 
 /// Insert `value`; returns whether it differs from what was there.
 fn replace<K: Ord, V: PartialEq>(map: &mut BTreeMap<K, V>, key: K, value: V) -> bool {
+    match map.get(&key) {
+        Some(old) if *old == value => false,
+        _ => {
+            map.insert(key, value);
+            true
+        }
+    }
+}
+
+/// [`replace`] for a [`Tracked`] map.
+fn replace_tracked<V: PartialEq>(map: &mut Tracked<V>, key: String, value: V) -> bool {
     match map.get(&key) {
         Some(old) if *old == value => false,
         _ => {
@@ -359,7 +368,7 @@ impl ClusterView {
                 self.apply(Update { key, item });
                 true
             }
-            Item::Namespace(info) => replace(&mut self.namespaces, key.name.into(), info),
+            Item::Namespace(info) => replace_tracked(&mut self.namespaces, key.name.into(), info),
             Item::Pod(info) => self.pods.set((key.namespace.into(), key.name.into()), Some(info)),
             Item::Node(info) => replace(&mut self.nodes, key.name.into(), info),
         }
