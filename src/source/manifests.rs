@@ -232,6 +232,34 @@ pub struct ManifestSource {
     /// Where each object is defined (from the parse cache): a watch event re-collects
     /// only the objects its files defined before or define now.
     index: DefIndex,
+    /// Each file's part of the report, kept for [`ManifestSource::summarise`].
+    summary: Summary,
+}
+
+/// The directory's report by file, made from the cache summaries: while no object is
+/// defined twice, a file's part depends on that file alone, so a change remakes the
+/// parts of the files it changed, not of every file (a walk over 11k documents, with an
+/// index lookup each, was ~0.6 ms of every change at 100k rules).
+#[derive(Debug, Default)]
+struct Summary {
+    parts: BTreeMap<PathBuf, FilePart>,
+    /// The parts' objects, summed.
+    objects: usize,
+    /// Files whose part has errors or ignored documents.
+    noisy: std::collections::BTreeSet<PathBuf>,
+    /// Files whose cache entry changed since their part was made.
+    dirty: std::collections::BTreeSet<PathBuf>,
+    /// Whether the parts were made while no object was defined twice (else every part
+    /// is made anew).
+    valid: bool,
+}
+
+/// One file's part of the report.
+#[derive(Debug, Default)]
+struct FilePart {
+    errors: Vec<DocumentError>,
+    ignored: Vec<String>,
+    objects: usize,
 }
 
 /// Every definition of each object (a document naming it, good or refused), in file
@@ -332,11 +360,13 @@ impl ManifestSource {
             parsed: BTreeMap::new(),
             unreadable: BTreeMap::new(),
             index: DefIndex::default(),
+            summary: Summary::default(),
         }
     }
 
     /// Set (or with `None` drop) the cache entry of `file`, keeping the index in step.
     fn set_entry(&mut self, file: &Path, entry: Option<FileEntry>) {
+        self.summary.dirty.insert(file.to_path_buf());
         if let Some(old) = self.parsed.remove(file) {
             self.index.remove(file, &old);
         }
@@ -485,24 +515,59 @@ impl ManifestSource {
     }
 
     /// The report of the whole directory from the cache summaries and the index (every
-    /// file readable YAML): errors in file and document order, duplicates named.
-    fn summarise(&self) -> LoadReport {
-        let mut report = LoadReport::default();
-        for (file, entry) in &self.parsed {
-            for (i, doc) in entry.docs.iter().enumerate() {
-                report.errors.extend(doc.error(file));
-                report.ignored.extend(doc.ignored(file));
-                let DocSummary::Object { number, line, key } = doc else { continue };
-                match self.index.multi.contains(key).then(|| self.index.first(key)).flatten() {
-                    Some((f, n)) if (f, n) != (file, i) => {
-                        let first = self.parsed.get(f).and_then(|e| e.docs.get(n)).map_or(0, DocSummary::number);
-                        report.errors.push(duplicate(file, *number, *line, key, (f, first)));
-                    }
-                    _ => report.objects += 1,
-                }
+    /// file readable YAML): errors in file and document order, duplicates named. Made
+    /// from the kept parts of the files ([`Summary`]), remaking those of changed files,
+    /// or of every file while an object is defined twice.
+    fn summarise(&mut self) -> LoadReport {
+        let mut summary = std::mem::take(&mut self.summary);
+        let dirty = std::mem::take(&mut summary.dirty);
+        let files: Vec<PathBuf> = if summary.valid && self.index.multi.is_empty() {
+            dirty.into_iter().collect()
+        } else {
+            summary = Summary::default();
+            self.parsed.keys().cloned().collect()
+        };
+        for file in files {
+            if let Some(old) = summary.parts.remove(&file) {
+                summary.objects -= old.objects;
+                summary.noisy.remove(&file);
+            }
+            let Some(entry) = self.parsed.get(&file) else { continue };
+            let part = self.file_part(&file, entry);
+            summary.objects += part.objects;
+            if !part.errors.is_empty() || !part.ignored.is_empty() {
+                summary.noisy.insert(file.clone());
+            }
+            summary.parts.insert(file, part);
+        }
+        summary.valid = self.index.multi.is_empty();
+        let mut report = LoadReport { objects: summary.objects, ..LoadReport::default() };
+        for file in &summary.noisy {
+            if let Some(part) = summary.parts.get(file) {
+                report.errors.extend(part.errors.iter().cloned());
+                report.ignored.extend(part.ignored.iter().cloned());
             }
         }
+        self.summary = summary;
         report
+    }
+
+    /// One file's part of the report.
+    fn file_part(&self, file: &PathBuf, entry: &FileEntry) -> FilePart {
+        let mut part = FilePart::default();
+        for (i, doc) in entry.docs.iter().enumerate() {
+            part.errors.extend(doc.error(file));
+            part.ignored.extend(doc.ignored(file));
+            let DocSummary::Object { number, line, key } = doc else { continue };
+            match self.index.multi.contains(key).then(|| self.index.first(key)).flatten() {
+                Some((f, n)) if (f, n) != (file, i) => {
+                    let first = self.parsed.get(f).and_then(|e| e.docs.get(n)).map_or(0, DocSummary::number);
+                    part.errors.push(duplicate(file, *number, *line, key, (f, first)));
+                }
+                _ => part.objects += 1,
+            }
+        }
+        part
     }
 
     /// Read one file: parse it when its text changed (into `read`), note it when it
