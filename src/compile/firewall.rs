@@ -78,46 +78,82 @@ pub fn dns_names(view: &ClusterView) -> BTreeSet<String> {
     dns_rule_names(view).filter(|n| !n.wildcard).map(absolute).collect()
 }
 
-/// [`dns_names`] kept per namespace with the policy version it was read from: a
-/// change walks the namespaces, not every rule (an unchanged policy is the same
-/// allocation). Gives exactly what [`dns_names`] gives (tests/incremental.rs).
+/// [`dns_names`] kept per namespace with the policy version it was read from, and
+/// counted by name: a change looks only at the namespaces the view's journal lists
+/// (an unchanged policy is the same allocation), not at every policy. Gives exactly what
+/// [`dns_names`] gives (tests/incremental.rs).
 #[derive(Debug, Default)]
 pub struct DnsNamesCache {
     by_namespace: HashMap<String, (Arc<FirewallPolicy>, Vec<String>)>,
+    /// Each name and how many namespaces' policies have it.
+    counts: BTreeMap<String, usize>,
+    /// The stamp of the view's EgressFirewalls this was made from.
+    from: Option<u64>,
 }
 
 impl DnsNamesCache {
     /// Every resolvable DNS name the firewall policies of `view` use.
     pub fn names(&mut self, view: &ClusterView) -> BTreeSet<String> {
-        if self.by_namespace.len() > view.firewalls.len() {
-            self.by_namespace.retain(|ns, _| view.firewalls.contains_key(ns));
-        }
-        let mut out = BTreeSet::new();
-        for (ns, entry) in &view.firewalls {
-            let Some(policy) = &entry.policy else {
-                self.by_namespace.remove(ns);
-                continue;
-            };
-            let names = match self.by_namespace.get(ns) {
-                Some((read, names)) if Arc::ptr_eq(read, policy) => names,
-                _ => {
-                    let mut names: Vec<String> = policy
-                        .rules
-                        .iter()
-                        .filter_map(|r| match &r.target {
-                            Target::Dns(n) if !n.wildcard => Some(absolute(n)),
-                            _ => None,
-                        })
-                        .collect();
-                    names.sort_unstable();
-                    names.dedup();
-                    &self.by_namespace.entry(ns.clone()).insert_entry((policy.clone(), names)).into_mut().1
+        let touched: Vec<String> = match self.from.and_then(|s| view.firewalls.touched_since(s)) {
+            Some(touched) => touched.into_iter().map(str::to_string).collect(),
+            None => {
+                self.counts.clear();
+                let mut kept = std::mem::take(&mut self.by_namespace);
+                // Read again, but a policy of the same version keeps its names.
+                for (ns, entry) in &view.firewalls {
+                    if let Some(policy) = &entry.policy
+                        && let Some((read, names)) = kept.remove(ns).filter(|(read, _)| Arc::ptr_eq(read, policy))
+                    {
+                        self.add(ns.clone(), read, names);
+                    }
                 }
+                view.firewalls.keys().filter(|ns| !self.by_namespace.contains_key(*ns)).cloned().collect()
+            }
+        };
+        for ns in touched {
+            let policy = view.firewalls.get(&ns).and_then(|e| e.policy.clone());
+            let old = self.by_namespace.remove(&ns);
+            let names = match (&old, &policy) {
+                (Some((read, names)), Some(policy)) if Arc::ptr_eq(read, policy) => names.clone(),
+                _ => policy.as_deref().map(names_of).unwrap_or_default(),
             };
-            out.extend(names.iter().cloned());
+            for name in old.into_iter().flat_map(|(_, names)| names) {
+                if let Some(n) = self.counts.get_mut(&name) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.counts.remove(&name);
+                    }
+                }
+            }
+            if let Some(policy) = policy {
+                self.add(ns, policy, names);
+            }
         }
-        out
+        self.from = Some(view.firewalls.stamp());
+        self.counts.keys().cloned().collect()
     }
+
+    fn add(&mut self, namespace: String, policy: Arc<FirewallPolicy>, names: Vec<String>) {
+        for name in &names {
+            *self.counts.entry(name.clone()).or_default() += 1;
+        }
+        self.by_namespace.insert(namespace, (policy, names));
+    }
+}
+
+/// The resolvable names of `policy`'s `dnsName` rules, sorted, each once.
+fn names_of(policy: &FirewallPolicy) -> Vec<String> {
+    let mut names: Vec<String> = policy
+        .rules
+        .iter()
+        .filter_map(|r| match &r.target {
+            Target::Dns(n) if !n.wildcard => Some(absolute(n)),
+            _ => None,
+        })
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names
 }
 
 /// The slots of the wildcard `dnsName` rules of `view` (filled only by snooping), each

@@ -32,7 +32,7 @@ use crate::dns::targets::{
 };
 use crate::nft::{Chain, Hook, KeyType, Set, Table, Text};
 use crate::view::ClusterView;
-use crate::view::policy::Target;
+use crate::view::policy::{FirewallPolicy, Target};
 
 /// Namespaces whose EgressFirewall has a `dnsName` rule.
 pub fn snooped_namespaces(view: &ClusterView) -> BTreeSet<&str> {
@@ -136,9 +136,35 @@ pub(crate) fn copy_counter(class: &str) -> String {
 
 /// The `dnsName` rules of each namespace's policy as the listener matches them, by
 /// namespace, kept with the policy version they were read from (an unchanged policy is
-/// the same allocation: no walk over its rules).
-pub(super) type NamesCache =
-    std::collections::HashMap<String, (std::sync::Arc<crate::view::policy::FirewallPolicy>, Vec<SnoopName>)>;
+/// the same allocation: no walk over its rules), and the namespaces that have any: a
+/// change looks only at the namespaces the view's journal lists.
+#[derive(Debug, Default)]
+pub(super) struct NamesCache {
+    by_namespace: std::collections::HashMap<String, (std::sync::Arc<FirewallPolicy>, Vec<SnoopName>)>,
+    /// What [`SnoopTargets::names`] is: the namespaces with `dnsName` rules.
+    names: std::collections::HashMap<String, Vec<SnoopName>>,
+    /// The stamp of the view's EgressFirewalls this was made from.
+    from: Option<u64>,
+}
+
+/// The `dnsName` rules of `policy` as the listener matches them, each once.
+fn snoop_names(policy: &FirewallPolicy, families: crate::dns::resolver::Families) -> Vec<SnoopName> {
+    let mut names = Vec::new();
+    for rule in &policy.rules {
+        if let Target::Dns(name) = &rule.target {
+            let [s4, s6] = super::dns_slots(&super::firewall::absolute(name));
+            let entry = SnoopName {
+                base: name.base.clone(),
+                wildcard: name.wildcard,
+                slots: [families.v4.then_some(s4), families.v6.then_some(s6)],
+            };
+            if !names.contains(&entry) {
+                names.push(entry);
+            }
+        }
+    }
+    names
+}
 
 /// The listener's view of `view` on this node.
 pub(crate) fn targets(
@@ -157,34 +183,29 @@ pub(crate) fn targets(
         return t;
     }
     let families = node.families();
-    if cache.len() > view.firewalls.len() {
-        cache.retain(|ns, _| view.firewalls.contains_key(ns));
-    }
-    for policy in view.firewalls.values().filter_map(|e| e.policy.as_ref()) {
-        let names = match cache.get(&policy.namespace) {
-            Some((read, names)) if std::sync::Arc::ptr_eq(read, policy) => names,
-            _ => {
-                let mut names = Vec::new();
-                for rule in &policy.rules {
-                    if let Target::Dns(name) = &rule.target {
-                        let [s4, s6] = super::dns_slots(&super::firewall::absolute(name));
-                        let entry = SnoopName {
-                            base: name.base.clone(),
-                            wildcard: name.wildcard,
-                            slots: [families.v4.then_some(s4), families.v6.then_some(s6)],
-                        };
-                        if !names.contains(&entry) {
-                            names.push(entry);
-                        }
-                    }
-                }
-                &cache.entry(policy.namespace.clone()).insert_entry((policy.clone(), names)).into_mut().1
-            }
+    let touched: Vec<String> = match cache.from.and_then(|s| view.firewalls.touched_since(s)) {
+        Some(touched) => touched.into_iter().map(str::to_string).collect(),
+        None => view.firewalls.keys().chain(cache.by_namespace.keys()).cloned().collect(),
+    };
+    for ns in touched {
+        let Some(policy) = view.firewalls.get(&ns).and_then(|e| e.policy.clone()) else {
+            cache.by_namespace.remove(&ns);
+            cache.names.remove(&ns);
+            continue;
         };
-        if !names.is_empty() {
-            t.names.insert(policy.namespace.clone(), names.clone());
+        let names = match cache.by_namespace.get(&ns) {
+            Some((read, names)) if std::sync::Arc::ptr_eq(read, &policy) => names.clone(),
+            _ => snoop_names(&policy, families),
+        };
+        if names.is_empty() {
+            cache.names.remove(&ns);
+        } else {
+            cache.names.insert(ns.clone(), names.clone());
         }
+        cache.by_namespace.insert(ns, (policy, names));
     }
+    cache.from = Some(view.firewalls.stamp());
+    t.names.clone_from(&cache.names);
     if t.names.is_empty() {
         return t;
     }
