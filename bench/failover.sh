@@ -17,5 +17,7 @@ if [ "$(id -u)" != 0 ]; then
   exec sudo env "PATH=$PATH" "$(realpath "$0")" "$@"
 fi
 bench/prereqs.sh kube
-RUNS=${RUNS:-10} cargo test --release --locked -q --test placement_netns failover_bench -- --ignored --nocapture 2>/dev/null \
-  | grep -E '^\||^failover over'
+# The test's own output (its log on a failure) is kept in $FAILOVER_LOG.
+LOG=${FAILOVER_LOG:-/tmp/egressd-failover-bench.log}
+RUNS=${RUNS:-10} cargo test --release --locked -q --test placement_netns failover_bench -- --ignored --nocapture 2>"$LOG" \
+  | grep -E '^\||^failover over' || { echo "$0: the failover bench failed; its output is in $LOG" >&2; exit 1; }
