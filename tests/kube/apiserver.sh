@@ -111,6 +111,7 @@ restart-apiserver)
 stop-apiserver)
   pid=$(cat "$dir/apiserver.pid"); kill "$pid" 2>/dev/null || true
   for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null || true; fi
   ;;
 start-apiserver)
   start_apiserver "$dir"; wait_ready "$dir"
@@ -136,6 +137,10 @@ stop)
   api=$(cat "$dir/apiserver.pid" 2>/dev/null || echo "$APISERVER_PID")
   kill "$api" "$ETCD_PID" 2>/dev/null || true
   for _ in $(seq 50); do kill -0 "$api" 2>/dev/null || kill -0 "$ETCD_PID" 2>/dev/null || break; sleep 0.1; done
+  # Still there after 5 s (an apiserver whose etcd is gone can take half a minute to
+  # finish its graceful shutdown, outliving the test and overlapping the next one).
+  for p in "$api" "$ETCD_PID"; do kill -0 "$p" 2>/dev/null && kill -KILL "$p" 2>/dev/null; done
+  true
   ;;
 *) echo "usage: $0 start|stop|restart-apiserver|stop-apiserver|start-apiserver|compact DIR [PORT]" >&2; exit 2 ;;
 esac
