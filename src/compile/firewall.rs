@@ -34,7 +34,7 @@ struct Ctx<'a> {
     dns: &'a DnsAnswers,
     /// Cluster and Service ranges: resolved addresses inside them are dropped.
     exempt: Vec<IpNet>,
-    /// The version of the view's nodes ([`FirewallCache::nodes_epoch`]).
+    /// The version of the view's nodes (their [`crate::view::Tracked::stamp`]).
     nodes_epoch: u64,
 }
 
@@ -181,21 +181,41 @@ pub fn wildcard_slots(view: &ClusterView) -> BTreeMap<Slot, String> {
     out
 }
 
-/// A name's slots of the shared DNS timeout sets, one per address family in use, with
-/// its resolved addresses (the sets are made when a name first needs them). Two sets
-/// for all names on purpose: nf_tables finds a set by name with a linear scan, so every
-/// set costs on every later command (see bench/FINDINGS.md).
-fn dns_sets(ctx: &Ctx, name: &DnsName, table: &mut Table) -> Vec<(&'static str, Slot)> {
+/// A `dnsName` rule's name as its compiled chain keeps it: absolute (what the answers
+/// are keyed by) and its slots, so that filling its sets at every compile neither
+/// formats nor hashes the name again.
+#[derive(Debug, Clone)]
+struct DnsRef {
+    absolute: String,
+    slots: [Slot; 2],
+}
+
+impl DnsRef {
+    fn of(name: &DnsName) -> Self {
+        let absolute = absolute(name);
+        let slots = dns_slots(&absolute);
+        Self { absolute, slots }
+    }
+}
+
+/// The address families in use: the rule's family keyword, its key type, its slot.
+fn dns_families(ctx: &Ctx, r: &DnsRef) -> impl Iterator<Item = (&'static str, KeyType, Slot)> {
     let families = ctx.node.families();
-    let absolute = absolute(name);
-    let slots = dns_slots(&absolute);
     let wanted = [("ip", families.v4, KeyType::TaggedIpv4), ("ip6", families.v6, KeyType::TaggedIpv6)];
-    let resolved = ctx.dns.get(&absolute);
-    let mut out = Vec::new();
-    for ((family, used, key), slot) in wanted.into_iter().zip(slots) {
-        if !used {
-            continue;
-        }
+    wanted
+        .into_iter()
+        .zip(r.slots)
+        .filter(|((_, used, _), _)| *used)
+        .map(|((family, _, key), slot)| (family, key, slot))
+}
+
+/// Put the resolved addresses of `r` in its slots of the shared DNS timeout sets, one
+/// per address family in use (a set is made when a name first needs it, so a rule's set
+/// always exists). Two sets for all names on purpose: nf_tables finds a set by name with
+/// a linear scan, so every set costs on every later command (see bench/FINDINGS.md).
+fn fill_dns_sets(ctx: &Ctx, r: &DnsRef, table: &mut Table) {
+    let resolved = ctx.dns.get(&r.absolute);
+    for (_, key, slot) in dns_families(ctx, r) {
         let set = table.sets.entry(slot.set.into()).or_insert_with(|| Set::with_timeout(key));
         if let Some(resolved) = resolved {
             // Kernel-side expiry: the agent refreshes these while it runs; if it is
@@ -207,9 +227,7 @@ fn dns_sets(ctx: &Ctx, name: &DnsName, table: &mut Table) -> Vec<(&'static str, 
                 }
             }
         }
-        out.push((family, slot));
     }
-    out
 }
 
 /// The forward-hook base chain.
@@ -277,13 +295,7 @@ fn addr_match<'a>(family: &str, addrs: impl IntoIterator<Item = &'a IpNet>) -> S
 
 /// Compile one rule into nft statements (one per address family it touches). Returns
 /// an error for targets this version cannot enforce.
-fn rule_statements(
-    index: usize,
-    rule: &FirewallRule,
-    log: &LogSpec,
-    ctx: &Ctx,
-    table: &mut Table,
-) -> Result<Vec<String>, String> {
+fn rule_statements(index: usize, rule: &FirewallRule, log: &LogSpec, ctx: &Ctx) -> Result<Vec<String>, String> {
     // Audit mode: a Deny counts and accepts (first match stays final: nothing after it
     // is evaluated, as if it had dropped).
     let (verdict, total) = match rule.action {
@@ -325,10 +337,13 @@ fn rule_statements(
             ));
         }
         Target::Dns(name) => {
-            // Each family in use always references its set, so address changes are
-            // element updates and never change a rule.
-            let sets = dns_sets(ctx, name, table);
-            return Ok(sets.into_iter().flat_map(|(family, slot)| with_match(&slot.matches(family), &tail)).collect());
+            // Each family in use always references its set (filled by the compile, for
+            // every chain, from the current answers), so address changes are element
+            // updates and never change a rule.
+            let r = DnsRef::of(name);
+            return Ok(dns_families(ctx, &r)
+                .flat_map(|(family, _, slot)| with_match(&slot.matches(family), &tail))
+                .collect());
         }
     };
     let mut out = Vec::new();
@@ -445,12 +460,12 @@ struct Compiled {
     chain: Chain,
     sets: Vec<(Text, Set)>,
     errors: Vec<String>,
-    /// Made with `nodeSelector` rules from the nodes of this [`FirewallCache::nodes_epoch`]
+    /// Made with `nodeSelector` rules from the nodes of this version ([`Ctx::nodes_epoch`])
     /// (`None`: the policy has none, the nodes do not matter).
     nodes_epoch: Option<u64>,
-    /// The positions of the policy's `dnsName` rules (their sets are rebuilt from the
-    /// current answers at every compile): no walk over the rules when nothing changed.
-    dns_rules: Vec<usize>,
+    /// The names of the policy's `dnsName` rules that compiled to a rule (their sets are
+    /// filled from the current answers at every compile).
+    dns: Vec<DnsRef>,
 }
 
 /// A namespace chain of the previous compile, with what it was made from.
@@ -472,10 +487,6 @@ type ChainCache = std::collections::HashMap<String, Cached>;
 #[derive(Debug, Default)]
 pub(crate) struct FirewallCache {
     chains: ChainCache,
-    /// The nodes of the last compile and their version, counted up whenever they differ:
-    /// chains with `nodeSelector` rules are reused while it stays the same.
-    nodes: BTreeMap<String, crate::view::NodeInfo>,
-    nodes_epoch: u64,
     /// The namespaces' part of the last output, patched where a namespace's inputs changed.
     out: Output,
     pods: super::pod_maps::PodMaps,
@@ -523,8 +534,8 @@ struct Part {
     /// What it put in [`Output`]: its chain's name and its sets' names.
     chain: Option<Text>,
     sets: Vec<Text>,
-    /// The positions of the policy's `dnsName` rules (no walk over its rules to find them).
-    dns_rules: Vec<usize>,
+    /// Its chain's `dnsName` names ([`Compiled::dns`]).
+    dns: Vec<DnsRef>,
 }
 
 impl Output {
@@ -544,7 +555,7 @@ impl Output {
 
     /// Put `namespace`'s (new or kept) part in.
     fn keep(&mut self, namespace: &str, part: Box<Part>) {
-        if !part.dns_rules.is_empty() && part.policy.is_some() {
+        if !part.dns.is_empty() {
             self.dns.insert(namespace.to_string());
         }
         if part.nodes_epoch.is_some() {
@@ -589,28 +600,7 @@ impl Part {
     }
 }
 
-/// The DNS sets the `dnsName` rules at `positions` of `policy` reference, made anew from
-/// the current answers (a reused chain's sets are never taken from the last compile).
-fn rebuild_dns_sets(policy: &FirewallPolicy, positions: &[usize], ctx: &Ctx, table: &mut Table) {
-    for &i in positions {
-        if let Some(Target::Dns(name)) = policy.rules.get(i).map(|r| &r.target)
-            && (!name.wildcard || ctx.node.snoop.is_some())
-        {
-            dns_sets(ctx, name, table);
-        }
-    }
-}
-
-fn namespace_chain(
-    policy: &std::sync::Arc<FirewallPolicy>,
-    ctx: &Ctx,
-    table: &mut Table,
-    cache: &mut ChainCache,
-) -> Compiled {
-    let reuse = |cached: &Cached, table: &mut Table| {
-        rebuild_dns_sets(policy, &cached.compiled.dns_rules, ctx, table);
-        cached.compiled.clone()
-    };
+fn namespace_chain(policy: &std::sync::Arc<FirewallPolicy>, ctx: &Ctx, cache: &mut ChainCache) -> Compiled {
     // A chain reads its policy, the namespace's logging settings and, with nodeSelector
     // rules, the nodes. The same version as last time: no look at its rules.
     let nodes_same = |cached: &Cached| cached.compiled.nodes_epoch.is_none_or(|e| e == ctx.nodes_epoch);
@@ -619,7 +609,7 @@ fn namespace_chain(
         && nodes_same(cached)
         && cached.log.is(policy, ctx.view)
     {
-        return reuse(cached, table);
+        return cached.compiled.clone();
     }
     let reads_nodes = policy.rules.iter().any(|r| matches!(r.target, Target::Nodes(_)));
     let log = LogSpec::of(policy, ctx.view);
@@ -630,7 +620,7 @@ fn namespace_chain(
     {
         // An equal copy (the object written again unchanged): kept for the next time.
         cached.policy = policy.clone();
-        return reuse(cached, table);
+        return cached.compiled.clone();
     }
     let name = chain_name("fw", &policy.namespace);
     let mut rules = Vec::new();
@@ -648,19 +638,22 @@ fn namespace_chain(
         }
         rules.extend(run_statements(&pending, &name, &mut sets));
         pending.clear();
-        match rule_statements(i, rule, &log, ctx, table) {
+        match rule_statements(i, rule, &log, ctx) {
             Ok(stmts) => rules.extend(stmts),
             Err(e) => errors.push(e),
         }
     }
     rules.extend(run_statements(&pending, &name, &mut sets));
-    let dns_rules = policy.rules.iter().enumerate().filter(|(_, r)| matches!(r.target, Target::Dns(_))).map(|(i, _)| i);
+    let dns = policy.rules.iter().filter_map(|r| match &r.target {
+        Target::Dns(name) if !name.wildcard || ctx.node.snoop.is_some() => Some(DnsRef::of(name)),
+        _ => None,
+    });
     let compiled = Compiled {
         chain: Chain::regular(rules),
         sets,
         errors,
         nodes_epoch: reads_nodes.then_some(ctx.nodes_epoch),
-        dns_rules: dns_rules.collect(),
+        dns: dns.collect(),
     };
     let cached = Cached { policy: policy.clone(), log, compiled: compiled.clone() };
     cache.insert(policy.namespace.clone(), cached);
@@ -727,11 +720,10 @@ pub(super) fn compile(
         return;
     }
     let exempt = exempt_sets(node, table);
-    if cache.nodes != view.nodes {
-        cache.nodes.clone_from(&view.nodes);
-        cache.nodes_epoch += 1;
-    }
-    let ctx = Ctx { view, node, dns, exempt, nodes_epoch: cache.nodes_epoch };
+    // The nodes' version is the view's stamp of its nodes (new with every change, never
+    // the same for different nodes): chains with nodeSelector rules are reused while it
+    // stays the same.
+    let ctx = Ctx { view, node, dns, exempt, nodes_epoch: view.nodes.stamp() };
 
     // The namespaces whose inputs may differ since the last compile: those the view's
     // journals list (their EgressFirewall, their Namespace), those whose local pods came
@@ -762,11 +754,11 @@ pub(super) fn compile(
         }
         out.forget(namespace);
         let mut problems: Vec<String> = entry.error.iter().cloned().collect();
-        let (mut chain, mut sets, mut nodes_epoch, mut dns_rules) = (None, Vec::new(), None, Vec::new());
+        let (mut chain, mut sets, mut nodes_epoch, mut dns) = (None, Vec::new(), None, Vec::new());
         if let Some(policy) = &entry.policy {
-            let compiled = namespace_chain(policy, &ctx, table, &mut cache.chains);
+            let compiled = namespace_chain(policy, &ctx, &mut cache.chains);
             problems.extend(compiled.errors);
-            (nodes_epoch, dns_rules) = (compiled.nodes_epoch, compiled.dns_rules);
+            (nodes_epoch, dns) = (compiled.nodes_epoch, compiled.dns);
             // Only namespaces with local pods have their chain (and its sets) here.
             if present {
                 let name: Text = chain_name("fw", namespace).into();
@@ -795,18 +787,16 @@ pub(super) fn compile(
             nodes_epoch,
             chain,
             sets,
-            dns_rules,
+            dns,
         };
         out.keep(namespace, Box::new(part));
     }
     out.from = Some((view.firewalls.stamp(), view.namespaces.stamp(), ctx.nodes_epoch));
     statuses.extend(out.statuses.iter().cloned());
     // The DNS sets of every namespace with dnsName rules, from the current answers.
-    for namespace in &out.dns {
-        if let (Some(part), Some(policy)) =
-            (out.parts.get(namespace), view.firewalls.get(namespace).and_then(|e| e.policy.as_ref()))
-        {
-            rebuild_dns_sets(policy, &part.dns_rules, &ctx, table);
+    for part in out.dns.iter().filter_map(|ns| out.parts.get(ns)) {
+        for r in &part.dns {
+            fill_dns_sets(&ctx, r, table);
         }
     }
     // The kept maps, with what the walk added (the DNS and cluster sets) merged in.

@@ -114,7 +114,7 @@ impl ElementDelta {
                     .elements
                     .iter()
                     .map(|(ip, v)| {
-                        (list.tag.map_or_else(|| ip.to_compact_string(), |tag| Slot { set: "", tag }.key(*ip)), v)
+                        (list.tag.map_or_else(|| ip.to_compact_string(), |tag| Slot::tagged_key(tag, *ip)), v)
                     })
                     .map(|(k, v)| match v {
                         ElementValue::Prefix(len) => format!("{k}/{len}"),

@@ -105,8 +105,12 @@ impl Slot {
 
     /// The element key text of `ip` in this slot (`<hi> . <lo> . <ip>`).
     pub fn key(self, ip: std::net::IpAddr) -> Text {
-        let (hi, lo) = self.halves();
-        compact_str::format_compact!("{hi} . {lo} . {ip}")
+        Self::tagged_key(self.tag, ip)
+    }
+
+    /// The element key text of `ip` under `tag`, in whichever set.
+    pub(crate) fn tagged_key(tag: u64, ip: std::net::IpAddr) -> Text {
+        compact_str::format_compact!("{} . {} . {ip}", tag >> 32, tag as u32)
     }
 
     /// The start of every key of this slot: keys of one slot are next to each other
@@ -156,7 +160,7 @@ impl Slot {
         let text = parts.next()?;
         let ip: std::net::IpAddr = text.parse().ok()?;
         let tag = (u64::from(hi) << 32) | u64::from(lo);
-        (Slot { set: "", tag }.key(ip) == key).then_some((tag, ip))
+        (Slot::tagged_key(tag, ip) == key).then_some((tag, ip))
     }
 }
 

@@ -123,7 +123,7 @@ impl StatusSink for PlacementSink {
             })
             .collect();
         let snap = Snapshot {
-            nodes: view.nodes.clone(),
+            nodes: std::collections::BTreeMap::clone(&view.nodes),
             egress_ips,
             links: links.cloned(),
             cloud_ips: view.cloud_ips.values().filter_map(|e| e.policy.as_deref().cloned()).collect(),

@@ -69,16 +69,7 @@ fn adopt<T: Clone>(entries: &mut super::Tracked<Entry<T>>, key: &ObjectKey, poli
 }
 
 /// A rejected core object without a version in the view gets the saved one.
-fn adopt_core<K: Ord, T: Clone>(map: &mut std::collections::BTreeMap<K, T>, id: K, saved: &T) -> bool {
-    if map.contains_key(&id) {
-        return false;
-    }
-    map.insert(id, saved.clone());
-    true
-}
-
-/// [`adopt_core`] for a [`super::Tracked`] map.
-fn adopt_core_tracked<T: Clone>(map: &mut super::Tracked<T>, id: String, saved: &T) -> bool {
+fn adopt_core<T: Clone>(map: &mut super::Tracked<T>, id: String, saved: &T) -> bool {
     if map.contains_key(&id) {
         return false;
     }
@@ -121,8 +112,7 @@ impl ClusterView {
                 SavedPolicy::EgressIP(p) => adopt(&mut self.egress_ips, key, p),
                 SavedPolicy::CloudPrivateIPConfig(p) => adopt(&mut self.cloud_ips, key, p),
                 SavedPolicy::Namespace(n) => {
-                    self.rejected_core.contains(key)
-                        && adopt_core_tracked(&mut self.namespaces, key.name.to_string(), n)
+                    self.rejected_core.contains(key) && adopt_core(&mut self.namespaces, key.name.to_string(), n)
                 }
                 SavedPolicy::Pod(p) => {
                     self.rejected_core.contains(key)

@@ -224,7 +224,7 @@ pub struct ClusterView {
     /// view, which keeps that index).
     pub pods: pods::Pods,
     /// Nodes by name.
-    pub nodes: BTreeMap<String, NodeInfo>,
+    pub nodes: Tracked<NodeInfo>,
     /// EgressFirewalls by namespace (only the one named `default`).
     pub firewalls: Tracked<Entry<FirewallPolicy>>,
     /// EgressQoS by namespace (only the one named `default`).
@@ -264,18 +264,7 @@ fn put<T: PartialEq>(map: &mut Tracked<Entry<T>>, id: String, key: ObjectKey, re
 }
 
 /// Insert `value`; returns whether it differs from what was there.
-fn replace<K: Ord, V: PartialEq>(map: &mut BTreeMap<K, V>, key: K, value: V) -> bool {
-    match map.get(&key) {
-        Some(old) if *old == value => false,
-        _ => {
-            map.insert(key, value);
-            true
-        }
-    }
-}
-
-/// [`replace`] for a [`Tracked`] map.
-fn replace_tracked<V: PartialEq>(map: &mut Tracked<V>, key: String, value: V) -> bool {
+fn replace<V: PartialEq>(map: &mut Tracked<V>, key: String, value: V) -> bool {
     match map.get(&key) {
         Some(old) if *old == value => false,
         _ => {
@@ -368,7 +357,7 @@ impl ClusterView {
                 self.apply(Update { key, item });
                 true
             }
-            Item::Namespace(info) => replace_tracked(&mut self.namespaces, key.name.into(), info),
+            Item::Namespace(info) => replace(&mut self.namespaces, key.name.into(), info),
             Item::Pod(info) => self.pods.set((key.namespace.into(), key.name.into()), Some(info)),
             Item::Node(info) => replace(&mut self.nodes, key.name.into(), info),
         }
