@@ -88,49 +88,153 @@ impl ElementWriter {
         let mut batch: Vec<u8> = Vec::new();
         let mut waiting: Vec<u32> = Vec::new();
         for (delete, lists) in [(true, &delta.delete), (false, &delta.add)] {
-            for list in lists {
-                // A message's element list is one attribute, at most 64 KiB: verdicts
-                // and ranges (two kernel elements each) are larger.
-                let per_message = if list
-                    .elements
-                    .iter()
-                    .any(|(_, v)| matches!(v, ElementValue::Jump(_) | ElementValue::Prefix(_)))
-                {
-                    256
-                } else {
-                    ELEMENTS_PER_MESSAGE
-                };
-                for chunk in list.elements.chunks(per_message) {
-                    let elements = chunk
-                        .iter()
-                        .flat_map(|(ip, v)| kernel_elements(list.tag, *ip, v, !delete))
-                        .map(ListAttribute::Element)
-                        .collect();
-                    let message = self.elements_of(&list.set, elements);
-                    let (msg, flags) = if delete {
-                        (NfTablesMessage::DeleteSetElement(message), NLM_F_REQUEST | NLM_F_ACK)
-                    } else {
-                        (NfTablesMessage::NewSetElement(message), NLM_F_REQUEST | NLM_F_CREATE | NLM_F_ACK)
-                    };
-                    batch.extend(self.message(flags, msg, 0));
-                    waiting.push(self.seq);
-                }
-            }
+            self.element_messages(lists, delete, false, &mut batch, &mut waiting);
         }
         if batch.is_empty() {
             return Ok(());
         }
         // The batch is one datagram: the kernel refuses it (EMSGSIZE) beyond the send
-        // buffer. Room for it and the batch markers, doubled by the kernel.
-        let needed = batch.len() + 4096;
+        // buffer.
+        self.send_buffer_for(batch.len())?;
+        self.send_batch(batch, waiting)
+    }
+
+    /// Append the messages that delete or add the elements of `lists` to `batch` (with
+    /// `NLM_F_ACK`, their sequence numbers to `waiting`, unless `quiet`). In a set
+    /// created in the same transaction (`fresh`), an interval set's ranges start with the
+    /// end of the range below the first, as `nft` sends them.
+    fn element_messages(
+        &mut self,
+        lists: &[crate::nft::delta::SetElements],
+        delete: bool,
+        quiet: bool,
+        batch: &mut Vec<u8>,
+        waiting: &mut Vec<u32>,
+    ) {
+        for list in lists {
+            // A message's element list is one attribute, at most 64 KiB: verdicts
+            // and ranges (two kernel elements each) are larger.
+            let per_message =
+                if list.elements.iter().any(|(_, v)| matches!(v, ElementValue::Jump(_) | ElementValue::Prefix(_))) {
+                    256
+                } else {
+                    ELEMENTS_PER_MESSAGE
+                };
+            for chunk in list.elements.chunks(per_message) {
+                let elements = chunk
+                    .iter()
+                    .flat_map(|(ip, v)| kernel_elements(list.tag, *ip, v, !delete))
+                    .map(ListAttribute::Element)
+                    .collect();
+                let message = self.elements_of(&list.set, elements);
+                let ack = if quiet { 0 } else { NLM_F_ACK };
+                let (msg, flags) = if delete {
+                    (NfTablesMessage::DeleteSetElement(message), NLM_F_REQUEST | ack)
+                } else {
+                    (NfTablesMessage::NewSetElement(message), NLM_F_REQUEST | NLM_F_CREATE | ack)
+                };
+                batch.extend(self.message(flags, msg, 0));
+                if !quiet {
+                    waiting.push(self.seq);
+                }
+            }
+        }
+    }
+
+    /// Raise the send buffer to hold a batch of `len` bytes (with room for the batch
+    /// markers; the kernel doubles it). Forcing needs CAP_NET_ADMIN (which the agent
+    /// has); else up to wmem_max.
+    fn send_buffer_for(&mut self, len: usize) -> io::Result<()> {
+        let needed = len + 4096;
         if needed > self.send_buffer {
-            // Forcing needs CAP_NET_ADMIN (which the agent has); else up to wmem_max.
             if nix::sys::socket::setsockopt(&self.socket, nix::sys::socket::sockopt::SndBufForce, &needed).is_err() {
                 socket2::SockRef::from(&self.socket).set_send_buffer_size(needed)?;
             }
             self.send_buffer = needed;
         }
-        self.send_batch(batch, waiting)
+        Ok(())
+    }
+
+    /// Replace the kernel's table of this name with `table` in one transaction, without
+    /// `nft`: [`crate::nft::wire::replace_messages`], then every element. `Unsupported`
+    /// (nothing sent) when a rule or set is outside what the netlink path writes; the
+    /// kernel's error on the message it refused otherwise, naming that message.
+    ///
+    /// Only the last message asks for an acknowledgement: the kernel handles the whole
+    /// batch within the `send`, and reports every refused message whatever its flags,
+    /// so thousands of acknowledgements do not overflow the receive buffer.
+    pub fn replace(&mut self, table: &crate::nft::Table) -> io::Result<()> {
+        use crate::nft::wire;
+        let messages = wire::replace_messages(table).map_err(|e| io::Error::new(io::ErrorKind::Unsupported, e))?;
+        let elements = crate::nft::delta::ElementDelta::all(table)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::Unsupported, "an element the netlink path does not write"))?;
+        let mut batch: Vec<u8> = Vec::new();
+        let mut what: Vec<(u32, String)> = Vec::new();
+        for m in &messages {
+            let mut flags = NLM_F_REQUEST;
+            if m.create {
+                flags |= NLM_F_CREATE;
+            }
+            if m.append {
+                flags |= netlink_packet_core::NLM_F_APPEND;
+            }
+            batch.extend(self.raw_message(m.kind, flags, &m.body));
+            what.push((self.seq, m.what.clone()));
+        }
+        let first_element = self.seq.wrapping_add(1);
+        self.element_messages(&elements.add, false, true, &mut batch, &mut Vec::new());
+        // The last message asks for the acknowledgement that ends the wait.
+        let ack = self.raw_message(wire::MSG_NEWTABLE, NLM_F_REQUEST | NLM_F_ACK, &{
+            let mut b = Vec::new();
+            wire::put_str(&mut b, 1, &table.name);
+            wire::put_u32(&mut b, 2, 0);
+            b
+        });
+        batch.extend(ack);
+        let last = self.seq;
+        self.send_buffer_for(batch.len())?;
+        let mut begin = self.message(NLM_F_REQUEST, ControlMessage::BatchBegin, NFNL_SUBSYS_NFTABLES);
+        let begin_seq = self.seq;
+        begin.extend(batch);
+        begin.extend(self.message(NLM_F_REQUEST, ControlMessage::BatchEnd, NFNL_SUBSYS_NFTABLES));
+        self.socket.send(&begin, 0)?;
+        let mut error: Option<io::Error> = None;
+        super::recv_until(&self.socket, &mut self.buf, |msg| {
+            let NetlinkPayload::Error(e) = msg.payload else { return None };
+            let seq = msg.header.sequence_number;
+            if let Some(code) = e.code
+                && error.is_none()
+            {
+                let os = io::Error::from_raw_os_error(-code.get());
+                let name = what.iter().find(|(s, _)| *s == seq).map(|(_, w)| w.clone()).unwrap_or_else(|| {
+                    if seq >= first_element { "an element message".into() } else { format!("message {seq}") }
+                });
+                error = Some(io::Error::new(os.kind(), format!("{name}: {os}")));
+            }
+            // The kernel answers the batch's first message instead when it could not
+            // queue the errors (out of memory).
+            (seq == last || seq == begin_seq).then_some(Ok(()))
+        })?;
+        if error.is_none() {
+            OWN_COMMITS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        error.map_or(Ok(()), Err)
+    }
+
+    /// A message of nf_tables type `kind` (family `inet`) with the attributes `body`.
+    fn raw_message(&mut self, kind: u16, flags: u16, body: &[u8]) -> Vec<u8> {
+        self.seq = self.seq.wrapping_add(1);
+        let len = 16 + 4 + body.len();
+        let mut out = Vec::with_capacity(len);
+        out.extend((len as u32).to_ne_bytes());
+        out.extend(((NFNL_SUBSYS_NFTABLES << 8) | kind).to_ne_bytes());
+        out.extend(flags.to_ne_bytes());
+        out.extend(self.seq.to_ne_bytes());
+        out.extend(0u32.to_ne_bytes());
+        // nfgenmsg: family NFPROTO_INET, version 0, resource id 0.
+        out.extend([1u8, 0, 0, 0]);
+        out.extend(body);
+        out
     }
 
     fn message(

@@ -66,6 +66,15 @@ pub enum NftError {
     },
 }
 
+/// How a transaction reached the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// An `nft` process.
+    Nft,
+    /// This process, over netlink (counted in [`super::elements::own_commits`]).
+    Netlink,
+}
+
 /// Something that applies an nft script atomically.
 pub trait NftBackend: Send {
     /// Apply `script` as one transaction.
@@ -75,6 +84,12 @@ pub trait NftBackend: Send {
     /// script [`ElementDelta::script`] renders).
     fn apply_elements(&mut self, table: &str, delta: &ElementDelta) -> Result<(), NftError> {
         self.apply(&delta.script(table))
+    }
+
+    /// Replace the kernel's table of this name with `table` as one transaction (by
+    /// default with the script [`Table::replace_script`] renders), and say how it went.
+    fn replace(&mut self, table: &Table) -> Result<Transport, NftError> {
+        self.apply(&table.replace_script()).map(|()| Transport::Nft)
     }
 
     /// The packet counts of the named counters of `table` (none by default).
@@ -267,6 +282,28 @@ impl NftBackend for NftCli {
         applied
     }
 
+    /// Over netlink, as one batch built from the table's typed model
+    /// ([`crate::nft::wire`]), unless element changes go through `nft` too; through
+    /// `nft` when the table has a rule or set the netlink path does not write (then
+    /// once per distinct reason at debug level), or when the kernel refused the batch
+    /// (then `nft` gets the same table and reports its own error if it fails too).
+    fn replace(&mut self, table: &Table) -> Result<Transport, NftError> {
+        if self.netlink_elements {
+            let sent = self.writer(&table.name).and_then(|w| w.replace(table));
+            match sent {
+                Ok(()) => return Ok(Transport::Netlink),
+                Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
+                    tracing::debug!(reason = %e, "full replace through nft: the netlink path does not write this table");
+                }
+                Err(e) => {
+                    self.writer = None;
+                    tracing::warn!(error = %e, "the kernel refused the full replace over netlink; sending it through nft");
+                }
+            }
+        }
+        self.apply(&table.replace_script()).map(|()| Transport::Nft)
+    }
+
     fn apply(&mut self, script: &str) -> Result<(), NftError> {
         let spawn_err =
             |e: std::io::Error| NftError::Spawn { program: self.program.display().to_string(), message: e.to_string() };
@@ -360,7 +397,8 @@ impl NftBackend for RecordingBackend {
 pub trait QuietReplace: Send {
     /// Before the replace; what [`QuietReplace::after`] needs (`None`: stay listening).
     fn before(&mut self) -> Option<(u32, u64)>;
-    /// After it; `committed` when the transaction applied.
+    /// After it; `committed` when a transaction the netlink commit count does not
+    /// include (an `nft` process's) applied.
     fn after(&mut self, before: Option<(u32, u64)>, committed: bool);
 }
 
@@ -462,12 +500,11 @@ impl<B: NftBackend> NftSyncer<B> {
                 }
             }
         }
-        let script = desired.replace_script();
         let t = std::time::Instant::now();
         let quiet = self.quiet.as_mut().and_then(|q| q.before());
-        let applied = self.backend.apply(&script);
+        let applied = self.backend.replace(&desired);
         if let Some(q) = self.quiet.as_mut() {
-            q.after(quiet, applied.is_ok());
+            q.after(quiet, matches!(applied, Ok(Transport::Nft)));
         }
         self.backend_time += t.elapsed();
         applied?;

@@ -94,6 +94,16 @@ impl ElementDelta {
         Some(delta)
     }
 
+    /// Adding every element of `table` (into its sets created empty): what a full
+    /// replace over netlink sends. `None` when an element cannot be typed.
+    pub(crate) fn all(table: &Table) -> Option<Self> {
+        let mut delta = Self::default();
+        for (name, set) in &table.sets {
+            push_typed(&mut delta.add, name, set, set.elements.iter().collect())?;
+        }
+        Some(delta)
+    }
+
     /// Whether there is nothing to change.
     pub fn is_empty(&self) -> bool {
         self.delete.is_empty() && self.add.is_empty()

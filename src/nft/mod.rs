@@ -8,12 +8,19 @@
 pub mod delta;
 mod diff;
 mod render;
+pub(crate) mod wire;
 
 use std::collections::BTreeMap;
 
 use sha2::{Digest, Sha256};
 
 pub use diff::diff;
+
+/// The kernel expressions of `rule` as `nft --debug=netlink` prints them, or why the
+/// netlink path does not write it ([`wire`]; the tests compare them with nft's).
+pub fn wire_debug(rule: &str) -> Result<Vec<String>, String> {
+    Ok(wire::parse(rule)?.exprs.iter().map(|e| e.to_string()).collect())
+}
 
 /// The address family of the table: `inet` covers IPv4 and IPv6 in one table.
 pub(crate) const FAMILY: &str = "inet";
