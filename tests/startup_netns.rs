@@ -74,6 +74,9 @@ fn sigterm_during_start_up_exits_0_every_time() {
                 state.to_str().unwrap(),
                 "--nft",
                 slow_nft.to_str().unwrap(),
+                // The first sync through the slow nft (over netlink it takes no time).
+                "--nft-transport",
+                "nft",
                 "--no-dns-snoop",
             ],
             log,

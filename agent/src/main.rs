@@ -387,13 +387,18 @@ struct RunArgs {
     /// The nft program.
     #[arg(long, env = "EGRESSD_NFT", default_value = "nft")]
     nft: PathBuf,
-    /// How changes that are set and map elements only (pods, DNS answers, EgressIP
-    /// members) reach the kernel: `netlink` sends them in-process as one nf_tables
-    /// transaction; `nft` runs the nft program for them too (slower at scale: nft reads
-    /// the whole table first). The named counters (read every 5 s) go the same way.
-    /// Full replaces and rule changes always go through nft.
-    #[arg(long, env = "EGRESSD_NFT_ELEMENTS", value_enum, default_value = "netlink")]
-    nft_elements: NftElements,
+    /// How the nft table reaches the kernel: `netlink` sends full replaces and
+    /// element-only changes (pods, DNS answers, EgressIP members) in-process, each as
+    /// one nf_tables transaction, and reads the named counters (every 5 s) the same
+    /// way; `nft` runs the nft program for all of it (slower at scale: nft parses the
+    /// script and reads the whole table first). With `netlink`, a table with a rule
+    /// the in-process encoder does not write (DNS snooping, EgressQoS, EgressIP, ACL
+    /// logging) and rule changes go through nft. Default: netlink.
+    #[arg(long, alias = "nft-elements", env = "EGRESSD_NFT_TRANSPORT", value_enum)]
+    nft_transport: Option<NftElements>,
+    /// Older name of --nft-transport's environment variable.
+    #[arg(long = "nft-elements-env", hide = true, env = "EGRESSD_NFT_ELEMENTS", value_enum)]
+    nft_elements_env: Option<NftElements>,
     /// Quiet time after a change in the directory before it is applied (milliseconds,
     /// 1 ..= 60000).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=60_000))]
@@ -616,7 +621,7 @@ fn explain(args: &ExplainArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// How element-only changes reach the kernel (`run --nft-elements`).
+/// How the nft table reaches the kernel (`run --nft-transport`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum NftElements {
     /// In-process nf_tables netlink.
@@ -757,9 +762,9 @@ fn run(args: RunArgs) -> ExitCode {
         tokio::spawn(
             prerequisites(telemetry.clone(), families, nft_version, manage).instrument(info_span!("prerequisites")),
         );
-        let syncer = NftSyncer::new(
-            nft.with_alias_in(&args.state_dir).with_netlink_elements(args.nft_elements == NftElements::Netlink),
-        );
+        let syncer = NftSyncer::new(nft.with_alias_in(&args.state_dir).with_netlink_elements(
+            args.nft_transport.or(args.nft_elements_env).unwrap_or(NftElements::Netlink) == NftElements::Netlink,
+        ));
         if let Some(dir) = &args.manifests {
             let debounce = Duration::from_millis(args.debounce_ms);
             let resync = Duration::from_secs(args.resync_secs);
