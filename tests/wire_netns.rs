@@ -92,6 +92,20 @@ fn listing(ns: &Netns, name: &str) -> serde_json::Value {
     v
 }
 
+/// A listing without the order of its objects (what a change in place adds is listed
+/// after what was there; a fresh load lists in the script's order) but with each
+/// chain's rules in order.
+fn in_any_order(mut v: serde_json::Value) -> serde_json::Value {
+    if let Some(items) = v["nftables"].as_array_mut() {
+        let (mut rules, mut others): (Vec<_>, Vec<_>) = items.drain(..).partition(|i| i.get("rule").is_some());
+        others.sort_by_key(|i| i.to_string());
+        rules.sort_by_key(|r| r["rule"]["chain"].to_string());
+        items.extend(others);
+        items.extend(rules);
+    }
+    v
+}
+
 /// Send `table` over netlink in `ns`.
 fn replace(ns: &Netns, table: Table) -> std::io::Result<()> {
     ns.run(move || ElementWriter::open(&table.name)?.replace(&table))
@@ -127,6 +141,52 @@ proptest! {
         prop_assert!(sent.is_ok(), "netlink replace failed: {:?}\n{}", sent, table.render());
         nft_load(&text, &table);
         prop_assert_eq!(listing(&wire, "egressd"), listing(&text, "egressd"), "{}", table.render());
+    }
+}
+
+/// The handle of table `inet <name>` (a full replace makes a new table, with a new
+/// handle; a change in place keeps it).
+fn table_handle(ns: &Netns, name: &str) -> u64 {
+    let v: serde_json::Value =
+        serde_json::from_str(&ns.exec(&["nft", "-j", "list", "table", "inet", name])).expect("nft -j");
+    v["nftables"]
+        .as_array()
+        .and_then(|items| items.iter().find_map(|i| i["table"]["handle"].as_u64()))
+        .expect("a table handle")
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(40))]
+    /// A change between two compiled tables sent over netlink in place (new, changed
+    /// and removed namespaces' chains, rules and sets, pod map elements) gives the
+    /// table `nft` loads afresh.
+    #[test]
+    fn a_change_sent_over_netlink_gives_the_table_nft_loads(first in documents(), second in documents()) {
+        netns::require_root();
+        let node = NodeConfig::new("n1", vec!["198.18.0.0/16".parse().unwrap(), "2001:db8:1::/48".parse().unwrap()]);
+        let old: Table = (*compile(&view(&first), &node, &DnsAnswers::new()).table).clone();
+        // Namespace `b` gone in the second table (its chain and sets deleted).
+        let second = second.replace("namespace: b", "namespace: c");
+        let new: Table = (*compile(&view(&second), &node, &DnsAnswers::new()).table).clone();
+        let (wire, text) = (Netns::new("wire-delta"), Netns::new("text-delta"));
+        replace(&wire, old.clone()).unwrap();
+        let handle = table_handle(&wire, "egressd");
+        let sent = wire.run({
+            let (old, new) = (old.clone(), new.clone());
+            move || ElementWriter::open("egressd")?.apply_changes(&old, &new)
+        });
+        prop_assert!(sent.is_ok(), "netlink change failed: {:?}\n{}\n{}", sent, old.render(), new.render());
+        // In place unless nft too would replace the table (a set's declaration changed).
+        let structural = egressd::nft::diff(&old, &new).is_some_and(|script| script.contains("delete table"));
+        prop_assert_eq!(table_handle(&wire, "egressd") == handle, !structural, "changed in place iff not structural");
+        nft_load(&text, &new);
+        prop_assert_eq!(
+            in_any_order(listing(&wire, "egressd")),
+            in_any_order(listing(&text, "egressd")),
+            "{}\n{}",
+            old.render(),
+            new.render()
+        );
     }
 }
 

@@ -164,32 +164,73 @@ impl ElementWriter {
     /// batch within the `send`, and reports every refused message whatever its flags,
     /// so thousands of acknowledgements do not overflow the receive buffer.
     pub fn replace(&mut self, table: &crate::nft::Table) -> io::Result<()> {
-        use crate::nft::wire;
-        let messages = wire::replace_messages(table).map_err(|e| io::Error::new(io::ErrorKind::Unsupported, e))?;
+        let messages = crate::nft::wire::replace_messages(table).map_err(unsupported)?;
         let elements = crate::nft::delta::ElementDelta::all(table)
-            .ok_or_else(|| io::Error::new(io::ErrorKind::Unsupported, "an element the netlink path does not write"))?;
+            .ok_or_else(|| unsupported("an element the netlink path does not write".into()))?;
+        self.send_described(&table.name, &messages, &elements, &[])
+    }
+
+    /// Change the kernel's table from `old` (what it holds) into `new` in one
+    /// transaction, without `nft`: the same steps as [`crate::nft::diff`]'s script
+    /// (new chains and sets, changed rules, element changes, what is gone). A change
+    /// only a full replace makes is sent as one ([`ElementWriter::replace`]).
+    /// `Unsupported` (nothing sent) as there.
+    pub fn apply_changes(&mut self, old: &crate::nft::Table, new: &crate::nft::Table) -> io::Result<()> {
+        let Some((before, after)) = crate::nft::wire::delta_messages(old, new).map_err(unsupported)? else {
+            return self.replace(new);
+        };
+        let elements = crate::nft::delta::ElementDelta::of_sets(old, new)
+            .ok_or_else(|| unsupported("an element the netlink path does not write".into()))?;
+        self.send_described(&new.name, &before, &elements, &after)
+    }
+
+    /// Send `before`, the element deletions and additions of `elements`, then `after`,
+    /// as one transaction (of table `table`) and wait for its outcome; a refusal names
+    /// the message the kernel refused.
+    ///
+    /// Only the last message asks for an acknowledgement: the kernel handles the whole
+    /// batch within the `send`, and reports every refused message whatever its flags,
+    /// so thousands of acknowledgements do not overflow the receive buffer.
+    fn send_described(
+        &mut self,
+        table: &str,
+        before: &[crate::nft::wire::Message],
+        elements: &ElementDelta,
+        after: &[crate::nft::wire::Message],
+    ) -> io::Result<()> {
+        use crate::nft::wire;
         let mut batch: Vec<u8> = Vec::new();
         let mut what: Vec<(u32, String)> = Vec::new();
-        for m in &messages {
-            let mut flags = NLM_F_REQUEST;
-            if m.create {
-                flags |= NLM_F_CREATE;
+        let described =
+            |this: &mut Self, batch: &mut Vec<u8>, what: &mut Vec<(u32, String)>, messages: &[wire::Message]| {
+                for m in messages {
+                    let mut flags = NLM_F_REQUEST;
+                    if m.create {
+                        flags |= NLM_F_CREATE;
+                    }
+                    if m.append {
+                        flags |= netlink_packet_core::NLM_F_APPEND;
+                    }
+                    batch.extend(this.raw_message(m.kind, flags, &m.body));
+                    what.push((this.seq, m.what.clone()));
+                }
+            };
+        described(self, &mut batch, &mut what, before);
+        for (delete, lists) in [(true, &elements.delete), (false, &elements.add)] {
+            let first = self.seq.wrapping_add(1);
+            self.element_messages(lists, delete, true, &mut batch, &mut Vec::new());
+            for seq in first..=self.seq {
+                let verb = if delete { "deleting" } else { "adding" };
+                what.push((seq, format!("{verb} elements")));
             }
-            if m.append {
-                flags |= netlink_packet_core::NLM_F_APPEND;
-            }
-            batch.extend(self.raw_message(m.kind, flags, &m.body));
-            what.push((self.seq, m.what.clone()));
         }
-        let first_element = self.seq.wrapping_add(1);
-        self.element_messages(&elements.add, false, true, &mut batch, &mut Vec::new());
-        // The last message asks for the acknowledgement that ends the wait.
-        let ack = self.raw_message(wire::MSG_NEWTABLE, NLM_F_REQUEST | NLM_F_ACK, &{
-            let mut b = Vec::new();
-            wire::put_str(&mut b, 1, &table.name);
-            wire::put_u32(&mut b, 2, 0);
-            b
-        });
+        described(self, &mut batch, &mut what, after);
+        // The last message asks for the acknowledgement that ends the wait (a table
+        // update that changes nothing).
+        let mut body = Vec::new();
+        wire::put_str(&mut body, 1, table);
+        wire::put_u32(&mut body, 2, 0);
+        let ack = self.raw_message(wire::MSG_NEWTABLE, NLM_F_REQUEST | NLM_F_ACK, &body);
         batch.extend(ack);
         let last = self.seq;
         self.send_buffer_for(batch.len())?;
@@ -206,9 +247,7 @@ impl ElementWriter {
                 && error.is_none()
             {
                 let os = io::Error::from_raw_os_error(-code.get());
-                let name = what.iter().find(|(s, _)| *s == seq).map(|(_, w)| w.clone()).unwrap_or_else(|| {
-                    if seq >= first_element { "an element message".into() } else { format!("message {seq}") }
-                });
+                let name = what.iter().find(|(s, _)| *s == seq).map_or("the batch", |(_, w)| w.as_str());
                 error = Some(io::Error::new(os.kind(), format!("{name}: {os}")));
             }
             // The kernel answers the batch's first message instead when it could not
@@ -456,6 +495,11 @@ impl ElementWriter {
         }
         error.map_or(Ok(()), Err)
     }
+}
+
+/// What the netlink path does not write, as an `Unsupported` error.
+fn unsupported(what: String) -> io::Error {
+    io::Error::new(io::ErrorKind::Unsupported, what)
 }
 
 /// A counter object as [`ElementWriter::counters`] reports it: name and packets.

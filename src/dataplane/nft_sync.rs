@@ -92,6 +92,15 @@ pub trait NftBackend: Send {
         self.apply(&table.replace_script()).map(|()| Transport::Nft)
     }
 
+    /// Change the kernel's table from `old` (what it holds) into `new` as one
+    /// transaction (by default with the script [`diff`] renders).
+    fn apply_changes(&mut self, old: &Table, new: &Table) -> Result<(), NftError> {
+        match diff(old, new) {
+            Some(script) => self.apply(&script),
+            None => Ok(()),
+        }
+    }
+
     /// The packet counts of the named counters of `table` (none by default).
     fn counters(&mut self, _table: &str) -> Result<Vec<(String, u64)>, NftError> {
         Ok(Vec::new())
@@ -304,6 +313,27 @@ impl NftBackend for NftCli {
         self.apply(&table.replace_script()).map(|()| Transport::Nft)
     }
 
+    /// Over netlink as [`Self::replace`], with the same fallback to `nft`.
+    fn apply_changes(&mut self, old: &Table, new: &Table) -> Result<(), NftError> {
+        if self.netlink_elements {
+            let sent = self.writer(&new.name).and_then(|w| w.apply_changes(old, new));
+            match sent {
+                Ok(()) => return Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
+                    tracing::debug!(reason = %e, "change through nft: the netlink path does not write this table");
+                }
+                Err(e) => {
+                    self.writer = None;
+                    tracing::warn!(error = %e, "the kernel refused the change over netlink; sending it through nft");
+                }
+            }
+        }
+        match diff(old, new) {
+            Some(script) => self.apply(&script),
+            None => Ok(()),
+        }
+    }
+
     fn apply(&mut self, script: &str) -> Result<(), NftError> {
         let spawn_err =
             |e: std::io::Error| NftError::Spawn { program: self.program.display().to_string(), message: e.to_string() };
@@ -480,12 +510,10 @@ impl<B: NftBackend> NftSyncer<B> {
                     t = std::time::Instant::now();
                     self.backend.apply_elements(&desired.name, &delta)
                 }
+                None if **applied == *desired => return Ok(SyncKind::Unchanged),
                 None => {
-                    let Some(script) = diff(applied, &desired) else {
-                        return Ok(SyncKind::Unchanged);
-                    };
                     t = std::time::Instant::now();
-                    self.backend.apply(&script)
+                    self.backend.apply_changes(applied, &desired)
                 }
             };
             self.backend_time += t.elapsed();

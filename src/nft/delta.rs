@@ -104,6 +104,26 @@ impl ElementDelta {
         Some(delta)
     }
 
+    /// The element changes within a change of chains, rules or sets from `old` to
+    /// `new`: in sets of both tables what changed, in sets only `new` has every
+    /// element — what [`super::diff`] sends between its chain and set changes. `None`
+    /// when an element cannot be typed or a set of both tables is declared differently.
+    pub(crate) fn of_sets(old: &Table, new: &Table) -> Option<Self> {
+        let mut delta = Self::default();
+        for (name, after) in &new.sets {
+            match old.sets.get(name) {
+                Some(before) if !same_declaration(before, after) => return None,
+                Some(before) => {
+                    let (gone, added) = changes(before, after);
+                    push_typed(&mut delta.delete, name, before, gone)?;
+                    push_typed(&mut delta.add, name, after, added)?;
+                }
+                None => push_typed(&mut delta.add, name, after, after.elements.iter().collect())?,
+            }
+        }
+        Some(delta)
+    }
+
     /// Whether there is nothing to change.
     pub fn is_empty(&self) -> bool {
         self.delete.is_empty() && self.add.is_empty()

@@ -1,5 +1,7 @@
-//! egressd's rules as nf_tables expressions, for sending the table over netlink without
-//! an `nft` process.
+//! egressd's table as nf_tables netlink messages, for sending it without an `nft`
+//! process: [`replace_messages`] (a full replace) and [`delta_messages`] (the change
+//! [`super::diff`] would script), which [`crate::dataplane::elements::ElementWriter`]
+//! sends with the elements as one transaction.
 //!
 //! The compiler writes rules as nft statements from a small vocabulary (see
 //! [`super`]); [`parse`] reads that vocabulary back into the kernel expressions `nft`
@@ -649,6 +651,9 @@ impl Rule {
 pub(crate) const MSG_NEWTABLE: u16 = 0;
 pub(crate) const MSG_DELTABLE: u16 = 2;
 pub(crate) const MSG_NEWCHAIN: u16 = 3;
+pub(crate) const MSG_DELCHAIN: u16 = 5;
+pub(crate) const MSG_DELRULE: u16 = 8;
+pub(crate) const MSG_DELSET: u16 = 11;
 pub(crate) const MSG_NEWRULE: u16 = 6;
 pub(crate) const MSG_NEWSET: u16 = 9;
 pub(crate) const MSG_NEWSETELEM: u16 = 12;
@@ -786,26 +791,11 @@ pub(crate) fn replace_messages(table: &Table) -> Result<Vec<Message>, String> {
     let mut sets = |out: &mut Vec<Message>, maps: bool| -> Result<(), String> {
         for (set_name, set) in table.sets.iter().filter(|(_, s)| s.verdict_map == maps) {
             id += 1;
-            let body = set_body(name, set_name, set, id)?;
-            out.push(msg(MSG_NEWSET, true, false, body, format!("set {set_name}")));
+            out.push(set_message(name, set_name, set, id)?);
         }
         Ok(())
     };
-    let chain_msg = |chain_name: &str, chain: &super::Chain| -> Result<Message, String> {
-        let mut b = Vec::new();
-        put_str(&mut b, 1, name);
-        put_str(&mut b, 3, chain_name);
-        if let Some(hook) = &chain.hook {
-            let (number, priority) = hook_numbers(hook).map_err(|e| format!("chain {chain_name}: {e}"))?;
-            put_str(&mut b, 7, hook.chain_type);
-            put_u32(&mut b, 5, 1);
-            nest(&mut b, 4, |o| {
-                put_u32(o, 1, number);
-                put(o, 2, &priority.to_be_bytes());
-            });
-        }
-        Ok(msg(MSG_NEWCHAIN, true, false, b, format!("chain {chain_name}")))
-    };
+    let chain_msg = |chain_name: &str, chain: &super::Chain| chain_message(name, chain_name, chain);
     let regular = table.chains.iter().filter(|(_, c)| c.hook.is_none());
     let base = table.chains.iter().filter(|(_, c)| c.hook.is_some());
     sets(&mut out, false)?;
@@ -817,20 +807,134 @@ pub(crate) fn replace_messages(table: &Table) -> Result<Vec<Message>, String> {
         out.push(chain_msg(chain_name, chain)?);
     }
     for (chain_name, chain) in regular.chain(base) {
-        for (i, text) in chain.rules.iter().enumerate() {
-            let rule = parse(text).map_err(|e| format!("chain {chain_name} rule {i} ({text}): {e}"))?;
-            let what = format!("chain {chain_name} rule {i} ({text})");
-            let mut ids = Vec::new();
-            for set in &rule.anon {
-                id += 1;
-                ids.push(id);
-                out.push(msg(MSG_NEWSET, true, false, anon_set_body(name, set, id), what.clone()));
-                out.push(msg(MSG_NEWSETELEM, true, false, anon_elements_body(name, set, id), what.clone()));
-            }
-            out.push(msg(MSG_NEWRULE, true, true, rule_body(name, chain_name, &rule, &ids), what));
-        }
+        rule_messages(&mut out, name, chain_name, chain, &mut id)?;
     }
     Ok(out)
+}
+
+fn message(kind: u16, create: bool, body: Vec<u8>, what: String) -> Message {
+    Message { kind, create, append: false, body, what }
+}
+
+/// `NEWSET` of `set` (created empty) with transaction id `id`.
+fn set_message(table: &str, name: &str, set: &Set, id: u32) -> Result<Message, String> {
+    Ok(message(MSG_NEWSET, true, set_body(table, name, set, id)?, format!("set {name}")))
+}
+
+/// `NEWCHAIN` of `chain` (empty).
+fn chain_message(table: &str, name: &str, chain: &super::Chain) -> Result<Message, String> {
+    let mut b = Vec::new();
+    put_str(&mut b, 1, table);
+    put_str(&mut b, 3, name);
+    if let Some(hook) = &chain.hook {
+        let (number, priority) = hook_numbers(hook).map_err(|e| format!("chain {name}: {e}"))?;
+        put_str(&mut b, 7, hook.chain_type);
+        put_u32(&mut b, 5, 1);
+        nest(&mut b, 4, |o| {
+            put_u32(o, 1, number);
+            put(o, 2, &priority.to_be_bytes());
+        });
+    }
+    Ok(message(MSG_NEWCHAIN, true, b, format!("chain {name}")))
+}
+
+/// A message with the table's and one object's name (`DELRULE` of a whole chain,
+/// `DELSET`, `DELCHAIN`).
+fn named(kind: u16, table: &str, name_attr: u16, name: &str, what: String) -> Message {
+    let mut b = Vec::new();
+    put_str(&mut b, 1, table);
+    put_str(&mut b, name_attr, name);
+    message(kind, false, b, what)
+}
+
+/// Append `chain`'s rules (each after its anonymous sets, whose transaction ids count
+/// on from `id`).
+fn rule_messages(
+    out: &mut Vec<Message>,
+    table: &str,
+    chain_name: &str,
+    chain: &super::Chain,
+    id: &mut u32,
+) -> Result<(), String> {
+    for (i, text) in chain.rules.iter().enumerate() {
+        let rule = parse(text).map_err(|e| format!("chain {chain_name} rule {i} ({text}): {e}"))?;
+        let what = format!("chain {chain_name} rule {i} ({text})");
+        let mut ids = Vec::new();
+        for set in &rule.anon {
+            *id += 1;
+            ids.push(*id);
+            out.push(message(MSG_NEWSET, true, anon_set_body(table, set, *id), what.clone()));
+            out.push(message(MSG_NEWSETELEM, true, anon_elements_body(table, set, *id), what.clone()));
+        }
+        out.push(Message {
+            kind: MSG_NEWRULE,
+            create: true,
+            append: true,
+            body: rule_body(table, chain_name, &rule, &ids),
+            what,
+        });
+    }
+    Ok(())
+}
+
+/// Messages to send before a change's element changes, and after them.
+pub(crate) type BeforeAfter = (Vec<Message>, Vec<Message>);
+
+/// The messages of a change from `old` to `new` that [`super::diff`] would send as a
+/// script, in its order: `before` the element changes (new chains, new sets, the rules
+/// of new or changed regular chains), `after` them (the rules of changed base chains,
+/// then what is gone: chains flushed, sets deleted, chains deleted). `None` for a
+/// change only a full replace makes (the table's name, a set's declaration, a base
+/// chain's hook, a new base chain); an error names what the netlink path does not
+/// write.
+pub(crate) fn delta_messages(old: &Table, new: &Table) -> Result<Option<BeforeAfter>, String> {
+    let structural = old.name != new.name
+        || old.sets.iter().any(|(n, s)| {
+            new.sets.get(n).is_some_and(|ns| {
+                ns.key != s.key
+                    || ns.verdict_map != s.verdict_map
+                    || ns.interval != s.interval
+                    || ns.timeout != s.timeout
+            })
+        })
+        || old.chains.iter().any(|(n, c)| new.chains.get(n).is_some_and(|nc| nc.hook != c.hook))
+        || new.chains.iter().any(|(n, c)| c.hook.is_some() && !old.chains.contains_key(n));
+    if structural {
+        return Ok(None);
+    }
+    let t = new.name.as_str();
+    let (mut before, mut after) = (Vec::new(), Vec::new());
+    let mut id = 0u32;
+    for (name, chain) in new.chains.iter().filter(|(n, _)| !old.chains.contains_key(*n)) {
+        before.push(chain_message(t, name, chain)?);
+    }
+    for (name, set) in new.sets.iter().filter(|(n, _)| !old.sets.contains_key(*n)) {
+        id += 1;
+        before.push(set_message(t, name, set, id)?);
+    }
+    for (base, out) in [(false, &mut before), (true, &mut after)] {
+        for (name, chain) in new.chains.iter().filter(|(_, c)| c.hook.is_some() == base) {
+            let was = old.chains.get(name);
+            if was.is_some_and(|b| b.rules == chain.rules) {
+                continue;
+            }
+            if was.is_some() {
+                out.push(named(MSG_DELRULE, t, 2, name, format!("chain {name} (flush)")));
+            }
+            rule_messages(out, t, name, chain, &mut id)?;
+        }
+    }
+    let gone_chains: Vec<&super::Text> = old.chains.keys().filter(|n| !new.chains.contains_key(*n)).collect();
+    for name in &gone_chains {
+        after.push(named(MSG_DELRULE, t, 2, name, format!("chain {name} (flush)")));
+    }
+    for name in old.sets.keys().filter(|n| !new.sets.contains_key(*n)) {
+        after.push(named(MSG_DELSET, t, 2, name, format!("set {name} (delete)")));
+    }
+    for name in &gone_chains {
+        after.push(named(MSG_DELCHAIN, t, 3, name, format!("chain {name} (delete)")));
+    }
+    Ok(Some((before, after)))
 }
 
 /// `NEWSET` attributes of an anonymous constant set with transaction id `id`.
