@@ -111,29 +111,30 @@ impl ElementWriter {
         batch: &mut Vec<u8>,
         waiting: &mut Vec<u32>,
     ) {
+        use crate::nft::wire::{nest, put_str};
+        const NEWSETELEM: u16 = 12;
+        const DELSETELEM: u16 = 14;
+        // A message's element list is one attribute with a 16-bit length: a message is
+        // closed before its list would pass this.
+        const LIST_BYTES: usize = 60_000;
+        let ack = if quiet { 0 } else { NLM_F_ACK };
+        let (kind, flags) =
+            if delete { (DELSETELEM, NLM_F_REQUEST | ack) } else { (NEWSETELEM, NLM_F_REQUEST | NLM_F_CREATE | ack) };
+        let mut elements: Vec<u8> = Vec::with_capacity(LIST_BYTES + 1024);
         for list in lists {
-            // A message's element list is one attribute, at most 64 KiB: verdicts
-            // and ranges (two kernel elements each) are larger.
-            let per_message =
-                if list.elements.iter().any(|(_, v)| matches!(v, ElementValue::Jump(_) | ElementValue::Prefix(_))) {
-                    256
-                } else {
-                    ELEMENTS_PER_MESSAGE
-                };
-            for chunk in list.elements.chunks(per_message) {
-                let elements = chunk
-                    .iter()
-                    .flat_map(|(ip, v)| kernel_elements(list.tag, *ip, v, !delete))
-                    .map(ListAttribute::Element)
-                    .collect();
-                let message = self.elements_of(&list.set, elements);
-                let ack = if quiet { 0 } else { NLM_F_ACK };
-                let (msg, flags) = if delete {
-                    (NfTablesMessage::DeleteSetElement(message), NLM_F_REQUEST | ack)
-                } else {
-                    (NfTablesMessage::NewSetElement(message), NLM_F_REQUEST | NLM_F_CREATE | ack)
-                };
-                batch.extend(self.message(flags, msg, 0));
+            let mut items = list.elements.iter().peekable();
+            while items.peek().is_some() {
+                elements.clear();
+                while elements.len() < LIST_BYTES
+                    && let Some((ip, value)) = items.next()
+                {
+                    encode_element(&mut elements, list.tag, *ip, value, !delete);
+                }
+                let mut body = Vec::with_capacity(elements.len() + 64);
+                put_str(&mut body, 1, &self.table);
+                put_str(&mut body, 2, &list.set);
+                nest(&mut body, 3, |o| o.extend_from_slice(&elements));
+                batch.extend(self.raw_message(kind, flags, &body));
                 if !quiet {
                     waiting.push(self.seq);
                 }
@@ -611,26 +612,40 @@ pub(crate) const ELEMENTS_PER_MESSAGE: usize = 1024;
 /// socket's default send buffer (~212 KB), beyond which the send fails with EMSGSIZE.
 pub(crate) const BATCH_BYTES: usize = 128 * 1024;
 
-/// The attributes of one element: its key and, when added, its timeout or verdict.
-/// The kernel's elements for one typed element: one, or for a range of an interval set
-/// its start and, flagged as an interval end, the address after its last one (none when
-/// the range reaches the family's last address) — as `nft` sends them, so the two can
-/// delete what the other added.
-fn kernel_elements(
-    tag: Option<u64>,
-    ip: IpAddr,
-    value: &ElementValue,
-    with_value: bool,
-) -> Vec<Vec<SetElementAttribute>> {
-    let ElementValue::Prefix(len) = value else { return vec![attributes(tag, ip, value, with_value)] };
-    let mut out = vec![vec![SetElementAttribute::Key(DataAttribute::Value(key(tag, ip)))]];
-    if let Some(after) = after_prefix(ip, *len) {
-        out.push(vec![
-            SetElementAttribute::Key(DataAttribute::Value(key(tag, after))),
-            SetElementAttribute::Flags(netlink_packet_netfilter::nftables::SetElementFlags::IntervalEnd),
-        ]);
+/// Append one element (or a range's two kernel elements) to an element list, as the
+/// kernel reads it: `NFTA_LIST_ELEM` { key, flags, timeout, verdict } (values only
+/// when adding).
+fn encode_element(out: &mut Vec<u8>, tag: Option<u64>, ip: IpAddr, value: &ElementValue, with_value: bool) {
+    use crate::nft::wire::{nest, put, put_str, put_u32};
+    const INTERVAL_END: u32 = 1;
+    let one = |out: &mut Vec<u8>, ip: IpAddr, end: bool| {
+        nest(out, 1, |o| {
+            nest(o, 1, |o| put(o, 1, &key(tag, ip)));
+            if end {
+                put_u32(o, 3, INTERVAL_END);
+            }
+            if with_value && !end {
+                match value {
+                    ElementValue::None | ElementValue::Prefix(_) => {}
+                    ElementValue::Timeout(t) => {
+                        put(o, 4, &u64::try_from(t.as_millis()).unwrap_or(u64::MAX).to_be_bytes());
+                    }
+                    ElementValue::Jump(chain) => nest(o, 2, |o| {
+                        nest(o, 2, |o| {
+                            put(o, 1, &(-3i32).to_be_bytes());
+                            put_str(o, 2, chain);
+                        })
+                    }),
+                }
+            }
+        })
+    };
+    one(out, ip, false);
+    if let ElementValue::Prefix(len) = value
+        && let Some(after) = after_prefix(ip, *len)
+    {
+        one(out, after, true);
     }
-    out
 }
 
 /// The address right after the prefix `ip/len`, or `None` when it ends the family's
@@ -648,6 +663,7 @@ fn after_prefix(ip: IpAddr, len: u8) -> Option<IpAddr> {
     }
 }
 
+/// The attributes of one element: its key and, when added, its timeout or verdict.
 fn attributes(tag: Option<u64>, ip: IpAddr, value: &ElementValue, with_value: bool) -> Vec<SetElementAttribute> {
     let mut attrs = vec![SetElementAttribute::Key(DataAttribute::Value(key(tag, ip)))];
     if with_value {
