@@ -668,6 +668,9 @@ pub(crate) struct Message {
     pub append: bool,
     pub body: Vec<u8>,
     pub what: String,
+    /// For a named set's `NEWSET`: its name and transaction id (its elements may then
+    /// follow by id, see [`crate::dataplane::elements`]).
+    pub new_set: Option<(String, u32)>,
 }
 
 /// The userdata nft 1.0.6 attaches to a set of each kind (key byte order; for maps the
@@ -765,7 +768,8 @@ fn hook_numbers(hook: &Hook) -> Result<(u32, i32), String> {
 /// An error names what the netlink path cannot write (then `nft` must).
 pub(crate) fn replace_messages(table: &Table) -> Result<Vec<Message>, String> {
     let name = table.name.as_str();
-    let msg = |kind, create, append, body: Vec<u8>, what: String| Message { kind, create, append, body, what };
+    let msg =
+        |kind, create, append, body: Vec<u8>, what: String| Message { kind, create, append, body, what, new_set: None };
     let mut out = Vec::new();
     let mut tbl = Vec::new();
     put_str(&mut tbl, 1, name);
@@ -813,12 +817,14 @@ pub(crate) fn replace_messages(table: &Table) -> Result<Vec<Message>, String> {
 }
 
 fn message(kind: u16, create: bool, body: Vec<u8>, what: String) -> Message {
-    Message { kind, create, append: false, body, what }
+    Message { kind, create, append: false, body, what, new_set: None }
 }
 
 /// `NEWSET` of `set` (created empty) with transaction id `id`.
 fn set_message(table: &str, name: &str, set: &Set, id: u32) -> Result<Message, String> {
-    Ok(message(MSG_NEWSET, true, set_body(table, name, set, id)?, format!("set {name}")))
+    let mut m = message(MSG_NEWSET, true, set_body(table, name, set, id)?, format!("set {name}"));
+    m.new_set = Some((name.to_string(), id));
+    Ok(m)
 }
 
 /// `NEWCHAIN` of `chain` (empty).
@@ -872,6 +878,7 @@ fn rule_messages(
             append: true,
             body: rule_body(table, chain_name, &rule, &ids),
             what,
+            new_set: None,
         });
     }
     Ok(())
@@ -1084,6 +1091,29 @@ mod tests {
         assert_eq!(debug("ip daddr 0.0.0.0/0 drop")[3], "[ bitwise reg 1 = ( reg 1 & 0x00000000 ) ^ 0x00000000 ]");
         assert!(parse("ip daddr 198.51.100.1/24 drop").is_err(), "host bits");
         assert!(parse("ip daddr 2001:db8::/32 drop").is_err(), "family");
+    }
+
+    #[test]
+    fn hook_priorities_are_the_keyword_plus_or_minus_an_offset() {
+        let at =
+            |hook: &'static str, priority: &'static str| hook_numbers(&Hook { chain_type: "filter", hook, priority });
+        assert_eq!(at("forward", "filter"), Ok((2, 0)));
+        assert_eq!(at("forward", "mangle"), Ok((2, -150)));
+        assert_eq!(at("prerouting", "dstnat + 10"), Ok((0, -90)));
+        assert_eq!(at("postrouting", "srcnat - 1"), Ok((4, 99)));
+        assert_eq!(at("input", "filter - 5"), Ok((1, -5)));
+        assert!(at("forward", "filter * 2").is_err());
+        assert!(at("ingress", "filter").is_err());
+    }
+
+    #[test]
+    fn anonymous_sets_hold_the_listed_keys_in_order() {
+        let rule = parse("ip daddr 192.0.2.0/24 meta l4proto . th dport { tcp . 53, udp . 53 } accept").unwrap();
+        assert_eq!(rule.anon.len(), 1);
+        assert_eq!(rule.anon[0].elements, [vec![6, 0, 0, 0, 0, 53, 0, 0], vec![17, 0, 0, 0, 0, 53, 0, 0]]);
+        let icmp = parse("icmpv6 type { nd-router-solicit, nd-redirect } accept").unwrap();
+        assert_eq!(icmp.anon[0].elements, [vec![133], vec![137]]);
+        assert!(parse("icmpv6 type { echo-request } accept").is_err());
     }
 
     #[test]
