@@ -69,29 +69,6 @@ fn view(docs: &str) -> ClusterView {
     v
 }
 
-/// `nft -j list table inet <name>` without what differs between equal tables: object
-/// handles and the order of set elements (and the time DNS elements have left).
-fn listing(ns: &Netns, name: &str) -> serde_json::Value {
-    fn normalize(v: &mut serde_json::Value) {
-        match v {
-            serde_json::Value::Object(map) => {
-                map.remove("handle");
-                map.remove("expires");
-                map.values_mut().for_each(normalize);
-                if let Some(serde_json::Value::Array(elements)) = map.get_mut("elem") {
-                    elements.sort_by_key(|e| e.to_string());
-                }
-            }
-            serde_json::Value::Array(items) => items.iter_mut().for_each(normalize),
-            _ => {}
-        }
-    }
-    let mut v: serde_json::Value =
-        serde_json::from_str(&ns.exec(&["nft", "-j", "list", "table", "inet", name])).expect("nft -j");
-    normalize(&mut v);
-    v
-}
-
 /// A listing without the order of its objects (what a change in place adds is listed
 /// after what was there; a fresh load lists in the script's order) but with each
 /// chain's rules in order.
@@ -140,7 +117,7 @@ proptest! {
         let sent = replace(&wire, table.clone());
         prop_assert!(sent.is_ok(), "netlink replace failed: {:?}\n{}", sent, table.render());
         nft_load(&text, &table);
-        prop_assert_eq!(listing(&wire, "egressd"), listing(&text, "egressd"), "{}", table.render());
+        prop_assert_eq!(wire.table_json("egressd"), text.table_json("egressd"), "{}", table.render());
     }
 }
 
@@ -181,8 +158,8 @@ proptest! {
         prop_assert_eq!(table_handle(&wire, "egressd") == handle, !structural, "changed in place iff not structural");
         nft_load(&text, &new);
         prop_assert_eq!(
-            in_any_order(listing(&wire, "egressd")),
-            in_any_order(listing(&text, "egressd")),
+            in_any_order(wire.table_json("egressd")),
+            in_any_order(text.table_json("egressd")),
             "{}\n{}",
             old.render(),
             new.render()
@@ -221,7 +198,7 @@ fn a_refused_batch_names_the_message_and_changes_nothing() {
         ),
     );
     replace(&ns, good.clone()).unwrap();
-    let before = listing(&ns, "egressd");
+    let before = ns.table_json("egressd");
     let mut bad = good.clone();
     bad.chains.insert(
         "b".into(),
@@ -232,7 +209,7 @@ fn a_refused_batch_names_the_message_and_changes_nothing() {
     );
     let err = replace(&ns, bad).unwrap_err();
     assert!(err.to_string().contains("chain b rule 0 (ip daddr @missing accept)"), "{err}");
-    assert_eq!(listing(&ns, "egressd"), before, "the refused transaction changed nothing");
+    assert_eq!(ns.table_json("egressd"), before, "the refused transaction changed nothing");
     // The socket is usable again after the error (its replies were all read).
     assert!(replace(&ns, good).is_ok());
 }

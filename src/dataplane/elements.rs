@@ -70,17 +70,6 @@ impl ElementWriter {
         Ok(Self { socket, table: table.to_string(), seq: 0, buf: vec![0; 1 << 18], send_buffer: 0 })
     }
 
-    /// A set element message for `elements` of `set` in this table.
-    fn elements_of(&self, set: &str, elements: Vec<ListAttribute<SetElementAttribute>>) -> SetElementMessage {
-        SetElementMessage {
-            attributes: vec![
-                SetElementList::Table(self.table.clone()),
-                SetElementList::Set(set.to_string()),
-                SetElementList::Elements(elements),
-            ],
-        }
-    }
-
     /// Apply `delta` (deletions, then additions) as one transaction: all of it or, on
     /// an error (an element to delete that is not there, a chain a jump names that is
     /// not), nothing. The send buffer grows to hold the batch.
@@ -483,19 +472,15 @@ impl ElementWriter {
     /// set) the transaction it is in applies nothing, the others still apply, and the
     /// first error is returned.
     pub fn add(&mut self, elements: &[Element]) -> io::Result<()> {
-        let mut by_set: std::collections::BTreeMap<&str, Vec<ListAttribute<SetElementAttribute>>> = Default::default();
+        let mut by_slot: std::collections::BTreeMap<Slot, Vec<(IpAddr, ElementValue)>> = Default::default();
         for (slot, ip, timeout) in elements {
-            let attrs = attributes(Some(slot.tag), *ip, &ElementValue::Timeout(*timeout), true);
-            by_set.entry(slot.set).or_default().push(ListAttribute::Element(attrs));
+            by_slot.entry(*slot).or_default().push((*ip, ElementValue::Timeout(*timeout)));
         }
         let mut first_error = None;
         let mut batch: Vec<u8> = Vec::new();
         let mut waiting: Vec<u32> = Vec::new();
-        for (set, list) in by_set {
-            let mut list = list.into_iter().peekable();
-            while list.peek().is_some() {
-                let chunk: Vec<_> = list.by_ref().take(ELEMENTS_PER_MESSAGE).collect();
-                let msg = NfTablesMessage::NewSetElement(self.elements_of(set, chunk));
+        for (slot, list) in by_slot {
+            for chunk in list.chunks(ELEMENTS_PER_MESSAGE) {
                 // Room for one more message of at most 56 bytes per element?
                 if !batch.is_empty()
                     && batch.len() + ELEMENTS_PER_MESSAGE * 56 > BATCH_BYTES
@@ -503,8 +488,12 @@ impl ElementWriter {
                 {
                     first_error.get_or_insert(e);
                 }
-                batch.extend(self.message(NLM_F_REQUEST | NLM_F_CREATE | NLM_F_ACK, msg, 0));
-                waiting.push(self.seq);
+                let list = crate::nft::delta::SetElements {
+                    set: slot.set.to_string(),
+                    tag: Some(slot.tag),
+                    elements: chunk.to_vec(),
+                };
+                self.set_element_messages(&list, None, false, false, &mut batch, &mut waiting);
             }
         }
         if !batch.is_empty()
@@ -704,24 +693,6 @@ fn after_prefix(ip: IpAddr, len: u8) -> Option<IpAddr> {
             (u128::from(v6) | host).checked_add(1).map(|a| IpAddr::from(std::net::Ipv6Addr::from(a)))
         }
     }
-}
-
-/// The attributes of one element: its key and, when added, its timeout or verdict.
-fn attributes(tag: Option<u64>, ip: IpAddr, value: &ElementValue, with_value: bool) -> Vec<SetElementAttribute> {
-    let mut attrs = vec![SetElementAttribute::Key(DataAttribute::Value(key(tag, ip)))];
-    if with_value {
-        match value {
-            ElementValue::None | ElementValue::Prefix(_) => {}
-            ElementValue::Timeout(t) => {
-                attrs.push(SetElementAttribute::Timeout(u64::try_from(t.as_millis()).unwrap_or(u64::MAX)));
-            }
-            ElementValue::Jump(chain) => attrs.push(SetElementAttribute::Data(DataAttribute::Verdict(vec![
-                VerdictAttribute::Code(Verdict::Jump),
-                VerdictAttribute::Chain(chain.clone()),
-            ]))),
-        }
-    }
-    attrs
 }
 
 /// An address (after its tag, in a tagged set) as a set element key.

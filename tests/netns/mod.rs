@@ -102,6 +102,29 @@ impl Netns {
         self.exec(&["nft", "list", "ruleset"])
     }
 
+    /// `nft -j list table inet NAME` without what differs between equal tables: object
+    /// handles, the time elements have left, the order of set elements.
+    pub fn table_json(&self, table: &str) -> serde_json::Value {
+        fn normalize(v: &mut serde_json::Value) {
+            match v {
+                serde_json::Value::Object(map) => {
+                    map.remove("handle");
+                    map.remove("expires");
+                    map.values_mut().for_each(normalize);
+                    if let Some(serde_json::Value::Array(elements)) = map.get_mut("elem") {
+                        elements.sort_by_key(|e| e.to_string());
+                    }
+                }
+                serde_json::Value::Array(items) => items.iter_mut().for_each(normalize),
+                _ => {}
+            }
+        }
+        let mut v: serde_json::Value =
+            serde_json::from_str(&self.exec(&["nft", "-j", "list", "table", "inet", table])).expect("nft -j");
+        normalize(&mut v);
+        v
+    }
+
     /// Whether table `inet NAME` exists.
     pub fn has_table(&self, table: &str) -> bool {
         self.try_exec(&["nft", "list", "table", "inet", table]).0
