@@ -474,7 +474,10 @@ fn sixty_seconds_without_the_api_server_change_nothing_and_statuses_catch_up() {
     let status = api.get(&["egressfirewall", "default", "-n", "team-a", "-o", "jsonpath={.status.messages}"]);
     assert!(status.contains("node-a: EgressFirewall Rules applied"), "{status}");
     firewall(&api, "team-a", "  - {type: Deny, to: {cidrSelector: 192.0.2.0/24}}\n");
-    let followed = wait_for(Duration::from_secs(90), || tcp(p0, "192.0.2.10", 8080).is_none());
+    // A watch that was waiting out its grown backoff (30 s, plus up to as much jitter)
+    // when the server came back may then meet 410 Gone on its old resource version and
+    // wait once more before it re-lists (seen: 80 s for the EgressFirewall watch).
+    let followed = wait_for(Duration::from_secs(150), || tcp(p0, "192.0.2.10", 8080).is_none());
     assert!(followed.is_some(), "not following after the outage:\n{}", agent.log_text());
 }
 
