@@ -52,13 +52,20 @@ fn dns_rules_follow_answers_keep_last_good_and_expire_in_the_kernel() {
     let failed = wait_for(Duration::from_secs(20), || agent.log_text().contains("DNS resolution failed"));
     assert!(failed.is_some(), "{}", agent.log_text());
     assert!(tcp(p0, "198.51.100.10", 8080).is_some(), "last good address kept while the server is down");
-    let status = std::process::Command::new(netns::egressd_bin())
-        .args(["status", "--state-dir", t.dir.path().join("state").to_str().unwrap()])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&status.stdout);
+    // The status file is rewritten after the failed round is handled, a moment after
+    // its log line.
+    let status_text = || {
+        let status = std::process::Command::new(netns::egressd_bin())
+            .args(["status", "--state-dir", t.dir.path().join("state").to_str().unwrap()])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&status.stdout).into_owned()
+    };
+    let noted =
+        wait_for(Duration::from_secs(5), || status_text().contains("dnsName api.example.com.: resolution failing"));
+    let text = status_text();
+    assert!(noted.is_some(), "{text}");
     assert!(text.contains("EgressFirewall team-a/default\tapplied"), "{text}");
-    assert!(text.contains("dnsName api.example.com.: resolution failing"), "{text}");
 }
 
 #[test]
