@@ -174,7 +174,7 @@ impl ElementWriter {
     /// so thousands of acknowledgements do not overflow the receive buffer.
     pub fn replace(&mut self, table: &crate::nft::Table) -> io::Result<()> {
         let messages = crate::nft::wire::replace_messages(table).map_err(unsupported)?;
-        let elements = crate::nft::delta::ElementDelta::all(table)
+        let elements = crate::nft::delta::ElementDelta::of_sets(&crate::nft::Table::new(table.name.as_str()), table)
             .ok_or_else(|| unsupported("an element the netlink path does not write".into()))?;
         self.send_described(&table.name, &messages, &elements, &[])
     }

@@ -163,6 +163,33 @@ impl NftCli {
         }
     }
 
+    /// Try `send` (a `what` of table `table`) over netlink, when netlink is on: whether it
+    /// applied. What the netlink path does not write is logged at debug level, a
+    /// refusal as a warning (and the socket is opened afresh next time); either way the
+    /// caller then goes through `nft`.
+    fn over_netlink(
+        &mut self,
+        table: &str,
+        what: &str,
+        send: impl FnOnce(&mut super::elements::ElementWriter) -> std::io::Result<()>,
+    ) -> bool {
+        if !self.netlink_elements {
+            return false;
+        }
+        match self.writer(table).and_then(send) {
+            Ok(()) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
+                tracing::debug!(reason = %e, "{what} through nft: the netlink path does not write this table");
+                false
+            }
+            Err(e) => {
+                self.writer = None;
+                tracing::warn!(error = %e, "the kernel refused the {what} over netlink; sending it through nft");
+                false
+            }
+        }
+    }
+
     /// Run `program` through a symlink named [`NFT_ALIAS`] in `dir`, so the kernel names
     /// egressd's transactions after it even where PIDs cannot be compared (a container
     /// without the host's PID namespace). Without a usable directory, `program` is run
@@ -293,40 +320,20 @@ impl NftBackend for NftCli {
 
     /// Over netlink, as one batch built from the table's typed model
     /// ([`crate::nft::wire`]), unless element changes go through `nft` too; through
-    /// `nft` when the table has a rule or set the netlink path does not write (then
-    /// once per distinct reason at debug level), or when the kernel refused the batch
-    /// (then `nft` gets the same table and reports its own error if it fails too).
+    /// `nft` when the table has a rule or set the netlink path does not write, or when
+    /// the kernel refused the batch (then `nft` gets the same table and reports its own
+    /// error if it fails too).
     fn replace(&mut self, table: &Table) -> Result<Transport, NftError> {
-        if self.netlink_elements {
-            let sent = self.writer(&table.name).and_then(|w| w.replace(table));
-            match sent {
-                Ok(()) => return Ok(Transport::Netlink),
-                Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
-                    tracing::debug!(reason = %e, "full replace through nft: the netlink path does not write this table");
-                }
-                Err(e) => {
-                    self.writer = None;
-                    tracing::warn!(error = %e, "the kernel refused the full replace over netlink; sending it through nft");
-                }
-            }
+        if self.over_netlink(&table.name, "full replace", |w| w.replace(table)) {
+            return Ok(Transport::Netlink);
         }
         self.apply(&table.replace_script()).map(|()| Transport::Nft)
     }
 
     /// Over netlink as [`Self::replace`], with the same fallback to `nft`.
     fn apply_changes(&mut self, old: &Table, new: &Table) -> Result<(), NftError> {
-        if self.netlink_elements {
-            let sent = self.writer(&new.name).and_then(|w| w.apply_changes(old, new));
-            match sent {
-                Ok(()) => return Ok(()),
-                Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
-                    tracing::debug!(reason = %e, "change through nft: the netlink path does not write this table");
-                }
-                Err(e) => {
-                    self.writer = None;
-                    tracing::warn!(error = %e, "the kernel refused the change over netlink; sending it through nft");
-                }
-            }
+        if self.over_netlink(&new.name, "change", |w| w.apply_changes(old, new)) {
+            return Ok(());
         }
         match diff(old, new) {
             Some(script) => self.apply(&script),

@@ -94,16 +94,6 @@ impl ElementDelta {
         Some(delta)
     }
 
-    /// Adding every element of `table` (into its sets created empty): what a full
-    /// replace over netlink sends. `None` when an element cannot be typed.
-    pub(crate) fn all(table: &Table) -> Option<Self> {
-        let mut delta = Self::default();
-        for (name, set) in &table.sets {
-            push_typed(&mut delta.add, name, set, set.elements.iter().collect())?;
-        }
-        Some(delta)
-    }
-
     /// The element changes within a change of chains, rules or sets from `old` to
     /// `new`: in sets of both tables what changed, in sets only `new` has every
     /// element — what [`super::diff`] sends between its chain and set changes. `None`
@@ -224,7 +214,9 @@ fn push_typed(list: &mut Vec<SetElements>, name: &str, set: &Set, items: Vec<(&T
     Some(())
 }
 
-fn same_declaration(a: &Set, b: &Set) -> bool {
+/// Whether two sets are declared alike (key, kind, flags): else only a new set, which
+/// means a full replace of the table, changes one into the other.
+pub(super) fn same_declaration(a: &Set, b: &Set) -> bool {
     a.key == b.key && a.verdict_map == b.verdict_map && a.interval == b.interval && a.timeout == b.timeout
 }
 

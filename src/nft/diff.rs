@@ -5,6 +5,17 @@ use std::fmt::Write;
 use super::render::elements;
 use super::{FAMILY, Table, Text};
 
+/// Whether turning `old` into `new` takes a full replace of the table: its name
+/// changed, a set of both is declared differently, a base chain's hook changed or a
+/// base chain is new. Shared by this script and the netlink messages of a change
+/// ([`super::wire::delta_messages`]).
+pub(crate) fn needs_replace(old: &Table, new: &Table) -> bool {
+    old.name != new.name
+        || old.sets.iter().any(|(n, s)| new.sets.get(n).is_some_and(|ns| !super::delta::same_declaration(s, ns)))
+        || old.chains.iter().any(|(n, c)| new.chains.get(n).is_some_and(|nc| nc.hook != c.hook))
+        || new.chains.iter().any(|(n, c)| c.hook.is_some() && !old.chains.contains_key(n))
+}
+
 /// The script that changes `old` into `new`, or `None` when they are equal. A change
 /// that cannot be expressed as a delta (the table's name, a set's type or flags, a base
 /// chain's hook, a new base chain) gets the full replace script instead.
@@ -18,15 +29,7 @@ pub fn diff(old: &Table, new: &Table) -> Option<String> {
         return None;
     }
     let t = format!("{FAMILY} {}", new.name);
-    let structural_change = old.name != new.name
-        || old.sets.iter().any(|(n, s)| {
-            new.sets
-                .get(n)
-                .is_some_and(|ns| ns.key != s.key || ns.verdict_map != s.verdict_map || ns.interval != s.interval)
-        })
-        || old.chains.iter().any(|(n, c)| new.chains.get(n).is_some_and(|nc| nc.hook != c.hook))
-        || new.chains.iter().any(|(n, c)| c.hook.is_some() && !old.chains.contains_key(n));
-    if structural_change {
+    if needs_replace(old, new) {
         return Some(new.replace_script());
     }
 

@@ -288,40 +288,21 @@ pub(crate) fn parse(rule: &str) -> Result<Rule, String> {
                     _ => return Err(format!("`{fam} {}` is not handled", w.get(i + 1).unwrap_or(&""))),
                 };
                 let len = if v6 { 16 } else { 4 };
+                // `@set`, `!= @set` or `vmap @map`: the address looked up.
+                let lookup = match w.get(i + 2) {
+                    Some(s) if s.starts_with('@') => Some((false, false, 3)),
+                    Some(&"!=") => Some((true, false, 4)),
+                    Some(&"vmap") => Some((false, true, 4)),
+                    _ => None,
+                };
+                if let Some((invert, verdict, words)) = lookup {
+                    exprs.push(Expr::Payload { base: PAYLOAD_NETWORK, offset, len, dreg: REG_1 });
+                    let set = set_name(w.get(i + words - 1))?;
+                    exprs.push(Expr::Lookup { set, sreg: REG_1, verdict, invert, anon: None });
+                    i += words;
+                    continue;
+                }
                 match w.get(i + 2) {
-                    Some(s) if s.starts_with('@') => {
-                        exprs.push(Expr::Payload { base: PAYLOAD_NETWORK, offset, len, dreg: REG_1 });
-                        exprs.push(Expr::Lookup {
-                            set: set_name(Some(s))?,
-                            sreg: REG_1,
-                            verdict: false,
-                            invert: false,
-                            anon: None,
-                        });
-                        i += 3;
-                    }
-                    Some(&"!=") => {
-                        exprs.push(Expr::Payload { base: PAYLOAD_NETWORK, offset, len, dreg: REG_1 });
-                        exprs.push(Expr::Lookup {
-                            set: set_name(w.get(i + 3))?,
-                            sreg: REG_1,
-                            verdict: false,
-                            invert: true,
-                            anon: None,
-                        });
-                        i += 4;
-                    }
-                    Some(&"vmap") => {
-                        exprs.push(Expr::Payload { base: PAYLOAD_NETWORK, offset, len, dreg: REG_1 });
-                        exprs.push(Expr::Lookup {
-                            set: set_name(w.get(i + 3))?,
-                            sreg: REG_1,
-                            verdict: true,
-                            invert: false,
-                            anon: None,
-                        });
-                        i += 4;
-                    }
                     Some(a) if a.starts_with(|c: char| c.is_ascii_hexdigit() || c == ':') => {
                         address_match(&mut exprs, offset, a, v6)?;
                         i += 3;
@@ -768,16 +749,14 @@ fn hook_numbers(hook: &Hook) -> Result<(u32, i32), String> {
 /// An error names what the netlink path cannot write (then `nft` must).
 pub(crate) fn replace_messages(table: &Table) -> Result<Vec<Message>, String> {
     let name = table.name.as_str();
-    let msg =
-        |kind, create, append, body: Vec<u8>, what: String| Message { kind, create, append, body, what, new_set: None };
     let mut out = Vec::new();
     let mut tbl = Vec::new();
     put_str(&mut tbl, 1, name);
     let mut created = tbl.clone();
     put_u32(&mut created, 2, 0);
-    out.push(msg(MSG_NEWTABLE, false, false, created.clone(), format!("table {name}")));
-    out.push(msg(MSG_DELTABLE, false, false, tbl, format!("table {name}")));
-    out.push(msg(MSG_NEWTABLE, false, false, created, format!("table {name}")));
+    out.push(message(MSG_NEWTABLE, false, created.clone(), format!("table {name}")));
+    out.push(message(MSG_DELTABLE, false, tbl, format!("table {name}")));
+    out.push(message(MSG_NEWTABLE, false, created, format!("table {name}")));
     for counter in super::COUNTERS {
         let mut b = Vec::new();
         put_str(&mut b, 1, name);
@@ -787,7 +766,7 @@ pub(crate) fn replace_messages(table: &Table) -> Result<Vec<Message>, String> {
             put(o, 1, &0u64.to_be_bytes());
             put(o, 2, &0u64.to_be_bytes());
         });
-        out.push(msg(MSG_NEWOBJ, true, false, b, format!("counter {counter}")));
+        out.push(message(MSG_NEWOBJ, true, b, format!("counter {counter}")));
     }
     // In `nft`'s order (the rendered block's): plain sets, regular chains, maps (their
     // elements jump to those chains), base chains; `nft list` shows them in it.
@@ -799,16 +778,15 @@ pub(crate) fn replace_messages(table: &Table) -> Result<Vec<Message>, String> {
         }
         Ok(())
     };
-    let chain_msg = |chain_name: &str, chain: &super::Chain| chain_message(name, chain_name, chain);
     let regular = table.chains.iter().filter(|(_, c)| c.hook.is_none());
     let base = table.chains.iter().filter(|(_, c)| c.hook.is_some());
     sets(&mut out, false)?;
     for (chain_name, chain) in regular.clone() {
-        out.push(chain_msg(chain_name, chain)?);
+        out.push(chain_message(name, chain_name, chain)?);
     }
     sets(&mut out, true)?;
     for (chain_name, chain) in base.clone() {
-        out.push(chain_msg(chain_name, chain)?);
+        out.push(chain_message(name, chain_name, chain)?);
     }
     for (chain_name, chain) in regular.chain(base) {
         rule_messages(&mut out, name, chain_name, chain, &mut id)?;
@@ -895,18 +873,7 @@ pub(crate) type BeforeAfter = (Vec<Message>, Vec<Message>);
 /// chain's hook, a new base chain); an error names what the netlink path does not
 /// write.
 pub(crate) fn delta_messages(old: &Table, new: &Table) -> Result<Option<BeforeAfter>, String> {
-    let structural = old.name != new.name
-        || old.sets.iter().any(|(n, s)| {
-            new.sets.get(n).is_some_and(|ns| {
-                ns.key != s.key
-                    || ns.verdict_map != s.verdict_map
-                    || ns.interval != s.interval
-                    || ns.timeout != s.timeout
-            })
-        })
-        || old.chains.iter().any(|(n, c)| new.chains.get(n).is_some_and(|nc| nc.hook != c.hook))
-        || new.chains.iter().any(|(n, c)| c.hook.is_some() && !old.chains.contains_key(n));
-    if structural {
+    if super::diff::needs_replace(old, new) {
         return Ok(None);
     }
     let t = new.name.as_str();
