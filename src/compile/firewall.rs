@@ -2,8 +2,9 @@
 //!
 //! Layout (see ARCHITECTURE.md, "Packet path"):
 //!
-//! * `firewall` (forward, priority filter) and `firewall-local` (input, priority filter),
-//!   only while some EgressFirewall exists:
+//! * `firewall` (prerouting, priority filter: after conntrack and DNAT, before the
+//!   routing decision, so it sees both the pods' forwarded traffic and their traffic to
+//!   this node's own addresses), only while some EgressFirewall exists:
 //!   replies pass (`ct direction reply`), cluster and service destinations pass, then
 //!   `ip saddr vmap @fw-pods-v4` / `ip6 saddr vmap @fw-pods-v6` jump to the pod's
 //!   namespace chain. Per-packet cost: two set lookups and one map lookup, whatever the
@@ -230,10 +231,11 @@ fn fill_dns_sets(ctx: &Ctx, r: &DnsRef, table: &mut Table) {
     }
 }
 
-/// The forward-hook base chain.
+/// The base chain: prerouting at priority filter, which every packet a pod sends
+/// passes whether it is forwarded or delivered to the node itself. One base chain (not
+/// forward and input) because the kernel re-validates a verdict map once per base
+/// chain referring to it whenever a `jump` element is added: a pod's cost (bench/FINDINGS.md).
 pub const FIREWALL_CHAIN: &str = "firewall";
-/// The input-hook base chain (local pods → this node's own addresses).
-pub const FIREWALL_LOCAL_CHAIN: &str = "firewall-local";
 const CLUSTER_V4: &str = "cluster-v4";
 const CLUSTER_V6: &str = "cluster-v6";
 const PODS_V4: &str = "fw-pods-v4";
@@ -253,21 +255,19 @@ fn exempt_sets(node: &NodeConfig, table: &mut Table) -> Vec<IpNet> {
     exempt
 }
 
-fn base_chain(hook: &'static str, local: bool) -> Chain {
+fn base_chain() -> Chain {
     let mut rules = vec!["ct direction reply accept".to_string()];
-    if local {
-        // Neighbour discovery to the node must never be filtered (ARP is not seen by
-        // inet hooks at all).
-        rules.push(
-            "icmpv6 type { nd-router-solicit, nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert, nd-redirect } accept"
-                .to_string(),
-        );
-    }
+    // Neighbour discovery to the node must never be filtered (ARP is not seen by inet
+    // hooks at all).
+    rules.push(
+        "icmpv6 type { nd-router-solicit, nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert, nd-redirect } accept"
+            .to_string(),
+    );
     rules.push(format!("ip daddr @{CLUSTER_V4} accept"));
     rules.push(format!("ip6 daddr @{CLUSTER_V6} accept"));
     rules.push(format!("ip saddr vmap @{PODS_V4}"));
     rules.push(format!("ip6 saddr vmap @{PODS_V6}"));
-    Chain::base(Hook { chain_type: "filter", hook, priority: "filter" }, rules)
+    Chain::base(Hook { chain_type: "filter", hook: "prerouting", priority: "filter" }, rules)
 }
 
 fn ports_match(ports: &Ports) -> String {
@@ -809,6 +809,5 @@ pub(super) fn compile(
 
     table.sets.insert(PODS_V4.into(), Set { elements: v4, ..Set::verdict_map(KeyType::Ipv4) });
     table.sets.insert(PODS_V6.into(), Set { elements: v6, ..Set::verdict_map(KeyType::Ipv6) });
-    table.chains.insert(FIREWALL_CHAIN.into(), base_chain("forward", false));
-    table.chains.insert(FIREWALL_LOCAL_CHAIN.into(), base_chain("input", true));
+    table.chains.insert(FIREWALL_CHAIN.into(), base_chain());
 }

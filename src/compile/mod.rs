@@ -24,9 +24,7 @@ pub use egress_ip::{SNAT_CHAIN, STEER_CHAIN};
 pub(crate) use egress_ip::{ip_owners, namespace_labels, oldest_first};
 pub(crate) use firewall::ACL_OVER;
 pub(crate) use firewall::absolute;
-pub use firewall::{
-    DNS_SETS, DnsNamesCache, FIREWALL_CHAIN, FIREWALL_LOCAL_CHAIN, dns_names, dns_rule_names, dns_slots, wildcard_slots,
-};
+pub use firewall::{DNS_SETS, DnsNamesCache, FIREWALL_CHAIN, dns_names, dns_rule_names, dns_slots, wildcard_slots};
 pub use qos::QOS_CHAIN;
 pub use snoop_copies::snooped_namespaces;
 pub use status::{
