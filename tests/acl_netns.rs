@@ -86,6 +86,7 @@ fn verdicts_are_logged_as_asked_and_audit_mode_drops_nothing() {
     });
     assert!(counted.is_some(), "{last}");
     assert!(!last.contains("namespace=\"team-b\""), "team-b has no ACL logging: no series of its own\n{last}");
+    assert_eq!(agent.nft_fallbacks(), Vec::<String>::new(), "every sync in-process");
 
     // An annotation that is not JSON: a warning in the status, and nothing logged.
     t.write_manifest(

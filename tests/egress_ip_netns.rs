@@ -62,6 +62,7 @@ fn selected_pods_leave_as_the_egress_ip_from_every_node() {
     let metrics =
         netns::http_get(&c.nodes[1].ns, "127.0.0.1:9781", "/metrics").map(|(_, body)| body).unwrap_or_default();
     assert!(metrics.contains("egressd_egress_ips_hosted 2"), "{metrics}");
+    assert!(!logs().contains("through nft"), "every sync in-process:\n{}", logs());
 }
 
 #[test]

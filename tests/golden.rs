@@ -13,67 +13,14 @@
 //! EGRESSD_UPDATE_GOLDEN=1 cargo test --test golden
 //! ```
 
+#[path = "support/golden_case.rs"]
+mod golden_case;
+
 use std::path::Path;
 
 use egressd::agent::render_manifests;
 use egressd::compile::NodeConfig;
-use egressd::net::{HostLink, HostLinks};
-use ipnet::IpNet;
-
-/// The node's links, one per line: `INDEX NAME up|down ADDR/LEN... [gw GATEWAY] [default]`.
-fn host_links(text: &str) -> HostLinks {
-    let mut host = HostLinks::default();
-    for line in text.lines().filter(|l| !l.trim().is_empty() && !l.starts_with('#')) {
-        let words: Vec<&str> = line.split_whitespace().collect();
-        let mut link = HostLink {
-            index: words[0].parse().unwrap(),
-            name: words[1].to_string(),
-            up: words[2] == "up",
-            ..Default::default()
-        };
-        let mut rest = words[3..].iter();
-        while let Some(w) = rest.next() {
-            match *w {
-                "gw" => link.gateways.push(rest.next().unwrap().parse().unwrap()),
-                "default" => {
-                    host.default_link = [Some(link.index), Some(link.index)];
-                }
-                addr => link.addrs.push(addr.parse().unwrap()),
-            }
-        }
-        host.links.push(link);
-    }
-    host
-}
-
-fn node_config(args: &str) -> NodeConfig {
-    let mut node = NodeConfig::new("", vec![]);
-    let mut snoop = true;
-    let cidrs = |v: &str| -> Vec<IpNet> { v.split(',').map(|c| c.trim().parse().unwrap()).collect() };
-    for line in args.lines().filter(|l| !l.trim().is_empty()) {
-        let (k, v) = line.split_once(':').unwrap();
-        match k.trim() {
-            "node-name" => node.node_name = v.trim().to_string(),
-            "cluster-cidr" => node.cluster_cidrs = cidrs(v),
-            "service-cidr" => node.service_cidrs = cidrs(v),
-            "cluster-dns" => {
-                let servers = v.split(',').map(|c| c.trim().parse().unwrap()).collect();
-                node.snoop = Some(egressd::dns::targets::SnoopSettings { group: 4747, servers, rate: 10_000 });
-            }
-            "no-dns-snoop" => snoop = false,
-            "fail-closed" => node.egress.fail_closed = true,
-            other => panic!("unknown key {other} in args"),
-        }
-    }
-    // As `egressd run`: snooping on unless switched off.
-    if snoop && node.snoop.is_none() {
-        node.snoop = Some(egressd::dns::targets::SnoopSettings { group: 4747, servers: vec![], rate: 10_000 });
-    }
-    if !snoop {
-        node.snoop = None;
-    }
-    node
-}
+use golden_case::{case_inputs, node_config};
 
 /// Compare `got` with the case's `expected.txt` (or write it when updating).
 fn compare(case: &Path, got: &str, update: bool, failures: &mut Vec<String>) {
@@ -98,9 +45,8 @@ fn rendered_output_matches_golden_files() {
     assert!(cases.len() >= 3, "golden cases missing");
     let mut failures = Vec::new();
     for case in cases {
-        let args = std::fs::read_to_string(case.join("args")).unwrap();
-        let links = std::fs::read_to_string(case.join("links")).map(|t| host_links(&t)).unwrap_or_default();
-        let got = render_manifests(&case.join("manifests"), &node_config(&args), &links).unwrap();
+        let (node, links) = case_inputs(&case);
+        let got = render_manifests(&case.join("manifests"), &node, &links).unwrap();
         compare(&case, &got, update, &mut failures);
     }
     assert!(failures.is_empty(), "golden mismatch (EGRESSD_UPDATE_GOLDEN=1 to regenerate):\n{}", failures.join("\n"));

@@ -98,5 +98,6 @@ fn dscp_marks_follow_rules_pods_labels_edits_and_deletion_v4_and_v6() {
     t.remove_manifest("qos.yaml");
     assert_eq!(eventually(&t, &obs, &mut port, 1, EXT4, 0), vec![0], "deleted EgressQoS stops marking");
     assert!(!t.node.nft_list().contains("qos-media"), "namespace chain removed");
+    assert_eq!(agent.nft_fallbacks(), Vec::<String>::new(), "every sync in-process");
     let _ = pod_v4;
 }

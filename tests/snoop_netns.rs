@@ -157,6 +157,7 @@ fn wildcards_are_learned_from_the_pods_own_trusted_answers() {
     let v6 = wait_for(Duration::from_secs(2), || tcp(p0, "2001:db8:ff:1::10", 8080).is_some());
     assert!(v6.is_some(), "learned IPv6 address (TCP answer) not allowed:\n{}", agent.log_text());
     assert!(snooped(&t, "learned") >= 2);
+    assert_eq!(agent.nft_fallbacks(), Vec::<String>::new(), "every sync in-process");
 }
 
 #[test]

@@ -8,6 +8,8 @@
 //! sent, and a batch the kernel refuses names the message it refused and changes
 //! nothing.
 
+#[path = "support/golden_case.rs"]
+mod golden_case;
 mod netns;
 
 use egressd::api::parse::{Parsed, parse_document, split_documents, yaml_to_value};
@@ -18,6 +20,7 @@ use egressd::nft::{Chain, Table};
 use egressd::view::ClusterView;
 use netns::Netns;
 use proptest::prelude::*;
+use std::collections::BTreeMap;
 
 fn pick<T: Clone + std::fmt::Debug + 'static>(items: &[T]) -> impl Strategy<Value = T> + use<T> {
     proptest::sample::select(items.to_vec())
@@ -176,12 +179,12 @@ fn what_the_netlink_path_does_not_write_is_refused_before_sending() {
         "a".into(),
         Chain::base(
             egressd::nft::Hook { chain_type: "filter", hook: "forward", priority: "filter" },
-            vec!["ip daddr 192.0.2.0/24 counter accept".into(), "ip dscp set 8 accept".into()],
+            vec!["ip daddr 192.0.2.0/24 counter accept".into(), "ip ttl set 1 accept".into()],
         ),
     );
     let err = replace(&ns, table).unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::Unsupported);
-    assert!(err.to_string().contains("chain a rule 1 (ip dscp set 8 accept)"), "{err}");
+    assert!(err.to_string().contains("chain a rule 1 (ip ttl set 1 accept)"), "{err}");
     assert!(!ns.has_table("egressd"), "nothing was sent");
 }
 
@@ -214,44 +217,146 @@ fn a_refused_batch_names_the_message_and_changes_nothing() {
     assert!(replace(&ns, good).is_ok());
 }
 
-/// Every rule shape of the golden tables that the netlink path writes is written as
-/// `nft` writes it: `nft --debug=netlink` prints the expressions it generates for the
-/// rendered table, chain by chain and rule by rule.
+/// The rules of a rendered table, by chain, in order (hook lines left out).
+fn rendered_rules(text: &str) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut chain: Option<String> = None;
+    for line in text.lines() {
+        if let Some(name) = line.strip_prefix("\tchain ").and_then(|l| l.strip_suffix(" {")) {
+            chain = Some(name.to_string());
+            out.entry(name.to_string()).or_default();
+        } else if line == "\t}" {
+            chain = None;
+        } else if let (Some(c), Some(rule)) = (&chain, line.strip_prefix("\t\t"))
+            && !rule.starts_with("type ")
+        {
+            out.get_mut(c).unwrap().push(rule.to_string());
+        }
+    }
+    out
+}
+
+/// The expressions `nft --debug=netlink` generates for each rule of the script `text`
+/// (checked, not loaded, in `ns`), by chain, in order.
+fn nft_expressions(ns: &Netns, text: &str) -> BTreeMap<String, Vec<Vec<String>>> {
+    let script = std::env::temp_dir().join(format!("egressd-wire-debug-{}.nft", std::process::id()));
+    std::fs::write(&script, text).unwrap();
+    let out = ns.exec(&["nft", "--debug=netlink", "-c", "-f", script.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&script);
+    // nft prints each rule as `inet <table> <chain>` and its expressions.
+    let mut printed: BTreeMap<String, Vec<Vec<String>>> = BTreeMap::new();
+    let mut last: Option<String> = None;
+    for line in out.lines() {
+        if let Some(chain) = line.strip_prefix("inet egressd ") {
+            printed.entry(chain.to_string()).or_default().push(Vec::new());
+            last = Some(chain.to_string());
+        } else if line.starts_with("  [")
+            && let Some(rule) = last.as_ref().and_then(|c| printed.get_mut(c)).and_then(|r| r.last_mut())
+        {
+            rule.push(line.trim().to_string());
+        } else if !line.starts_with("  ") {
+            last = None;
+        }
+    }
+    printed
+}
+
+/// Compare the netlink path's expressions with nft's for every rule of the rendered
+/// table `text` it writes; the rules it refuses, as `chain: rule`.
+fn compare_expressions(ns: &Netns, text: &str) -> (usize, Vec<String>) {
+    let printed = nft_expressions(ns, text);
+    let (mut compared, mut refused) = (0, Vec::new());
+    for (chain, rules) in rendered_rules(text) {
+        let theirs = printed.get(&chain).cloned().unwrap_or_default();
+        assert_eq!(theirs.len(), rules.len(), "chain {chain}: nft printed {theirs:?}\n{text}");
+        for (rule, nft) in rules.iter().zip(theirs) {
+            match egressd::nft::wire_debug(rule) {
+                Ok(ours) => {
+                    assert_eq!(ours, nft, "chain {chain}: {rule}");
+                    compared += 1;
+                }
+                Err(_) => refused.push(format!("{chain}: {rule}")),
+            }
+        }
+    }
+    (compared, refused)
+}
+
+/// Every rule shape the compiler writes for EgressFirewall (CIDR, nodeSelector,
+/// `dnsName`, ports, ACL logging), DNS snooping, EgressQoS and EgressIP is written as `nft`
+/// writes it: `nft --debug=netlink` prints the expressions it generates for the
+/// rendered table, and the netlink path's are compared rule for rule. The golden
+/// tables' rules too (EgressIP's marks, steering and NAT among them): none is refused.
 #[test]
 fn expressions_are_the_ones_nft_generates() {
     netns::require_root();
     let ns = Netns::new("wire-debug");
     let docs = [
         "apiVersion: v1\nkind: Node\nmetadata: {name: gw, labels: {role: gw}}\nstatus: {addresses: [{type: InternalIP, address: 203.0.113.2}]}",
-        "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: a}\nspec: {nodeName: n1}\nstatus: {phase: Running, podIPs: [{ip: 198.18.1.2}, {ip: \"2001:db8:1::2\"}]}",
-        "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {name: default, namespace: a}\nspec:\n  egress:\n  - {type: Allow, to: {cidrSelector: 192.0.2.0/25}, ports: [{protocol: TCP, port: 443}]}\n  - {type: Deny, to: {cidrSelector: 198.51.100.0/24}}\n  - {type: Allow, to: {dnsName: api.example.com}, ports: [{protocol: UDP, port: 53}]}\n  - {type: Allow, to: {cidrSelector: 203.0.113.0/24}, ports: [{protocol: UDP, port: 53}, {protocol: TCP, port: 53}]}\n  - {type: Allow, to: {nodeSelector: {matchLabels: {role: gw}}}}\n  - {type: Deny, to: {cidrSelector: \"2001:db8::/32\"}}\n  - {type: Deny, to: {cidrSelector: 0.0.0.0/0}}",
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: b\n  annotations: {k8s.ovn.org/acl-logging: '{\"deny\": \"alert\", \"allow\": \"notice\"}'}",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: a, labels: {app: web}}\nspec: {nodeName: n1}\nstatus: {phase: Running, podIPs: [{ip: 198.18.1.2}, {ip: \"2001:db8:1::2\"}]}",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: q, namespace: b}\nspec: {nodeName: n1}\nstatus: {phase: Running, podIPs: [{ip: 198.18.1.3}]}",
+        "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {name: default, namespace: a}\nspec:\n  egress:\n  - {type: Allow, to: {cidrSelector: 192.0.2.0/25}, ports: [{protocol: TCP, port: 443}]}\n  - {type: Deny, to: {cidrSelector: 198.51.100.0/24}}\n  - {type: Allow, to: {dnsName: api.example.com}, ports: [{protocol: UDP, port: 53}]}\n  - {type: Allow, to: {dnsName: \"*.example.com\"}}\n  - {type: Allow, to: {cidrSelector: 203.0.113.0/24}, ports: [{protocol: UDP, port: 53}, {protocol: TCP, port: 53}]}\n  - {type: Allow, to: {nodeSelector: {matchLabels: {role: gw}}}}\n  - {type: Deny, to: {cidrSelector: \"2001:db8::/32\"}}\n  - {type: Deny, to: {cidrSelector: 0.0.0.0/0}}",
+        "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {name: default, namespace: b}\nspec:\n  egress:\n  - {type: Allow, to: {cidrSelector: 192.0.2.0/24}, ports: [{protocol: TCP, port: 80}]}\n  - {type: Deny, to: {cidrSelector: 0.0.0.0/0}}",
+        "apiVersion: k8s.ovn.org/v1\nkind: EgressQoS\nmetadata: {name: default, namespace: a}\nspec:\n  egress:\n  - {dscp: 46, dstCIDR: 203.0.113.0/24, podSelector: {matchLabels: {app: web}}}\n  - {dscp: 30, dstCIDR: \"2001:db8:ff::/64\"}\n  - {dscp: 10}",
     ]
     .join("\n---\n");
-    let docs = docs.as_str();
-    let node = NodeConfig::new("n1", vec!["198.18.0.0/16".parse().unwrap(), "2001:db8:1::/48".parse().unwrap()]);
-    let table = compile(&view(docs), &node, &DnsAnswers::new()).table;
-    let script = std::env::temp_dir().join(format!("egressd-wire-debug-{}.nft", std::process::id()));
-    std::fs::write(&script, table.render()).unwrap();
-    let out = ns.exec(&["nft", "--debug=netlink", "-c", "-f", script.to_str().unwrap()]);
-    let _ = std::fs::remove_file(&script);
-    // nft prints each rule as `inet <table> <chain>` and its expressions, in the
-    // order of the script (regular chains, then base chains, each in name order).
-    let mut printed: Vec<(String, Vec<String>)> = Vec::new();
-    for line in out.lines() {
-        if let Some(chain) = line.strip_prefix("inet egressd ") {
-            printed.push((chain.to_string(), Vec::new()));
-        } else if line.starts_with("  [")
-            && let Some(last) = printed.last_mut()
-        {
-            last.1.push(line.trim().to_string());
-        }
+    let mut node = NodeConfig::new("n1", vec!["198.18.0.0/16".parse().unwrap(), "2001:db8:1::/48".parse().unwrap()]);
+    node.snoop = Some(egressd::dns::targets::SnoopSettings {
+        group: 4747,
+        servers: vec!["198.18.0.10".parse().unwrap(), "2001:db8:1::10".parse().unwrap()],
+        rate: 10_000,
+    });
+    let table = compile(&view(&docs), &node, &DnsAnswers::new()).table;
+    let text = table.render();
+    for shape in
+        ["log prefix", "limit rate over", "ip dscp set", "ip6 dscp set", "fib saddr", "ct original", "th sport"]
+    {
+        assert!(text.contains(shape), "the table has `{shape}`: {text}");
     }
-    let regular = table.chains.iter().filter(|(_, c)| c.hook.is_none());
-    let base = table.chains.iter().filter(|(_, c)| c.hook.is_some());
-    let ours: Vec<(String, Vec<String>)> = regular
-        .chain(base)
-        .flat_map(|(name, c)| c.rules.iter().map(move |r| (name.to_string(), egressd::nft::wire_debug(r).unwrap())))
-        .collect();
-    assert!(ours.len() >= 8, "the table has rules of every kind: {}", table.render());
-    assert_eq!(ours, printed, "{}", table.render());
+    let (compared, refused) = compare_expressions(&ns, &text);
+    assert!(refused.is_empty(), "refused: {refused:#?}");
+    assert!(compared >= 40, "{compared} rules compared: {text}");
+
+    let mut refused_golden = Vec::new();
+    for case in std::fs::read_dir("tests/golden").unwrap() {
+        let expected = std::fs::read_to_string(case.unwrap().path().join("expected.txt")).unwrap();
+        let table = expected.split("\n# ").next().unwrap().to_string() + "\n";
+        let (n, refused) = compare_expressions(&ns, &table);
+        assert!(n > 0, "{table}");
+        refused_golden.extend(refused);
+    }
+    assert!(refused_golden.is_empty(), "refused: {refused_golden:#?}");
+}
+
+/// Every golden table (firewall, DNS snooping, EgressQoS, EgressIP's marks, steering and
+/// NAT chains, ACL-free and logged) sent over netlink lists as `nft -f` loads it, as a
+/// full replace and as the change from the previous case's table.
+#[test]
+fn golden_tables_sent_over_netlink_list_as_nft_loads_them() {
+    netns::require_root();
+    let mut cases: Vec<_> = std::fs::read_dir("tests/golden").unwrap().map(|e| e.unwrap().path()).collect();
+    cases.sort();
+    let (wire, delta, text) = (Netns::new("wire-golden"), Netns::new("delta-golden"), Netns::new("text-golden"));
+    let mut previous: Option<Table> = None;
+    for case in cases {
+        let (node, links) = golden_case::case_inputs(&case);
+        let (desired, _) = egressd::agent::compile_manifests(&case.join("manifests"), &node, &links).unwrap();
+        let table: Table = (*desired.table).clone();
+        let sent = replace(&wire, table.clone());
+        assert!(sent.is_ok(), "{}: netlink replace failed: {sent:?}", case.display());
+        let changed = match previous.replace(table.clone()) {
+            None => replace(&delta, table.clone()),
+            Some(old) => delta.run({
+                let new = table.clone();
+                move || ElementWriter::open("egressd")?.apply_changes(&old, &new)
+            }),
+        };
+        assert!(changed.is_ok(), "{}: netlink change failed: {changed:?}", case.display());
+        text.exec(&["nft", "flush", "ruleset"]);
+        nft_load(&text, &table);
+        let loaded = text.table_json("egressd");
+        assert_eq!(wire.table_json("egressd"), loaded, "{}", case.display());
+        assert_eq!(in_any_order(delta.table_json("egressd")), in_any_order(loaded), "{} (change)", case.display());
+    }
 }

@@ -179,7 +179,9 @@ impl NftCli {
         match self.writer(table).and_then(send) {
             Ok(()) => true,
             Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
-                tracing::debug!(reason = %e, "{what} through nft: the netlink path does not write this table");
+                // Every rule egressd compiles is in the netlink path's vocabulary
+                // (`nft/wire.rs`): a rule outside it is a defect worth seeing.
+                tracing::warn!(reason = %e, "{what} through nft: the netlink path does not write this table");
                 false
             }
             Err(e) => {

@@ -12,11 +12,17 @@
 //! an error naming it: the caller then sends the table through `nft` as before.
 //!
 //! The vocabulary: `meta nfproto ipv4|ipv6`; `ip|ip6 saddr|daddr` followed by `@set`,
-//! `!= @set`, `vmap @map`, an address or a prefix; `tcp|udp|sctp dport <n>`; `ct
-//! direction original|reply`; a tagged lookup (`numgen random mod 1 offset <hi> .
-//! numgen random mod 1 offset <lo> . ip|ip6 daddr @set`, see [`super::Slot`]);
-//! `counter`; `counter name "<name>"`; `accept`, `drop`, `return`, `jump <chain>`,
-//! `goto <chain>`; `comment "<text>"` last.
+//! `!= @set`, `vmap @map`, an address or a prefix; `tcp|udp|sctp dport <n>`; `meta
+//! l4proto <proto>`, `meta l4proto { <proto>, … }` and then `th sport|dport <n>`; `ct
+//! direction original|reply`; `ct state new`; `ct original proto-dst <n>`; `ct original
+//! ip|ip6 saddr|daddr @set`; `fib saddr . iif oif missing`; a tagged lookup (`numgen
+//! random mod 1 offset <hi> . numgen random mod 1 offset <lo> . ip|ip6 daddr @set`, see
+//! [`super::Slot`]); `ip|ip6 dscp set <n>`; `limit rate [over] <n>/second burst <n>
+//! packets`; `log prefix "<text>" group <n> [queue-threshold <n>]`; `counter`; `counter
+//! name "<name>"`; `accept`, `drop`, `return`, `jump <chain>`, `goto <chain>`; `comment
+//! "<text>"` last; EgressIP's `meta mark set meta mark and <m> or <v>`, `ct mark set ct
+//! mark or <v>`, `meta|ct mark and <m> ==|!= <v>`, `rt ip|ip6 nexthop [!=] @set`, `snat
+//! ip|ip6 to <address>|ip saddr|ip6 saddr`. That is every rule egressd writes.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -30,9 +36,20 @@ const REG32_01: u32 = 9;
 /// `NFT_REG32_02`.
 const REG32_02: u32 = 10;
 
+const META_MARK: u32 = 3;
 const META_NFPROTO: u32 = 15;
 const META_L4PROTO: u32 = 16;
+const CT_STATE: u32 = 0;
 const CT_DIRECTION: u32 = 1;
+const CT_MARK: u32 = 3;
+const CT_PROTO_DST: u32 = 12;
+/// `NFT_CT_SRC_IP`; `DST_IP`, `SRC_IP6`, `DST_IP6` follow.
+const CT_SRC_IP: u32 = 19;
+/// `NF_CT_STATE_BIT(IP_CT_NEW)`.
+const CT_STATE_NEW: u8 = 8;
+/// `NFTA_FIB_F_SADDR | NFTA_FIB_F_IIF | NFTA_FIB_F_PRESENT`, result `NFT_FIB_RESULT_OIF`.
+const FIB_SADDR_IIF_PRESENT: u32 = 0x29;
+const FIB_RESULT_OIF: u32 = 1;
 const PAYLOAD_NETWORK: u32 = 1;
 const PAYLOAD_TRANSPORT: u32 = 2;
 const NFPROTO_IPV4: u8 = 2;
@@ -65,12 +82,34 @@ impl Code {
 pub(crate) enum Expr {
     /// `meta load <key> => reg`.
     Meta { key: u32, dreg: u32 },
-    /// `ct load <key> => reg`.
-    Ct { key: u32, dreg: u32 },
+    /// `ct load <key> => reg`, of the connection's `dir` (0 original, 1 reply) when given.
+    Ct { key: u32, dreg: u32, dir: Option<u8> },
     /// `payload load <len>b @ <base> header + <offset> => reg`.
     Payload { base: u32, offset: u32, len: u32, dreg: u32 },
     /// `cmp eq reg <data>`.
     Cmp { sreg: u32, data: Vec<u8> },
+    /// `cmp neq reg <data>`.
+    Neq { sreg: u32, data: Vec<u8> },
+    /// `payload write reg => <len>b @ <base> header + <offset>`, the checksum at
+    /// `csum_offset` updated when `csum_type` is 1 (inet).
+    PayloadWrite { base: u32, offset: u32, len: u32, sreg: u32, csum_type: u32, csum_offset: u32 },
+    /// `limit rate [over] <rate>/second burst <burst> packets`.
+    Limit { rate: u64, burst: u32, over: bool },
+    /// `log prefix "<prefix>" group <group> [queue-threshold <q>]`.
+    Log { prefix: String, group: u16, qthreshold: Option<u16> },
+    /// `fib saddr . iif oif present => reg` (0 when the source is not routed back
+    /// through the input interface).
+    Fib { dreg: u32 },
+    /// `meta set <key> with reg`.
+    MetaSet { key: u32, sreg: u32 },
+    /// `ct set <key> with reg`.
+    CtSet { key: u32, sreg: u32 },
+    /// `rt load nexthop4|nexthop6 => reg`.
+    Rt { v6: bool, dreg: u32 },
+    /// `immediate reg <data>` (a value, not a verdict).
+    Immediate { dreg: u32, data: Vec<u8> },
+    /// `nat snat ip|ip6 addr_min reg`.
+    Snat { v6: bool, sreg: u32 },
     /// `bitwise reg = (reg & mask) ^ xor`.
     Bitwise { reg: u32, mask: Vec<u8>, xor: Vec<u8> },
     /// `lookup reg set <set>` (its verdict into the verdict register for a map,
@@ -116,6 +155,8 @@ pub(crate) struct AnonSet {
 /// 1.0.6 sends it.
 const UDATA_ICMPV6_TYPE: &[u8] =
     &[0, 4, 2, 0, 0, 0, 3, 20, 0, 4, 7, 0, 0, 0, 1, 12, 0, 4, 14, 0, 0, 0, 1, 4, 1, 0, 0, 0];
+/// Userdata of a `meta l4proto { … }` set.
+const UDATA_L4PROTO: &[u8] = &[0, 4, 1, 0, 0, 0, 3, 14, 0, 4, 9, 0, 0, 0, 1, 6, 0, 4, 16, 0, 0, 0];
 const UDATA_PROTO_PORT: &[u8] = &[
     0, 4, 0, 0, 0, 0, 3, 46, 0, 4, 13, 0, 0, 0, 1, 38, 0, 14, 0, 4, 9, 0, 0, 0, 1, 6, 0, 4, 16, 0, 0, 0, 1, 20, 0, 4,
     7, 0, 0, 0, 1, 12, 0, 4, 11, 0, 0, 0, 1, 4, 2, 0, 0, 0,
@@ -172,6 +213,27 @@ fn words(rule: &str) -> Result<Vec<&str>, String> {
         rest = rest[end..].trim_start();
     }
     Ok(out)
+}
+
+/// The IP protocol number of a transport protocol's keyword.
+fn l4_number(word: Option<&&str>) -> Result<u8, String> {
+    match word {
+        Some(&"tcp") => Ok(6),
+        Some(&"udp") => Ok(17),
+        Some(&"sctp") => Ok(132),
+        other => Err(format!("protocol `{}` is not handled", other.unwrap_or(&""))),
+    }
+}
+
+/// A 32-bit mark (`0x…` or decimal) as the kernel holds it: host byte order.
+fn mark_value(word: Option<&&str>) -> Result<Vec<u8>, String> {
+    let w = word.ok_or("a mark expected")?;
+    let v = match w.strip_prefix("0x") {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => w.parse(),
+    }
+    .map_err(|_| format!("`{w}`: not a 32-bit mark"))?;
+    Ok(v.to_ne_bytes().to_vec())
 }
 
 fn quoted(word: Option<&&str>) -> Result<String, String> {
@@ -280,6 +342,33 @@ pub(crate) fn parse(rule: &str) -> Result<Rule, String> {
             fam @ ("ip" | "ip6") => {
                 let v6 = fam == "ip6";
                 require_family(&mut exprs, &mut family, if v6 { NFPROTO_IPV6 } else { NFPROTO_IPV4 })?;
+                if w.get(i + 1) == Some(&"dscp") {
+                    // `ip dscp set <n>`: the header's first two bytes rewritten with the
+                    // six DSCP bits replaced (IPv4: the second byte's top six, checksum
+                    // updated; IPv6: the traffic class straddles the two bytes).
+                    let d =
+                        u8::try_from(num(w.get(i + 3))?).ok().filter(|d| *d < 64).ok_or("a DSCP of 0-63 expected")?;
+                    if w.get(i + 2) != Some(&"set") {
+                        return Err(format!("`{fam} dscp` is only handled as `set`"));
+                    }
+                    exprs.push(Expr::Payload { base: PAYLOAD_NETWORK, offset: 0, len: 2, dreg: REG_1 });
+                    let (mask, xor, csum_type, csum_offset) = if v6 {
+                        (vec![0xf0, 0x3f], vec![d >> 2, (d & 3) << 6], 0, 0)
+                    } else {
+                        (vec![0xff, 0x03], vec![0, d << 2], 1, 10)
+                    };
+                    exprs.push(Expr::Bitwise { reg: REG_1, mask, xor });
+                    exprs.push(Expr::PayloadWrite {
+                        base: PAYLOAD_NETWORK,
+                        offset: 0,
+                        len: 2,
+                        sreg: REG_1,
+                        csum_type,
+                        csum_offset,
+                    });
+                    i += 4;
+                    continue;
+                }
                 let offset = match (w.get(i + 1), v6) {
                     (Some(&"saddr"), false) => 12,
                     (Some(&"daddr"), false) => 16,
@@ -315,11 +404,7 @@ pub(crate) fn parse(rule: &str) -> Result<Rule, String> {
                     return Err(format!("`{proto} {}` is not handled", w.get(i + 1).unwrap_or(&"")));
                 }
                 let port = u16::try_from(num(w.get(i + 2))?).map_err(|_| "a port above 65535".to_string())?;
-                let p = match proto {
-                    "tcp" => 6,
-                    "udp" => 17,
-                    _ => 132,
-                };
+                let p = l4_number(Some(&proto))?;
                 if l4.is_some() {
                     return Err("two transport protocols in one rule".into());
                 }
@@ -369,12 +454,7 @@ pub(crate) fn parse(rule: &str) -> Result<Rule, String> {
                     let [proto, port] = item[..] else {
                         return Err(format!("`{item:?}`: a protocol . port pair expected"));
                     };
-                    let p: u8 = match proto {
-                        "tcp" => 6,
-                        "udp" => 17,
-                        "sctp" => 132,
-                        _ => return Err(format!("protocol {proto} is not handled")),
-                    };
+                    let p = l4_number(Some(&proto))?;
                     let port: u16 = port.parse().map_err(|_| format!("`{port}`: not a port"))?;
                     let mut key = vec![p, 0, 0, 0];
                     key.extend(port.to_be_bytes());
@@ -397,13 +477,230 @@ pub(crate) fn parse(rule: &str) -> Result<Rule, String> {
                 anon.push(AnonSet { key_type: 0x30d, key_len: 8, udata: UDATA_PROTO_PORT, elements });
                 i = next;
             }
+            "meta" if w.get(i + 1) == Some(&"l4proto") && w.get(i + 2) == Some(&"{") => {
+                let (items, next) = braced(&w, i + 2)?;
+                let mut elements = Vec::new();
+                for item in items {
+                    let [proto] = item[..] else {
+                        return Err(format!("`{item:?}`: a protocol expected"));
+                    };
+                    elements.push(vec![l4_number(Some(&proto))?]);
+                }
+                if l4.is_some() {
+                    return Err("two transport protocols in one rule".into());
+                }
+                l4 = Some(0);
+                exprs.push(Expr::Meta { key: META_L4PROTO, dreg: REG_1 });
+                exprs.push(Expr::Lookup {
+                    set: "__set%d".into(),
+                    sreg: REG_1,
+                    verdict: false,
+                    invert: false,
+                    anon: Some(anon.len()),
+                });
+                anon.push(AnonSet { key_type: 12, key_len: 1, udata: UDATA_L4PROTO, elements });
+                i = next;
+            }
+            "meta" if w.get(i + 1) == Some(&"l4proto") => {
+                let p = l4_number(w.get(i + 2))?;
+                if l4.is_some() {
+                    return Err("two transport protocols in one rule".into());
+                }
+                exprs.push(Expr::Meta { key: META_L4PROTO, dreg: REG_1 });
+                exprs.push(Expr::Cmp { sreg: REG_1, data: vec![p] });
+                l4 = Some(p);
+                i += 3;
+            }
+            // `meta mark set meta mark and <keep> or <set>`.
+            "meta" if w.get(i + 1..i + 6) == Some(&["mark", "set", "meta", "mark", "and"][..]) => {
+                if w.get(i + 7) != Some(&"or") {
+                    return Err("`meta mark set meta mark and <m> or <v>` expected".into());
+                }
+                let (mask, xor) = (mark_value(w.get(i + 6))?, mark_value(w.get(i + 8))?);
+                exprs.push(Expr::Meta { key: META_MARK, dreg: REG_1 });
+                exprs.push(Expr::Bitwise { reg: REG_1, mask, xor });
+                exprs.push(Expr::MetaSet { key: META_MARK, sreg: REG_1 });
+                i += 9;
+            }
+            // `ct mark set ct mark or <bits>`.
+            "ct" if w.get(i + 1..i + 6) == Some(&["mark", "set", "ct", "mark", "or"][..]) => {
+                let bits = mark_value(w.get(i + 6))?;
+                let mask = bits.iter().map(|b| !b).collect();
+                exprs.push(Expr::Ct { key: CT_MARK, dreg: REG_1, dir: None });
+                exprs.push(Expr::Bitwise { reg: REG_1, mask, xor: bits });
+                exprs.push(Expr::CtSet { key: CT_MARK, sreg: REG_1 });
+                i += 7;
+            }
+            // `meta|ct mark and <m> ==|!= <v>`.
+            m @ ("meta" | "ct") if w.get(i + 1..i + 3) == Some(&["mark", "and"][..]) => {
+                let mask = mark_value(w.get(i + 3))?;
+                let value = mark_value(w.get(i + 5))?;
+                exprs.push(if m == "meta" {
+                    Expr::Meta { key: META_MARK, dreg: REG_1 }
+                } else {
+                    Expr::Ct { key: CT_MARK, dreg: REG_1, dir: None }
+                });
+                exprs.push(Expr::Bitwise { reg: REG_1, xor: vec![0; mask.len()], mask });
+                exprs.push(match w.get(i + 4) {
+                    Some(&"==") => Expr::Cmp { sreg: REG_1, data: value },
+                    Some(&"!=") => Expr::Neq { sreg: REG_1, data: value },
+                    _ => return Err(format!("`{m} mark and <m>` followed by == or != expected")),
+                });
+                i += 6;
+            }
+            // `rt ip|ip6 nexthop [!=] @set` (no family check: nft adds none).
+            "rt" => {
+                let v6 = match w.get(i + 1) {
+                    Some(&"ip") => false,
+                    Some(&"ip6") => true,
+                    _ => return Err("`rt ip|ip6 nexthop` expected".into()),
+                };
+                if w.get(i + 2) != Some(&"nexthop") {
+                    return Err("`rt ip|ip6 nexthop` expected".into());
+                }
+                let invert = w.get(i + 3) == Some(&"!=");
+                let at = i + 3 + usize::from(invert);
+                let set = set_name(w.get(at))?;
+                exprs.push(Expr::Rt { v6, dreg: REG_1 });
+                exprs.push(Expr::Lookup { set, sreg: REG_1, verdict: false, invert, anon: None });
+                i = at + 1;
+            }
+            // `snat ip|ip6 to <address>` or `snat ip|ip6 to ip|ip6 saddr`.
+            "snat" => {
+                let v6 = match (w.get(i + 1), w.get(i + 2)) {
+                    (Some(&"ip"), Some(&"to")) => false,
+                    (Some(&"ip6"), Some(&"to")) => true,
+                    _ => return Err("`snat ip|ip6 to` expected".into()),
+                };
+                let fam = if v6 { "ip6" } else { "ip" };
+                if w.get(i + 3) == Some(&fam) && w.get(i + 4) == Some(&"saddr") {
+                    require_family(&mut exprs, &mut family, if v6 { NFPROTO_IPV6 } else { NFPROTO_IPV4 })?;
+                    let (offset, len) = if v6 { (8, 16) } else { (12, 4) };
+                    exprs.push(Expr::Payload { base: PAYLOAD_NETWORK, offset, len, dreg: REG_1 });
+                    i += 5;
+                } else {
+                    let addr: IpAddr = w
+                        .get(i + 3)
+                        .and_then(|a| a.parse().ok())
+                        .filter(|a: &IpAddr| a.is_ipv6() == v6)
+                        .ok_or_else(|| format!("`snat {fam} to` an {fam} address expected"))?;
+                    if family.is_some_and(|f| f != if v6 { NFPROTO_IPV6 } else { NFPROTO_IPV4 }) {
+                        return Err("matches of both IPv4 and IPv6 in one rule".into());
+                    }
+                    let data = match addr {
+                        IpAddr::V4(a) => a.octets().to_vec(),
+                        IpAddr::V6(a) => a.octets().to_vec(),
+                    };
+                    exprs.push(Expr::Immediate { dreg: REG_1, data });
+                    i += 4;
+                }
+                exprs.push(Expr::Snat { v6, sreg: REG_1 });
+            }
+            "th" => {
+                let offset = match w.get(i + 1) {
+                    Some(&"sport") => 0,
+                    Some(&"dport") => 2,
+                    _ => return Err("`th sport` or `th dport` expected".into()),
+                };
+                if l4.is_none() {
+                    return Err("`th` before the transport protocol is known".into());
+                }
+                let port = u16::try_from(num(w.get(i + 2))?).map_err(|_| "a port above 65535".to_string())?;
+                exprs.push(Expr::Payload { base: PAYLOAD_TRANSPORT, offset, len: 2, dreg: REG_1 });
+                exprs.push(Expr::Cmp { sreg: REG_1, data: port.to_be_bytes().to_vec() });
+                i += 3;
+            }
+            "ct" if w.get(i + 1) == Some(&"state") => {
+                if w.get(i + 2) != Some(&"new") {
+                    return Err("only `ct state new` is handled".into());
+                }
+                exprs.push(Expr::Ct { key: CT_STATE, dreg: REG_1, dir: None });
+                exprs.push(Expr::Bitwise { reg: REG_1, mask: vec![CT_STATE_NEW, 0, 0, 0], xor: vec![0; 4] });
+                exprs.push(Expr::Neq { sreg: REG_1, data: vec![0; 4] });
+                i += 3;
+            }
+            "ct" if w.get(i + 1) == Some(&"original") && w.get(i + 2) == Some(&"proto-dst") => {
+                if l4.is_none() {
+                    return Err("`ct original proto-dst` before the transport protocol is known".into());
+                }
+                let port = u16::try_from(num(w.get(i + 3))?).map_err(|_| "a port above 65535".to_string())?;
+                exprs.push(Expr::Ct { key: CT_PROTO_DST, dreg: REG_1, dir: Some(0) });
+                exprs.push(Expr::Cmp { sreg: REG_1, data: port.to_be_bytes().to_vec() });
+                i += 4;
+            }
+            "ct" if w.get(i + 1) == Some(&"original") => {
+                // `ct original ip|ip6 saddr|daddr @set`, after a match that set the family.
+                let v6 = match w.get(i + 2) {
+                    Some(&"ip") => false,
+                    Some(&"ip6") => true,
+                    _ => return Err("`ct original` of ip, ip6 or proto-dst expected".into()),
+                };
+                if family != Some(if v6 { NFPROTO_IPV6 } else { NFPROTO_IPV4 }) {
+                    return Err("`ct original ip…` before a match of its family".into());
+                }
+                let key = CT_SRC_IP
+                    + match w.get(i + 3) {
+                        Some(&"saddr") => 0,
+                        Some(&"daddr") => 1,
+                        _ => return Err("`ct original ip saddr|daddr` expected".into()),
+                    }
+                    + if v6 { 2 } else { 0 };
+                let set = set_name(w.get(i + 4))?;
+                exprs.push(Expr::Ct { key, dreg: REG_1, dir: Some(0) });
+                exprs.push(Expr::Lookup { set, sreg: REG_1, verdict: false, invert: false, anon: None });
+                i += 5;
+            }
+            "limit" => {
+                // limit rate [over] <n>/second burst <b> packets
+                if w.get(i + 1) != Some(&"rate") {
+                    return Err("`limit rate` expected".into());
+                }
+                let mut j = i + 2;
+                let over = w.get(j) == Some(&"over");
+                if over {
+                    j += 1;
+                }
+                let rate = w
+                    .get(j)
+                    .and_then(|r| r.strip_suffix("/second"))
+                    .and_then(|r| r.parse::<u64>().ok())
+                    .ok_or("a rate `<n>/second` expected")?;
+                if w.get(j + 1) != Some(&"burst") || w.get(j + 3) != Some(&"packets") {
+                    return Err("`burst <n> packets` expected".into());
+                }
+                let burst = num(w.get(j + 2))?;
+                exprs.push(Expr::Limit { rate, burst, over });
+                i = j + 4;
+            }
+            "log" => {
+                if w.get(i + 1) != Some(&"prefix") || w.get(i + 3) != Some(&"group") {
+                    return Err("`log prefix \"…\" group <n>` expected".into());
+                }
+                let prefix = quoted(w.get(i + 2))?;
+                let group = u16::try_from(num(w.get(i + 4))?).map_err(|_| "a log group above 65535".to_string())?;
+                i += 5;
+                let mut qthreshold = None;
+                if w.get(i) == Some(&"queue-threshold") {
+                    qthreshold = Some(u16::try_from(num(w.get(i + 1))?).map_err(|_| "a queue threshold above 65535")?);
+                    i += 2;
+                }
+                exprs.push(Expr::Log { prefix, group, qthreshold });
+            }
+            "fib" => {
+                if w.get(i + 1..i + 6) != Some(&["saddr", ".", "iif", "oif", "missing"][..]) {
+                    return Err("only `fib saddr . iif oif missing` is handled".into());
+                }
+                exprs.push(Expr::Fib { dreg: REG_1 });
+                exprs.push(Expr::Cmp { sreg: REG_1, data: vec![0; 4] });
+                i += 6;
+            }
             "ct" if w.get(i + 1) == Some(&"direction") => {
                 let d = match w.get(i + 2) {
                     Some(&"original") => 0,
                     Some(&"reply") => 1,
                     _ => return Err("`ct direction` of original or reply expected".into()),
                 };
-                exprs.push(Expr::Ct { key: CT_DIRECTION, dreg: REG_1 });
+                exprs.push(Expr::Ct { key: CT_DIRECTION, dreg: REG_1, dir: None });
                 exprs.push(Expr::Cmp { sreg: REG_1, data: vec![d] });
                 i += 3;
             }
@@ -519,6 +816,16 @@ impl Expr {
         match self {
             Expr::Meta { .. } => "meta",
             Expr::Ct { .. } => "ct",
+            Expr::Neq { .. } => "cmp",
+            Expr::PayloadWrite { .. } => "payload",
+            Expr::Limit { .. } => "limit",
+            Expr::Log { .. } => "log",
+            Expr::Fib { .. } => "fib",
+            Expr::MetaSet { .. } => "meta",
+            Expr::CtSet { .. } => "ct",
+            Expr::Rt { .. } => "rt",
+            Expr::Immediate { .. } => "immediate",
+            Expr::Snat { .. } => "nat",
             Expr::Payload { .. } => "payload",
             Expr::Cmp { .. } => "cmp",
             Expr::Bitwise { .. } => "bitwise",
@@ -538,9 +845,67 @@ impl Expr {
                 put_u32(out, 2, *key);
                 put_u32(out, 1, *dreg);
             }
-            Expr::Ct { key, dreg } => {
+            Expr::Ct { key, dreg, dir } => {
                 put_u32(out, 2, *key);
                 put_u32(out, 1, *dreg);
+                if let Some(dir) = dir {
+                    put(out, 3, &[*dir]);
+                }
+            }
+            Expr::Neq { sreg, data } => {
+                put_u32(out, 1, *sreg);
+                put_u32(out, 2, 1);
+                put_data(out, 3, data);
+            }
+            Expr::PayloadWrite { base, offset, len, sreg, csum_type, csum_offset } => {
+                put_u32(out, 5, *sreg);
+                put_u32(out, 2, *base);
+                put_u32(out, 3, *offset);
+                put_u32(out, 4, *len);
+                if *csum_type != 0 {
+                    put_u32(out, 6, *csum_type);
+                    put_u32(out, 7, *csum_offset);
+                }
+            }
+            Expr::Limit { rate, burst, over } => {
+                put(out, 1, &rate.to_be_bytes());
+                put(out, 2, &1u64.to_be_bytes());
+                put_u32(out, 3, *burst);
+                put_u32(out, 4, 0);
+                put_u32(out, 5, u32::from(*over));
+            }
+            Expr::Log { prefix, group, qthreshold } => {
+                put_str(out, 2, prefix);
+                put(out, 1, &group.to_be_bytes());
+                if let Some(q) = qthreshold {
+                    put(out, 4, &q.to_be_bytes());
+                }
+            }
+            Expr::Fib { dreg } => {
+                put_u32(out, 3, FIB_SADDR_IIF_PRESENT);
+                put_u32(out, 2, FIB_RESULT_OIF);
+                put_u32(out, 1, *dreg);
+            }
+            Expr::MetaSet { key, sreg } => {
+                put_u32(out, 2, *key);
+                put_u32(out, 3, *sreg);
+            }
+            Expr::CtSet { key, sreg } => {
+                put_u32(out, 2, *key);
+                put_u32(out, 4, *sreg);
+            }
+            Expr::Rt { v6, dreg } => {
+                put_u32(out, 2, if *v6 { 2 } else { 1 });
+                put_u32(out, 1, *dreg);
+            }
+            Expr::Immediate { dreg, data } => {
+                put_u32(out, 1, *dreg);
+                put_data(out, 2, data);
+            }
+            Expr::Snat { v6, sreg } => {
+                put_u32(out, 1, 0);
+                put_u32(out, 2, u32::from(if *v6 { NFPROTO_IPV6 } else { NFPROTO_IPV4 }));
+                put_u32(out, 3, *sreg);
             }
             Expr::Payload { base, offset, len, dreg } => {
                 put_u32(out, 1, *dreg);
@@ -973,11 +1338,50 @@ impl fmt::Display for Expr {
         let meta = |k: u32| match k {
             META_NFPROTO => "nfproto",
             META_L4PROTO => "l4proto",
+            META_MARK => "mark",
+            _ => "?",
+        };
+        let ct = |k: u32| match k {
+            CT_STATE => "state",
+            CT_DIRECTION => "direction",
+            CT_MARK => "mark",
+            CT_PROTO_DST => "proto_dst",
+            19 => "src_ip",
+            20 => "dst_ip",
+            21 => "src_ip6",
+            22 => "dst_ip6",
             _ => "?",
         };
         match self {
             Expr::Meta { key, dreg } => write!(f, "[ meta load {} => reg {dreg} ]", meta(*key)),
-            Expr::Ct { dreg, .. } => write!(f, "[ ct load direction => reg {dreg} ]"),
+            Expr::Ct { key, dreg, dir } => {
+                write!(f, "[ ct load {} => reg {dreg}", ct(*key))?;
+                match dir {
+                    Some(0) => write!(f, " , dir original ]"),
+                    Some(_) => write!(f, " , dir reply ]"),
+                    None => write!(f, " ]"),
+                }
+            }
+            Expr::Neq { sreg, data } => write!(f, "[ cmp neq reg {sreg} {} ]", words_hex(data)),
+            Expr::PayloadWrite { base, offset, len, sreg, csum_type, csum_offset } => {
+                let b = if *base == PAYLOAD_NETWORK { "network" } else { "transport" };
+                write!(
+                    f,
+                    "[ payload write reg {sreg} => {len}b @ {b} header + {offset} csum_type {csum_type} csum_off {csum_offset} csum_flags 0x0 ]"
+                )
+            }
+            Expr::Limit { rate, burst, over } => {
+                write!(f, "[ limit rate {rate}/second burst {burst} type packets flags 0x{} ]", u8::from(*over))
+            }
+            Expr::Log { prefix, group, qthreshold } => {
+                write!(f, "[ log prefix {prefix} group {group} snaplen 0 qthreshold {} ]", qthreshold.unwrap_or(0))
+            }
+            Expr::Fib { dreg } => write!(f, "[ fib saddr . iif oif present => reg {dreg} ]"),
+            Expr::MetaSet { key, sreg } => write!(f, "[ meta set {} with reg {sreg} ]", meta(*key)),
+            Expr::CtSet { key, sreg } => write!(f, "[ ct set {} with reg {sreg} ]", ct(*key)),
+            Expr::Rt { v6, dreg } => write!(f, "[ rt load nexthop{} => reg {dreg} ]", if *v6 { 6 } else { 4 }),
+            Expr::Immediate { dreg, data } => write!(f, "[ immediate reg {dreg} {} ]", words_hex(data)),
+            Expr::Snat { v6, sreg } => write!(f, "[ nat snat ip{} addr_min reg {sreg} ]", if *v6 { "6" } else { "" }),
             Expr::Payload { base, offset, len, dreg } => {
                 let b = if *base == PAYLOAD_NETWORK { "network" } else { "transport" };
                 write!(f, "[ payload load {len}b @ {b} header + {offset} => reg {dreg} ]")
@@ -1084,11 +1488,135 @@ mod tests {
     }
 
     #[test]
+    fn snooping_logging_and_dscp_are_the_expressions_nft_generates() {
+        // As `nft --debug=netlink` 1.0.6 prints them (tests/wire_netns.rs compares
+        // whole compiled tables the same way).
+        assert_eq!(
+            debug(r#"limit rate over 100/second burst 100 packets counter name "snoop-over-query" return"#),
+            [
+                "[ limit rate 100/second burst 100 type packets flags 0x1 ]",
+                "[ objref type 1 name snoop-over-query ]",
+                "[ immediate reg 0 return ]",
+            ]
+        );
+        assert_eq!(
+            debug(r#"log prefix "egressd-dns-q " group 7 queue-threshold 1"#),
+            ["[ log prefix egressd-dns-q  group 7 snaplen 0 qthreshold 1 ]"]
+        );
+        assert_eq!(
+            debug(
+                "meta l4proto udp ct original proto-dst 53 ct direction reply ip daddr @p fib saddr . iif oif missing goto c"
+            )[2..],
+            [
+                "[ ct load proto_dst => reg 1 , dir original ]",
+                "[ cmp eq reg 1 0x00003500 ]",
+                "[ ct load direction => reg 1 ]",
+                "[ cmp eq reg 1 0x00000001 ]",
+                "[ meta load nfproto => reg 1 ]",
+                "[ cmp eq reg 1 0x00000002 ]",
+                "[ payload load 4b @ network header + 16 => reg 1 ]",
+                "[ lookup reg 1 set p ]",
+                "[ fib saddr . iif oif present => reg 1 ]",
+                "[ cmp eq reg 1 0x00000000 ]",
+                "[ immediate reg 0 goto -> c ]",
+            ]
+        );
+        assert_eq!(
+            debug("ct direction reply ip6 daddr @p ct original ip6 daddr @s goto c")[6],
+            "[ ct load dst_ip6 => reg 1 , dir original ]"
+        );
+        let l4 = parse("meta l4proto { udp, tcp } th sport 53 accept").unwrap();
+        assert_eq!(l4.anon[0].elements, [vec![17], vec![6]]);
+        assert_eq!(
+            debug("ct state new accept")[..3],
+            [
+                "[ ct load state => reg 1 ]",
+                "[ bitwise reg 1 = ( reg 1 & 0x00000008 ) ^ 0x00000000 ]",
+                "[ cmp neq reg 1 0x00000000 ]",
+            ]
+        );
+        assert_eq!(
+            debug("meta nfproto ipv4 ip dscp set 46 counter return")[2..5],
+            [
+                "[ payload load 2b @ network header + 0 => reg 1 ]",
+                "[ bitwise reg 1 = ( reg 1 & 0x000003ff ) ^ 0x0000b800 ]",
+                "[ payload write reg 1 => 2b @ network header + 0 csum_type 1 csum_off 10 csum_flags 0x0 ]",
+            ]
+        );
+        assert_eq!(
+            debug("meta nfproto ipv6 ip6 dscp set 10 counter return")[3],
+            "[ bitwise reg 1 = ( reg 1 & 0x00003ff0 ) ^ 0x00008002 ]"
+        );
+    }
+
+    #[test]
+    fn egress_ip_marks_and_nat_are_the_expressions_nft_generates() {
+        assert_eq!(
+            debug("meta mark set meta mark and 0xff00ffff or 0x00010000"),
+            [
+                "[ meta load mark => reg 1 ]",
+                "[ bitwise reg 1 = ( reg 1 & 0xff00ffff ) ^ 0x00010000 ]",
+                "[ meta set mark with reg 1 ]",
+            ]
+        );
+        assert_eq!(
+            debug("snat ip to 198.19.0.50"),
+            ["[ immediate reg 1 0x320013c6 ]", "[ nat snat ip addr_min reg 1 ]"]
+        );
+        assert_eq!(
+            debug("snat ip6 to 2001:db8:19::50")[0],
+            "[ immediate reg 1 0xb80d0120 0x00001900 0x00000000 0x50000000 ]"
+        );
+        assert_eq!(
+            debug(
+                "meta mark and 0x00ff0000 != 0 rt ip nexthop @g4 ct mark set ct mark or 0x00ff0000 counter snat ip to ip saddr"
+            ),
+            [
+                "[ meta load mark => reg 1 ]",
+                "[ bitwise reg 1 = ( reg 1 & 0x00ff0000 ) ^ 0x00000000 ]",
+                "[ cmp neq reg 1 0x00000000 ]",
+                "[ rt load nexthop4 => reg 1 ]",
+                "[ lookup reg 1 set g4 ]",
+                "[ ct load mark => reg 1 ]",
+                "[ bitwise reg 1 = ( reg 1 & 0xff00ffff ) ^ 0x00ff0000 ]",
+                "[ ct set mark with reg 1 ]",
+                "[ counter pkts 0 bytes 0 ]",
+                "[ meta load nfproto => reg 1 ]",
+                "[ cmp eq reg 1 0x00000002 ]",
+                "[ payload load 4b @ network header + 12 => reg 1 ]",
+                "[ nat snat ip addr_min reg 1 ]",
+            ]
+        );
+        assert_eq!(
+            debug(
+                "ct direction original ct mark and 0x00ff0000 == 0x00ff0000 meta nfproto ipv6 rt ip6 nexthop != @g6 counter drop"
+            )[2..9],
+            [
+                "[ ct load mark => reg 1 ]",
+                "[ bitwise reg 1 = ( reg 1 & 0x00ff0000 ) ^ 0x00000000 ]",
+                "[ cmp eq reg 1 0x00ff0000 ]",
+                "[ meta load nfproto => reg 1 ]",
+                "[ cmp eq reg 1 0x0000000a ]",
+                "[ rt load nexthop6 => reg 1 ]",
+                "[ lookup reg 1 set g6 0x1 ]",
+            ]
+        );
+    }
+
+    #[test]
     fn what_is_not_in_the_vocabulary_is_refused_by_name() {
         for rule in [
-            "ip daddr @a ip dscp set 8 return",
-            "meta l4proto { udp, tcp } accept",
-            "snat ip to 192.0.2.1",
+            "ip daddr @a ip dscp set 64 return",
+            "meta l4proto { udp, icmp } accept",
+            "th dport 53 accept",
+            "ct original ip daddr @s accept",
+            "ct state established accept",
+            "fib daddr type local accept",
+            "limit rate 10/minute accept",
+            "dnat ip to 192.0.2.1",
+            "snat ip to 2001:db8::1",
+            "rt ip6 nexthop 2001:db8::1 accept",
+            "meta mark set 0x1",
             "accept drop",
             r#"comment "x" accept"#,
             "ip daddr @a ip6 daddr @b accept",

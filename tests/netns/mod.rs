@@ -292,6 +292,13 @@ impl Agent {
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// The log lines of syncs that went through the `nft` program although the
+    /// transport is netlink (a rule the in-process encoder does not write, or a batch the
+    /// kernel refused): none is expected, every table egressd writes goes in-process.
+    pub fn nft_fallbacks(&self) -> Vec<String> {
+        self.log_text().lines().filter(|l| l.contains("through nft")).map(str::to_string).collect()
+    }
 }
 
 impl Drop for Agent {
