@@ -17,6 +17,8 @@
 # Needs root, iperf3, iptables (nft backend), nftables: bench/prereqs.sh installs them.
 #
 #   bench/forwarding.sh     # RUNS=5 SECS=5 NS=1000 RULES=100 POS=50
+#   CONFIGS="none none-ct egressd" bench/forwarding.sh   # a subset of the set-ups (with
+#                                                        # none and none-ct: the ratios)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-5} SECS=${SECS:-5} NSN=${NS:-1000} RULES=${RULES:-100} POS=${POS:-50}
@@ -127,7 +129,7 @@ setup() { # config
   esac
 }
 declare -A results
-configs=(none none-ct egressd egressd-alt ipt-1k ipt-10k)
+read -r -a configs <<<"${CONFIGS:-none none-ct egressd egressd-alt ipt-1k ipt-10k}"
 for ((run = 1; run <= RUNS; run++)); do
   for c in "${configs[@]}"; do
     setup "$c"

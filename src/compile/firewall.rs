@@ -241,31 +241,43 @@ const CLUSTER_V6: &str = "cluster-v6";
 const PODS_V4: &str = "fw-pods-v4";
 const PODS_V6: &str = "fw-pods-v6";
 
-fn exempt_sets(node: &NodeConfig, table: &mut Table) -> Vec<IpNet> {
+/// Most cluster and Service ranges of one family compared in the base chain's own rules;
+/// a family with more has them in the interval set `cluster-v4` / `cluster-v6`.
+/// Every packet passes these rules: comparing a prefix costs it less than an interval
+/// set lookup (bench/FINDINGS.md, "2026-11-25 (fifth)").
+const INLINE_EXEMPT: usize = 2;
+
+/// The exempt (cluster and Service) ranges, and the base chain's rules accepting them.
+fn exempt_rules(node: &NodeConfig, table: &mut Table) -> (Vec<IpNet>, Vec<String>) {
     let merged = node.exempt_ranges();
-    let exempt = merged.clone();
-    let mut v4 = Set::new(KeyType::Ipv4, true);
-    let mut v6 = Set::new(KeyType::Ipv6, true);
-    for net in merged {
-        let set = if net.addr().is_ipv4() { &mut v4 } else { &mut v6 };
-        set.elements.insert(net.to_compact_string(), Text::default());
+    let mut rules = Vec::new();
+    for (family, v4, name) in [("ip", true, CLUSTER_V4), ("ip6", false, CLUSTER_V6)] {
+        let nets: Vec<&IpNet> = merged.iter().filter(|n| n.addr().is_ipv4() == v4).collect();
+        if nets.len() <= INLINE_EXEMPT {
+            rules.extend(nets.iter().map(|n| format!("{} accept", addr_match(family, [*n]))));
+        } else {
+            let mut set = Set::new(if v4 { KeyType::Ipv4 } else { KeyType::Ipv6 }, true);
+            set.elements = nets.iter().map(|n| (n.to_compact_string(), Text::default())).collect();
+            table.sets.insert(name.into(), set);
+            rules.push(format!("{family} daddr @{name} accept"));
+        }
     }
-    table.sets.insert(CLUSTER_V4.into(), v4);
-    table.sets.insert(CLUSTER_V6.into(), v6);
-    exempt
+    (merged, rules)
 }
 
-fn base_chain() -> Chain {
+/// The base chain: replies pass, the exempt ranges pass, then each pod's namespace
+/// chain. Every packet entering the node walks it, so what IPv4 packets never match
+/// comes after their verdict.
+fn base_chain(exempt: Vec<String>) -> Chain {
     let mut rules = vec!["ct direction reply accept".to_string()];
+    rules.extend(exempt);
+    rules.push(format!("ip saddr vmap @{PODS_V4}"));
     // Neighbour discovery to the node must never be filtered (ARP is not seen by inet
     // hooks at all).
     rules.push(
         "icmpv6 type { nd-router-solicit, nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert, nd-redirect } accept"
             .to_string(),
     );
-    rules.push(format!("ip daddr @{CLUSTER_V4} accept"));
-    rules.push(format!("ip6 daddr @{CLUSTER_V6} accept"));
-    rules.push(format!("ip saddr vmap @{PODS_V4}"));
     rules.push(format!("ip6 saddr vmap @{PODS_V6}"));
     Chain::base(Hook { chain_type: "filter", hook: "prerouting", priority: "filter" }, rules)
 }
@@ -374,11 +386,13 @@ fn static_targets(rule: &FirewallRule, ctx: &Ctx) -> Option<BTreeSet<IpNet>> {
 }
 
 /// The nft rules of merged runs ([`super::runs`]): one per family and port set, with
-/// the run's counter and comment, its destinations (more than one) in a named interval
-/// set of the namespace (`<chain>-r<k>`, numbered in chain order, added to `sets`). The
-/// chain's shape then depends on the actions and port sets: editing a destination of a
-/// merged run, or a node's addresses, changes elements, not rules, and the kernel
-/// re-validates nothing.
+/// the run's counter and comment, its destinations (more than one) in named sets of the
+/// namespace (`<chain>-r<k>`, numbered in chain order, added to `sets`): of one or two
+/// prefix lengths, a hash set of networks per length and a rule looking up the masked
+/// destination in it (`ip daddr and 255.255.255.0 @fw-ns-r0`); of more, one interval
+/// set. The chain's shape then depends on the actions, port sets and prefix lengths:
+/// editing a destination of a merged run (same length), or a node's addresses, changes
+/// elements, not rules, and the kernel re-validates nothing.
 fn run_statements(rules: &[super::runs::StaticRule], chain: &str, sets: &mut Vec<(Text, Set)>) -> Vec<String> {
     let mut out = Vec::new();
     for run in super::runs::merge(rules) {
@@ -388,25 +402,41 @@ fn run_statements(rules: &[super::runs::StaticRule], chain: &str, sets: &mut Vec
         };
         for m in &run.matches {
             let family = if m.v4 { "ip" } else { "ip6" };
-            let matched = if m.addrs.len() == 1 {
+            let key = if m.v4 { KeyType::Ipv4 } else { KeyType::Ipv6 };
+            let mut matched = Vec::new();
+            if m.addrs.len() == 1 {
                 // One destination is compared in the rule: a set per rule would make the
                 // kernel, which finds sets by name in a list, quadratic in the rules
                 // when actions alternate (100k sets: minutes to load).
-                addr_match(family, &m.addrs)
+                matched.push(addr_match(family, &m.addrs));
+            } else if let Some(groups) = super::runs::by_length(&m.listed) {
+                // Destinations of one or two prefix lengths: per length, the destination
+                // masked to it looked up among the networks (a hash set).
+                for (len, nets) in groups {
+                    let name = format!("{chain}-r{}", sets.len());
+                    let elements = nets.iter().map(|n| (n.network().to_compact_string(), Text::default())).collect();
+                    sets.push((name.as_str().into(), Set { elements, ..Set::new(key, false) }));
+                    let full = if m.v4 { 32 } else { 128 };
+                    matched.push(match nets.first() {
+                        Some(n) if len < full => format!("{family} daddr and {} @{name}", n.netmask()),
+                        _ => format!("{family} daddr @{name}"),
+                    });
+                }
             } else {
                 let name = format!("{chain}-r{}", sets.len());
                 // Collected, not inserted one by one: built from sorted keys, the map's
                 // nodes are full (a third less memory at 100k ranges).
                 let elements = m.addrs.iter().map(|n| (n.to_compact_string(), Text::default())).collect();
-                let set = Set { elements, ..Set::new(if m.v4 { KeyType::Ipv4 } else { KeyType::Ipv6 }, true) };
-                sets.push((name.as_str().into(), set));
-                format!("{family} daddr @{name}")
-            };
-            out.push(format!(
-                "{matched}{} counter name \"{total}\" counter {verdict} comment \"{}\"",
-                ports_match(&m.ports),
-                run.comment()
-            ));
+                sets.push((name.as_str().into(), Set { elements, ..Set::new(key, true) }));
+                matched.push(format!("{family} daddr @{name}"));
+            }
+            for matched in matched {
+                out.push(format!(
+                    "{matched}{} counter name \"{total}\" counter {verdict} comment \"{}\"",
+                    ports_match(&m.ports),
+                    run.comment()
+                ));
+            }
         }
     }
     out
@@ -719,7 +749,7 @@ pub(super) fn compile(
         cache.out = Output::default();
         return;
     }
-    let exempt = exempt_sets(node, table);
+    let (exempt, exempt_accepts) = exempt_rules(node, table);
     // The nodes' version is the view's stamp of its nodes (new with every change, never
     // the same for different nodes): chains with nodeSelector rules are reused while it
     // stays the same.
@@ -809,5 +839,5 @@ pub(super) fn compile(
 
     table.sets.insert(PODS_V4.into(), Set { elements: v4, ..Set::verdict_map(KeyType::Ipv4) });
     table.sets.insert(PODS_V6.into(), Set { elements: v6, ..Set::verdict_map(KeyType::Ipv6) });
-    table.chains.insert(FIREWALL_CHAIN.into(), base_chain());
+    table.chains.insert(FIREWALL_CHAIN.into(), base_chain(exempt_accepts));
 }

@@ -39,6 +39,8 @@ pub(super) struct Match {
     pub v4: bool,
     /// Destinations, aggregated (no overlaps, adjacent prefixes joined).
     pub addrs: Vec<IpNet>,
+    /// Destinations as listed, without those inside another ([`by_length`] groups them).
+    pub listed: Vec<IpNet>,
     /// Protocol/port pairs; empty: every packet.
     pub ports: Ports,
 }
@@ -89,13 +91,48 @@ pub(super) fn merge(rules: &[StaticRule]) -> Vec<Run> {
             for (ports, [v4, v6]) in groups {
                 for (is_v4, addrs) in [(true, v4), (false, v6)] {
                     if !addrs.is_empty() {
-                        matches.push(Match { v4: is_v4, addrs: IpNet::aggregate(&addrs), ports: ports.clone() });
+                        matches.push(Match {
+                            v4: is_v4,
+                            addrs: IpNet::aggregate(&addrs),
+                            listed: outermost(addrs),
+                            ports: ports.clone(),
+                        });
                     }
                 }
             }
             Run { first, last, action, matches }
         })
         .collect()
+}
+
+/// `nets` without the prefixes inside another of them (and without duplicates), sorted.
+fn outermost(mut nets: Vec<IpNet>) -> Vec<IpNet> {
+    // By network address, a prefix before the longer ones it contains.
+    nets.iter_mut().for_each(|n| *n = n.trunc());
+    nets.sort();
+    let mut out: Vec<IpNet> = Vec::with_capacity(nets.len());
+    for n in nets {
+        // Sorted, a prefix containing `n` is the last one kept, if any is.
+        if !out.last().is_some_and(|last| last.contains(&n)) {
+            out.push(n);
+        }
+    }
+    out
+}
+
+/// Most prefix lengths a match's destinations may have to be looked up by length.
+pub(super) const MAX_LENGTHS: usize = 2;
+
+/// A match's destinations (`listed`) by prefix length, for one exact-match lookup of
+/// the masked destination address per length (a hash set: cheaper per packet than an
+/// interval set lookup, bench/FINDINGS.md), or `None` when they have more than
+/// [`MAX_LENGTHS`] lengths (then one interval set holds them all).
+pub(super) fn by_length(listed: &[IpNet]) -> Option<BTreeMap<u8, Vec<IpNet>>> {
+    let mut groups: BTreeMap<u8, Vec<IpNet>> = BTreeMap::new();
+    for n in listed {
+        groups.entry(n.prefix_len()).or_default().push(*n);
+    }
+    (groups.len() <= MAX_LENGTHS).then_some(groups)
 }
 
 /// Whether a packet to `dst` (with its protocol and destination port, when it has one)
@@ -188,6 +225,44 @@ mod tests {
             let runs = merge(&rules);
             for (dst, port) in packets {
                 prop_assert_eq!(merged(&runs, dst, port), first_match(&rules, dst, port), "{} {:?}\n{:?}", dst, port, runs);
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        /// The lookups by length (the destination masked to each length, looked up
+        /// exactly among that length's networks) match what the destinations contain.
+        #[test]
+        fn lookups_by_length_match_the_destinations(
+            nets in prop_oneof![
+                prop::collection::vec(net(), 1..8),
+                // At most two lengths, so the lookups by length are taken.
+                prop::collection::vec(
+                    (0u8..=255, prop_oneof![Just(24u8), Just(30)])
+                        .prop_map(|(x, len)| IpNet::new(IpAddr::from([198, 51, 100, x]), len).unwrap().trunc()),
+                    1..12,
+                ),
+                prop::collection::vec(
+                    (0u16..300, prop_oneof![Just(120u8), Just(128)])
+                        .prop_map(|(x, len)| IpNet::new(IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, x]), len).unwrap().trunc()),
+                    1..12,
+                ),
+            ],
+            packets in prop::collection::vec(packet(), 1..40),
+        ) {
+            let listed = outermost(nets.clone());
+            for w in listed.windows(2) {
+                prop_assert!(!w[0].contains(&w[1]) && !w[1].contains(&w[0]), "{:?}", listed);
+            }
+            if let Some(groups) = by_length(&listed) {
+                prop_assert!(groups.len() <= MAX_LENGTHS);
+                for (dst, _) in packets {
+                    let looked_up = groups.iter().any(|(len, nets)| {
+                        IpNet::new(dst, *len).is_ok_and(|masked| nets.iter().any(|n| n.network() == masked.network()))
+                    });
+                    prop_assert_eq!(looked_up, nets.iter().any(|n| n.contains(&dst)), "{} {:?}", dst, groups);
+                }
             }
         }
     }

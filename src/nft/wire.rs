@@ -12,7 +12,7 @@
 //! an error naming it: the caller then sends the table through `nft` as before.
 //!
 //! The vocabulary: `meta nfproto ipv4|ipv6`; `ip|ip6 saddr|daddr` followed by `@set`,
-//! `!= @set`, `vmap @map`, an address or a prefix; `tcp|udp|sctp dport <n>`; `meta
+//! `!= @set`, `and <mask> @set`, `vmap @map`, an address or a prefix; `tcp|udp|sctp dport <n>`; `meta
 //! l4proto <proto>`, `meta l4proto { <proto>, … }` and then `th sport|dport <n>`; `ct
 //! direction original|reply`; `ct state new`; `ct original proto-dst <n>`; `ct original
 //! ip|ip6 saddr|daddr @set`; `fib saddr . iif oif missing`; a tagged lookup (`numgen
@@ -377,6 +377,20 @@ pub(crate) fn parse(rule: &str) -> Result<Rule, String> {
                     _ => return Err(format!("`{fam} {}` is not handled", w.get(i + 1).unwrap_or(&""))),
                 };
                 let len = if v6 { 16 } else { 4 };
+                // `and <mask> @set`: the address masked to a prefix, looked up.
+                if w.get(i + 2) == Some(&"and") {
+                    let mask = match w.get(i + 3).and_then(|m| m.parse::<IpAddr>().ok()) {
+                        Some(IpAddr::V4(m)) if !v6 => m.octets().to_vec(),
+                        Some(IpAddr::V6(m)) if v6 => m.octets().to_vec(),
+                        _ => return Err(format!("`{fam} … and` takes a mask of its family")),
+                    };
+                    let set = set_name(w.get(i + 4))?;
+                    exprs.push(Expr::Payload { base: PAYLOAD_NETWORK, offset, len, dreg: REG_1 });
+                    exprs.push(Expr::Bitwise { reg: REG_1, xor: vec![0; mask.len()], mask });
+                    exprs.push(Expr::Lookup { set, sreg: REG_1, verdict: false, invert: false, anon: None });
+                    i += 5;
+                    continue;
+                }
                 // `@set`, `!= @set` or `vmap @map`: the address looked up.
                 let lookup = match w.get(i + 2) {
                     Some(s) if s.starts_with('@') => Some((false, false, 3)),
@@ -1462,6 +1476,23 @@ mod tests {
         assert_eq!(debug("ip daddr 0.0.0.0/0 drop")[3], "[ bitwise reg 1 = ( reg 1 & 0x00000000 ) ^ 0x00000000 ]");
         assert!(parse("ip daddr 198.51.100.1/24 drop").is_err(), "host bits");
         assert!(parse("ip daddr 2001:db8::/32 drop").is_err(), "family");
+    }
+
+    #[test]
+    fn a_masked_lookup_is_payload_bitwise_lookup() {
+        assert_eq!(
+            debug("ip daddr and 255.255.255.0 @a counter accept")[2..5],
+            [
+                "[ payload load 4b @ network header + 16 => reg 1 ]",
+                "[ bitwise reg 1 = ( reg 1 & 0x00ffffff ) ^ 0x00000000 ]",
+                "[ lookup reg 1 set a ]",
+            ]
+        );
+        assert_eq!(
+            debug("ip6 daddr and ffff:ffff:ffff:ffff:: @b accept")[3],
+            "[ bitwise reg 1 = ( reg 1 & 0xffffffff 0xffffffff 0x00000000 0x00000000 ) ^ 0x00000000 0x00000000 0x00000000 0x00000000 ]"
+        );
+        assert!(parse("ip daddr and ffff:: @a accept").is_err(), "a mask of the other family");
     }
 
     #[test]
