@@ -387,10 +387,10 @@ fn static_targets(rule: &FirewallRule, ctx: &Ctx) -> Option<BTreeSet<IpNet>> {
 
 /// The nft rules of merged runs ([`super::runs`]): one per family and port set, with
 /// the run's counter and comment, its destinations (more than one) in named sets of the
-/// namespace (`<chain>-r<k>`, numbered in chain order, added to `sets`): of one or two
-/// prefix lengths, a hash set of networks per length and a rule looking up the masked
-/// destination in it (`ip daddr and 255.255.255.0 @fw-ns-r0`); of more, one interval
-/// set. The chain's shape then depends on the actions, port sets and prefix lengths:
+/// namespace (numbered in chain order, added to `sets`): of one or two prefix lengths, a
+/// hash set of networks per length (`<chain>-h<k>`) and a rule looking up the masked
+/// destination in it (`ip daddr and 255.255.255.0 @fw-ns-h0`); of more, one interval
+/// set (`<chain>-r<k>`). The chain's shape then depends on the actions, port sets and prefix lengths:
 /// editing a destination of a merged run (same length), or a node's addresses, changes
 /// elements, not rules, and the kernel re-validates nothing.
 fn run_statements(rules: &[super::runs::StaticRule], chain: &str, sets: &mut Vec<(Text, Set)>) -> Vec<String> {
@@ -413,7 +413,10 @@ fn run_statements(rules: &[super::runs::StaticRule], chain: &str, sets: &mut Vec
                 // Destinations of one or two prefix lengths: per length, the destination
                 // masked to it looked up among the networks (a hash set).
                 for (len, nets) in groups {
-                    let name = format!("{chain}-r{}", sets.len());
+                    // Named apart from the interval sets (`h`, not `r`): a run switching
+                    // between the two kinds then creates and deletes sets, where a set
+                    // changing its declaration would make the change a full replace.
+                    let name = format!("{chain}-h{}", sets.len());
                     let elements = nets.iter().map(|n| (n.network().to_compact_string(), Text::default())).collect();
                     sets.push((name.as_str().into(), Set { elements, ..Set::new(key, false) }));
                     let full = if m.v4 { 32 } else { 128 };

@@ -344,6 +344,34 @@ mod tests {
         );
     }
 
+    fn firewall(cidrs: &[&str]) -> String {
+        let rules: String = cidrs.iter().map(|c| format!("  - {{type: Allow, to: {{cidrSelector: {c}}}}}\n")).collect();
+        format!(
+            "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {{name: default, namespace: a}}\nspec:\n  egress:\n{rules}{}",
+            pod("p1", "198.18.1.1", "web")
+        )
+    }
+
+    #[test]
+    fn a_run_edited_within_its_prefix_lengths_is_element_changes_and_never_a_full_replace() {
+        let two = firewall(&["192.0.2.0/24", "198.51.100.0/24"]);
+        // Same length: elements of the run's hash set.
+        assert_eq!(
+            script(&two, &firewall(&["192.0.2.0/24", "203.0.113.0/24"])),
+            "delete element inet egressd fw-a-h0 { 198.51.100.0 }\nadd element inet egressd fw-a-h0 { 203.0.113.0 }\n"
+        );
+        // A second length: a set and a rule more; a third: the run becomes one interval
+        // set, named apart, so no set changes its declaration (which only a full
+        // replace could do).
+        let mixed = firewall(&["192.0.2.0/24", "198.51.100.0/25"]);
+        let three = firewall(&["192.0.2.0/24", "198.51.100.0/25", "203.0.113.7/32"]);
+        for (before, after) in [(&two, &mixed), (&mixed, &three), (&three, &two)] {
+            let s = script(before, after);
+            assert!(!s.is_empty() && !s.contains("delete table"), "{s}");
+        }
+        assert!(script(&mixed, &three).contains("add set inet egressd fw-a-r0 "), "{}", script(&mixed, &three));
+    }
+
     #[test]
     fn a_label_change_is_one_element_removal() {
         let before = format!("{POLICY}{}{}", pod("p1", "198.18.1.1", "web"), pod("p2", "198.18.1.2", "web"));
