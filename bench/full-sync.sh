@@ -13,6 +13,9 @@
 # over IDLE=20 seconds without changes. Needs root.
 #
 #   bench/full-sync.sh        # NS=1000 RULES=100 (100k rules) PODS=10000
+#   EDIT_TO=100.0.207.0/24 bench/full-sync.sh   # the edited rule's new destination (default
+#     100.0.7.128/25: a prefix length its run lacks, so a set and a rule are added; a /24
+#     not in the run is an element change)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NSN=${NS:-1000} RULES=${RULES:-100} PODS=${PODS:-10000} REPEAT=${REPEAT:-11}
@@ -35,9 +38,9 @@ cleanup() {
 trap cleanup EXIT
 ip netns add "$NET"; ip -n "$NET" link set lo up
 mkdir "$WORK/m"
-python3 - "$NSN" "$RULES" "$PODS" "$WORK/m" <<'PY'
+python3 - "$NSN" "$RULES" "$PODS" "$WORK/m" "${EDIT_TO:-100.0.7.128/25}" <<'PY'
 import sys
-ns, rules, pods, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+ns, rules, pods, out, edit_to = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
 def firewall(n, variant=0):
     lines = [f"apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {{name: default, namespace: ns{n}}}\nspec:\n  egress:"]
     for r in range(rules - 1):
@@ -60,7 +63,7 @@ def nodes(egress):
                    f"status: {{addresses: [{{type: InternalIP, address: 203.0.113.{i + 1}}}]}}\n" for i in range(10))
 open(f"{out}/nodes.yaml", "w").write(nodes({0, 2, 4, 6, 8}))
 open(f"{out}/../label-node.yaml", "w").write(nodes({0, 1, 2, 4, 6, 8}))
-open(f"{out}/../edit-rule.yaml", "w").write(firewall(7).replace("100.0.7.0/24", "100.0.7.128/25", 1))
+open(f"{out}/../edit-rule.yaml", "w").write(firewall(7).replace("100.0.7.0/24", edit_to, 1))
 open(f"{out}/../replace-ns.yaml", "w").write(firewall(8, variant=50))
 PY
 NO_COLOR=1 ip netns exec "$NET" "$BIN" run --manifests "$WORK/m" --node-name bench --cluster-cidr 198.18.0.0/15 \
