@@ -215,6 +215,47 @@ fn words(rule: &str) -> Result<Vec<&str>, String> {
     Ok(out)
 }
 
+/// Record the rule's transport protocol (`0`: one of a set's): a rule has one.
+fn set_l4(l4: &mut Option<u8>, p: u8) -> Result<(), String> {
+    if l4.is_some() {
+        return Err("two transport protocols in one rule".into());
+    }
+    *l4 = Some(p);
+    Ok(())
+}
+
+/// `meta l4proto <p>`, as nft generates it (also the dependency of `tcp dport`, …).
+fn l4_match(exprs: &mut Vec<Expr>, l4: &mut Option<u8>, p: u8) -> Result<(), String> {
+    set_l4(l4, p)?;
+    exprs.push(Expr::Meta { key: META_L4PROTO, dreg: REG_1 });
+    exprs.push(Expr::Cmp { sreg: REG_1, data: vec![p] });
+    Ok(())
+}
+
+/// A port number.
+fn port(word: Option<&&str>) -> Result<u16, String> {
+    let n: u32 = word.and_then(|s| s.parse().ok()).ok_or("a number expected")?;
+    u16::try_from(n).map_err(|_| "a port above 65535".to_string())
+}
+
+/// The transport header's port at `offset` (0 source, 2 destination) equal to `port`.
+fn port_match(exprs: &mut Vec<Expr>, offset: u32, port: u16) {
+    exprs.push(Expr::Payload { base: PAYLOAD_TRANSPORT, offset, len: 2, dreg: REG_1 });
+    exprs.push(Expr::Cmp { sreg: REG_1, data: port.to_be_bytes().to_vec() });
+}
+
+/// Register 1 looked up in the rule's next anonymous set, `set`.
+fn anon_lookup(exprs: &mut Vec<Expr>, anon: &mut Vec<AnonSet>, set: AnonSet) {
+    exprs.push(Expr::Lookup {
+        set: "__set%d".into(),
+        sreg: REG_1,
+        verdict: false,
+        invert: false,
+        anon: Some(anon.len()),
+    });
+    anon.push(set);
+}
+
 /// The IP protocol number of a transport protocol's keyword.
 fn l4_number(word: Option<&&str>) -> Result<u8, String> {
     match word {
@@ -417,16 +458,9 @@ pub(crate) fn parse(rule: &str) -> Result<Rule, String> {
                 if w.get(i + 1) != Some(&"dport") {
                     return Err(format!("`{proto} {}` is not handled", w.get(i + 1).unwrap_or(&"")));
                 }
-                let port = u16::try_from(num(w.get(i + 2))?).map_err(|_| "a port above 65535".to_string())?;
-                let p = l4_number(Some(&proto))?;
-                if l4.is_some() {
-                    return Err("two transport protocols in one rule".into());
-                }
-                exprs.push(Expr::Meta { key: META_L4PROTO, dreg: REG_1 });
-                exprs.push(Expr::Cmp { sreg: REG_1, data: vec![p] });
-                l4 = Some(p);
-                exprs.push(Expr::Payload { base: PAYLOAD_TRANSPORT, offset: 2, len: 2, dreg: REG_1 });
-                exprs.push(Expr::Cmp { sreg: REG_1, data: port.to_be_bytes().to_vec() });
+                let port = port(w.get(i + 2))?;
+                l4_match(&mut exprs, &mut l4, l4_number(Some(&proto))?)?;
+                port_match(&mut exprs, 2, port);
                 i += 3;
             }
             "icmpv6" if w.get(i + 1) == Some(&"type") => {
@@ -444,21 +478,10 @@ pub(crate) fn parse(rule: &str) -> Result<Rule, String> {
                     elements.push(vec![t]);
                 }
                 require_family(&mut exprs, &mut family, NFPROTO_IPV6)?;
-                if l4.is_some() {
-                    return Err("two transport protocols in one rule".into());
-                }
-                exprs.push(Expr::Meta { key: META_L4PROTO, dreg: REG_1 });
-                exprs.push(Expr::Cmp { sreg: REG_1, data: vec![58] });
-                l4 = Some(58);
+                l4_match(&mut exprs, &mut l4, 58)?;
                 exprs.push(Expr::Payload { base: PAYLOAD_TRANSPORT, offset: 0, len: 1, dreg: REG_1 });
-                exprs.push(Expr::Lookup {
-                    set: "__set%d".into(),
-                    sreg: REG_1,
-                    verdict: false,
-                    invert: false,
-                    anon: Some(anon.len()),
-                });
-                anon.push(AnonSet { key_type: 29, key_len: 1, udata: UDATA_ICMPV6_TYPE, elements });
+                let set = AnonSet { key_type: 29, key_len: 1, udata: UDATA_ICMPV6_TYPE, elements };
+                anon_lookup(&mut exprs, &mut anon, set);
                 i = next;
             }
             "meta" if w.get(i + 1..i + 5) == Some(&["l4proto", ".", "th", "dport"][..]) => {
@@ -475,20 +498,11 @@ pub(crate) fn parse(rule: &str) -> Result<Rule, String> {
                     key.extend([0, 0]);
                     elements.push(key);
                 }
-                if l4.is_some() {
-                    return Err("two transport protocols in one rule".into());
-                }
-                l4 = Some(0);
+                set_l4(&mut l4, 0)?;
                 exprs.push(Expr::Meta { key: META_L4PROTO, dreg: REG_1 });
                 exprs.push(Expr::Payload { base: PAYLOAD_TRANSPORT, offset: 2, len: 2, dreg: REG32_01 });
-                exprs.push(Expr::Lookup {
-                    set: "__set%d".into(),
-                    sreg: REG_1,
-                    verdict: false,
-                    invert: false,
-                    anon: Some(anon.len()),
-                });
-                anon.push(AnonSet { key_type: 0x30d, key_len: 8, udata: UDATA_PROTO_PORT, elements });
+                let set = AnonSet { key_type: 0x30d, key_len: 8, udata: UDATA_PROTO_PORT, elements };
+                anon_lookup(&mut exprs, &mut anon, set);
                 i = next;
             }
             "meta" if w.get(i + 1) == Some(&"l4proto") && w.get(i + 2) == Some(&"{") => {
@@ -500,29 +514,17 @@ pub(crate) fn parse(rule: &str) -> Result<Rule, String> {
                     };
                     elements.push(vec![l4_number(Some(&proto))?]);
                 }
-                if l4.is_some() {
-                    return Err("two transport protocols in one rule".into());
-                }
-                l4 = Some(0);
+                set_l4(&mut l4, 0)?;
                 exprs.push(Expr::Meta { key: META_L4PROTO, dreg: REG_1 });
-                exprs.push(Expr::Lookup {
-                    set: "__set%d".into(),
-                    sreg: REG_1,
-                    verdict: false,
-                    invert: false,
-                    anon: Some(anon.len()),
-                });
-                anon.push(AnonSet { key_type: 12, key_len: 1, udata: UDATA_L4PROTO, elements });
+                anon_lookup(
+                    &mut exprs,
+                    &mut anon,
+                    AnonSet { key_type: 12, key_len: 1, udata: UDATA_L4PROTO, elements },
+                );
                 i = next;
             }
             "meta" if w.get(i + 1) == Some(&"l4proto") => {
-                let p = l4_number(w.get(i + 2))?;
-                if l4.is_some() {
-                    return Err("two transport protocols in one rule".into());
-                }
-                exprs.push(Expr::Meta { key: META_L4PROTO, dreg: REG_1 });
-                exprs.push(Expr::Cmp { sreg: REG_1, data: vec![p] });
-                l4 = Some(p);
+                l4_match(&mut exprs, &mut l4, l4_number(w.get(i + 2))?)?;
                 i += 3;
             }
             // `meta mark set meta mark and <keep> or <set>`.
@@ -619,9 +621,7 @@ pub(crate) fn parse(rule: &str) -> Result<Rule, String> {
                 if l4.is_none() {
                     return Err("`th` before the transport protocol is known".into());
                 }
-                let port = u16::try_from(num(w.get(i + 2))?).map_err(|_| "a port above 65535".to_string())?;
-                exprs.push(Expr::Payload { base: PAYLOAD_TRANSPORT, offset, len: 2, dreg: REG_1 });
-                exprs.push(Expr::Cmp { sreg: REG_1, data: port.to_be_bytes().to_vec() });
+                port_match(&mut exprs, offset, port(w.get(i + 2))?);
                 i += 3;
             }
             "ct" if w.get(i + 1) == Some(&"state") => {
@@ -637,7 +637,7 @@ pub(crate) fn parse(rule: &str) -> Result<Rule, String> {
                 if l4.is_none() {
                     return Err("`ct original proto-dst` before the transport protocol is known".into());
                 }
-                let port = u16::try_from(num(w.get(i + 3))?).map_err(|_| "a port above 65535".to_string())?;
+                let port = port(w.get(i + 3))?;
                 exprs.push(Expr::Ct { key: CT_PROTO_DST, dreg: REG_1, dir: Some(0) });
                 exprs.push(Expr::Cmp { sreg: REG_1, data: port.to_be_bytes().to_vec() });
                 i += 4;

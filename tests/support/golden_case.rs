@@ -2,8 +2,6 @@
 //! settings and links: shared by the golden tests and the netlink tests that load the
 //! golden tables.
 
-#![allow(dead_code)]
-
 use egressd::compile::NodeConfig;
 use egressd::net::{HostLink, HostLinks};
 use ipnet::IpNet;
