@@ -99,16 +99,18 @@ impl ElementDelta {
     /// element — what [`super::diff`] sends between its chain and set changes. `None`
     /// when an element cannot be typed or a set of both tables is declared differently.
     pub(crate) fn of_sets(old: &Table, new: &Table) -> Option<Self> {
+        use itertools::EitherOrBoth::{Both, Left, Right};
         let mut delta = Self::default();
-        for (name, after) in &new.sets {
-            match old.sets.get(name) {
-                Some(before) if !same_declaration(before, after) => return None,
-                Some(before) => {
+        for pair in super::paired(&old.sets, &new.sets) {
+            match pair {
+                Both((_, before), (_, after)) if !same_declaration(before, after) => return None,
+                Both((name, before), (_, after)) => {
                     let (gone, added) = changes(before, after);
                     push_typed(&mut delta.delete, name, before, gone)?;
                     push_typed(&mut delta.add, name, after, added)?;
                 }
-                None => push_typed(&mut delta.add, name, after, after.elements.iter().collect())?,
+                Right((name, after)) => push_typed(&mut delta.add, name, after, after.elements.iter().collect())?,
+                Left(_) => {}
             }
         }
         Some(delta)

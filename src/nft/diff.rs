@@ -3,17 +3,22 @@
 use std::fmt::Write;
 
 use super::render::elements;
-use super::{FAMILY, Table, Text};
+use super::{FAMILY, Table, Text, paired};
 
 /// Whether turning `old` into `new` takes a full replace of the table: its name
 /// changed, a set of both is declared differently, a base chain's hook changed or a
 /// base chain is new. Shared by this script and the netlink messages of a change
 /// ([`super::wire::delta_messages`]).
 pub(crate) fn needs_replace(old: &Table, new: &Table) -> bool {
+    use itertools::EitherOrBoth::{Both, Left, Right};
     old.name != new.name
-        || old.sets.iter().any(|(n, s)| new.sets.get(n).is_some_and(|ns| !super::delta::same_declaration(s, ns)))
-        || old.chains.iter().any(|(n, c)| new.chains.get(n).is_some_and(|nc| nc.hook != c.hook))
-        || new.chains.iter().any(|(n, c)| c.hook.is_some() && !old.chains.contains_key(n))
+        || paired(&old.sets, &new.sets)
+            .any(|p| matches!(p, Both((_, s), (_, ns)) if !super::delta::same_declaration(s, ns)))
+        || paired(&old.chains, &new.chains).any(|p| match p {
+            Both((_, c), (_, nc)) => nc.hook != c.hook,
+            Right((_, c)) => c.hook.is_some(),
+            Left(_) => false,
+        })
 }
 
 /// The script that changes `old` into `new`, or `None` when they are equal. A change

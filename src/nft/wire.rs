@@ -1252,36 +1252,50 @@ pub(crate) type BeforeAfter = (Vec<Message>, Vec<Message>);
 /// chain's hook, a new base chain); an error names what the netlink path does not
 /// write.
 pub(crate) fn delta_messages(old: &Table, new: &Table) -> Result<Option<BeforeAfter>, String> {
+    use itertools::EitherOrBoth::{Both, Left, Right};
     if super::diff::needs_replace(old, new) {
         return Ok(None);
     }
     let t = new.name.as_str();
     let (mut before, mut after) = (Vec::new(), Vec::new());
     let mut id = 0u32;
-    for (name, chain) in new.chains.iter().filter(|(n, _)| !old.chains.contains_key(*n)) {
+    // One pass over each side by side; what changed is kept in name order.
+    let chains: Vec<super::Paired<'_, super::Chain>> = super::paired(&old.chains, &new.chains)
+        .filter(|p| !matches!(p, Both((_, a), (_, b)) if a.rules == b.rules))
+        .collect();
+    let sets: Vec<super::Paired<'_, Set>> =
+        super::paired(&old.sets, &new.sets).filter(|p| !matches!(p, Both(..))).collect();
+    for (name, chain) in chains.iter().filter_map(|p| p.as_ref().just_right()) {
         before.push(chain_message(t, name, chain)?);
     }
-    for (name, set) in new.sets.iter().filter(|(n, _)| !old.sets.contains_key(*n)) {
+    for (name, set) in sets.iter().filter_map(|p| p.as_ref().just_right()) {
         id += 1;
         before.push(set_message(t, name, set, id)?);
     }
+    // Rules of new or changed chains: regular ones before the element changes, base
+    // ones after.
     for (base, out) in [(false, &mut before), (true, &mut after)] {
-        for (name, chain) in new.chains.iter().filter(|(_, c)| c.hook.is_some() == base) {
-            let was = old.chains.get(name);
-            if was.is_some_and(|b| b.rules == chain.rules) {
+        for pair in &chains {
+            let (existed, (name, chain)) = match pair {
+                Both(_, n) => (true, n),
+                Right(n) => (false, n),
+                Left(_) => continue,
+            };
+            if chain.hook.is_some() != base {
                 continue;
             }
-            if was.is_some() {
+            if existed {
                 out.push(named(MSG_DELRULE, t, 2, name, format!("chain {name} (flush)")));
             }
             rule_messages(out, t, name, chain, &mut id)?;
         }
     }
-    let gone_chains: Vec<&super::Text> = old.chains.keys().filter(|n| !new.chains.contains_key(*n)).collect();
+    let gone_chains: Vec<&super::Text> =
+        chains.iter().filter_map(|p| p.as_ref().just_left().map(|(n, _)| *n)).collect();
     for name in &gone_chains {
         after.push(named(MSG_DELRULE, t, 2, name, format!("chain {name} (flush)")));
     }
-    for name in old.sets.keys().filter(|n| !new.sets.contains_key(*n)) {
+    for (name, _) in sets.iter().filter_map(|p| p.as_ref().just_left()) {
         after.push(named(MSG_DELSET, t, 2, name, format!("set {name} (delete)")));
     }
     for name in &gone_chains {
