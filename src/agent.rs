@@ -283,6 +283,15 @@ fn links_matter(view: &ClusterView, node: &NodeConfig) -> bool {
         || (node.egress.mode == crate::net::EgressIpMode::CloudLocal && !view.cloud_ips.is_empty())
 }
 
+/// What [`apply_once`] writes to: the nft table, the netlink state (addresses, rules,
+/// routes) when there is a netlink handle, and the DNS snooping listener's learned
+/// addresses, which a full replace keeps.
+pub(crate) struct Kernel<'a, B> {
+    pub syncer: &'a mut NftSyncer<B>,
+    pub net: Option<&'a Netlink>,
+    pub snoop: Option<&'a crate::dataplane::nflog::SnoopHandle>,
+}
+
 /// Compile and sync once: netlink state first (addresses, rules, routes), then the nft
 /// table; returns the statuses with kernel failures folded in, and the links the
 /// compile used when it read them (what later link checks compare against).
@@ -290,11 +299,11 @@ pub(crate) async fn apply_once<B: NftBackend>(
     view: &ClusterView,
     node: &NodeConfig,
     dns: &DnsAnswers,
-    syncer: &mut NftSyncer<B>,
-    net: Option<&Netlink>,
+    kernel: Kernel<'_, B>,
     cache: &mut crate::compile::CompileCache,
     seen: Option<std::time::Instant>,
 ) -> (Desired, Result<SyncKind, SyncError>, Option<HostLinks>, Phases) {
+    let Kernel { syncer, net, snoop } = kernel;
     let started = std::time::Instant::now();
     let mut phases = Phases::default();
     let mut host = HostLinks::default();
@@ -358,7 +367,21 @@ pub(crate) async fn apply_once<B: NftBackend>(
         }
     }
     let t = std::time::Instant::now();
-    let result = tokio::task::block_in_place(|| syncer.sync(desired.table.clone())).map_err(SyncError::from);
+    // A full replace keeps what DNS snooping learned (the table does not hold it) in
+    // its transaction.
+    let mut kept = 0;
+    let keep = || {
+        let slots: BTreeSet<crate::nft::Slot> =
+            desired.snoop.names.values().flatten().flat_map(|n| n.slots).flatten().collect();
+        let elements = snoop.map(|h| h.kept(&slots)).unwrap_or_default();
+        kept = elements.len();
+        elements
+    };
+    let result =
+        tokio::task::block_in_place(|| syncer.sync_keeping(desired.table.clone(), keep)).map_err(SyncError::from);
+    if kept > 0 && result.is_ok() {
+        tracing::info!(elements = kept, "learned DNS addresses kept through a full sync");
+    }
     phases.nft = syncer.backend_time();
     phases.diff = t.elapsed().saturating_sub(phases.nft);
     let ms = |d: Duration| (d.as_secs_f64() * 1e4).round() / 10.0;
@@ -610,9 +633,9 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
         let answers = self.dns.as_ref().map(DnsWorker::answers).unwrap_or_default();
         let started = std::time::Instant::now();
         self.config.telemetry.health.set_syncing(true);
+        let kernel = Kernel { syncer: &mut self.syncer, net: self.net.as_ref(), snoop: self.snoop.as_ref() };
         let (desired, result, links, phases) =
-            apply_once(view, &self.config.node, &answers, &mut self.syncer, self.net.as_ref(), &mut self.cache, seen)
-                .await;
+            apply_once(view, &self.config.node, &answers, kernel, &mut self.cache, seen).await;
         if links.is_some() {
             self.last_links = links;
         }
@@ -621,15 +644,6 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
         record_sync(telemetry, view, &desired, &result, started.elapsed(), phases);
         if let Some(h) = &self.snoop {
             h.update(desired.snoop.clone());
-            if matches!(result, Ok(SyncKind::Full)) {
-                let slots: BTreeSet<crate::nft::Slot> =
-                    desired.snoop.names.values().flatten().flat_map(|n| n.slots).flatten().collect();
-                match h.reinstall(&slots) {
-                    Ok(0) => {}
-                    Ok(n) => tracing::info!(elements = n, "learned DNS addresses put back after a full sync"),
-                    Err(e) => tracing::warn!(error = %e, "learned DNS addresses not put back"),
-                }
-            }
         }
         let tracked = self.dns.as_ref().map_or(0, |d| d.with_tracker(DnsTracker::len));
         telemetry.metrics.dns_names.set(i64::try_from(tracked).unwrap_or(i64::MAX));

@@ -182,13 +182,12 @@ fn cname_chains_are_followed() {
     let took = wait_for(Duration::from_secs(2), || tcp(p0, TRUSTED, 8080).is_some());
     assert!(took.is_some(), "address behind a CNAME not learned:\n{}", agent.log_text());
 
-    // A restart keeps what was learned (the pod will not ask again before its TTL). The
-    // full replace at start-up empties the sets and the learned elements are put back
-    // right after it (a window of about a millisecond, see README "DNS snooping").
+    // A restart keeps what was learned (the pod will not ask again before its TTL): the
+    // full replace at start-up holds the learned elements in its own transaction, so
+    // they are there as soon as the table is (no retry here).
     agent.stop();
     let agent = t.start_agent_with("agent2", &["--dns-server", TRUSTED]);
-    let put_back = wait_for(Duration::from_secs(2), || agent.log_text().contains("learned DNS addresses put back"));
-    assert!(put_back.is_some(), "{}", agent.log_text());
+    assert!(agent.log_text().contains("learned DNS addresses kept through a full sync"), "{}", agent.log_text());
     assert!(tcp(p0, TRUSTED, 8080).is_some(), "learned address lost on restart:\n{}", agent.log_text());
     assert!(agent.log_text().contains("addresses learned by an earlier run kept"), "{}", agent.log_text());
 }
@@ -381,11 +380,10 @@ fn thousands_of_learned_addresses_survive_a_full_replace_and_a_restart() {
     let back = wait_for(Duration::from_secs(5), || t.node.has_table("egressd") && count(&t) == NAMES * PER_NAME);
     assert!(back.is_some(), "{} after the replace:\n{}", count(&t), agent.log_text());
 
-    // A restart: read back, replaced, put back.
+    // A restart: read back, and kept by the replace (in its transaction).
     agent.stop();
     let agent = t.start_agent_with("agent2", &["--dns-server", TRUSTED]);
-    let put_back = wait_for(Duration::from_secs(5), || agent.log_text().contains("learned DNS addresses put back"));
-    assert!(put_back.is_some(), "{}", agent.log_text());
+    assert!(agent.log_text().contains("learned DNS addresses kept through a full sync"), "{}", agent.log_text());
     assert_eq!(count(&t), NAMES * PER_NAME, "after a restart:\n{}", agent.log_text());
     // Putting thousands of elements back must not overrun egressd's own nf_tables
     // notification socket (that meant a second replace and the elements missing again).

@@ -88,7 +88,7 @@ fn in_any_order(mut v: serde_json::Value) -> serde_json::Value {
 
 /// Send `table` over netlink in `ns`.
 fn replace(ns: &Netns, table: Table) -> std::io::Result<()> {
-    ns.run(move || ElementWriter::open(&table.name)?.replace(&table))
+    ns.run(move || ElementWriter::open(&table.name)?.replace(&table, &[]))
 }
 
 /// Load `table` with `nft -f` in `ns`.

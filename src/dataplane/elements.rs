@@ -47,7 +47,7 @@ pub(crate) fn own_commits() -> u64 {
 }
 
 /// One element to add: its slot of a tagged set, address, timeout.
-pub(crate) type Element = (Slot, IpAddr, Duration);
+pub type Element = (Slot, IpAddr, Duration);
 
 /// A netlink socket to nf_tables for element additions.
 pub struct ElementWriter {
@@ -165,17 +165,21 @@ impl ElementWriter {
     }
 
     /// Replace the kernel's table of this name with `table` in one transaction, without
-    /// `nft`: [`crate::nft::wire::replace_messages`], then every element. `Unsupported`
+    /// `nft`: [`crate::nft::wire::replace_messages`], then every element, and the
+    /// elements `kept` (what DNS snooping learned: the new sets hold them from the
+    /// transaction on, no packet finds them missing). `Unsupported`
     /// (nothing sent) when a rule or set is outside what the netlink path writes; the
     /// kernel's error on the message it refused otherwise, naming that message.
     ///
     /// Only the last message asks for an acknowledgement: the kernel handles the whole
     /// batch within the `send`, and reports every refused message whatever its flags,
     /// so thousands of acknowledgements do not overflow the receive buffer.
-    pub fn replace(&mut self, table: &crate::nft::Table) -> io::Result<()> {
+    pub fn replace(&mut self, table: &crate::nft::Table, kept: &[Element]) -> io::Result<()> {
         let messages = crate::nft::wire::replace_messages(table).map_err(unsupported)?;
-        let elements = crate::nft::delta::ElementDelta::of_sets(&crate::nft::Table::new(table.name.as_str()), table)
-            .ok_or_else(|| unsupported("an element the netlink path does not write".into()))?;
+        let mut elements =
+            crate::nft::delta::ElementDelta::of_sets(&crate::nft::Table::new(table.name.as_str()), table)
+                .ok_or_else(|| unsupported("an element the netlink path does not write".into()))?;
+        elements.add.extend(by_slot(kept));
         self.send_described(&table.name, &messages, &elements, &[])
     }
 
@@ -186,7 +190,7 @@ impl ElementWriter {
     /// `Unsupported` (nothing sent) as there.
     pub fn apply_changes(&mut self, old: &crate::nft::Table, new: &crate::nft::Table) -> io::Result<()> {
         let Some((before, after)) = crate::nft::wire::delta_messages(old, new).map_err(unsupported)? else {
-            return self.replace(new);
+            return self.replace(new, &[]);
         };
         let elements = crate::nft::delta::ElementDelta::of_sets(old, new)
             .ok_or_else(|| unsupported("an element the netlink path does not write".into()))?;
@@ -472,14 +476,10 @@ impl ElementWriter {
     /// set) the transaction it is in applies nothing, the others still apply, and the
     /// first error is returned.
     pub fn add(&mut self, elements: &[Element]) -> io::Result<()> {
-        let mut by_slot: std::collections::BTreeMap<Slot, Vec<(IpAddr, ElementValue)>> = Default::default();
-        for (slot, ip, timeout) in elements {
-            by_slot.entry(*slot).or_default().push((*ip, ElementValue::Timeout(*timeout)));
-        }
         let mut first_error = None;
         let mut batch: Vec<u8> = Vec::new();
         let mut waiting: Vec<u32> = Vec::new();
-        for (slot, list) in by_slot {
+        for crate::nft::delta::SetElements { set, tag, elements: list } in by_slot(elements) {
             for chunk in list.chunks(ELEMENTS_PER_MESSAGE) {
                 // Room for one more message of at most 56 bytes per element?
                 if !batch.is_empty()
@@ -488,11 +488,7 @@ impl ElementWriter {
                 {
                     first_error.get_or_insert(e);
                 }
-                let list = crate::nft::delta::SetElements {
-                    set: slot.set.to_string(),
-                    tag: Some(slot.tag),
-                    elements: chunk.to_vec(),
-                };
+                let list = crate::nft::delta::SetElements { set: set.clone(), tag, elements: chunk.to_vec() };
                 self.set_element_messages(&list, None, false, false, &mut batch, &mut waiting);
             }
         }
@@ -528,6 +524,22 @@ impl ElementWriter {
         }
         error.map_or(Ok(()), Err)
     }
+}
+
+/// `elements` as element lists, one per slot (its set and tag), in slot order.
+pub(crate) fn by_slot(elements: &[Element]) -> Vec<crate::nft::delta::SetElements> {
+    let mut by_slot: std::collections::BTreeMap<Slot, Vec<(IpAddr, ElementValue)>> = Default::default();
+    for (slot, ip, timeout) in elements {
+        by_slot.entry(*slot).or_default().push((*ip, ElementValue::Timeout(*timeout)));
+    }
+    by_slot
+        .into_iter()
+        .map(|(slot, elements)| crate::nft::delta::SetElements {
+            set: slot.set.to_string(),
+            tag: Some(slot.tag),
+            elements,
+        })
+        .collect()
 }
 
 /// What the netlink path does not write, as an `Unsupported` error.

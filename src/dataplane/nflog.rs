@@ -4,8 +4,8 @@
 //! ([`crate::dataplane::elements`]). It holds nothing back: the kernel already
 //! delivered the packet when the copy is read.
 //!
-//! What it added is remembered until it expires, so the agent can put it back after a
-//! full table replace ([`SnoopHandle::reinstall`]); deltas never touch these elements.
+//! What it added is remembered until it expires, so a full table replace holds it from
+//! its transaction on ([`SnoopHandle::kept`]); deltas never touch these elements.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -202,7 +202,7 @@ impl SnoopHandle {
     }
 
     /// Read back what a previous run learned into `slots` (before the first full sync
-    /// replaces the table), so [`SnoopHandle::reinstall`] puts it back; returns how many.
+    /// replaces the table), so the replace keeps it ([`SnoopHandle::kept`]); returns how many.
     /// Each slot comes with the set an older egressd kept its addresses in (one set per
     /// name), read back into the slot as well.
     pub(crate) fn recover(&self, slots: &std::collections::BTreeMap<Slot, String>) -> std::io::Result<usize> {
@@ -235,17 +235,14 @@ impl SnoopHandle {
         Ok(n)
     }
 
-    /// Put every learned element that has not expired back (after a full table replace,
-    /// which empties the sets); elements of slots no rule uses any more are forgotten.
-    pub(crate) fn reinstall(&self, slots: &std::collections::BTreeSet<Slot>) -> std::io::Result<usize> {
+    /// Every learned element that has not expired, with the time it has left, for a
+    /// full table replace to hold from its transaction on (it empties the sets);
+    /// elements of slots no rule uses any more are forgotten.
+    pub(crate) fn kept(&self, slots: &std::collections::BTreeSet<Slot>) -> Vec<Element> {
         let now = Instant::now();
-        let elements: Vec<Element> = {
-            let Ok(mut learned) = self.learned.lock() else { return Ok(0) };
-            learned.retain(|slot, until| until > now && slots.contains(slot));
-            learned.until.iter().map(|((slot, ip), until)| (*slot, *ip, until.duration_since(now))).collect()
-        };
-        ElementWriter::open(&self.table)?.add(&elements)?;
-        Ok(elements.len())
+        let Ok(mut learned) = self.learned.lock() else { return Vec::new() };
+        learned.retain(|slot, until| until > now && slots.contains(slot));
+        learned.until.iter().map(|((slot, ip), until)| (*slot, *ip, until.duration_since(now))).collect()
     }
 
     fn run(&self, socket: Socket, mut writer: ElementWriter, metrics: &Metrics) {

@@ -31,6 +31,7 @@ use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use super::elements::Element;
 use crate::nft::delta::ElementDelta;
 use crate::nft::{Table, diff};
 
@@ -86,10 +87,17 @@ pub trait NftBackend: Send {
         self.apply(&delta.script(table))
     }
 
-    /// Replace the kernel's table of this name with `table` as one transaction (by
-    /// default with the script [`Table::replace_script`] renders), and say how it went.
-    fn replace(&mut self, table: &Table) -> Result<Transport, NftError> {
-        self.apply(&table.replace_script()).map(|()| Transport::Nft)
+    /// Replace the kernel's table of this name with `table` and add the elements
+    /// `kept` (what DNS snooping learned), and say how it went. By default the script
+    /// [`Table::replace_script`] renders, then the kept elements as a second
+    /// transaction.
+    fn replace(&mut self, table: &Table, kept: &[Element]) -> Result<Transport, NftError> {
+        self.apply(&table.replace_script())?;
+        if !kept.is_empty() {
+            let delta = ElementDelta { delete: Vec::new(), add: super::elements::by_slot(kept) };
+            self.apply_elements(&table.name, &delta)?;
+        }
+        Ok(Transport::Nft)
     }
 
     /// Change the kernel's table from `old` (what it holds) into `new` as one
@@ -325,11 +333,16 @@ impl NftBackend for NftCli {
     /// `nft` when the table has a rule or set the netlink path does not write, or when
     /// the kernel refused the batch (then `nft` gets the same table and reports its own
     /// error if it fails too).
-    fn replace(&mut self, table: &Table) -> Result<Transport, NftError> {
-        if self.over_netlink(&table.name, "full replace", |w| w.replace(table)) {
+    fn replace(&mut self, table: &Table, kept: &[Element]) -> Result<Transport, NftError> {
+        if self.over_netlink(&table.name, "full replace", |w| w.replace(table, kept)) {
             return Ok(Transport::Netlink);
         }
-        self.apply(&table.replace_script()).map(|()| Transport::Nft)
+        self.apply(&table.replace_script())?;
+        if !kept.is_empty() {
+            let delta = ElementDelta { delete: Vec::new(), add: super::elements::by_slot(kept) };
+            self.apply_elements(&table.name, &delta)?;
+        }
+        Ok(Transport::Nft)
     }
 
     /// Over netlink as [`Self::replace`], with the same fallback to `nft`.
@@ -509,6 +522,18 @@ impl<B: NftBackend> NftSyncer<B> {
     /// Make the kernel's table equal `desired` (kept as what is applied: an `Arc`
     /// shared with the caller is kept without a copy).
     pub fn sync(&mut self, desired: impl Into<std::sync::Arc<Table>>) -> Result<SyncKind, NftError> {
+        self.sync_keeping(desired, Vec::new)
+    }
+
+    /// [`NftSyncer::sync`], where a full replace also adds the elements `kept` gives
+    /// (what DNS snooping learned, which the table does not hold) in the same
+    /// transaction (over netlink; through `nft`, right after it). A change that only a
+    /// full replace makes (see [`crate::nft::needs_replace`]) is one, reported `Full`.
+    pub fn sync_keeping(
+        &mut self,
+        desired: impl Into<std::sync::Arc<Table>>,
+        kept: impl FnOnce() -> Vec<Element>,
+    ) -> Result<SyncKind, NftError> {
         let desired: std::sync::Arc<Table> = desired.into();
         self.backend_time = std::time::Duration::ZERO;
         if let Some(applied) = &self.applied {
@@ -517,21 +542,26 @@ impl<B: NftBackend> NftSyncer<B> {
                 Some(delta) if delta.is_empty() => return Ok(SyncKind::Unchanged),
                 Some(delta) => {
                     t = std::time::Instant::now();
-                    self.backend.apply_elements(&desired.name, &delta)
+                    Some(self.backend.apply_elements(&desired.name, &delta))
                 }
                 None if **applied == *desired => return Ok(SyncKind::Unchanged),
+                None if crate::nft::needs_replace(applied, &desired) => {
+                    t = std::time::Instant::now();
+                    None
+                }
                 None => {
                     t = std::time::Instant::now();
-                    self.backend.apply_changes(applied, &desired)
+                    Some(self.backend.apply_changes(applied, &desired))
                 }
             };
             self.backend_time += t.elapsed();
             match applied {
-                Ok(()) => {
+                None => {}
+                Some(Ok(())) => {
                     self.applied = Some(desired);
                     return Ok(SyncKind::Partial);
                 }
-                Err(e) => {
+                Some(Err(e)) => {
                     tracing::warn!(error = %e, "partial nft update failed; replacing the whole table");
                     self.applied = None;
                 }
@@ -539,7 +569,7 @@ impl<B: NftBackend> NftSyncer<B> {
         }
         let t = std::time::Instant::now();
         let quiet = self.quiet.as_mut().and_then(|q| q.before());
-        let applied = self.backend.replace(&desired);
+        let applied = self.backend.replace(&desired, &kept());
         if let Some(q) = self.quiet.as_mut() {
             q.after(quiet, matches!(applied, Ok(Transport::Nft)));
         }
@@ -643,6 +673,41 @@ mod tests {
         assert_eq!(scripts.len(), 2);
         assert!(scripts[0].starts_with("add table inet egressd\ndelete table inet egressd\ntable inet egressd {"));
         assert_eq!(scripts[1], "add element inet egressd s { 198.18.0.1 }\n");
+    }
+
+    #[test]
+    fn a_full_replace_keeps_the_learned_elements_and_a_delta_never_touches_them() {
+        let slot = crate::nft::Slot { set: "dns-v4", tag: 7 };
+        let learned: Element = (slot, "192.0.2.10".parse().unwrap(), Duration::from_secs(60));
+        let with_dns = |n| {
+            let mut t = table(n);
+            t.sets.insert("dns-v4".into(), Set::with_timeout(KeyType::TaggedIpv4));
+            t
+        };
+        let mut s = NftSyncer::new(RecordingBackend::default());
+        assert_eq!(s.sync_keeping(with_dns(1), || vec![learned]).unwrap(), SyncKind::Full);
+        // A delta: the learned elements are not asked for.
+        let asked = std::cell::Cell::new(false);
+        let keep = || {
+            asked.set(true);
+            vec![learned]
+        };
+        assert_eq!(s.sync_keeping(with_dns(2), keep).unwrap(), SyncKind::Partial);
+        assert!(!asked.get(), "a delta asked for the learned elements");
+        // A change only a replace makes (a new base chain) is one, and keeps them.
+        let mut base = with_dns(2);
+        let hook = crate::nft::Hook { chain_type: "filter", hook: "forward", priority: "filter" };
+        base.chains.insert("b".into(), Chain::base(hook, vec!["counter".into()]));
+        assert_eq!(s.sync_keeping(base, || vec![learned]).unwrap(), SyncKind::Full);
+        let scripts = &s.backend().scripts;
+        let key = crate::nft::Slot::tagged_key(7, "192.0.2.10".parse().unwrap());
+        let element = format!("add element inet egressd dns-v4 {{ {key} timeout 60s }}\n");
+        assert_eq!(scripts.len(), 5, "{scripts:#?}");
+        assert!(
+            scripts[0].starts_with("add table inet egressd\n") && scripts[3].starts_with("add table inet egressd\n")
+        );
+        assert_eq!((&scripts[1], &scripts[4]), (&element, &element));
+        assert_eq!(scripts[2], "add element inet egressd s { 198.18.0.1 }\n");
     }
 
     #[test]

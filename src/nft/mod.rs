@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use sha2::{Digest, Sha256};
 
 pub use diff::diff;
+pub(crate) use diff::needs_replace;
 
 /// The kernel expressions of `rule` as `nft --debug=netlink` prints them, or why the
 /// netlink path does not write it ([`wire`]; the tests compare them with nft's).
