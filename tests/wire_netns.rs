@@ -153,7 +153,7 @@ proptest! {
         let handle = table_handle(&wire, "egressd");
         let sent = wire.run({
             let (old, new) = (old.clone(), new.clone());
-            move || ElementWriter::open("egressd")?.apply_changes(&old, &new)
+            move || ElementWriter::open("egressd")?.apply_changes(&egressd::nft::Comparison::of(&old, &new))
         });
         prop_assert!(sent.is_ok(), "netlink change failed: {:?}\n{}\n{}", sent, old.render(), new.render());
         // In place unless nft too would replace the table (a set's declaration changed).
@@ -349,7 +349,7 @@ fn golden_tables_sent_over_netlink_list_as_nft_loads_them() {
             None => replace(&delta, table.clone()),
             Some(old) => delta.run({
                 let new = table.clone();
-                move || ElementWriter::open("egressd")?.apply_changes(&old, &new)
+                move || ElementWriter::open("egressd")?.apply_changes(&egressd::nft::Comparison::of(&old, &new))
             }),
         };
         assert!(changed.is_ok(), "{}: netlink change failed: {changed:?}", case.display());

@@ -176,25 +176,25 @@ impl ElementWriter {
     /// so thousands of acknowledgements do not overflow the receive buffer.
     pub fn replace(&mut self, table: &crate::nft::Table, kept: &[Element]) -> io::Result<()> {
         let messages = crate::nft::wire::replace_messages(table).map_err(unsupported)?;
-        let mut elements =
-            crate::nft::delta::ElementDelta::of_sets(&crate::nft::Table::new(table.name.as_str()), table)
-                .ok_or_else(|| unsupported("an element the netlink path does not write".into()))?;
+        let empty = crate::nft::Table::new(table.name.as_str());
+        let mut elements = crate::nft::delta::ElementDelta::of_sets(&crate::nft::Comparison::of(&empty, table))
+            .ok_or_else(|| unsupported("an element the netlink path does not write".into()))?;
         elements.add.extend(by_slot(kept));
         self.send_described(&table.name, &messages, &elements, &[])
     }
 
-    /// Change the kernel's table from `old` (what it holds) into `new` in one
+    /// Change the kernel's table from `c.old` (what it holds) into `c.new` in one
     /// transaction, without `nft`: the same steps as [`crate::nft::diff`]'s script
     /// (new chains and sets, changed rules, element changes, what is gone). A change
     /// only a full replace makes is sent as one ([`ElementWriter::replace`]).
     /// `Unsupported` (nothing sent) as there.
-    pub fn apply_changes(&mut self, old: &crate::nft::Table, new: &crate::nft::Table) -> io::Result<()> {
-        let Some((before, after)) = crate::nft::wire::delta_messages(old, new).map_err(unsupported)? else {
-            return self.replace(new, &[]);
+    pub fn apply_changes(&mut self, c: &crate::nft::Comparison<'_>) -> io::Result<()> {
+        let Some((before, after)) = crate::nft::wire::delta_messages(c).map_err(unsupported)? else {
+            return self.replace(c.new, &[]);
         };
-        let elements = crate::nft::delta::ElementDelta::of_sets(old, new)
+        let elements = crate::nft::delta::ElementDelta::of_sets(c)
             .ok_or_else(|| unsupported("an element the netlink path does not write".into()))?;
-        self.send_described(&new.name, &before, &elements, &after)
+        self.send_described(&c.new.name, &before, &elements, &after)
     }
 
     /// Send `before`, the element deletions and additions of `elements`, then `after`,

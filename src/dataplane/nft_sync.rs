@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use super::elements::Element;
 use crate::nft::delta::ElementDelta;
-use crate::nft::{Table, diff};
+use crate::nft::{Comparison, Table, diff};
 
 /// An nft failure, with nft's own message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -100,10 +100,10 @@ pub trait NftBackend: Send {
         Ok(Transport::Nft)
     }
 
-    /// Change the kernel's table from `old` (what it holds) into `new` as one
+    /// Change the kernel's table from `c.old` (what it holds) into `c.new` as one
     /// transaction (by default with the script [`diff`] renders).
-    fn apply_changes(&mut self, old: &Table, new: &Table) -> Result<(), NftError> {
-        match diff(old, new) {
+    fn apply_changes(&mut self, c: &Comparison<'_>) -> Result<(), NftError> {
+        match diff(c.old, c.new) {
             Some(script) => self.apply(&script),
             None => Ok(()),
         }
@@ -346,11 +346,11 @@ impl NftBackend for NftCli {
     }
 
     /// Over netlink as [`Self::replace`], with the same fallback to `nft`.
-    fn apply_changes(&mut self, old: &Table, new: &Table) -> Result<(), NftError> {
-        if self.over_netlink(&new.name, "change", |w| w.apply_changes(old, new)) {
+    fn apply_changes(&mut self, c: &Comparison<'_>) -> Result<(), NftError> {
+        if self.over_netlink(&c.new.name, "change", |w| w.apply_changes(c)) {
             return Ok(());
         }
-        match diff(old, new) {
+        match diff(c.old, c.new) {
             Some(script) => self.apply(&script),
             None => Ok(()),
         }
@@ -528,7 +528,7 @@ impl<B: NftBackend> NftSyncer<B> {
     /// [`NftSyncer::sync`], where a full replace also adds the elements `kept` gives
     /// (what DNS snooping learned, which the table does not hold) in the same
     /// transaction (over netlink; through `nft`, right after it). A change that only a
-    /// full replace makes (see [`crate::nft::needs_replace`]) is one, reported `Full`.
+    /// full replace makes (see [`Comparison::needs_replace`]) is one, reported `Full`.
     pub fn sync_keeping(
         &mut self,
         desired: impl Into<std::sync::Arc<Table>>,
@@ -537,22 +537,17 @@ impl<B: NftBackend> NftSyncer<B> {
         let desired: std::sync::Arc<Table> = desired.into();
         self.backend_time = std::time::Duration::ZERO;
         if let Some(applied) = &self.applied {
-            let t;
-            let applied = match ElementDelta::between(applied, &desired) {
-                Some(delta) if delta.is_empty() => return Ok(SyncKind::Unchanged),
-                Some(delta) => {
-                    t = std::time::Instant::now();
-                    Some(self.backend.apply_elements(&desired.name, &delta))
-                }
-                None if **applied == *desired => return Ok(SyncKind::Unchanged),
-                None if crate::nft::needs_replace(applied, &desired) => {
-                    t = std::time::Instant::now();
-                    None
-                }
-                None => {
-                    t = std::time::Instant::now();
-                    Some(self.backend.apply_changes(applied, &desired))
-                }
+            // One comparison of the two tables decides and builds the sync.
+            let c = Comparison::of(applied, &desired);
+            if c.is_empty() {
+                return Ok(SyncKind::Unchanged);
+            }
+            let elements = ElementDelta::of_elements(&c);
+            let t = std::time::Instant::now();
+            let applied = match elements {
+                Some(delta) => Some(self.backend.apply_elements(&desired.name, &delta)),
+                None if c.needs_replace() => None,
+                None => Some(self.backend.apply_changes(&c)),
             };
             self.backend_time += t.elapsed();
             match applied {

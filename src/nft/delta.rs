@@ -56,20 +56,23 @@ impl ElementDelta {
     /// the canonical form the compiler writes). Equal tables give an
     /// empty delta.
     pub fn between(old: &Table, new: &Table) -> Option<Self> {
-        if old.name != new.name
-            || old.chains != new.chains
-            || old.sets.len() != new.sets.len()
-            || old.sets.iter().zip(&new.sets).any(|((on, os), (nn, ns))| on != nn || !same_declaration(os, ns))
-        {
+        Self::of_elements(&super::Comparison::of(old, new))
+    }
+
+    /// [`ElementDelta::between`] of the compared tables.
+    pub fn of_elements(c: &super::Comparison<'_>) -> Option<Self> {
+        use itertools::EitherOrBoth::Both;
+        if !c.elements_only() {
             return None;
         }
         let mut delta = Self::default();
-        for ((name, before), (_, after)) in old.sets.iter().zip(&new.sets) {
+        for pair in &c.sets {
+            let Both((name, before), (_, after)) = pair else { return None };
             let (gone, added) = changes(before, after);
             if gone.is_empty() && added.is_empty() {
                 continue;
             }
-            for (list, items, set) in [(&mut delta.delete, gone, before), (&mut delta.add, added, after)] {
+            for (list, items, set) in [(&mut delta.delete, gone, *before), (&mut delta.add, added, *after)] {
                 push_typed(list, name, set, items)?;
             }
         }
@@ -98,10 +101,10 @@ impl ElementDelta {
     /// `new`: in sets of both tables what changed, in sets only `new` has every
     /// element — what [`super::diff`] sends between its chain and set changes. `None`
     /// when an element cannot be typed or a set of both tables is declared differently.
-    pub(crate) fn of_sets(old: &Table, new: &Table) -> Option<Self> {
+    pub(crate) fn of_sets(c: &super::Comparison<'_>) -> Option<Self> {
         use itertools::EitherOrBoth::{Both, Left, Right};
         let mut delta = Self::default();
-        for pair in super::paired(&old.sets, &new.sets) {
+        for pair in &c.sets {
             match pair {
                 Both((_, before), (_, after)) if !same_declaration(before, after) => return None,
                 Both((name, before), (_, after)) => {

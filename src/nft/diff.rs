@@ -3,23 +3,7 @@
 use std::fmt::Write;
 
 use super::render::elements;
-use super::{FAMILY, Table, Text, paired};
-
-/// Whether turning `old` into `new` takes a full replace of the table: its name
-/// changed, a set of both is declared differently, a base chain's hook changed or a
-/// base chain is new. Shared by this script and the netlink messages of a change
-/// ([`super::wire::delta_messages`]).
-pub(crate) fn needs_replace(old: &Table, new: &Table) -> bool {
-    use itertools::EitherOrBoth::{Both, Left, Right};
-    old.name != new.name
-        || paired(&old.sets, &new.sets)
-            .any(|p| matches!(p, Both((_, s), (_, ns)) if !super::delta::same_declaration(s, ns)))
-        || paired(&old.chains, &new.chains).any(|p| match p {
-            Both((_, c), (_, nc)) => nc.hook != c.hook,
-            Right((_, c)) => c.hook.is_some(),
-            Left(_) => false,
-        })
-}
+use super::{FAMILY, Table, Text};
 
 /// The script that changes `old` into `new`, or `None` when they are equal. A change
 /// that cannot be expressed as a delta (the table's name, a set's type or flags, a base
@@ -34,7 +18,7 @@ pub fn diff(old: &Table, new: &Table) -> Option<String> {
         return None;
     }
     let t = format!("{FAMILY} {}", new.name);
-    if needs_replace(old, new) {
+    if super::Comparison::of(old, new).needs_replace() {
         return Some(new.replace_script());
     }
 

@@ -15,7 +15,6 @@ use std::collections::BTreeMap;
 use sha2::{Digest, Sha256};
 
 pub use diff::diff;
-pub(crate) use diff::needs_replace;
 
 /// The kernel expressions of `rule` as `nft --debug=netlink` prints them, or why the
 /// netlink path does not write it ([`wire`]; the tests compare them with nft's).
@@ -368,6 +367,61 @@ pub(crate) fn paired<'a, V>(
     itertools::merge_join_by(old, new, |a, b| a.0.cmp(b.0))
 }
 
+/// What differs between two tables, found in one pass over their name-sorted sets and
+/// chains: what every kind of sync (nothing, element changes, a delta, a full replace)
+/// is decided and built from, so a change compares the tables once.
+#[derive(Debug)]
+pub struct Comparison<'a> {
+    /// The table the kernel holds.
+    pub old: &'a Table,
+    /// The table it should hold.
+    pub new: &'a Table,
+    /// Sets only in one of them, or in both and not equal (declaration or elements),
+    /// in name order.
+    pub(crate) sets: Vec<Paired<'a, Set>>,
+    /// Chains only in one of them, or in both with another hook or other rules, in
+    /// name order.
+    pub(crate) chains: Vec<Paired<'a, Chain>>,
+}
+
+impl<'a> Comparison<'a> {
+    /// Compare `old` with `new`.
+    pub fn of(old: &'a Table, new: &'a Table) -> Self {
+        use itertools::EitherOrBoth::Both;
+        let sets = paired(&old.sets, &new.sets).filter(|p| !matches!(p, Both((_, a), (_, b)) if a == b)).collect();
+        let chains =
+            paired(&old.chains, &new.chains).filter(|p| !matches!(p, Both((_, a), (_, b)) if a == b)).collect();
+        Self { old, new, sets, chains }
+    }
+
+    /// Whether the tables are equal.
+    pub fn is_empty(&self) -> bool {
+        self.old.name == self.new.name && self.sets.is_empty() && self.chains.is_empty()
+    }
+
+    /// Whether only elements of sets both tables declare alike differ.
+    pub fn elements_only(&self) -> bool {
+        use itertools::EitherOrBoth::Both;
+        self.old.name == self.new.name
+            && self.chains.is_empty()
+            && self.sets.iter().all(|p| matches!(p, Both((_, a), (_, b)) if delta::same_declaration(a, b)))
+    }
+
+    /// Whether turning `old` into `new` takes a full replace of the table: its name
+    /// changed, a set of both is declared differently, a base chain's hook changed or
+    /// a base chain is new.
+    pub fn needs_replace(&self) -> bool {
+        use itertools::EitherOrBoth::{Both, Left, Right};
+        self.old.name != self.new.name
+            || self.sets.iter().any(|p| matches!(p, Both((_, a), (_, b)) if !delta::same_declaration(a, b)))
+            || self.chains.iter().any(|p| match p {
+                Both((_, c), (_, nc)) => nc.hook != c.hook,
+                Right((_, c)) => c.hook.is_some(),
+                Left(_) => false,
+            })
+    }
+}
+
 /// A readable, nft-safe chain or set name `prefix-<id>` when `id` is a DNS label
 /// (namespace names are), else `prefix-h<hash>`.
 pub(crate) fn chain_name(prefix: &str, id: &str) -> String {
@@ -388,6 +442,40 @@ pub(crate) fn chain_name(prefix: &str, id: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_comparison_tells_each_kind_of_change_apart() {
+        let mut old = Table::new("egressd");
+        let mut map = Set::verdict_map(KeyType::Ipv4);
+        map.elements.insert("198.18.1.2".into(), "jump fw-a".into());
+        old.sets.insert("fw-pods-v4".into(), map);
+        old.chains.insert("fw-a".into(), Chain::regular(vec!["counter accept".into()]));
+        let hook = Hook { chain_type: "filter", hook: "prerouting", priority: "filter" };
+        old.chains.insert("firewall".into(), Chain::base(hook.clone(), vec!["ip saddr vmap @fw-pods-v4".into()]));
+        let kinds = |new: &Table| {
+            let c = Comparison::of(&old, new);
+            (c.is_empty(), c.elements_only(), c.needs_replace(), c.sets.len(), c.chains.len())
+        };
+        assert_eq!(kinds(&old.clone()), (true, true, false, 0, 0));
+        let mut element = old.clone();
+        element.sets.get_mut("fw-pods-v4").unwrap().elements.insert("198.18.1.3".into(), "jump fw-a".into());
+        assert_eq!(kinds(&element), (false, true, false, 1, 0));
+        let mut rules = old.clone();
+        rules.chains.insert("fw-a".into(), Chain::regular(vec!["counter drop".into()]));
+        assert_eq!(kinds(&rules), (false, false, false, 0, 1));
+        let mut new_set = old.clone();
+        new_set.sets.insert("fw-a-h0".into(), Set::new(KeyType::Ipv4, false));
+        new_set.chains.remove("fw-a");
+        assert_eq!(kinds(&new_set), (false, false, false, 1, 1));
+        let mut declared = old.clone();
+        declared.sets.insert("fw-pods-v4".into(), Set::new(KeyType::Ipv4, true));
+        assert_eq!(kinds(&declared), (false, false, true, 1, 0));
+        let mut base = old.clone();
+        base.chains.insert("qos".into(), Chain::base(hook, Vec::new()));
+        assert_eq!(kinds(&base), (false, false, true, 0, 1));
+        let renamed = Table { name: "other".into(), ..old.clone() };
+        assert_eq!(kinds(&renamed), (false, false, true, 0, 0));
+    }
 
     #[test]
     fn chain_names_are_readable_or_hashed() {

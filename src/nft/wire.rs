@@ -1251,20 +1251,16 @@ pub(crate) type BeforeAfter = (Vec<Message>, Vec<Message>);
 /// change only a full replace makes (the table's name, a set's declaration, a base
 /// chain's hook, a new base chain); an error names what the netlink path does not
 /// write.
-pub(crate) fn delta_messages(old: &Table, new: &Table) -> Result<Option<BeforeAfter>, String> {
+pub(crate) fn delta_messages(c: &super::Comparison<'_>) -> Result<Option<BeforeAfter>, String> {
     use itertools::EitherOrBoth::{Both, Left, Right};
-    if super::diff::needs_replace(old, new) {
+    if c.needs_replace() {
         return Ok(None);
     }
-    let t = new.name.as_str();
+    let t = c.new.name.as_str();
     let (mut before, mut after) = (Vec::new(), Vec::new());
     let mut id = 0u32;
-    // One pass over each side by side; what changed is kept in name order.
-    let chains: Vec<super::Paired<'_, super::Chain>> = super::paired(&old.chains, &new.chains)
-        .filter(|p| !matches!(p, Both((_, a), (_, b)) if a.rules == b.rules))
-        .collect();
-    let sets: Vec<super::Paired<'_, Set>> =
-        super::paired(&old.sets, &new.sets).filter(|p| !matches!(p, Both(..))).collect();
+    // What changed, in name order (the comparison's one pass over both tables).
+    let (chains, sets) = (&c.chains, &c.sets);
     for (name, chain) in chains.iter().filter_map(|p| p.as_ref().just_right()) {
         before.push(chain_message(t, name, chain)?);
     }
@@ -1275,7 +1271,7 @@ pub(crate) fn delta_messages(old: &Table, new: &Table) -> Result<Option<BeforeAf
     // Rules of new or changed chains: regular ones before the element changes, base
     // ones after.
     for (base, out) in [(false, &mut before), (true, &mut after)] {
-        for pair in &chains {
+        for pair in chains {
             let (existed, (name, chain)) = match pair {
                 Both(_, n) => (true, n),
                 Right(n) => (false, n),
