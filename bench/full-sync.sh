@@ -16,6 +16,8 @@
 #   EDIT_TO=100.0.207.0/24 bench/full-sync.sh   # the edited rule's new destination (default
 #     100.0.7.128/25: a prefix length its run lacks, so a set and a rule are added; a /24
 #     not in the run is an element change)
+#   STEPS="edit" PERF_OUT=/tmp/perf.data bench/full-sync.sh   # only these change steps
+#     (of: edit pod replace label; the others print "—"), e.g. to profile one of them
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NSN=${NS:-1000} RULES=${RULES:-100} PODS=${PODS:-10000} REPEAT=${REPEAT:-11}
@@ -121,10 +123,12 @@ add_pod() {
 }
 replace_ns() { toggle replace-ns.yaml "$1" fw-8.yaml; }
 label_node() { toggle label-node.yaml "$1" nodes.yaml; }
-step "one rule edited" edit_rule; edit=$RESULT
-step "one pod added" add_pod; pod=$RESULT
-step "one namespace replaced" replace_ns; replace=$RESULT
-step "one node label changed" label_node; label=$RESULT
+wanted() { case " ${STEPS:-edit pod replace label} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+edit="—" pod="—" replace="—" label="—"
+if wanted edit; then step "one rule edited" edit_rule; edit=$RESULT; fi
+if wanted pod; then step "one pod added" add_pod; pod=$RESULT; fi
+if wanted replace; then step "one namespace replaced" replace_ns; replace=$RESULT; fi
+if wanted label; then step "one node label changed" label_node; label=$RESULT; fi
 if [ -n "$PERF" ]; then kill -INT "$PERF"; wait "$PERF" || true; fi
 # Idle CPU: the agent and the processes it ran (waited-for children: its nft runs) over
 # IDLE seconds with nothing changing, in % of one core.
