@@ -92,12 +92,7 @@ pub trait NftBackend: Send {
     /// [`Table::replace_script`] renders, then the kept elements as a second
     /// transaction.
     fn replace(&mut self, table: &Table, kept: &[Element]) -> Result<Transport, NftError> {
-        self.apply(&table.replace_script())?;
-        if !kept.is_empty() {
-            let delta = ElementDelta { delete: Vec::new(), add: super::elements::by_slot(kept) };
-            self.apply_elements(&table.name, &delta)?;
-        }
-        Ok(Transport::Nft)
+        replace_by_script(self, table, kept)
     }
 
     /// Change the kernel's table from `c.old` (what it holds) into `c.new` as one
@@ -122,6 +117,22 @@ pub trait NftBackend: Send {
     ) -> Result<Vec<super::rule_counters::RuleCounter>, NftError> {
         Ok(Vec::new())
     }
+}
+
+/// A full replace through `backend`'s scripts: [`Table::replace_script`], then the
+/// `kept` elements as a second transaction (the default of [`NftBackend::replace`] and
+/// the `nft` fallback of the netlink one).
+fn replace_by_script<B: NftBackend + ?Sized>(
+    backend: &mut B,
+    table: &Table,
+    kept: &[Element],
+) -> Result<Transport, NftError> {
+    backend.apply(&table.replace_script())?;
+    if !kept.is_empty() {
+        let delta = ElementDelta { delete: Vec::new(), add: super::elements::by_slot(kept) };
+        backend.apply_elements(&table.name, &delta)?;
+    }
+    Ok(Transport::Nft)
 }
 
 /// Runs the `nft` program; sends element-only changes over netlink unless told not to.
@@ -337,12 +348,7 @@ impl NftBackend for NftCli {
         if self.over_netlink(&table.name, "full replace", |w| w.replace(table, kept)) {
             return Ok(Transport::Netlink);
         }
-        self.apply(&table.replace_script())?;
-        if !kept.is_empty() {
-            let delta = ElementDelta { delete: Vec::new(), add: super::elements::by_slot(kept) };
-            self.apply_elements(&table.name, &delta)?;
-        }
-        Ok(Transport::Nft)
+        replace_by_script(self, table, kept)
     }
 
     /// Over netlink as [`Self::replace`], with the same fallback to `nft`.
