@@ -377,8 +377,7 @@ pub(crate) async fn apply_once<B: NftBackend>(
         kept = elements.len();
         elements
     };
-    let result =
-        tokio::task::block_in_place(|| syncer.sync_keeping(desired.table.clone(), keep)).map_err(SyncError::from);
+    let result = tokio::task::block_in_place(|| syncer.sync_keeping(&mut desired.table, keep)).map_err(SyncError::from);
     if kept > 0 && result.is_ok() {
         tracing::info!(elements = kept, "learned DNS addresses kept through a full sync");
     }

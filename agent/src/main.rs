@@ -217,6 +217,14 @@ struct NodeArgs {
     dns_max_ttl_secs: u64,
     #[command(flatten)]
     egress: EgressArgs,
+    /// Conntrack mark bits holding the firewall's policy generation of a verified
+    /// connection: after its first packet, an allowed connection's packets skip the
+    /// rules until the policy changes (every change sends them through the rules
+    /// again). Contiguous, at least two bits, clear of --egress-ip-mark-mask; 0 turns
+    /// it off (every packet walks the rules, and the per-rule allow counters count
+    /// every packet instead of a connection's first after each change).
+    #[arg(long, env = "EGRESSD_FIREWALL_VERIFIED_MARK_MASK", default_value = "0x03000000", value_parser = parse_number)]
+    firewall_verified_mark_mask: u32,
     /// A cluster DNS Service address the pods ask (kube-dns' ClusterIP; repeatable):
     /// answers to queries sent to it (or to a --dns-server) are snooped.
     #[arg(long = "cluster-dns", env = "EGRESSD_CLUSTER_DNS", value_delimiter = ',')]
@@ -322,13 +330,17 @@ impl EgressArgs {
 }
 
 fn parse_mark_mask(s: &str) -> Result<u32, String> {
+    let mask = parse_number(s)?;
+    egressd::net::EgressSettings::check_mark_mask(mask)?;
+    Ok(mask)
+}
+
+fn parse_number(s: &str) -> Result<u32, String> {
     let parsed = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         Some(hex) => u32::from_str_radix(hex, 16),
         None => s.parse(),
     };
-    let mask = parsed.map_err(|e| format!("{e}: a number, decimal or 0x-prefixed hex"))?;
-    egressd::net::EgressSettings::check_mark_mask(mask)?;
-    Ok(mask)
+    parsed.map_err(|e| format!("{e}: a number, decimal or 0x-prefixed hex"))
 }
 
 impl NodeArgs {
@@ -339,6 +351,7 @@ impl NodeArgs {
             .with_dns_grace(Duration::from_secs(self.dns_grace_secs))
             .with_dns_max_ttl(Duration::from_secs(self.dns_max_ttl_secs))
             .with_egress(self.egress.settings())
+            .with_verified_mark_mask(self.firewall_verified_mark_mask)
             .with_snoop((!self.no_dns_snoop).then(|| egressd::dns::targets::SnoopSettings {
                 group: self.dns_snoop_group,
                 servers: self.cluster_dns.clone(),
@@ -713,6 +726,10 @@ fn run(args: RunArgs) -> ExitCode {
     let nft_version = nft.version().ok();
     let telemetry = std::sync::Arc::new(Telemetry::default());
     let mut node = args.node.config();
+    if let Err(e) = egressd::nft::verified::check_mask(node.verified_mark_mask, node.egress.mark_mask) {
+        eprintln!("egressd run: --firewall-verified-mark-mask {e}");
+        return ExitCode::from(EXIT_CONFIG);
+    }
     if let Some(snoop) = &mut node.snoop {
         // Trusted servers: the cluster DNS addresses, and the servers egressd itself asks.
         let own = if args.dns_servers.is_empty() { resolv_conf_servers() } else { args.dns_servers.clone() };
@@ -746,6 +763,7 @@ fn run(args: RunArgs) -> ExitCode {
         }
     };
     let families = args.node.config().families();
+    let verified_mask = args.node.firewall_verified_mark_mask;
     let manage = args.manage_sysctls;
     let result = runtime.block_on(async {
         // The handlers first: every later step (listener, first sync) can be interrupted
@@ -762,9 +780,15 @@ fn run(args: RunArgs) -> ExitCode {
         tokio::spawn(
             prerequisites(telemetry.clone(), families, nft_version, manage).instrument(info_span!("prerequisites")),
         );
-        let syncer = NftSyncer::new(nft.with_alias_in(&args.state_dir).with_netlink_elements(
+        let mut syncer = NftSyncer::new(nft.with_alias_in(&args.state_dir).with_netlink_elements(
             args.nft_transport.or(args.nft_elements_env).unwrap_or(NftElements::Netlink) == NftElements::Netlink,
         ));
+        if verified_mask != 0 {
+            syncer.set_generations(egressd::dataplane::verified::Generations::new(
+                verified_mask,
+                egressd::dataplane::verified::Conntrack,
+            ));
+        }
         if let Some(dir) = &args.manifests {
             let debounce = Duration::from_millis(args.debounce_ms);
             let resync = Duration::from_secs(args.resync_secs);

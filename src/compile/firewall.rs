@@ -8,13 +8,18 @@
 //!   replies pass (`ct direction reply`), cluster and service destinations pass, then
 //!   `ip saddr vmap @fw-pods-v4` / `ip6 saddr vmap @fw-pods-v6` jump to the pod's
 //!   namespace chain. Per-packet cost: two set lookups and one map lookup, whatever the
-//!   number of namespaces and pods.
+//!   number of namespaces and pods. Before the pod map, with a verified-connections
+//!   mask, an established connection verified under the current policy generation is
+//!   accepted (one lookup in `fw-epoch`; [`crate::nft::verified`]).
 //! * `fw-<namespace>`: the namespace's rules in order; the first match accepts or
 //!   drops; no match returns to the base chain, whose policy is accept. Consecutive
 //!   CIDR/nodeSelector rules with the same action are one nft rule per family and port
 //!   set ([`super::runs`]; not in chains that log), commented `egress[i..j]`, its
 //!   destinations (when more than one) in the named interval set `fw-<namespace>-r<k>`:
 //!   a changed destination is an element change, sent without re-validating the table.
+//!   An allow ends in `goto fw-verified` (accept, marking the connection verified),
+//!   except for `dnsName` destinations and in namespaces with a Deny by name that DNS
+//!   snooping feeds (their sets change without a change of the table).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -268,9 +273,13 @@ fn exempt_rules(node: &NodeConfig, table: &mut Table) -> (Vec<IpNet>, Vec<String
 /// The base chain: replies pass, the exempt ranges pass, then each pod's namespace
 /// chain. Every packet entering the node walks it, so what IPv4 packets never match
 /// comes after their verdict.
-fn base_chain(exempt: Vec<String>) -> Chain {
+fn base_chain(exempt: Vec<String>, verified_mask: u32) -> Chain {
     let mut rules = vec!["ct direction reply accept".to_string()];
     rules.extend(exempt);
+    // After the exempt ranges: connections inside the cluster are never marked.
+    if verified_mask != 0 {
+        rules.push(crate::nft::verified::fast_path(verified_mask));
+    }
     rules.push(format!("ip saddr vmap @{PODS_V4}"));
     // Neighbour discovery to the node must never be filtered (ARP is not seen by inet
     // hooks at all).
@@ -307,11 +316,19 @@ fn addr_match<'a>(family: &str, addrs: impl IntoIterator<Item = &'a IpNet>) -> S
 
 /// Compile one rule into nft statements (one per address family it touches). Returns
 /// an error for targets this version cannot enforce.
-fn rule_statements(index: usize, rule: &FirewallRule, log: &LogSpec, ctx: &Ctx) -> Result<Vec<String>, String> {
+fn rule_statements(
+    index: usize,
+    rule: &FirewallRule,
+    log: &LogSpec,
+    ctx: &Ctx,
+    verified: bool,
+) -> Result<Vec<String>, String> {
     // Audit mode: a Deny counts and accepts (first match stays final: nothing after it
     // is evaluated, as if it had dropped).
     let (verdict, total) = match rule.action {
-        Action::Allow => ("accept", "fw-allow"),
+        // A `dnsName` destination can leave its set without a change of the table (a
+        // timeout): such a connection is never marked verified.
+        Action::Allow => (allow_verdict(verified && !matches!(rule.target, Target::Dns(_))), "fw-allow"),
         Action::Deny if log.audit => ("accept", "fw-audit"),
         Action::Deny => ("drop", "fw-deny"),
     };
@@ -369,6 +386,23 @@ fn rule_statements(index: usize, rule: &FirewallRule, log: &LogSpec, ctx: &Ctx) 
     Ok(out)
 }
 
+/// An allow's verdict: `goto fw-verified` (accept, and mark the connection verified
+/// under the current policy generation, [`crate::nft::verified`]) where the chain may,
+/// else `accept`.
+fn allow_verdict(verified: bool) -> &'static str {
+    if verified { "goto fw-verified" } else { "accept" }
+}
+
+/// Whether a namespace's allowed connections may be marked verified: the fast path is
+/// on, and no Deny rule's destinations can grow without a change of the table (a
+/// `dnsName` answer learned by DNS snooping goes straight into its set, and must reach
+/// the connections already allowed).
+fn may_verify(policy: &FirewallPolicy, node: &NodeConfig) -> bool {
+    node.verified_mark_mask != 0
+        && !(node.snoop.is_some()
+            && policy.rules.iter().any(|r| r.action == Action::Deny && matches!(r.target, Target::Dns(_))))
+}
+
 /// The destinations of a CIDR or nodeSelector rule (`None` for a `dnsName` rule).
 fn static_targets(rule: &FirewallRule, ctx: &Ctx) -> Option<BTreeSet<IpNet>> {
     match &rule.target {
@@ -393,11 +427,16 @@ fn static_targets(rule: &FirewallRule, ctx: &Ctx) -> Option<BTreeSet<IpNet>> {
 /// set (`<chain>-r<k>`). The chain's shape then depends on the actions, port sets and prefix lengths:
 /// editing a destination of a merged run (same length), or a node's addresses, changes
 /// elements, not rules, and the kernel re-validates nothing.
-fn run_statements(rules: &[super::runs::StaticRule], chain: &str, sets: &mut Vec<(Text, Set)>) -> Vec<String> {
+fn run_statements(
+    rules: &[super::runs::StaticRule],
+    chain: &str,
+    sets: &mut Vec<(Text, Set)>,
+    verified: bool,
+) -> Vec<String> {
     let mut out = Vec::new();
     for run in super::runs::merge(rules) {
         let (verdict, total) = match run.action {
-            Action::Allow => ("accept", "fw-allow"),
+            Action::Allow => (allow_verdict(verified), "fw-allow"),
             Action::Deny => ("drop", "fw-deny"),
         };
         for m in &run.matches {
@@ -663,20 +702,21 @@ fn namespace_chain(policy: &std::sync::Arc<FirewallPolicy>, ctx: &Ctx, cache: &m
     // lines name the rule).
     let merged = log.allow.is_none() && log.deny.is_none() && !log.audit;
     let mut pending = Vec::new();
+    let verified = may_verify(policy, ctx.node);
     for (i, rule) in policy.rules.iter().enumerate() {
         if merged && let Some(targets) = static_targets(rule, ctx) {
             let ports = rule.ports.clone();
             pending.push(super::runs::StaticRule { index: i, action: rule.action, targets, ports });
             continue;
         }
-        rules.extend(run_statements(&pending, &name, &mut sets));
+        rules.extend(run_statements(&pending, &name, &mut sets, verified));
         pending.clear();
-        match rule_statements(i, rule, &log, ctx) {
+        match rule_statements(i, rule, &log, ctx, verified) {
             Ok(stmts) => rules.extend(stmts),
             Err(e) => errors.push(e),
         }
     }
-    rules.extend(run_statements(&pending, &name, &mut sets));
+    rules.extend(run_statements(&pending, &name, &mut sets, verified));
     let dns = policy.rules.iter().filter_map(|r| match &r.target {
         Target::Dns(name) if !name.wildcard || ctx.node.snoop.is_some() => Some(DnsRef::of(name)),
         _ => None,
@@ -842,5 +882,10 @@ pub(super) fn compile(
 
     table.sets.insert(PODS_V4.into(), Set { elements: v4, ..Set::verdict_map(KeyType::Ipv4) });
     table.sets.insert(PODS_V6.into(), Set { elements: v6, ..Set::verdict_map(KeyType::Ipv6) });
-    table.chains.insert(FIREWALL_CHAIN.into(), base_chain(exempt_accepts));
+    table.chains.insert(FIREWALL_CHAIN.into(), base_chain(exempt_accepts, node.verified_mark_mask));
+    if node.verified_mark_mask != 0 {
+        use crate::nft::verified;
+        table.sets.insert(verified::EPOCH_SET.into(), Set::new(KeyType::Mark, false));
+        table.chains.insert(verified::CHAIN.into(), Chain::regular(verified::chain_rules(node.verified_mark_mask)));
+    }
 }

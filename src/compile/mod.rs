@@ -53,7 +53,14 @@ pub struct NodeConfig {
     pub snoop: Option<SnoopSettings>,
     /// ACL logging and audit mode: where verdicts are copied to.
     pub acl_log: AclLogSettings,
+    /// The conntrack mark bits holding the firewall's policy generation of a verified
+    /// connection (its later packets skip the rules while the policy stays the same);
+    /// 0: every packet walks the rules. See [`DEFAULT_VERIFIED_MARK_MASK`].
+    pub verified_mark_mask: u32,
 }
+
+/// The default conntrack mark bits of verified connections (three generations).
+pub const DEFAULT_VERIFIED_MARK_MASK: u32 = 0x0300_0000;
 
 /// Where logged EgressFirewall verdicts go (namespaces with `k8s.ovn.org/acl-logging`,
 /// EgressFirewalls in audit mode).
@@ -91,7 +98,14 @@ impl NodeConfig {
             egress: EgressSettings::default(),
             snoop: None,
             acl_log: AclLogSettings::default(),
+            verified_mark_mask: DEFAULT_VERIFIED_MARK_MASK,
         }
+    }
+
+    /// With other conntrack mark bits for verified connections (0: none).
+    pub fn with_verified_mark_mask(mut self, mask: u32) -> Self {
+        self.verified_mark_mask = mask;
+        self
     }
 
     /// With ACL logging settings.
@@ -434,6 +448,44 @@ mod tests {
         assert!(rules[0].starts_with(&format!("{} ", slot4.matches("ip"))), "{rules:?}");
         assert!(rules[1].starts_with(&format!("{} ", slot6.matches("ip6"))), "{rules:?}");
         assert_eq!(dns_names(&view(&docs)).into_iter().collect::<Vec<_>>(), vec!["api.example.com.".to_string()]);
+    }
+
+    #[test]
+    fn only_allows_whose_destinations_change_with_the_table_mark_connections_verified() {
+        let fw = |rules: &str| {
+            format!(
+                "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {{name: default, namespace: a}}\nspec:\n  egress:\n{rules}{}",
+                pod("p1", "198.18.1.1", "web")
+            )
+        };
+        let snoop = Some(crate::dns::targets::SnoopSettings { group: 1, servers: Vec::new(), rate: 100 });
+        let chain = |docs: &str, node: &NodeConfig| {
+            let t = compile(&view(docs), node, &DnsAnswers::new()).table;
+            (t.chains["fw-a"].rules.clone(), t.chains.contains_key(crate::nft::verified::CHAIN))
+        };
+        let cidr_and_name = fw(
+            "  - {type: Allow, to: {cidrSelector: 192.0.2.0/24}}\n  - {type: Allow, to: {dnsName: api.example.com}}\n  - {type: Deny, to: {cidrSelector: 0.0.0.0/0}}\n",
+        );
+        let (rules, verified) = chain(&cidr_and_name, &node().with_snoop(snoop.clone()));
+        assert!(verified);
+        assert!(rules[0].starts_with("ip daddr 192.0.2.0/24 ") && rules[0].contains("goto fw-verified"), "{rules:?}");
+        // A name's addresses can leave its set by a timeout: never verified.
+        assert!(rules[1].contains("@dns-v4") && rules[1].contains(" accept "), "{rules:?}");
+        // A Deny by name, snooped: an answer learned later must reach allowed
+        // connections, so nothing in the namespace is verified.
+        let deny_name =
+            fw("  - {type: Deny, to: {dnsName: evil.example.com}}\n  - {type: Allow, to: {cidrSelector: 0.0.0.0/0}}\n");
+        let (rules, _) = chain(&deny_name, &node().with_snoop(snoop));
+        assert!(rules.iter().all(|r| !r.contains("goto")), "{rules:?}");
+        // Without snooping its addresses change with the table only.
+        let (rules, _) = chain(&deny_name, &node());
+        assert!(rules.iter().any(|r| r.contains("goto fw-verified")), "{rules:?}");
+        // Mask 0: no fast path at all.
+        let (rules, verified) = chain(&cidr_and_name, &node().with_verified_mark_mask(0));
+        assert!(!verified && rules.iter().all(|r| !r.contains("goto")), "{rules:?}");
+        let base = &compile(&view(&cidr_and_name), &node().with_verified_mark_mask(0), &DnsAnswers::new()).table.chains
+            ["firewall"];
+        assert!(base.rules.iter().all(|r| !r.contains("fw-epoch")), "{:?}", base.rules);
     }
 
     #[test]

@@ -1,7 +1,11 @@
-//! Forgetting the connections of an egress IP that left this node (ctnetlink): their
-//! conntrack entries would otherwise keep translating packets to an address the node no
-//! longer has until they time out. Entries whose reply goes to the address (SNATed to
-//! it) are dumped and deleted by their original tuple.
+//! Conntrack entries egressd changes (ctnetlink):
+//!
+//! * forgetting the connections of an egress IP that left this node: their entries
+//!   would otherwise keep translating packets to an address the node no longer has
+//!   until they time out. Entries whose reply goes to the address (SNATed to it) are
+//!   dumped and deleted by their original tuple;
+//! * clearing a verified-connection generation from the marks before it is used again
+//!   ([`clear_marks`], see [`crate::nft::verified`]).
 
 use std::io;
 use std::net::IpAddr;
@@ -16,11 +20,15 @@ fn family(ip: IpAddr) -> NetfilterProtoFamily {
 }
 
 fn send(socket: &Socket, flags: u16, ip: IpAddr, message: ConntrackMessage) -> io::Result<()> {
+    send_family(socket, flags, family(ip), message)
+}
+
+fn send_family(socket: &Socket, flags: u16, family: NetfilterProtoFamily, message: ConntrackMessage) -> io::Result<()> {
     let mut header = NetlinkHeader::default();
     header.flags = flags;
     let mut packet = NetlinkMessage::new(
         header,
-        NetlinkPayload::from(NetfilterMessage::new(NetfilterHeader::new(family(ip), 0, 0), message)),
+        NetlinkPayload::from(NetfilterMessage::new(NetfilterHeader::new(family, 0, 0), message)),
     );
     packet.finalize();
     let mut buf = vec![0; packet.buffer_len()];
@@ -43,6 +51,19 @@ fn receive(socket: &Socket, mut each: impl FnMut(Vec<ConntrackAttribute>)) -> io
             each(attrs);
             None
         }
+        _ => None,
+    })
+}
+
+fn original_source(attrs: &[ConntrackAttribute]) -> Option<IpAddr> {
+    attrs.iter().find_map(|a| match a {
+        ConntrackAttribute::CtaTupleOrig(tuple) => tuple.iter().find_map(|t| match t {
+            Tuple::Ip(ips) => ips.iter().find_map(|i| match i {
+                IPTuple::SourceAddress(s) => Some(*s),
+                _ => None,
+            }),
+            _ => None,
+        }),
         _ => None,
     })
 }
@@ -91,6 +112,46 @@ pub(crate) fn forget(ip: IpAddr) -> io::Result<usize> {
     let count = originals.len();
     for orig in originals {
         send(&socket, NLM_F_REQUEST | NLM_F_ACK, ip, ConntrackMessage::Delete(vec![orig]))?;
+        receive(&socket, |_| {})?;
+    }
+    Ok(count)
+}
+
+/// `CTA_MARK_MASK`: with `CTA_MARK`, filters a dump (entries whose mark under the mask
+/// equals it) and, in an update, keeps the bits outside the mask.
+const CTA_MARK_MASK: u16 = 21;
+/// `CTA_ZONE`: an entry's zone, part of what finds it.
+const CTA_ZONE: u16 = 18;
+
+/// Clear the bits `mask` of the mark of every conntrack entry (both families) whose
+/// mark under `mask` is `value`; returns how many it found. The kernel filters the
+/// dump; each entry is then updated by its original tuple (an entry gone meanwhile is
+/// skipped).
+pub(crate) fn clear_marks(mask: u32, value: u32) -> io::Result<usize> {
+    use netlink_packet_core::{DefaultNla, Nla};
+    let socket = open()?;
+    let mask_nla = || ConntrackAttribute::Other(DefaultNla::new(CTA_MARK_MASK, mask.to_be_bytes().to_vec()));
+    let filter = vec![ConntrackAttribute::CtaMark(value), mask_nla()];
+    send_family(&socket, NLM_F_REQUEST | NLM_F_DUMP, NetfilterProtoFamily::Unspec, ConntrackMessage::Get(filter))?;
+    let mut found = Vec::new();
+    receive(&socket, |attrs| {
+        let Some(source) = original_source(&attrs) else { return };
+        let key: Vec<ConntrackAttribute> = attrs
+            .into_iter()
+            .filter(|a| match a {
+                ConntrackAttribute::CtaTupleOrig(_) => true,
+                ConntrackAttribute::Other(nla) => nla.kind() == CTA_ZONE,
+                _ => false,
+            })
+            .collect();
+        found.push((source, key));
+    })?;
+    let count = found.len();
+    for (source, mut key) in found {
+        key.push(ConntrackAttribute::CtaMark(0));
+        key.push(mask_nla());
+        send(&socket, NLM_F_REQUEST | NLM_F_ACK, source, ConntrackMessage::New(key))?;
+        // An entry gone meanwhile (ENOENT) needs nothing.
         receive(&socket, |_| {})?;
     }
     Ok(count)

@@ -32,7 +32,7 @@ use netlink_packet_netfilter::{NetfilterHeader, NetfilterMessage, NetfilterProto
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
 
 use crate::nft::Slot;
-use crate::nft::delta::{ElementDelta, ElementValue};
+use crate::nft::delta::{ElementDelta, ElementKey, ElementValue};
 
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 
@@ -132,9 +132,9 @@ impl ElementWriter {
         while items.peek().is_some() {
             elements.clear();
             while elements.len() < LIST_BYTES
-                && let Some((ip, value)) = items.next()
+                && let Some((key, value)) = items.next()
             {
-                encode_element(&mut elements, list.tag, *ip, value, !delete);
+                encode_element(&mut elements, list.tag, *key, value, !delete);
             }
             let mut body = Vec::with_capacity(elements.len() + 64);
             put_str(&mut body, 1, &self.table);
@@ -372,7 +372,7 @@ impl ElementWriter {
     /// Whether `ip` (after `tag`, in a tagged set) is in `set` now (a `GETSETELEM` for
     /// the one key).
     pub fn contains(&mut self, set: &str, tag: Option<u64>, ip: IpAddr) -> io::Result<bool> {
-        let key = key(tag, ip);
+        let key = key_bytes(tag, ip.into());
         let msg = NfTablesMessage::GetSetElement(SetElementMessage {
             attributes: vec![
                 SetElementList::Table(self.table.clone()),
@@ -528,9 +528,9 @@ impl ElementWriter {
 
 /// `elements` as element lists, one per slot (its set and tag), in slot order.
 pub(crate) fn by_slot(elements: &[Element]) -> Vec<crate::nft::delta::SetElements> {
-    let mut by_slot: std::collections::BTreeMap<Slot, Vec<(IpAddr, ElementValue)>> = Default::default();
+    let mut by_slot: std::collections::BTreeMap<Slot, Vec<(ElementKey, ElementValue)>> = Default::default();
     for (slot, ip, timeout) in elements {
-        by_slot.entry(*slot).or_default().push((*ip, ElementValue::Timeout(*timeout)));
+        by_slot.entry(*slot).or_default().push(((*ip).into(), ElementValue::Timeout(*timeout)));
     }
     by_slot
         .into_iter()
@@ -623,6 +623,9 @@ fn rule_read(m: RuleMessage) -> super::rule_counters::RuleRead {
                                         VerdictAttribute::Code(Verdict::Other(1)) => "accept",
                                         VerdictAttribute::Code(Verdict::Other(0)) => "drop",
                                         VerdictAttribute::Code(Verdict::Return) => "return",
+                                        // The one `goto` of egressd's rules: an allow
+                                        // marking its connection verified.
+                                        VerdictAttribute::Code(Verdict::Goto) => "accept",
                                         _ => continue,
                                     };
                                 }
@@ -659,12 +662,12 @@ pub(crate) const BATCH_BYTES: usize = 128 * 1024;
 /// Append one element (or a range's two kernel elements) to an element list, as the
 /// kernel reads it: `NFTA_LIST_ELEM` { key, flags, timeout, verdict } (values only
 /// when adding).
-fn encode_element(out: &mut Vec<u8>, tag: Option<u64>, ip: IpAddr, value: &ElementValue, with_value: bool) {
+fn encode_element(out: &mut Vec<u8>, tag: Option<u64>, key: ElementKey, value: &ElementValue, with_value: bool) {
     use crate::nft::wire::{nest, put, put_str, put_u32};
     const INTERVAL_END: u32 = 1;
-    let one = |out: &mut Vec<u8>, ip: IpAddr, end: bool| {
+    let one = |out: &mut Vec<u8>, key: ElementKey, end: bool| {
         nest(out, 1, |o| {
-            nest(o, 1, |o| put(o, 1, &key(tag, ip)));
+            nest(o, 1, |o| put(o, 1, &key_bytes(tag, key)));
             if end {
                 put_u32(o, 3, INTERVAL_END);
             }
@@ -684,11 +687,11 @@ fn encode_element(out: &mut Vec<u8>, tag: Option<u64>, ip: IpAddr, value: &Eleme
             }
         })
     };
-    one(out, ip, false);
-    if let ElementValue::Prefix(len) = value
+    one(out, key, false);
+    if let (ElementValue::Prefix(len), ElementKey::Ip(ip)) = (value, key)
         && let Some(after) = after_prefix(ip, *len)
     {
-        one(out, after, true);
+        one(out, after.into(), true);
     }
 }
 
@@ -707,12 +710,14 @@ fn after_prefix(ip: IpAddr, len: u8) -> Option<IpAddr> {
     }
 }
 
-/// An address (after its tag, in a tagged set) as a set element key.
-fn key(tag: Option<u64>, ip: IpAddr) -> Vec<u8> {
-    match (tag, ip) {
-        (Some(tag), _) => Slot::key_bytes(tag, ip),
-        (None, IpAddr::V4(v4)) => v4.octets().to_vec(),
-        (None, IpAddr::V6(v6)) => v6.octets().to_vec(),
+/// An address (after its tag, in a tagged set) or a mark (host byte order, as the
+/// registers hold it) as a set element key.
+fn key_bytes(tag: Option<u64>, key: ElementKey) -> Vec<u8> {
+    match (tag, key) {
+        (_, ElementKey::Mark(m)) => m.to_ne_bytes().to_vec(),
+        (Some(tag), ElementKey::Ip(ip)) => Slot::key_bytes(tag, ip),
+        (None, ElementKey::Ip(IpAddr::V4(v4))) => v4.octets().to_vec(),
+        (None, ElementKey::Ip(IpAddr::V6(v6))) => v6.octets().to_vec(),
     }
 }
 

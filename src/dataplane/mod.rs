@@ -22,6 +22,7 @@ pub mod netlink;
 pub mod nflog;
 pub mod nft_sync;
 pub mod rule_counters;
+pub mod verified;
 
 /// Read netfilter netlink messages from `socket` (as many datagrams as needed) and hand
 /// each to `each` until it returns a result.

@@ -481,6 +481,9 @@ pub struct NftSyncer<B> {
     backend_time: std::time::Duration,
     /// Around full replaces, when the drift watch runs.
     quiet: Option<Box<dyn QuietReplace>>,
+    /// The verified connections' policy generation every change moves (none: the
+    /// tables' `fw-epoch` stays empty, nothing is verified).
+    generations: Option<super::verified::Generations>,
 }
 
 impl<B: std::fmt::Debug> std::fmt::Debug for NftSyncer<B> {
@@ -489,6 +492,7 @@ impl<B: std::fmt::Debug> std::fmt::Debug for NftSyncer<B> {
             .field("backend", &self.backend)
             .field("applied", &self.applied.as_ref().map(|t| t.name.as_str()))
             .field("quiet", &self.quiet.is_some())
+            .field("generations", &self.generations)
             .finish_non_exhaustive()
     }
 }
@@ -496,7 +500,18 @@ impl<B: std::fmt::Debug> std::fmt::Debug for NftSyncer<B> {
 impl<B: NftBackend> NftSyncer<B> {
     /// A syncer that has applied nothing yet (its first sync is a full replace).
     pub fn new(backend: B) -> Self {
-        Self { backend, applied: None, backend_time: std::time::Duration::ZERO, quiet: None }
+        Self { backend, applied: None, backend_time: std::time::Duration::ZERO, quiet: None, generations: None }
+    }
+
+    /// Move the verified connections' generation with every change
+    /// ([`crate::nft::verified`]).
+    pub fn set_generations(&mut self, generations: super::verified::Generations) {
+        self.generations = Some(generations);
+    }
+
+    /// The verified connections' generation, if any.
+    pub fn generations(&self) -> Option<&super::verified::Generations> {
+        self.generations.as_ref()
     }
 
     /// Run full replaces between these hooks (the drift watch's).
@@ -528,25 +543,41 @@ impl<B: NftBackend> NftSyncer<B> {
     /// Make the kernel's table equal `desired` (kept as what is applied: an `Arc`
     /// shared with the caller is kept without a copy).
     pub fn sync(&mut self, desired: impl Into<std::sync::Arc<Table>>) -> Result<SyncKind, NftError> {
-        self.sync_keeping(desired, Vec::new)
+        self.sync_keeping(&mut desired.into(), Vec::new)
     }
 
     /// [`NftSyncer::sync`], where a full replace also adds the elements `kept` gives
     /// (what DNS snooping learned, which the table does not hold) in the same
     /// transaction (over netlink; through `nft`, right after it). A change that only a
     /// full replace makes (see [`Comparison::needs_replace`]) is one, reported `Full`.
+    ///
+    /// With [`NftSyncer::set_generations`], `desired` is stamped with the verified
+    /// connections' generation it applies (the next one: every change moves it, in its
+    /// own transaction); a table equal to the applied one but for that stamp is
+    /// unchanged, and `desired` becomes the applied table.
     pub fn sync_keeping(
         &mut self,
-        desired: impl Into<std::sync::Arc<Table>>,
+        desired: &mut std::sync::Arc<Table>,
         kept: impl FnOnce() -> Vec<Element>,
     ) -> Result<SyncKind, NftError> {
-        let desired: std::sync::Arc<Table> = desired.into();
         self.backend_time = std::time::Duration::ZERO;
+        let generation = self.generations.as_ref().and_then(super::verified::Generations::upcoming);
+        stamp(desired, generation);
         if let Some(applied) = &self.applied {
             // One comparison of the two tables decides and builds the sync.
-            let c = Comparison::of(applied, &desired);
-            if c.is_empty() {
+            let c = Comparison::of(applied, desired);
+            if c.is_empty()
+                || (crate::nft::verified::stamped(applied).is_some() && c.only_sets(crate::nft::verified::EPOCH_SET))
+            {
+                *desired = applied.clone();
                 return Ok(SyncKind::Unchanged);
+            }
+            if let Some(g) = generation
+                && self.generations.as_mut().is_some_and(|gens| !gens.ready(g))
+            {
+                // The generation could not be cleared: the fast path is off from now on.
+                drop(c);
+                return self.sync_keeping(desired, kept);
             }
             let elements = ElementDelta::of_elements(&c);
             let t = std::time::Instant::now();
@@ -559,7 +590,10 @@ impl<B: NftBackend> NftSyncer<B> {
             match applied {
                 None => {}
                 Some(Ok(())) => {
-                    self.applied = Some(desired);
+                    self.applied = Some(desired.clone());
+                    if let Some(gens) = &mut self.generations {
+                        gens.applied(generation);
+                    }
                     return Ok(SyncKind::Partial);
                 }
                 Some(Err(e)) => {
@@ -568,15 +602,32 @@ impl<B: NftBackend> NftSyncer<B> {
                 }
             }
         }
+        if let Some(g) = generation
+            && self.generations.as_mut().is_some_and(|gens| !gens.ready(g))
+        {
+            return self.sync_keeping(desired, kept);
+        }
         let t = std::time::Instant::now();
         let quiet = self.quiet.as_mut().and_then(|q| q.before());
-        let applied = self.backend.replace(&desired, &kept());
+        let applied = self.backend.replace(desired, &kept());
         if let Some(q) = self.quiet.as_mut() {
             q.after(quiet, matches!(applied, Ok(Transport::Nft)));
         }
         self.backend_time += t.elapsed();
         applied?;
-        self.applied = Some(desired);
+        self.applied = Some(desired.clone());
+        let Some(gens) = &mut self.generations else { return Ok(SyncKind::Full) };
+        let fresh = gens.upcoming().is_none() && !gens.is_off();
+        gens.applied(generation);
+        if fresh && gens.upcoming().is_some() {
+            // The first table verified nothing; every value is cleared now: the first
+            // generation goes in at once (an element change).
+            let time = self.backend_time;
+            let mut stamped = desired.clone();
+            self.sync_keeping(&mut stamped, Vec::new)?;
+            self.backend_time += time;
+            *desired = stamped;
+        }
         Ok(SyncKind::Full)
     }
 
@@ -629,6 +680,15 @@ impl<B: NftBackend> NftSyncer<B> {
     }
 }
 
+/// Stamp `table` with the verified connections' generation `value`, unless it holds it
+/// (or has no `fw-epoch` set): a table the caller alone holds is changed in place.
+fn stamp(table: &mut std::sync::Arc<Table>, value: Option<u32>) {
+    use crate::nft::verified;
+    if table.sets.contains_key(verified::EPOCH_SET) && verified::stamped(table) != value {
+        verified::stamp(std::sync::Arc::make_mut(table), value);
+    }
+}
+
 #[cfg(test)]
 mod alias_tests {
     use super::*;
@@ -665,6 +725,48 @@ mod tests {
     }
 
     #[test]
+    fn every_change_moves_the_verified_generation_in_its_own_transaction() {
+        use crate::nft::verified::{EPOCH_SET, stamped};
+        let with_epoch = |n| {
+            let mut t = table(n);
+            t.sets.insert(EPOCH_SET.into(), Set::new(KeyType::Mark, false));
+            t
+        };
+        let swept = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = swept.clone();
+        let mut s = NftSyncer::new(RecordingBackend::default());
+        s.set_generations(super::super::verified::Generations::new(0x0300_0000, move |_: u32, v: u32| {
+            log.lock().unwrap().push(v);
+            Ok(0)
+        }));
+        // The first table verifies nothing; once every value is cleared, the first
+        // generation follows as an element change.
+        let mut first = std::sync::Arc::new(with_epoch(1));
+        assert_eq!(s.sync_keeping(&mut first, Vec::new).unwrap(), SyncKind::Full);
+        let scripts = s.backend().scripts.clone();
+        assert_eq!(scripts.len(), 2, "{scripts:#?}");
+        assert!(scripts[0].contains("set fw-epoch {\n\t\ttype mark;\n\t}"), "{}", scripts[0]);
+        assert_eq!(scripts[1], "add element inet egressd fw-epoch { 0x01000000 }\n");
+        assert_eq!(stamped(&first), Some(0x0100_0000), "the caller holds what is applied");
+        assert_eq!(swept.lock().unwrap()[..3], [0x0100_0000, 0x0200_0000, 0x0300_0000]);
+        // Nothing else changed: nothing sent, the generation stays.
+        assert_eq!(s.sync(with_epoch(1)).unwrap(), SyncKind::Unchanged);
+        assert_eq!(s.backend().scripts.len(), 2);
+        // A change carries the next generation in its transaction.
+        assert_eq!(s.sync(with_epoch(2)).unwrap(), SyncKind::Partial);
+        assert_eq!(
+            s.backend().scripts[2],
+            "delete element inet egressd fw-epoch { 0x01000000 }\nadd element inet egressd fw-epoch { 0x02000000 }\nadd element inet egressd s { 198.18.0.1 }\n"
+        );
+        assert_eq!(s.applied().and_then(stamped), Some(0x0200_0000));
+        assert_eq!(s.sync(with_epoch(3)).unwrap(), SyncKind::Partial);
+        assert_eq!(s.sync(with_epoch(4)).unwrap(), SyncKind::Partial);
+        assert_eq!(s.applied().and_then(stamped), Some(0x0100_0000), "the values cycle");
+        // Each value was cleared again after it was last current, before its reuse.
+        assert_eq!(swept.lock().unwrap()[3..6], [0x0200_0000, 0x0300_0000, 0x0100_0000]);
+    }
+
+    #[test]
     fn first_full_then_delta_then_nothing() {
         let mut s = NftSyncer::new(RecordingBackend::default());
         assert_eq!(s.sync(table(1)).unwrap(), SyncKind::Full);
@@ -686,20 +788,20 @@ mod tests {
             t
         };
         let mut s = NftSyncer::new(RecordingBackend::default());
-        assert_eq!(s.sync_keeping(with_dns(1), || vec![learned]).unwrap(), SyncKind::Full);
+        assert_eq!(s.sync_keeping(&mut with_dns(1).into(), || vec![learned]).unwrap(), SyncKind::Full);
         // A delta: the learned elements are not asked for.
         let asked = std::cell::Cell::new(false);
         let keep = || {
             asked.set(true);
             vec![learned]
         };
-        assert_eq!(s.sync_keeping(with_dns(2), keep).unwrap(), SyncKind::Partial);
+        assert_eq!(s.sync_keeping(&mut with_dns(2).into(), keep).unwrap(), SyncKind::Partial);
         assert!(!asked.get(), "a delta asked for the learned elements");
         // A change only a replace makes (a new base chain) is one, and keeps them.
         let mut base = with_dns(2);
         let hook = crate::nft::Hook { chain_type: "filter", hook: "forward", priority: "filter" };
         base.chains.insert("b".into(), Chain::base(hook, vec!["counter".into()]));
-        assert_eq!(s.sync_keeping(base, || vec![learned]).unwrap(), SyncKind::Full);
+        assert_eq!(s.sync_keeping(&mut base.into(), || vec![learned]).unwrap(), SyncKind::Full);
         let scripts = &s.backend().scripts;
         let key = crate::nft::Slot::tagged_key(7, "192.0.2.10".parse().unwrap());
         let element = format!("add element inet egressd dns-v4 {{ {key} timeout 60s }}\n");

@@ -27,6 +27,33 @@ pub enum ElementValue {
     Prefix(u8),
 }
 
+/// An element's key: an address (after its slot's tag in a tagged set) or a mark
+/// (`type mark`, host byte order in the kernel).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ElementKey {
+    /// An address.
+    Ip(IpAddr),
+    /// A mark value (`0x01000000`).
+    Mark(u32),
+}
+
+impl From<IpAddr> for ElementKey {
+    fn from(ip: IpAddr) -> Self {
+        ElementKey::Ip(ip)
+    }
+}
+
+impl ElementKey {
+    /// The key as nft text, after `tag` in a tagged set.
+    fn text(self, tag: Option<u64>) -> Text {
+        match (self, tag) {
+            (ElementKey::Ip(ip), Some(tag)) => Slot::tagged_key(tag, ip),
+            (ElementKey::Ip(ip), None) => ip.to_compact_string(),
+            (ElementKey::Mark(m), _) => compact_str::format_compact!("{m:#010x}"),
+        }
+    }
+}
+
 /// Elements of one set or map (of one [`Slot`] of a tagged set).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SetElements {
@@ -35,7 +62,7 @@ pub struct SetElements {
     /// In a tagged set, the tag every key of these elements starts with.
     pub tag: Option<u64>,
     /// Keys and values, in key order (as nft text would list them).
-    pub elements: Vec<(IpAddr, ElementValue)>,
+    pub elements: Vec<(ElementKey, ElementValue)>,
 }
 
 /// Element deletions and additions that turn one table into another, in one
@@ -138,9 +165,7 @@ impl ElementDelta {
                 let items: Vec<String> = list
                     .elements
                     .iter()
-                    .map(|(ip, v)| {
-                        (list.tag.map_or_else(|| ip.to_compact_string(), |tag| Slot::tagged_key(tag, *ip)), v)
-                    })
+                    .map(|(key, v)| (key.text(list.tag), v))
                     .map(|(k, v)| match v {
                         ElementValue::Prefix(len) => format!("{k}/{len}"),
                         _ if !values => k.to_string(),
@@ -209,11 +234,11 @@ fn changes<'a>(before: &'a Set, after: &'a Set) -> (Vec<(&'a Text, &'a Text)>, V
 fn push_typed(list: &mut Vec<SetElements>, name: &str, set: &Set, items: Vec<(&Text, &Text)>) -> Option<()> {
     let start = list.len();
     for (k, v) in items {
-        let (tag, ip, value) = typed(set, k, v)?;
+        let (tag, key, value) = typed(set, k, v)?;
         let ours = list.len() > start;
         match list.last_mut() {
-            Some(last) if ours && last.tag == tag => last.elements.push((ip, value)),
-            _ => list.push(SetElements { set: name.to_string(), tag, elements: vec![(ip, value)] }),
+            Some(last) if ours && last.tag == tag => last.elements.push((key, value)),
+            _ => list.push(SetElements { set: name.to_string(), tag, elements: vec![(key, value)] }),
         }
     }
     Some(())
@@ -227,8 +252,14 @@ pub(super) fn same_declaration(a: &Set, b: &Set) -> bool {
 
 /// An element of `set` as the compiler writes it (`ip.to_string()` keys of the set's
 /// family, after `<hi> . <lo> . ` in a tagged set; values `""`, `timeout <n>s` or
-/// `jump <chain>` as the set's kind requires), typed; `None` for anything else.
-fn typed(set: &Set, key: &str, value: &str) -> Option<(Option<u64>, IpAddr, ElementValue)> {
+/// `jump <chain>` as the set's kind requires; a mark as `0x%08x` in a plain mark set),
+/// typed; `None` for anything else.
+fn typed(set: &Set, key: &str, value: &str) -> Option<(Option<u64>, ElementKey, ElementValue)> {
+    if set.key == super::KeyType::Mark {
+        let mark = u32::from_str_radix(key.strip_prefix("0x")?, 16).ok()?;
+        let plain = !set.interval && !set.timeout && !set.verdict_map && value.is_empty();
+        return (plain && format!("{mark:#010x}") == key).then_some((None, ElementKey::Mark(mark), ElementValue::None));
+    }
     if set.interval {
         // `addr/len`, host bits clear, as `IpNet` writes it.
         let net: ipnet::IpNet = key.parse().ok()?;
@@ -243,7 +274,7 @@ fn typed(set: &Set, key: &str, value: &str) -> Option<(Option<u64>, IpAddr, Elem
         }
         return (net.addr().is_ipv6() == set.key.is_v6()).then_some((
             None,
-            net.addr(),
+            net.addr().into(),
             ElementValue::Prefix(net.prefix_len()),
         ));
     }
@@ -278,7 +309,7 @@ fn typed(set: &Set, key: &str, value: &str) -> Option<(Option<u64>, IpAddr, Elem
     } else {
         return None;
     };
-    Some((tag, ip, value))
+    Some((tag, ip.into(), value))
 }
 
 #[cfg(test)]
@@ -323,7 +354,7 @@ mod tests {
             vec![SetElements {
                 set: "fw-pods-v4".into(),
                 tag: None,
-                elements: vec![("198.18.1.2".parse().unwrap(), ElementValue::Jump("fw-a".into()))]
+                elements: vec![(ElementKey::Ip("198.18.1.2".parse().unwrap()), ElementValue::Jump("fw-a".into()))]
             }]
         );
         // A tagged set's additions: one list per tag.
@@ -382,7 +413,10 @@ mod tests {
         exempt.elements.insert("192.0.2.0/24".into(), Text::default());
         exempt.elements.insert("203.0.113.7/32".into(), Text::default());
         let delta = ElementDelta::between(&old, &new).unwrap();
-        assert_eq!(delta.delete[0].elements, vec![("198.18.0.0".parse().unwrap(), ElementValue::Prefix(15))]);
+        assert_eq!(
+            delta.delete[0].elements,
+            vec![(ElementKey::Ip("198.18.0.0".parse().unwrap()), ElementValue::Prefix(15))]
+        );
         assert_eq!(
             delta.script("egressd"),
             "delete element inet egressd exempt-v4 { 198.18.0.0/15 }\n\

@@ -8,6 +8,7 @@
 pub mod delta;
 mod diff;
 mod render;
+pub mod verified;
 pub(crate) mod wire;
 
 use std::collections::BTreeMap;
@@ -64,6 +65,8 @@ pub enum KeyType {
     TaggedIpv4,
     /// A 64-bit tag and an IPv6 address ([`Slot`]).
     TaggedIpv6,
+    /// `mark` (a conntrack or packet mark).
+    Mark,
 }
 
 impl KeyType {
@@ -73,6 +76,7 @@ impl KeyType {
             KeyType::Ipv6 => "type ipv6_addr",
             KeyType::TaggedIpv4 => "typeof numgen random mod 1 . numgen random mod 1 . ip daddr",
             KeyType::TaggedIpv6 => "typeof numgen random mod 1 . numgen random mod 1 . ip6 daddr",
+            KeyType::Mark => "type mark",
         }
     }
 
@@ -397,6 +401,18 @@ impl<'a> Comparison<'a> {
     /// Whether the tables are equal.
     pub fn is_empty(&self) -> bool {
         self.old.name == self.new.name && self.sets.is_empty() && self.chains.is_empty()
+    }
+
+    /// Whether the one difference is in the set `name`.
+    pub fn only_sets(&self, name: &str) -> bool {
+        self.old.name == self.new.name
+            && self.chains.is_empty()
+            && self.sets.len() == 1
+            && self.sets.iter().all(|p| {
+                use itertools::EitherOrBoth::{Both, Left, Right};
+                let (Left((n, _)) | Right((n, _)) | Both((n, _), _)) = p;
+                n.as_str() == name
+            })
     }
 
     /// Whether only elements of sets both tables declare alike differ.

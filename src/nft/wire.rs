@@ -14,14 +14,15 @@
 //! The vocabulary: `meta nfproto ipv4|ipv6`; `ip|ip6 saddr|daddr` followed by `@set`,
 //! `!= @set`, `and <mask> @set`, `vmap @map`, an address or a prefix; `tcp|udp|sctp dport <n>`; `meta
 //! l4proto <proto>`, `meta l4proto { <proto>, … }` and then `th sport|dport <n>`; `ct
-//! direction original|reply`; `ct state new`; `ct original proto-dst <n>`; `ct original
+//! direction original|reply`; `ct state new|established`; `ct original proto-dst <n>`; `ct original
 //! ip|ip6 saddr|daddr @set`; `fib saddr . iif oif missing`; a tagged lookup (`numgen
 //! random mod 1 offset <hi> . numgen random mod 1 offset <lo> . ip|ip6 daddr @set`, see
 //! [`super::Slot`]); `ip|ip6 dscp set <n>`; `limit rate [over] <n>/second burst <n>
 //! packets`; `log prefix "<text>" group <n> [queue-threshold <n>]`; `counter`; `counter
 //! name "<name>"`; `accept`, `drop`, `return`, `jump <chain>`, `goto <chain>`; `comment
 //! "<text>"` last; EgressIP's `meta mark set meta mark and <m> or <v>`, `ct mark set ct
-//! mark or <v>`, `meta|ct mark and <m> ==|!= <v>`, `rt ip|ip6 nexthop [!=] @set`, `snat
+//! mark or <v>`, `meta|ct mark and <m> ==|!= <v>`; the firewall's verified flows' `ct mark
+//! and <m> [or <v>] @set`, `ct mark set ct mark and <m> or <v>`; `rt ip|ip6 nexthop [!=] @set`, `snat
 //! ip|ip6 to <address>|ip saddr|ip6 saddr`. That is every rule egressd writes.
 
 use std::fmt;
@@ -47,6 +48,8 @@ const CT_PROTO_DST: u32 = 12;
 const CT_SRC_IP: u32 = 19;
 /// `NF_CT_STATE_BIT(IP_CT_NEW)`.
 const CT_STATE_NEW: u8 = 8;
+/// `NF_CT_STATE_BIT(IP_CT_ESTABLISHED)`.
+const CT_STATE_ESTABLISHED: u8 = 2;
 /// `NFTA_FIB_F_SADDR | NFTA_FIB_F_IIF | NFTA_FIB_F_PRESENT`, result `NFT_FIB_RESULT_OIF`.
 const FIB_SADDR_IIF_PRESENT: u32 = 0x29;
 const FIB_RESULT_OIF: u32 = 1;
@@ -538,6 +541,17 @@ pub(crate) fn parse(rule: &str) -> Result<Rule, String> {
                 exprs.push(Expr::MetaSet { key: META_MARK, sreg: REG_1 });
                 i += 9;
             }
+            // `ct mark set ct mark and <keep> or <set>`.
+            "ct" if w.get(i + 1..i + 6) == Some(&["mark", "set", "ct", "mark", "and"][..]) => {
+                if w.get(i + 7) != Some(&"or") {
+                    return Err("`ct mark set ct mark and <m> or <v>` expected".into());
+                }
+                let (mask, xor) = (mark_value(w.get(i + 6))?, mark_value(w.get(i + 8))?);
+                exprs.push(Expr::Ct { key: CT_MARK, dreg: REG_1, dir: None });
+                exprs.push(Expr::Bitwise { reg: REG_1, mask, xor });
+                exprs.push(Expr::CtSet { key: CT_MARK, sreg: REG_1 });
+                i += 9;
+            }
             // `ct mark set ct mark or <bits>`.
             "ct" if w.get(i + 1..i + 6) == Some(&["mark", "set", "ct", "mark", "or"][..]) => {
                 let bits = mark_value(w.get(i + 6))?;
@@ -546,6 +560,24 @@ pub(crate) fn parse(rule: &str) -> Result<Rule, String> {
                 exprs.push(Expr::Bitwise { reg: REG_1, mask, xor: bits });
                 exprs.push(Expr::CtSet { key: CT_MARK, sreg: REG_1 });
                 i += 7;
+            }
+            // `ct mark and <m> [or <v>] @set`: the masked mark (or, with a mask of 0, the
+            // constant <v>) looked up in a mark set.
+            "ct" if w.get(i + 1..i + 3) == Some(&["mark", "and"][..])
+                && (w.get(i + 4).is_some_and(|x| x.starts_with('@'))
+                    || (w.get(i + 4) == Some(&"or") && w.get(i + 6).is_some_and(|x| x.starts_with('@')))) =>
+            {
+                let mask = mark_value(w.get(i + 3))?;
+                let (xor, at) = if w.get(i + 4) == Some(&"or") {
+                    (mark_value(w.get(i + 5))?, i + 6)
+                } else {
+                    (vec![0; mask.len()], i + 4)
+                };
+                let set = set_name(w.get(at))?;
+                exprs.push(Expr::Ct { key: CT_MARK, dreg: REG_1, dir: None });
+                exprs.push(Expr::Bitwise { reg: REG_1, mask, xor });
+                exprs.push(Expr::Lookup { set, sreg: REG_1, verdict: false, invert: false, anon: None });
+                i = at + 1;
             }
             // `meta|ct mark and <m> ==|!= <v>`.
             m @ ("meta" | "ct") if w.get(i + 1..i + 3) == Some(&["mark", "and"][..]) => {
@@ -625,11 +657,13 @@ pub(crate) fn parse(rule: &str) -> Result<Rule, String> {
                 i += 3;
             }
             "ct" if w.get(i + 1) == Some(&"state") => {
-                if w.get(i + 2) != Some(&"new") {
-                    return Err("only `ct state new` is handled".into());
-                }
+                let bit = match w.get(i + 2) {
+                    Some(&"new") => CT_STATE_NEW,
+                    Some(&"established") => CT_STATE_ESTABLISHED,
+                    _ => return Err("only `ct state new|established` is handled".into()),
+                };
                 exprs.push(Expr::Ct { key: CT_STATE, dreg: REG_1, dir: None });
-                exprs.push(Expr::Bitwise { reg: REG_1, mask: vec![CT_STATE_NEW, 0, 0, 0], xor: vec![0; 4] });
+                exprs.push(Expr::Bitwise { reg: REG_1, mask: vec![bit, 0, 0, 0], xor: vec![0; 4] });
                 exprs.push(Expr::Neq { sreg: REG_1, data: vec![0; 4] });
                 i += 3;
             }
@@ -1037,6 +1071,8 @@ pub(crate) struct Message {
 /// data's; for tagged sets the `typeof` expressions), copied from what it sends, so
 /// `nft list` shows the set as it declared it.
 const UDATA_ADDR: &[u8] = &[0, 4, 2, 0, 0, 0];
+/// A `type mark` set's: host byte order.
+const UDATA_MARK: &[u8] = &[0, 4, 1, 0, 0, 0];
 const UDATA_ADDR_MAP: &[u8] = &[0, 4, 2, 0, 0, 0, 1, 4, 0, 0, 0, 0, 6, 4, 0, 0, 0, 0];
 const UDATA_TAGGED_V4: &[u8] = &[
     0, 4, 0, 0, 0, 0, 3, 86, 0, 4, 13, 0, 0, 0, 1, 78, 0, 26, 0, 4, 23, 0, 0, 0, 1, 18, 0, 4, 1, 0, 0, 0, 1, 4, 1, 0,
@@ -1061,7 +1097,8 @@ fn set_body(table: &str, name: &str, set: &Set, id: u32) -> Result<Vec<u8>, Stri
         (KeyType::Ipv6, true) => (8, 16, UDATA_ADDR_MAP),
         (KeyType::TaggedIpv4, false) => (0x4107, 12, UDATA_TAGGED_V4),
         (KeyType::TaggedIpv6, false) => (0x4108, 24, UDATA_TAGGED_V6),
-        (_, true) => return Err(format!("set {name}: a tagged verdict map")),
+        (KeyType::Mark, false) => (19, 4, UDATA_MARK),
+        (_, true) => return Err(format!("set {name}: a verdict map keyed by a tag or a mark")),
     };
     let flags = match (set.interval, set.timeout, set.verdict_map, set.key.is_tagged()) {
         (false, false, false, false) => 0,
@@ -1651,7 +1688,7 @@ mod tests {
             "meta l4proto { udp, icmp } accept",
             "th dport 53 accept",
             "ct original ip daddr @s accept",
-            "ct state established accept",
+            "ct state related accept",
             "fib daddr type local accept",
             "limit rate 10/minute accept",
             "dnat ip to 192.0.2.1",
