@@ -17,9 +17,10 @@
 //!   set ([`super::runs`]; not in chains that log), commented `egress[i..j]`, its
 //!   destinations (when more than one) in the named interval set `fw-<namespace>-r<k>`:
 //!   a changed destination is an element change, sent without re-validating the table.
-//!   An allow ends in `goto fw-verified` (accept, marking the connection verified),
-//!   except for `dnsName` destinations and in namespaces with a Deny by name that DNS
-//!   snooping feeds (their sets change without a change of the table).
+//!   With verified connections an allow returns to the base chain, which marks the
+//!   connection verified and accepts, except for `dnsName` destinations and in
+//!   namespaces with a Deny by name that DNS snooping feeds (their sets change without
+//!   a change of the table): those accept, and their chain ends in `accept`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -288,6 +289,9 @@ fn base_chain(exempt: Vec<String>, verified_mask: u32) -> Chain {
             .to_string(),
     );
     rules.push(format!("ip6 saddr vmap @{PODS_V6}"));
+    // What the namespace chains returned (allowed) or let through, and what no chain
+    // looked at: accepted, the connection marked verified.
+    rules.extend(crate::nft::verified::marking_rules(verified_mask));
     Chain::base(Hook { chain_type: "filter", hook: "prerouting", priority: "filter" }, rules)
 }
 
@@ -386,11 +390,11 @@ fn rule_statements(
     Ok(out)
 }
 
-/// An allow's verdict: `goto fw-verified` (accept, and mark the connection verified
-/// under the current policy generation, [`crate::nft::verified`]) where the chain may,
-/// else `accept`.
+/// An allow's verdict: `return` (the base chain marks the connection verified under
+/// the current policy generation and accepts, [`crate::nft::verified`]) where the
+/// chain may, else `accept`.
 fn allow_verdict(verified: bool) -> &'static str {
-    if verified { "goto fw-verified" } else { "accept" }
+    if verified { "return" } else { "accept" }
 }
 
 /// Whether a namespace's allowed connections may be marked verified: the fast path is
@@ -717,6 +721,10 @@ fn namespace_chain(policy: &std::sync::Arc<FirewallPolicy>, ctx: &Ctx, cache: &m
         }
     }
     rules.extend(run_statements(&pending, &name, &mut sets, verified));
+    if ctx.node.verified_mark_mask != 0 && !verified {
+        // What falls through would be marked verified by the base chain.
+        rules.push("accept".into());
+    }
     let dns = policy.rules.iter().filter_map(|r| match &r.target {
         Target::Dns(name) if !name.wildcard || ctx.node.snoop.is_some() => Some(DnsRef::of(name)),
         _ => None,
@@ -884,8 +892,6 @@ pub(super) fn compile(
     table.sets.insert(PODS_V6.into(), Set { elements: v6, ..Set::verdict_map(KeyType::Ipv6) });
     table.chains.insert(FIREWALL_CHAIN.into(), base_chain(exempt_accepts, node.verified_mark_mask));
     if node.verified_mark_mask != 0 {
-        use crate::nft::verified;
-        table.sets.insert(verified::EPOCH_SET.into(), Set::new(KeyType::Mark, false));
-        table.chains.insert(verified::CHAIN.into(), Chain::regular(verified::chain_rules(node.verified_mark_mask)));
+        table.sets.insert(crate::nft::verified::EPOCH_SET.into(), Set::new(KeyType::Mark, false));
     }
 }

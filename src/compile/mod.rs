@@ -461,14 +461,14 @@ mod tests {
         let snoop = Some(crate::dns::targets::SnoopSettings { group: 1, servers: Vec::new(), rate: 100 });
         let chain = |docs: &str, node: &NodeConfig| {
             let t = compile(&view(docs), node, &DnsAnswers::new()).table;
-            (t.chains["fw-a"].rules.clone(), t.chains.contains_key(crate::nft::verified::CHAIN))
+            (t.chains["fw-a"].rules.clone(), t.chains["firewall"].rules.iter().any(|r| r.contains("ct mark set")))
         };
         let cidr_and_name = fw(
             "  - {type: Allow, to: {cidrSelector: 192.0.2.0/24}}\n  - {type: Allow, to: {dnsName: api.example.com}}\n  - {type: Deny, to: {cidrSelector: 0.0.0.0/0}}\n",
         );
         let (rules, verified) = chain(&cidr_and_name, &node().with_snoop(snoop.clone()));
         assert!(verified);
-        assert!(rules[0].starts_with("ip daddr 192.0.2.0/24 ") && rules[0].contains("goto fw-verified"), "{rules:?}");
+        assert!(rules[0].starts_with("ip daddr 192.0.2.0/24 ") && rules[0].contains(" return "), "{rules:?}");
         // A name's addresses can leave its set by a timeout: never verified.
         assert!(rules[1].contains("@dns-v4") && rules[1].contains(" accept "), "{rules:?}");
         // A Deny by name, snooped: an answer learned later must reach allowed
@@ -476,13 +476,14 @@ mod tests {
         let deny_name =
             fw("  - {type: Deny, to: {dnsName: evil.example.com}}\n  - {type: Allow, to: {cidrSelector: 0.0.0.0/0}}\n");
         let (rules, _) = chain(&deny_name, &node().with_snoop(snoop));
-        assert!(rules.iter().all(|r| !r.contains("goto")), "{rules:?}");
+        assert!(rules.iter().all(|r| !r.contains("return")), "{rules:?}");
+        assert_eq!(rules.last().map(String::as_str), Some("accept"), "nothing falls through to be marked");
         // Without snooping its addresses change with the table only.
         let (rules, _) = chain(&deny_name, &node());
-        assert!(rules.iter().any(|r| r.contains("goto fw-verified")), "{rules:?}");
+        assert!(rules.iter().any(|r| r.contains(" return ")), "{rules:?}");
         // Mask 0: no fast path at all.
         let (rules, verified) = chain(&cidr_and_name, &node().with_verified_mark_mask(0));
-        assert!(!verified && rules.iter().all(|r| !r.contains("goto")), "{rules:?}");
+        assert!(!verified && rules.iter().all(|r| !r.contains("return") && r != "accept"), "{rules:?}");
         let base = &compile(&view(&cidr_and_name), &node().with_verified_mark_mask(0), &DnsAnswers::new()).table.chains
             ["firewall"];
         assert!(base.rules.iter().all(|r| !r.contains("fw-epoch")), "{:?}", base.rules);

@@ -623,9 +623,6 @@ fn rule_read(m: RuleMessage) -> super::rule_counters::RuleRead {
                                         VerdictAttribute::Code(Verdict::Other(1)) => "accept",
                                         VerdictAttribute::Code(Verdict::Other(0)) => "drop",
                                         VerdictAttribute::Code(Verdict::Return) => "return",
-                                        // The one `goto` of egressd's rules: an allow
-                                        // marking its connection verified.
-                                        VerdictAttribute::Code(Verdict::Goto) => "accept",
                                         _ => continue,
                                     };
                                 }

@@ -68,16 +68,9 @@ pub fn parse(json: &[u8]) -> Vec<RuleCounter> {
             .filter_map(|e| e.get("counter")?.as_object())
             .map(|c| (c.get("packets").and_then(|v| v.as_u64()), c.get("bytes").and_then(|v| v.as_u64())))
             .fold((0, 0), |(p, b), (dp, db)| (p + dp.unwrap_or(0), b + db.unwrap_or(0)));
-        // The one `goto` of egressd's rules is an allow marking its connection verified
-        // (`goto fw-verified`, which accepts).
         let verdict = exprs
             .iter()
-            .find_map(|e| {
-                ["accept", "drop", "return", "goto"]
-                    .into_iter()
-                    .find(|v| e.get(*v).is_some())
-                    .map(|v| if v == "goto" { "accept" } else { v })
-            })
+            .find_map(|e| ["accept", "drop", "return"].into_iter().find(|v| e.get(*v).is_some()))
             .unwrap_or("continue");
         Some(RuleRead {
             chain: rule.get("chain")?.as_str()?.to_string(),
@@ -104,11 +97,14 @@ fn by_policy_rule(rules: impl IntoIterator<Item = RuleRead>) -> Vec<RuleCounter>
         else {
             continue;
         };
+        // A firewall allow that marks its connection verified returns to the base chain,
+        // which accepts (`nft::verified`).
+        let verdict = if rule.verdict == "return" && rule.chain.starts_with("fw-") { "accept" } else { rule.verdict };
         let entry = out.entry((rule.chain.clone(), index)).or_insert_with(|| RuleCounter {
             chain: rule.chain,
             index,
             last,
-            verdict: rule.verdict.to_string(),
+            verdict: verdict.to_string(),
             packets: 0,
             bytes: 0,
         });
@@ -192,7 +188,7 @@ mod tests {
           {"rule": {"chain": "fw-a", "expr": [{"limit": {}}, {"counter": "acl-over"}]}},
           {"rule": {"chain": "fw-a", "comment": "egress[1]", "expr": [{"counter": {"packets": 2, "bytes": 120}}, {"drop": null}]}},
           {"rule": {"chain": "fw-a", "comment": "egress[1]", "expr": [{"counter": {"packets": 5, "bytes": 400}}, {"drop": null}]}},
-          {"rule": {"chain": "fw-a", "comment": "egress[2..5]", "expr": [{"counter": {"packets": 4, "bytes": 40}}, {"goto": {"target": "fw-verified"}}]}},
+          {"rule": {"chain": "fw-a", "comment": "egress[2..5]", "expr": [{"counter": {"packets": 4, "bytes": 40}}, {"return": null}]}},
           {"rule": {"chain": "qos-a", "comment": "egress[0]", "expr": [{"mangle": {}}, {"counter": {"packets": 1, "bytes": 60}}, {"return": null}]}}]}"#;
         let c = parse(json);
         let got: Vec<(&str, usize, usize, &str, u64, u64)> =

@@ -1,36 +1,39 @@
 //! Verified connections: the firewall's fast path for the packets of a connection after
 //! its first.
 //!
-//! An allow rule of a namespace chain ends in `goto fw-verified`, which writes the
-//! policy's current *generation* into the connection's conntrack mark (the bits of a
-//! mask, `--firewall-verified-mark-mask`), and the base chain accepts an established
-//! connection whose mark holds the current generation before the pod map:
+//! An allow rule of a namespace chain returns to the base chain (instead of accepting),
+//! whose last rules write the policy's current *generation* into the connection's
+//! conntrack mark (the bits of a mask, `--firewall-verified-mark-mask`; what falls
+//! through a namespace chain, accepted by the policy, is marked too), and the base chain
+//! accepts an established connection whose mark holds the current generation before the
+//! pod map:
 //!
 //! ```text
 //! set fw-epoch { type mark; elements = { 0x01000000 } }        # the current generation
-//! chain firewall { …; ct state established ct mark and 0x03000000 @fw-epoch accept; … }
-//! chain fw-verified {
+//! chain firewall {
+//!     …; ct state established ct mark and 0x03000000 @fw-epoch accept
+//!     ip saddr vmap @fw-pods-v4; …; ip6 saddr vmap @fw-pods-v6
 //!     ct mark and 0x00000000 or 0x01000000 @fw-epoch ct mark set ct mark and 0xfcffffff or 0x01000000 accept
 //!     ct mark and 0x00000000 or 0x02000000 @fw-epoch ct mark set ct mark and 0xfcffffff or 0x02000000 accept
 //!     …
-//!     accept
 //! }
 //! ```
 //!
 //! (`ct mark and 0 or <v>` is the constant `<v>`: the one rule whose value is the
-//! current generation marks.) Every change of the table moves the generation in the
-//! same transaction — an element of `fw-epoch`, so the kernel re-validates nothing —
-//! and every established connection's next packet walks the rules again, as OVN
-//! evaluates its ACLs on every packet. Before a value is current again, conntrack
-//! entries still carrying it are cleared
-//! ([`crate::dataplane::verified::Generations`]): an old verdict never passes for a
-//! new one. The compile leaves `fw-epoch` empty (nothing is verified); the syncer
+//! current generation marks.) The marking rules are in the base chain, not in a chain
+//! every allow jumps to: the kernel re-validates the table through every jump when a
+//! change adds one (a pod's map element), and a chain reached from a thousand namespace
+//! chains was walked a thousand times (+1 ms per such change, measured).
+//! Every change of the table moves the generation in the same transaction — an
+//! element of `fw-epoch`, so the kernel re-validates nothing — and every established
+//! connection's next packet walks the rules again, as OVN evaluates its ACLs on every
+//! packet. Before a value is current again, conntrack entries still carrying it are
+//! cleared ([`crate::dataplane::verified::Generations`]): an old verdict never passes
+//! for a new one. The compile leaves `fw-epoch` empty (nothing is verified); the syncer
 //! stamps the generation it applies.
 
 use super::{Set, Table, Text};
 
-/// The chain allow rules go to.
-pub const CHAIN: &str = "fw-verified";
 /// The set holding the current generation's mark value.
 pub const EPOCH_SET: &str = "fw-epoch";
 
@@ -68,19 +71,17 @@ pub fn fast_path(mask: u32) -> String {
     format!("ct state established ct mark and {mask:#010x} @{EPOCH_SET} accept")
 }
 
-/// The rules of [`CHAIN`]: one per generation value (marking the connection when it is
-/// the current one), then `accept`.
-pub fn chain_rules(mask: u32) -> Vec<String> {
-    let mut rules: Vec<String> = values(mask)
+/// The base chain's last rules: one per generation value, marking the connection when
+/// it is the current one.
+pub fn marking_rules(mask: u32) -> Vec<String> {
+    values(mask)
         .map(|v| {
             format!(
                 "ct mark and 0x00000000 or {v:#010x} @{EPOCH_SET} ct mark set ct mark and {keep:#010x} or {v:#010x} accept",
                 keep = !mask
             )
         })
-        .collect();
-    rules.push("accept".into());
-    rules
+        .collect()
 }
 
 /// Set `table`'s current generation (its only `fw-epoch` element) to `value`, or to
