@@ -87,19 +87,27 @@ fn an_allowed_connection_walks_the_rules_once_per_policy() {
 
 #[test]
 fn a_generation_is_cleared_before_it_is_current_again() {
-    // The default mask has three generations: after three changes the first is current
-    // again. A connection verified under it and idle since must not pass the Deny that
-    // the third change brings.
-    let t = Topology::new(&["team-a"]);
-    t.set_firewall("team-a", &allow_ext_then(""));
-    let agent = t.start_agent("agent");
-    let f = flow(&t);
-    assert!(answers(&f) && answers(&f), "allowed flow blocked:\n{}", agent.log_text());
-    assert_eq!(rule_packets(&t, 0), 1, "verified after its first packet");
-    edit(&t, &allow_ext_then("  - type: Allow\n    to: {cidrSelector: 192.0.2.98/32}\n"), "192.0.2.98");
-    edit(&t, &allow_ext_then("  - type: Allow\n    to: {cidrSelector: 192.0.2.97/32}\n"), "192.0.2.97");
-    let deny =
-        "  - type: Deny\n    to: {cidrSelector: 203.0.113.2/32}\n  - type: Allow\n    to: {cidrSelector: 0.0.0.0/0}\n";
-    edit(&t, deny, "203.0.113.2");
-    assert!(!answers(&f), "a connection verified three changes ago passed the Deny:\n{}", agent.log_text());
+    // Two bits: three generations, each cleared on its own; four bits (the default):
+    // twelve, cleared four at a time. After that many changes the first is current
+    // again: a connection verified under it and idle since must not pass the Deny the
+    // last change brings.
+    for (mask, generations) in [("0x03000000", 3), ("0x0f000000", 12)] {
+        let t = Topology::new(&["team-a"]);
+        t.set_firewall("team-a", &allow_ext_then(""));
+        let agent = t.start_agent_with("agent", &["--firewall-verified-mark-mask", mask]);
+        let f = flow(&t);
+        assert!(answers(&f) && answers(&f), "allowed flow blocked:\n{}", agent.log_text());
+        assert_eq!(rule_packets(&t, 0), 1, "verified after its first packet");
+        for i in 1..generations {
+            let cidr = format!("192.0.2.{}", 100 + i);
+            edit(&t, &allow_ext_then(&format!("  - type: Allow\n    to: {{cidrSelector: {cidr}/32}}\n")), &cidr);
+        }
+        let deny = "  - type: Deny\n    to: {cidrSelector: 203.0.113.2/32}\n  - type: Allow\n    to: {cidrSelector: 0.0.0.0/0}\n";
+        edit(&t, deny, "203.0.113.2");
+        assert!(
+            !answers(&f),
+            "mask {mask}: a connection verified {generations} changes ago passed the Deny:\n{}",
+            agent.log_text()
+        );
+    }
 }

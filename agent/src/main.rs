@@ -220,10 +220,12 @@ struct NodeArgs {
     /// Conntrack mark bits holding the firewall's policy generation of a verified
     /// connection: after its first packet, an allowed connection's packets skip the
     /// rules until the policy changes (every change sends them through the rules
-    /// again). Contiguous, at least two bits, clear of --egress-ip-mark-mask; 0 turns
+    /// again; the values cycle, and are cleared from conntrack before reuse: one walk
+    /// of the conntrack table per 2^(bits-2) changes). Contiguous, at least two bits,
+    /// clear of --egress-ip-mark-mask; 0 turns
     /// it off (every packet walks the rules, and the per-rule allow counters count
     /// every packet instead of a connection's first after each change).
-    #[arg(long, env = "EGRESSD_FIREWALL_VERIFIED_MARK_MASK", default_value = "0x03000000", value_parser = parse_number)]
+    #[arg(long, env = "EGRESSD_FIREWALL_VERIFIED_MARK_MASK", default_value = "0x0f000000", value_parser = parse_number)]
     firewall_verified_mark_mask: u32,
     /// A cluster DNS Service address the pods ask (kube-dns' ClusterIP; repeatable):
     /// answers to queries sent to it (or to a --dns-server) are snooped.

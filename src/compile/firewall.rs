@@ -8,17 +8,18 @@
 //!   replies pass (`ct direction reply`), cluster and service destinations pass, then
 //!   `ip saddr vmap @fw-pods-v4` / `ip6 saddr vmap @fw-pods-v6` jump to the pod's
 //!   namespace chain. Per-packet cost: two set lookups and one map lookup, whatever the
-//!   number of namespaces and pods. Before the pod map, with a verified-connections
-//!   mask, an established connection verified under the current policy generation is
-//!   accepted (one lookup in `fw-epoch`; [`crate::nft::verified`]).
+//!   number of namespaces and pods. With verified connections, first of all an
+//!   established connection verified under the current policy generation is accepted
+//!   (one lookup in `fw-epoch`; [`crate::nft::verified`]), and what the chain accepts
+//!   (exempt, allowed, let through) goes to `fw-mark`, which marks it verified.
 //! * `fw-<namespace>`: the namespace's rules in order; the first match accepts or
 //!   drops; no match returns to the base chain, whose policy is accept. Consecutive
 //!   CIDR/nodeSelector rules with the same action are one nft rule per family and port
 //!   set ([`super::runs`]; not in chains that log), commented `egress[i..j]`, its
 //!   destinations (when more than one) in the named interval set `fw-<namespace>-r<k>`:
 //!   a changed destination is an element change, sent without re-validating the table.
-//!   With verified connections an allow returns to the base chain, which marks the
-//!   connection verified and accepts, except for `dnsName` destinations and in
+//!   With verified connections an allow returns to the base chain, which has the
+//!   connection marked verified and accepts it, except for `dnsName` destinations and in
 //!   namespaces with a Deny by name that DNS snooping feeds (their sets change without
 //!   a change of the table): those accept, and their chain ends in `accept`.
 
@@ -254,33 +255,42 @@ const PODS_V6: &str = "fw-pods-v6";
 const INLINE_EXEMPT: usize = 2;
 
 /// The exempt (cluster and Service) ranges, and the base chain's rules accepting them.
+/// The exempt (cluster and Service) ranges, and the base chain's rules accepting them
+/// (with verified connections: marking them, in `fw-mark`).
 fn exempt_rules(node: &NodeConfig, table: &mut Table) -> (Vec<IpNet>, Vec<String>) {
     let merged = node.exempt_ranges();
+    let verdict = if node.verified_mark_mask != 0 { MARK_VERDICT } else { "accept" };
     let mut rules = Vec::new();
     for (family, v4, name) in [("ip", true, CLUSTER_V4), ("ip6", false, CLUSTER_V6)] {
         let nets: Vec<&IpNet> = merged.iter().filter(|n| n.addr().is_ipv4() == v4).collect();
         if nets.len() <= INLINE_EXEMPT {
-            rules.extend(nets.iter().map(|n| format!("{} accept", addr_match(family, [*n]))));
+            rules.extend(nets.iter().map(|n| format!("{} {verdict}", addr_match(family, [*n]))));
         } else {
             let mut set = Set::new(if v4 { KeyType::Ipv4 } else { KeyType::Ipv6 }, true);
             set.elements = nets.iter().map(|n| (n.to_compact_string(), Text::default())).collect();
             table.sets.insert(name.into(), set);
-            rules.push(format!("{family} daddr @{name} accept"));
+            rules.push(format!("{family} daddr @{name} {verdict}"));
         }
     }
     (merged, rules)
 }
 
-/// The base chain: replies pass, the exempt ranges pass, then each pod's namespace
-/// chain. Every packet entering the node walks it, so what IPv4 packets never match
-/// comes after their verdict.
+/// How the base chain hands a packet it accepts to the marking rules.
+const MARK_VERDICT: &str = "goto fw-mark";
+
+/// The base chain: (with verified connections, first: an established connection
+/// verified under the current policy generation passes), replies pass, the exempt
+/// ranges pass, then each pod's namespace chain; (with verified connections, what
+/// passes is marked verified in `fw-mark`). Every packet entering the node walks it,
+/// so what IPv4 packets never match comes after their verdict.
 fn base_chain(exempt: Vec<String>, verified_mask: u32) -> Chain {
-    let mut rules = vec!["ct direction reply accept".to_string()];
-    rules.extend(exempt);
-    // After the exempt ranges: connections inside the cluster are never marked.
+    let mut rules = Vec::new();
+    // First: the packets of a verified connection — most packets — pay this one rule.
     if verified_mask != 0 {
         rules.push(crate::nft::verified::fast_path(verified_mask));
     }
+    rules.push("ct direction reply accept".to_string());
+    rules.extend(exempt);
     rules.push(format!("ip saddr vmap @{PODS_V4}"));
     // Neighbour discovery to the node must never be filtered (ARP is not seen by inet
     // hooks at all).
@@ -291,7 +301,9 @@ fn base_chain(exempt: Vec<String>, verified_mask: u32) -> Chain {
     rules.push(format!("ip6 saddr vmap @{PODS_V6}"));
     // What the namespace chains returned (allowed) or let through, and what no chain
     // looked at: accepted, the connection marked verified.
-    rules.extend(crate::nft::verified::marking_rules(verified_mask));
+    if verified_mask != 0 {
+        rules.push(MARK_VERDICT.into());
+    }
     Chain::base(Hook { chain_type: "filter", hook: "prerouting", priority: "filter" }, rules)
 }
 
@@ -892,6 +904,8 @@ pub(super) fn compile(
     table.sets.insert(PODS_V6.into(), Set { elements: v6, ..Set::verdict_map(KeyType::Ipv6) });
     table.chains.insert(FIREWALL_CHAIN.into(), base_chain(exempt_accepts, node.verified_mark_mask));
     if node.verified_mark_mask != 0 {
-        table.sets.insert(crate::nft::verified::EPOCH_SET.into(), Set::new(KeyType::Mark, false));
+        use crate::nft::verified;
+        table.sets.insert(verified::EPOCH_SET.into(), Set::new(KeyType::Mark, false));
+        table.chains.insert(verified::CHAIN.into(), Chain::regular(verified::marking_rules(node.verified_mark_mask)));
     }
 }

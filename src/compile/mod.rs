@@ -59,8 +59,10 @@ pub struct NodeConfig {
     pub verified_mark_mask: u32,
 }
 
-/// The default conntrack mark bits of verified connections (three generations).
-pub const DEFAULT_VERIFIED_MARK_MASK: u32 = 0x0300_0000;
+/// The default conntrack mark bits of verified connections: twelve generations in
+/// three groups, one walk of the conntrack table per four changes
+/// ([`crate::nft::verified::groups`]).
+pub const DEFAULT_VERIFIED_MARK_MASK: u32 = 0x0f00_0000;
 
 /// Where logged EgressFirewall verdicts go (namespaces with `k8s.ovn.org/acl-logging`,
 /// EgressFirewalls in audit mode).
@@ -461,7 +463,7 @@ mod tests {
         let snoop = Some(crate::dns::targets::SnoopSettings { group: 1, servers: Vec::new(), rate: 100 });
         let chain = |docs: &str, node: &NodeConfig| {
             let t = compile(&view(docs), node, &DnsAnswers::new()).table;
-            (t.chains["fw-a"].rules.clone(), t.chains["firewall"].rules.iter().any(|r| r.contains("ct mark set")))
+            (t.chains["fw-a"].rules.clone(), t.chains.contains_key(crate::nft::verified::CHAIN))
         };
         let cidr_and_name = fw(
             "  - {type: Allow, to: {cidrSelector: 192.0.2.0/24}}\n  - {type: Allow, to: {dnsName: api.example.com}}\n  - {type: Deny, to: {cidrSelector: 0.0.0.0/0}}\n",

@@ -123,15 +123,15 @@ const CTA_MARK_MASK: u16 = 21;
 /// `CTA_ZONE`: an entry's zone, part of what finds it.
 const CTA_ZONE: u16 = 18;
 
-/// Clear the bits `mask` of the mark of every conntrack entry (both families) whose
+/// Clear the bits `clear` of the mark of every conntrack entry (both families) whose
 /// mark under `mask` is `value`; returns how many it found. The kernel filters the
 /// dump; each entry is then updated by its original tuple (an entry gone meanwhile is
 /// skipped).
-pub(crate) fn clear_marks(mask: u32, value: u32) -> io::Result<usize> {
+pub(crate) fn clear_marks(mask: u32, value: u32, clear: u32) -> io::Result<usize> {
     use netlink_packet_core::{DefaultNla, Nla};
     let socket = open()?;
-    let mask_nla = || ConntrackAttribute::Other(DefaultNla::new(CTA_MARK_MASK, mask.to_be_bytes().to_vec()));
-    let filter = vec![ConntrackAttribute::CtaMark(value), mask_nla()];
+    let mask_nla = |m: u32| ConntrackAttribute::Other(DefaultNla::new(CTA_MARK_MASK, m.to_be_bytes().to_vec()));
+    let filter = vec![ConntrackAttribute::CtaMark(value), mask_nla(mask)];
     send_family(&socket, NLM_F_REQUEST | NLM_F_DUMP, NetfilterProtoFamily::Unspec, ConntrackMessage::Get(filter))?;
     let mut found = Vec::new();
     receive(&socket, |attrs| {
@@ -149,7 +149,7 @@ pub(crate) fn clear_marks(mask: u32, value: u32) -> io::Result<usize> {
     let count = found.len();
     for (source, mut key) in found {
         key.push(ConntrackAttribute::CtaMark(0));
-        key.push(mask_nla());
+        key.push(mask_nla(clear));
         send(&socket, NLM_F_REQUEST | NLM_F_ACK, source, ConntrackMessage::New(key))?;
         // An entry gone meanwhile (ENOENT) needs nothing.
         receive(&socket, |_| {})?;

@@ -735,10 +735,13 @@ mod tests {
         let swept = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let log = swept.clone();
         let mut s = NftSyncer::new(RecordingBackend::default());
-        s.set_generations(super::super::verified::Generations::new(0x0300_0000, move |_: u32, v: u32| {
-            log.lock().unwrap().push(v);
-            Ok(0)
-        }));
+        s.set_generations(super::super::verified::Generations::new(
+            0x0300_0000,
+            move |g: crate::nft::verified::Group, _: u32| {
+                log.lock().unwrap().push(g.value);
+                Ok(0)
+            },
+        ));
         // The first table verifies nothing; once every value is cleared, the first
         // generation follows as an element change.
         let mut first = std::sync::Arc::new(with_epoch(1));

@@ -1,31 +1,35 @@
 //! The policy generation of verified connections ([`crate::nft::verified`]): which
-//! value the next change of the table carries, and clearing a value from the conntrack
-//! marks before it is used again.
+//! value the next change of the table carries, and clearing values from the conntrack
+//! marks before they are used again.
 //!
-//! The values cycle. Right after a change makes value `v` current, the entries still
-//! marked with the value after `v` (verified under a policy two or more changes old)
-//! are cleared in the background; the change that uses that value waits for it first.
-//! Nothing but the marking rule of the current value sets a value, so when a value
-//! becomes current again, no connection carries it from before.
+//! The values cycle through three groups ([`crate::nft::verified::groups`]). When a
+//! change makes the first value of a group current, the entries still marked with a
+//! value of the next group (verified under a policy a whole group of changes old) are
+//! cleared in the background, in one walk of the conntrack table; the change that
+//! first uses that group waits for it. Nothing but the marking rule of the current
+//! value sets a value, so when a value becomes current again, no connection carries it
+//! from before.
 //!
 //! At start nothing is current (the first table verifies nothing, so the table an
-//! older egressd left marks nothing once it is replaced), then every value is cleared,
+//! older egressd left marks nothing once it is replaced), then every group is cleared,
 //! then the first value is stamped. If clearing fails (no ctnetlink), the fast path
 //! stays off: every packet walks the rules, as with a mask of 0.
 
 use std::io;
 use std::sync::mpsc;
 
-/// Clears a generation from the conntrack marks.
+use crate::nft::verified::Group;
+
+/// Clears generations from the conntrack marks.
 pub trait Sweep: Send + 'static {
-    /// Clear the bits `mask` of every entry whose mark under `mask` is `value`; how
-    /// many it found.
-    fn sweep(&mut self, mask: u32, value: u32) -> io::Result<usize>;
+    /// Clear the bits `clear` of every entry whose mark is in `group`; how many it
+    /// found.
+    fn sweep(&mut self, group: Group, clear: u32) -> io::Result<usize>;
 }
 
-impl<F: FnMut(u32, u32) -> io::Result<usize> + Send + 'static> Sweep for F {
-    fn sweep(&mut self, mask: u32, value: u32) -> io::Result<usize> {
-        self(mask, value)
+impl<F: FnMut(Group, u32) -> io::Result<usize> + Send + 'static> Sweep for F {
+    fn sweep(&mut self, group: Group, clear: u32) -> io::Result<usize> {
+        self(group, clear)
     }
 }
 
@@ -34,32 +38,36 @@ impl<F: FnMut(u32, u32) -> io::Result<usize> + Send + 'static> Sweep for F {
 pub struct Conntrack;
 
 impl Sweep for Conntrack {
-    fn sweep(&mut self, mask: u32, value: u32) -> io::Result<usize> {
-        super::conntrack::clear_marks(mask, value)
+    fn sweep(&mut self, group: Group, clear: u32) -> io::Result<usize> {
+        super::conntrack::clear_marks(group.mask, group.value, clear)
     }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
-    /// No value cleared yet: changes carry none.
+    /// Nothing cleared yet: changes carry no value.
     Fresh,
-    /// Values cleared: changes carry the next one.
+    /// Groups cleared: changes carry the next value.
     Running,
-    /// A clearing failed: changes carry none, for good.
+    /// A clearing failed: changes carry no value, for good.
     Off,
 }
 
 /// The generations of one table.
 pub struct Generations {
     mask: u32,
-    values: Vec<u32>,
+    /// The values in the order they are used, and their group's index.
+    values: Vec<(u32, usize)>,
+    groups: Vec<Group>,
     state: State,
     /// The value the applied table carries.
     current: Option<u32>,
-    /// The value whose clearing was asked for and not yet waited for.
-    pending: Option<u32>,
-    requests: mpsc::Sender<u32>,
-    done: mpsc::Receiver<(u32, io::Result<usize>)>,
+    /// Groups cleared and not used since.
+    clean: Vec<bool>,
+    /// The group whose clearing was asked for and not yet waited for.
+    pending: Option<usize>,
+    requests: mpsc::Sender<Group>,
+    done: mpsc::Receiver<(Group, io::Result<usize>)>,
 }
 
 impl std::fmt::Debug for Generations {
@@ -76,18 +84,22 @@ impl Generations {
     /// Generations in the conntrack mark bits `mask` (checked by
     /// [`crate::nft::verified::check_mask`]), cleared by `sweeper` on a thread of its own.
     pub fn new(mask: u32, mut sweeper: impl Sweep) -> Self {
-        let (requests, work) = mpsc::channel::<u32>();
+        let (requests, work) = mpsc::channel::<Group>();
         let (report, done) = mpsc::channel();
         let spawned = std::thread::Builder::new().name("egressd-ct-sweep".into()).spawn(move || {
-            for value in work {
-                if report.send((value, sweeper.sweep(mask, value))).is_err() {
+            for group in work {
+                if report.send((group, sweeper.sweep(group, mask))).is_err() {
                     break;
                 }
             }
         });
-        let values: Vec<u32> = crate::nft::verified::values(mask).collect();
+        let split = crate::nft::verified::groups(mask);
+        let groups: Vec<Group> = split.iter().map(|(g, _)| *g).collect();
+        let values: Vec<(u32, usize)> =
+            split.iter().enumerate().flat_map(|(i, (_, values))| values.iter().map(move |v| (*v, i))).collect();
         let state = if spawned.is_ok() && values.len() >= 3 { State::Fresh } else { State::Off };
-        Self { mask, values, state, current: None, pending: None, requests, done }
+        let clean = vec![false; groups.len()];
+        Self { mask, values, groups, state, current: None, clean, pending: None, requests, done }
     }
 
     /// Whether the fast path is off for good (a clearing failed).
@@ -106,65 +118,79 @@ impl Generations {
         if self.state != State::Running {
             return None;
         }
-        Some(self.after(self.current))
+        Some(self.values[self.after(self.current)].0)
     }
 
-    fn after(&self, value: Option<u32>) -> u32 {
-        let at =
-            value.and_then(|v| self.values.iter().position(|x| *x == v)).map_or(0, |i| (i + 1) % self.values.len());
-        self.values[at]
+    /// The index of the value after `value` (the first after none).
+    fn after(&self, value: Option<u32>) -> usize {
+        value.and_then(|v| self.values.iter().position(|x| x.0 == v)).map_or(0, |i| (i + 1) % self.values.len())
     }
 
-    /// Wait until `value` is cleared (its clearing was asked for after the change
-    /// before); false when that failed (the fast path is then off).
+    /// The group `value` opens, if it is the first of its group.
+    fn opens(&self, value: u32) -> Option<usize> {
+        let i = self.values.iter().position(|x| x.0 == value)?;
+        let group = self.values[i].1;
+        (i == 0 || self.values[i - 1].1 != group).then_some(group)
+    }
+
+    /// Make sure `value` is cleared: the first value of a group waits for the group's
+    /// clearing (asked for when the group before it began); false when that failed (the
+    /// fast path is then off).
     pub fn ready(&mut self, value: u32) -> bool {
         if self.state != State::Running {
             return false;
         }
-        if self.pending == Some(value) {
+        let Some(group) = self.opens(value) else { return true };
+        if !self.clean[group] && self.pending == Some(group) {
             self.pending = None;
-            if !self.wait(value) {
-                return false;
-            }
+            self.wait(group);
         }
-        true
+        if !self.clean[group] && self.state == State::Running {
+            self.fail(self.groups[group], &io::Error::other("its clearing was never asked for"));
+        }
+        self.state == State::Running
     }
 
-    fn wait(&mut self, value: u32) -> bool {
+    /// Wait for the clearing of `group` (and any asked before it).
+    fn wait(&mut self, group: usize) {
         loop {
             match self.done.recv() {
-                Ok((v, Ok(_))) if v == value => return true,
-                Ok((_, Ok(_))) => {}
-                Ok((v, Err(e))) => {
-                    self.fail(v, &e);
-                    return false;
+                Ok((g, Ok(_))) => {
+                    let Some(i) = self.groups.iter().position(|x| *x == g) else { continue };
+                    self.clean[i] = true;
+                    if i == group {
+                        return;
+                    }
                 }
-                Err(_) => {
-                    self.fail(value, &io::Error::other("the clearing thread is gone"));
-                    return false;
-                }
+                Ok((g, Err(e))) => return self.fail(g, &e),
+                Err(_) => return self.fail(self.groups[group], &io::Error::other("the clearing thread is gone")),
             }
         }
     }
 
-    fn fail(&mut self, value: u32, e: &io::Error) {
+    fn fail(&mut self, group: Group, e: &io::Error) {
         tracing::warn!(
             error = %e,
-            mark = format_args!("{value:#010x}"),
+            marks = format_args!("{:#010x}/{:#010x}", group.value, group.mask),
             "cannot clear verified connections' marks; the firewall's fast path is off (every packet walks the rules)"
         );
         self.state = State::Off;
     }
 
-    /// A table carrying `value` was applied: it is current, and the value after it is
-    /// cleared in the background. The first table applied (carrying none) has every
-    /// value cleared, right away: then [`Generations::upcoming`] gives the first.
+    /// A table carrying `value` was applied: it is current; if it begins a group, the
+    /// next group is cleared in the background. The first table applied (carrying
+    /// none) has every group cleared, right away: then [`Generations::upcoming`] gives
+    /// the first value.
     pub fn applied(&mut self, value: Option<u32>) {
         match self.state {
             State::Off => {}
             State::Fresh => {
-                for v in self.values.clone() {
-                    if self.requests.send(v).is_err() || !self.wait(v) {
+                for i in 0..self.groups.len() {
+                    if self.requests.send(self.groups[i]).is_err() {
+                        return self.fail(self.groups[i], &io::Error::other("the clearing thread is gone"));
+                    }
+                    self.wait(i);
+                    if self.state == State::Off {
                         return;
                     }
                 }
@@ -172,13 +198,17 @@ impl Generations {
                 self.current = None;
                 tracing::info!(
                     mask = format_args!("{:#010x}", self.mask),
+                    generations = self.values.len(),
                     "verified connections: the firewall's fast path is on"
                 );
             }
             State::Running => {
                 self.current = value;
-                let next = self.after(value);
-                if self.pending.is_none() && self.requests.send(next).is_ok() {
+                let Some(group) = value.and_then(|v| self.opens(v)) else { return };
+                self.clean[group] = false;
+                let next = (group + 1) % self.groups.len();
+                if self.pending.is_none() && self.requests.send(self.groups[next]).is_ok() {
+                    self.clean[next] = false;
                     self.pending = Some(next);
                 }
             }
@@ -194,10 +224,23 @@ mod tests {
     fn recording() -> (Arc<Mutex<Vec<u32>>>, impl Sweep) {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let log = seen.clone();
-        (seen, move |_mask: u32, value: u32| {
-            log.lock().unwrap().push(value);
+        (seen, move |group: Group, _clear: u32| {
+            log.lock().unwrap().push(group.value);
             Ok(0)
         })
+    }
+
+    /// Drive `changes` changes; the values used.
+    fn run(g: &mut Generations, changes: usize) -> Vec<u32> {
+        let mut used = Vec::new();
+        for _ in 0..changes {
+            let v = g.upcoming().unwrap();
+            assert!(g.ready(v));
+            g.applied(Some(v));
+            assert_eq!(g.current(), Some(v));
+            used.push(v);
+        }
+        used
     }
 
     #[test]
@@ -208,30 +251,45 @@ mod tests {
         g.applied(None);
         assert_eq!(*seen.lock().unwrap(), [0x0100_0000, 0x0200_0000, 0x0300_0000]);
         seen.lock().unwrap().clear();
-        // Ten changes: each value, before it is used, cleared after the last time it was.
-        let mut used = Vec::new();
-        for _ in 0..10 {
-            let v = g.upcoming().unwrap();
-            assert!(g.ready(v));
-            g.applied(Some(v));
-            assert_eq!(g.current(), Some(v));
-            used.push(v);
-        }
+        // Two bits: each value is a group; ten changes.
+        let used = run(&mut g, 10);
         assert_eq!(&used[..4], [0x0100_0000, 0x0200_0000, 0x0300_0000, 0x0100_0000]);
         g.ready(g.upcoming().unwrap());
-        let cleared = seen.lock().unwrap().clone();
         // The clearing asked after using used[i] is of used[i + 1].
+        let cleared = seen.lock().unwrap().clone();
         assert_eq!(cleared, used[1..].iter().copied().chain([g.upcoming().unwrap()]).collect::<Vec<_>>());
     }
 
     #[test]
+    fn four_bits_clear_a_group_of_four_values_in_one_walk() {
+        let (seen, sweeper) = recording();
+        let mut g = Generations::new(0x0f00_0000, sweeper);
+        g.applied(None);
+        assert_eq!(*seen.lock().unwrap(), [0x0400_0000, 0x0800_0000, 0x0c00_0000]);
+        seen.lock().unwrap().clear();
+        let used = run(&mut g, 24);
+        assert_eq!(&used[..5], [0x0400_0000, 0x0500_0000, 0x0600_0000, 0x0700_0000, 0x0800_0000]);
+        assert_eq!(used[12], used[0], "twelve generations");
+        g.ready(g.upcoming().unwrap());
+        // One walk per four changes, each of the group after the one just begun.
+        let cleared = seen.lock().unwrap().clone();
+        assert_eq!(cleared, [0x0800_0000, 0x0c00_0000, 0x0400_0000, 0x0800_0000, 0x0c00_0000, 0x0400_0000]);
+        // Each group was cleared after its last use and before its next.
+        for (i, v) in used.iter().enumerate().skip(4).step_by(4) {
+            let group = v & 0x0c00_0000;
+            let walk = i / 4 - 1;
+            assert_eq!(cleared[walk], group, "change {i}");
+        }
+    }
+
+    #[test]
     fn a_failed_clearing_turns_the_fast_path_off() {
-        let mut g = Generations::new(0x0300_0000, |_: u32, _: u32| Err(io::Error::other("no ctnetlink")));
+        let mut g = Generations::new(0x0300_0000, |_: Group, _: u32| Err(io::Error::other("no ctnetlink")));
         g.applied(None);
         assert!(g.is_off());
         assert_eq!(g.upcoming(), None);
         let mut calls = 0;
-        let mut g = Generations::new(0x0300_0000, move |_: u32, _: u32| {
+        let mut g = Generations::new(0x0300_0000, move |_: Group, _: u32| {
             calls += 1;
             if calls > 3 { Err(io::Error::other("gone")) } else { Ok(0) }
         });

@@ -1,29 +1,33 @@
 //! Verified connections: the firewall's fast path for the packets of a connection after
 //! its first.
 //!
-//! An allow rule of a namespace chain returns to the base chain (instead of accepting),
-//! whose last rules write the policy's current *generation* into the connection's
-//! conntrack mark (the bits of a mask, `--firewall-verified-mark-mask`; what falls
-//! through a namespace chain, accepted by the policy, is marked too), and the base chain
-//! accepts an established connection whose mark holds the current generation before the
-//! pod map:
+//! What the base chain accepts — an allow of a namespace chain returns to it (instead of
+//! accepting), what falls through a namespace chain, the exempt (cluster) ranges — goes
+//! to `fw-mark`, which writes the policy's current *generation* into the connection's
+//! conntrack mark (the bits of a mask, `--firewall-verified-mark-mask`; other bits are
+//! kept), and the base chain's first rule accepts an established connection whose mark
+//! holds the current generation (replies too: they share the entry):
 //!
 //! ```text
-//! set fw-epoch { type mark; elements = { 0x01000000 } }        # the current generation
+//! set fw-epoch { type mark; elements = { 0x04000000 } }        # the current generation
 //! chain firewall {
-//!     …; ct state established ct mark and 0x03000000 @fw-epoch accept
+//!     ct state established ct mark and 0x0f000000 @fw-epoch accept
+//!     ct direction reply accept
+//!     ip daddr 198.18.0.0/15 goto fw-mark
 //!     ip saddr vmap @fw-pods-v4; …; ip6 saddr vmap @fw-pods-v6
-//!     ct mark and 0x00000000 or 0x01000000 @fw-epoch ct mark set ct mark and 0xfcffffff or 0x01000000 accept
-//!     ct mark and 0x00000000 or 0x02000000 @fw-epoch ct mark set ct mark and 0xfcffffff or 0x02000000 accept
-//!     …
+//!     goto fw-mark
+//! }
+//! chain fw-mark {
+//!     ct mark and 0x00000000 or 0x04000000 @fw-epoch ct mark set ct mark and 0xf0ffffff or 0x04000000 accept
+//!     … one rule per generation value
 //! }
 //! ```
 //!
 //! (`ct mark and 0 or <v>` is the constant `<v>`: the one rule whose value is the
-//! current generation marks.) The marking rules are in the base chain, not in a chain
-//! every allow jumps to: the kernel re-validates the table through every jump when a
-//! change adds one (a pod's map element), and a chain reached from a thousand namespace
-//! chains was walked a thousand times (+1 ms per such change, measured).
+//! current generation marks.) `fw-mark` is reached from the base chain only, never from
+//! the namespace chains: the kernel re-validates the table through every jump when a
+//! change adds one (a pod's map element), and a chain every allow jumped to was walked
+//! a thousand times at 100k rules (+1 ms per such change, measured).
 //! Every change of the table moves the generation in the same transaction — an
 //! element of `fw-epoch`, so the kernel re-validates nothing — and every established
 //! connection's next packet walks the rules again, as OVN evaluates its ACLs on every
@@ -34,15 +38,45 @@
 
 use super::{Set, Table, Text};
 
+/// The chain marking what the base chain accepts.
+pub const CHAIN: &str = "fw-mark";
 /// The set holding the current generation's mark value.
 pub const EPOCH_SET: &str = "fw-epoch";
 
-/// The generation values a mask holds, shifted into it: 1 … 2^bits − 1 (0 is
-/// "not verified").
-pub fn values(mask: u32) -> impl Iterator<Item = u32> {
+/// Generation values cleared from conntrack together: the entries whose mark under
+/// `mask` is `value` (one dump the kernel filters, one walk of its conntrack table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Group {
+    /// The bits telling the groups apart.
+    pub mask: u32,
+    /// This group's value of them.
+    pub value: u32,
+}
+
+/// The generation values of a mask, shifted into it, in the order they are used, in
+/// three groups told apart by the field's top two bits (with two bits, each value is
+/// its own group). A group is cleared in one walk of the kernel's conntrack table
+/// (~10 ms of a core here, whatever the number of entries: the walk is over its
+/// 262,144 buckets), so with four bits one walk serves four changes.
+pub fn groups(mask: u32) -> Vec<(Group, Vec<u32>)> {
+    if mask == 0 {
+        return Vec::new();
+    }
     let shift = mask.trailing_zeros();
-    let count = mask.checked_shr(shift).unwrap_or(0);
-    (1..=count).map(move |k| k << shift)
+    let low = mask.count_ones().saturating_sub(2);
+    let top = shift + low;
+    (1..=3u32)
+        .map(|g| {
+            let group = Group { mask: 0b11 << top, value: g << top };
+            (group, (0..1u32 << low).map(|x| group.value | (x << shift)).collect())
+        })
+        .collect()
+}
+
+/// The generation values of a mask in the order they are used ([`groups`]); 0 is
+/// "not verified".
+pub fn values(mask: u32) -> impl Iterator<Item = u32> {
+    groups(mask).into_iter().flat_map(|(_, values)| values)
 }
 
 /// Check a verified-connections mask: 0 (off), or at least two contiguous bits (three
@@ -71,8 +105,8 @@ pub fn fast_path(mask: u32) -> String {
     format!("ct state established ct mark and {mask:#010x} @{EPOCH_SET} accept")
 }
 
-/// The base chain's last rules: one per generation value, marking the connection when
-/// it is the current one.
+/// The rules of [`CHAIN`]: one per generation value, marking the connection when it
+/// is the current one.
 pub fn marking_rules(mask: u32) -> Vec<String> {
     values(mask)
         .map(|v| {
@@ -107,7 +141,17 @@ mod tests {
     #[test]
     fn values_fill_the_mask_and_masks_are_checked() {
         assert_eq!(values(0x0300_0000).collect::<Vec<_>>(), [0x0100_0000, 0x0200_0000, 0x0300_0000]);
-        assert_eq!(values(0x0000_0070).count(), 7);
+        let g = groups(0x0f00_0000);
+        assert_eq!(g.len(), 3);
+        assert_eq!(
+            g[0],
+            (Group { mask: 0x0c00_0000, value: 0x0400_0000 }, vec![0x0400_0000, 0x0500_0000, 0x0600_0000, 0x0700_0000])
+        );
+        assert_eq!(g[2].1, [0x0c00_0000, 0x0d00_0000, 0x0e00_0000, 0x0f00_0000]);
+        for (group, values) in groups(0x0000_01f0) {
+            assert!(values.iter().all(|v| v & group.mask == group.value && v & !0x1f0 == 0), "{group:?} {values:?}");
+        }
+        assert_eq!(values(0x0000_0070).count(), 6);
         assert_eq!(values(0).count(), 0);
         assert!(check_mask(0, 0x00ff_0000).is_ok());
         assert!(check_mask(0x0300_0000, 0x00ff_0000).is_ok());
