@@ -71,7 +71,7 @@ fn render_touches_nothing_and_env_fallbacks_work() {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(text.contains("ip6 daddr 2001:db8:1::/48 accept"), "{text}");
+    assert!(text.contains("ip6 daddr 2001:db8:1::/48 goto fw-mark"), "{text}");
     assert!(text.contains("EgressFirewall a/default\tapplied\tnode-x: EgressFirewall Rules applied"), "{text}");
 }
 
