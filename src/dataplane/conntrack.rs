@@ -55,26 +55,21 @@ fn receive(socket: &Socket, mut each: impl FnMut(Vec<ConntrackAttribute>)) -> io
     })
 }
 
-fn original_source(attrs: &[ConntrackAttribute]) -> Option<IpAddr> {
+/// An address of an entry: of its original tuple or its reply tuple, the source or
+/// the destination.
+fn tuple_address(attrs: &[ConntrackAttribute], reply: bool, source: bool) -> Option<IpAddr> {
     attrs.iter().find_map(|a| match a {
-        ConntrackAttribute::CtaTupleOrig(tuple) => tuple.iter().find_map(|t| match t {
-            Tuple::Ip(ips) => ips.iter().find_map(|i| match i {
-                IPTuple::SourceAddress(s) => Some(*s),
-                _ => None,
-            }),
-            _ => None,
-        }),
+        ConntrackAttribute::CtaTupleOrig(tuple) if !reply => ip_of(tuple, source),
+        ConntrackAttribute::CtaTupleReply(tuple) if reply => ip_of(tuple, source),
         _ => None,
     })
 }
 
-fn reply_destination(attrs: &[ConntrackAttribute]) -> Option<IpAddr> {
-    attrs.iter().find_map(|a| match a {
-        ConntrackAttribute::CtaTupleReply(tuple) => tuple.iter().find_map(|t| match t {
-            Tuple::Ip(ips) => ips.iter().find_map(|i| match i {
-                IPTuple::DestinationAddress(d) => Some(*d),
-                _ => None,
-            }),
+fn ip_of(tuple: &[Tuple], source: bool) -> Option<IpAddr> {
+    tuple.iter().find_map(|t| match t {
+        Tuple::Ip(ips) => ips.iter().find_map(|i| match i {
+            IPTuple::SourceAddress(s) if source => Some(*s),
+            IPTuple::DestinationAddress(d) if !source => Some(*d),
             _ => None,
         }),
         _ => None,
@@ -93,7 +88,7 @@ fn originals(socket: &Socket, ip: IpAddr) -> io::Result<Vec<ConntrackAttribute>>
     send(socket, NLM_F_REQUEST | NLM_F_DUMP, ip, ConntrackMessage::Get(vec![]))?;
     let mut originals = Vec::new();
     receive(socket, |attrs| {
-        if reply_destination(&attrs) == Some(ip) {
+        if tuple_address(&attrs, true, false) == Some(ip) {
             originals.extend(attrs.into_iter().filter(|a| matches!(a, ConntrackAttribute::CtaTupleOrig(_))));
         }
     })?;
@@ -135,7 +130,7 @@ pub(crate) fn clear_marks(mask: u32, value: u32, clear: u32) -> io::Result<usize
     send_family(&socket, NLM_F_REQUEST | NLM_F_DUMP, NetfilterProtoFamily::Unspec, ConntrackMessage::Get(filter))?;
     let mut found = Vec::new();
     receive(&socket, |attrs| {
-        let Some(source) = original_source(&attrs) else { return };
+        let Some(source) = tuple_address(&attrs, false, true) else { return };
         let key: Vec<ConntrackAttribute> = attrs
             .into_iter()
             .filter(|a| match a {
