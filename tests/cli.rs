@@ -73,6 +73,24 @@ fn render_touches_nothing_and_env_fallbacks_work() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.contains("ip6 daddr 2001:db8:1::/48 goto fw-mark"), "{text}");
     assert!(text.contains("EgressFirewall a/default\tapplied\tnode-x: EgressFirewall Rules applied"), "{text}");
+    assert!(text.contains("ct state established ct mark and 0x0f000000 @fw-epoch accept"), "{text}");
+    // The verified connections' default mask steps aside for EgressIP's bits.
+    let out = Command::new(env!("CARGO_BIN_EXE_egressd"))
+        .args([
+            "render",
+            "--manifests",
+            dir.path().to_str().unwrap(),
+            "--node-name",
+            "n",
+            "--cluster-cidr",
+            "198.18.0.0/16",
+        ])
+        .env("EGRESSD_EGRESS_IP_MARK_MASK", "0x0f000000")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("ct state established ct mark and 0xf0000000 @fw-epoch accept"), "{text}");
 }
 
 /// Options at and beyond their limits: beyond → exit 64 naming the option (never a
@@ -100,6 +118,10 @@ fn options_at_their_extremes() {
         (&["--egress-ip-rule-priority", "32766"], "--egress-ip-rule-priority"),
         (&["--egress-ip-protocol", "2"], "--egress-ip-protocol"),
         (&["--egress-ip-protocol", "256"], "--egress-ip-protocol"),
+        (&["--firewall-verified-mark-mask", "0x00030000"], "overlaps the EgressIP mark bits"),
+        (&["--firewall-verified-mark-mask", "0x01000000"], "at least two bits"),
+        (&["--firewall-verified-mark-mask", "0x05000000"], "contiguous"),
+        (&["--firewall-verified-mark-mask", "0x1ffffffff"], "--firewall-verified-mark-mask"),
     ];
     for (extra, needle) in rejected {
         for base in [&render[..], &run[..]] {
@@ -135,6 +157,9 @@ fn options_at_their_extremes() {
         &["--egress-ip-mark-mask", "0x1"],
         &["--egress-ip-rule-priority", "32765"],
         &["--egress-ip-protocol", "255"],
+        &["--firewall-verified-mark-mask", "0"],
+        &["--firewall-verified-mark-mask", "0xc0000000"],
+        &["--egress-ip-mark-mask", "0x0f000000"],
     ] {
         let args: Vec<&str> = render.iter().chain(extra.iter()).copied().collect();
         let (code, _, err) = egressd(&args);

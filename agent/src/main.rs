@@ -222,11 +222,12 @@ struct NodeArgs {
     /// rules until the policy changes (every change sends them through the rules
     /// again; the values cycle, and are cleared from conntrack before reuse: one walk
     /// of the conntrack table per 2^(bits-2) changes). Contiguous, at least two bits,
-    /// clear of --egress-ip-mark-mask; 0 turns
-    /// it off (every packet walks the rules, and the per-rule allow counters count
-    /// every packet instead of a connection's first after each change).
-    #[arg(long, env = "EGRESSD_FIREWALL_VERIFIED_MARK_MASK", default_value = "0x0f000000", value_parser = parse_number)]
-    firewall_verified_mark_mask: u32,
+    /// clear of --egress-ip-mark-mask; 0 turns it off (every packet walks the rules,
+    /// and the per-rule allow counters count every packet instead of a connection's
+    /// first after each change). Default: 0x0f000000, or where that overlaps
+    /// --egress-ip-mark-mask 0xf0000000, then 0x00000f00.
+    #[arg(long, env = "EGRESSD_FIREWALL_VERIFIED_MARK_MASK", value_parser = parse_number)]
+    firewall_verified_mark_mask: Option<u32>,
     /// A cluster DNS Service address the pods ask (kube-dns' ClusterIP; repeatable):
     /// answers to queries sent to it (or to a --dns-server) are snooped.
     #[arg(long = "cluster-dns", env = "EGRESSD_CLUSTER_DNS", value_delimiter = ',')]
@@ -346,6 +347,22 @@ fn parse_number(s: &str) -> Result<u32, String> {
 }
 
 impl NodeArgs {
+    /// What the options' own parsers cannot check: the options together.
+    fn check(&self) -> Result<(), String> {
+        egressd::nft::verified::check_mask(self.verified_mark_mask(), self.egress.egress_ip_mark_mask)
+            .map_err(|e| format!("--firewall-verified-mark-mask {e}"))
+    }
+
+    /// `--firewall-verified-mark-mask`, or the first default clear of the EgressIP bits.
+    fn verified_mark_mask(&self) -> u32 {
+        self.firewall_verified_mark_mask.unwrap_or_else(|| {
+            [egressd::compile::DEFAULT_VERIFIED_MARK_MASK, 0xf000_0000, 0x0000_0f00]
+                .into_iter()
+                .find(|m| m & self.egress.egress_ip_mark_mask == 0)
+                .unwrap_or(0)
+        })
+    }
+
     fn config(&self) -> NodeConfig {
         NodeConfig::new(self.node_name.clone(), self.cluster_cidrs.clone())
             .with_service_cidrs(self.service_cidrs.clone())
@@ -353,7 +370,7 @@ impl NodeArgs {
             .with_dns_grace(Duration::from_secs(self.dns_grace_secs))
             .with_dns_max_ttl(Duration::from_secs(self.dns_max_ttl_secs))
             .with_egress(self.egress.settings())
-            .with_verified_mark_mask(self.firewall_verified_mark_mask)
+            .with_verified_mark_mask(self.verified_mark_mask())
             .with_snoop((!self.no_dns_snoop).then(|| egressd::dns::targets::SnoopSettings {
                 group: self.dns_snoop_group,
                 servers: self.cluster_dns.clone(),
@@ -677,6 +694,10 @@ fn cleanup(args: &CleanupArgs) -> ExitCode {
 fn render(args: &RenderArgs) -> ExitCode {
     // The node's links decide which egress IPs it could host: none are read here
     // (render touches nothing), so EgressIPs show as placed elsewhere or unhostable.
+    if let Err(e) = args.node.check() {
+        eprintln!("egressd render: {e}");
+        return ExitCode::from(EXIT_CONFIG);
+    }
     match render_manifests(&args.manifests, &args.node.config(), &Default::default()) {
         Ok(text) => {
             print!("{text}");
@@ -700,6 +721,10 @@ fn resolv_conf_servers() -> Vec<std::net::IpAddr> {
 }
 
 fn run(args: RunArgs) -> ExitCode {
+    if let Err(e) = args.node.check() {
+        eprintln!("egressd run: {e}");
+        return ExitCode::from(EXIT_CONFIG);
+    }
     if let Some(dir) = &args.manifests
         && !dir.is_dir()
     {
@@ -728,10 +753,6 @@ fn run(args: RunArgs) -> ExitCode {
     let nft_version = nft.version().ok();
     let telemetry = std::sync::Arc::new(Telemetry::default());
     let mut node = args.node.config();
-    if let Err(e) = egressd::nft::verified::check_mask(node.verified_mark_mask, node.egress.mark_mask) {
-        eprintln!("egressd run: --firewall-verified-mark-mask {e}");
-        return ExitCode::from(EXIT_CONFIG);
-    }
     if let Some(snoop) = &mut node.snoop {
         // Trusted servers: the cluster DNS addresses, and the servers egressd itself asks.
         let own = if args.dns_servers.is_empty() { resolv_conf_servers() } else { args.dns_servers.clone() };
@@ -765,7 +786,7 @@ fn run(args: RunArgs) -> ExitCode {
         }
     };
     let families = args.node.config().families();
-    let verified_mask = args.node.firewall_verified_mark_mask;
+    let verified_mask = args.node.verified_mark_mask();
     let manage = args.manage_sysctls;
     let result = runtime.block_on(async {
         // The handlers first: every later step (listener, first sync) can be interrupted
