@@ -75,21 +75,19 @@ fn render_touches_nothing_and_env_fallbacks_work() {
     assert!(text.contains("EgressFirewall a/default\tapplied\tnode-x: EgressFirewall Rules applied"), "{text}");
     assert!(text.contains("ct state established ct mark and 0x0f000000 @fw-epoch accept"), "{text}");
     // The verified connections' default mask steps aside for EgressIP's bits.
-    let out = Command::new(env!("CARGO_BIN_EXE_egressd"))
-        .args([
-            "render",
-            "--manifests",
-            dir.path().to_str().unwrap(),
-            "--node-name",
-            "n",
-            "--cluster-cidr",
-            "198.18.0.0/16",
-        ])
-        .env("EGRESSD_EGRESS_IP_MARK_MASK", "0x0f000000")
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let d = dir.path().to_str().unwrap();
+    let (code, text, err) = egressd(&[
+        "render",
+        "--manifests",
+        d,
+        "--node-name",
+        "n",
+        "--cluster-cidr",
+        "198.18.0.0/16",
+        "--egress-ip-mark-mask",
+        "0x0f000000",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
     assert!(text.contains("ct state established ct mark and 0xf0000000 @fw-epoch accept"), "{text}");
 }
 

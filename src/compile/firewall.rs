@@ -259,7 +259,7 @@ const INLINE_EXEMPT: usize = 2;
 /// (with verified connections: marking them, in `fw-mark`).
 fn exempt_rules(node: &NodeConfig, table: &mut Table) -> (Vec<IpNet>, Vec<String>) {
     let merged = node.exempt_ranges();
-    let verdict = if node.verified_mark_mask != 0 { MARK_VERDICT } else { "accept" };
+    let verdict = if node.verified_mark_mask != 0 { mark_verdict() } else { "accept".to_string() };
     let mut rules = Vec::new();
     for (family, v4, name) in [("ip", true, CLUSTER_V4), ("ip6", false, CLUSTER_V6)] {
         let nets: Vec<&IpNet> = merged.iter().filter(|n| n.addr().is_ipv4() == v4).collect();
@@ -276,7 +276,9 @@ fn exempt_rules(node: &NodeConfig, table: &mut Table) -> (Vec<IpNet>, Vec<String
 }
 
 /// How the base chain hands a packet it accepts to the marking rules.
-const MARK_VERDICT: &str = "goto fw-mark";
+fn mark_verdict() -> String {
+    format!("goto {}", crate::nft::verified::CHAIN)
+}
 
 /// The base chain: (with verified connections, first: an established connection
 /// verified under the current policy generation passes), replies pass, the exempt
@@ -302,7 +304,7 @@ fn base_chain(exempt: Vec<String>, verified_mask: u32) -> Chain {
     // What the namespace chains returned (allowed) or let through, and what no chain
     // looked at: accepted, the connection marked verified.
     if verified_mask != 0 {
-        rules.push(MARK_VERDICT.into());
+        rules.push(mark_verdict());
     }
     Chain::base(Hook { chain_type: "filter", hook: "prerouting", priority: "filter" }, rules)
 }

@@ -509,11 +509,6 @@ impl<B: NftBackend> NftSyncer<B> {
         self.generations = Some(generations);
     }
 
-    /// The verified connections' generation, if any.
-    pub fn generations(&self) -> Option<&super::verified::Generations> {
-        self.generations.as_ref()
-    }
-
     /// Run full replaces between these hooks (the drift watch's).
     pub(crate) fn set_quiet(&mut self, quiet: Box<dyn QuietReplace>) {
         self.quiet = Some(quiet);
@@ -563,63 +558,56 @@ impl<B: NftBackend> NftSyncer<B> {
         self.backend_time = std::time::Duration::ZERO;
         let generation = self.generations.as_ref().and_then(super::verified::Generations::upcoming);
         stamp(desired, generation);
-        if let Some(applied) = &self.applied {
-            // One comparison of the two tables decides and builds the sync.
-            let c = Comparison::of(applied, desired);
-            if c.is_empty()
-                || (crate::nft::verified::stamped(applied).is_some() && c.only_sets(crate::nft::verified::EPOCH_SET))
-            {
+        // One comparison of the two tables decides and builds the sync.
+        let c = self.applied.as_deref().map(|applied| Comparison::of(applied, desired));
+        if c.as_ref().is_some_and(|c| {
+            c.is_empty()
+                || (crate::nft::verified::stamped(c.old).is_some() && c.only_sets(crate::nft::verified::EPOCH_SET))
+        }) {
+            drop(c);
+            if let Some(applied) = &self.applied {
                 *desired = applied.clone();
-                return Ok(SyncKind::Unchanged);
             }
-            if let Some(g) = generation
-                && self.generations.as_mut().is_some_and(|gens| !gens.ready(g))
-            {
-                // The generation could not be cleared: the fast path is off from now on.
-                drop(c);
-                return self.sync_keeping(desired, kept);
-            }
-            let elements = ElementDelta::of_elements(&c);
-            let t = std::time::Instant::now();
-            let applied = match elements {
-                Some(delta) => Some(self.backend.apply_elements(&desired.name, &delta)),
-                None if c.needs_replace() => None,
-                None => Some(self.backend.apply_changes(&c)),
-            };
-            self.backend_time += t.elapsed();
-            match applied {
-                None => {}
-                Some(Ok(())) => {
-                    self.applied = Some(desired.clone());
-                    if let Some(gens) = &mut self.generations {
-                        gens.applied(generation);
-                    }
-                    return Ok(SyncKind::Partial);
-                }
-                Some(Err(e)) => {
-                    tracing::warn!(error = %e, "partial nft update failed; replacing the whole table");
-                    self.applied = None;
-                }
-            }
+            return Ok(SyncKind::Unchanged);
         }
         if let Some(g) = generation
             && self.generations.as_mut().is_some_and(|gens| !gens.ready(g))
         {
+            // The generation could not be cleared: the fast path is off from now on.
+            drop(c);
             return self.sync_keeping(desired, kept);
         }
-        let t = std::time::Instant::now();
-        let quiet = self.quiet.as_mut().and_then(|q| q.before());
-        let applied = self.backend.replace(desired, &kept());
-        if let Some(q) = self.quiet.as_mut() {
-            q.after(quiet, matches!(applied, Ok(Transport::Nft)));
-        }
-        self.backend_time += t.elapsed();
-        applied?;
+        let kind = 'sent: {
+            if let Some(c) = c {
+                let elements = ElementDelta::of_elements(&c);
+                let t = std::time::Instant::now();
+                let applied = match elements {
+                    Some(delta) => Some(self.backend.apply_elements(&desired.name, &delta)),
+                    None if c.needs_replace() => None,
+                    None => Some(self.backend.apply_changes(&c)),
+                };
+                self.backend_time += t.elapsed();
+                match applied {
+                    None => {}
+                    Some(Ok(())) => break 'sent SyncKind::Partial,
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "partial nft update failed; replacing the whole table");
+                        self.applied = None;
+                    }
+                }
+            }
+            let t = std::time::Instant::now();
+            let quiet = self.quiet.as_mut().and_then(|q| q.before());
+            let applied = self.backend.replace(desired, &kept());
+            if let Some(q) = self.quiet.as_mut() {
+                q.after(quiet, matches!(applied, Ok(Transport::Nft)));
+            }
+            self.backend_time += t.elapsed();
+            applied?;
+            SyncKind::Full
+        };
         self.applied = Some(desired.clone());
-        let Some(gens) = &mut self.generations else { return Ok(SyncKind::Full) };
-        let fresh = gens.upcoming().is_none() && !gens.is_off();
-        gens.applied(generation);
-        if fresh && gens.upcoming().is_some() {
+        if self.generations.as_mut().is_some_and(|gens| gens.applied(generation)) {
             // The first table verified nothing; every value is cleared now: the first
             // generation goes in at once (an element change).
             let time = self.backend_time;
@@ -628,7 +616,7 @@ impl<B: NftBackend> NftSyncer<B> {
             self.backend_time += time;
             *desired = stamped;
         }
-        Ok(SyncKind::Full)
+        Ok(kind)
     }
 
     /// The packet counts of the applied table's named counters.

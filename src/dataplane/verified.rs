@@ -180,18 +180,19 @@ impl Generations {
     /// A table carrying `value` was applied: it is current; if it begins a group, the
     /// next group is cleared in the background. The first table applied (carrying
     /// none) has every group cleared, right away: then [`Generations::upcoming`] gives
-    /// the first value.
-    pub fn applied(&mut self, value: Option<u32>) {
+    /// the first value, and this returns true (the first value is due now).
+    pub fn applied(&mut self, value: Option<u32>) -> bool {
         match self.state {
-            State::Off => {}
+            State::Off => false,
             State::Fresh => {
                 for i in 0..self.groups.len() {
                     if self.requests.send(self.groups[i]).is_err() {
-                        return self.fail(self.groups[i], &io::Error::other("the clearing thread is gone"));
+                        self.fail(self.groups[i], &io::Error::other("the clearing thread is gone"));
+                        return false;
                     }
                     self.wait(i);
                     if self.state == State::Off {
-                        return;
+                        return false;
                     }
                 }
                 self.state = State::Running;
@@ -201,16 +202,18 @@ impl Generations {
                     generations = self.values.len(),
                     "verified connections: the firewall's fast path is on"
                 );
+                true
             }
             State::Running => {
                 self.current = value;
-                let Some(group) = value.and_then(|v| self.opens(v)) else { return };
+                let Some(group) = value.and_then(|v| self.opens(v)) else { return false };
                 self.clean[group] = false;
                 let next = (group + 1) % self.groups.len();
                 if self.pending.is_none() && self.requests.send(self.groups[next]).is_ok() {
                     self.clean[next] = false;
                     self.pending = Some(next);
                 }
+                false
             }
         }
     }

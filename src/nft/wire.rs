@@ -280,6 +280,15 @@ fn mark_value(word: Option<&&str>) -> Result<Vec<u8>, String> {
     Ok(v.to_ne_bytes().to_vec())
 }
 
+/// The packet's (`meta`) or its connection's (`ct`) mark, loaded into `NFT_REG_1`.
+fn mark_load(m: &str) -> Expr {
+    if m == "meta" {
+        Expr::Meta { key: META_MARK, dreg: REG_1 }
+    } else {
+        Expr::Ct { key: CT_MARK, dreg: REG_1, dir: None }
+    }
+}
+
 fn quoted(word: Option<&&str>) -> Result<String, String> {
     match word {
         Some(w) if w.len() >= 2 && w.starts_with('"') && w.ends_with('"') => Ok(w[1..w.len() - 1].to_string()),
@@ -530,26 +539,19 @@ pub(crate) fn parse(rule: &str) -> Result<Rule, String> {
                 l4_match(&mut exprs, &mut l4, l4_number(w.get(i + 2))?)?;
                 i += 3;
             }
-            // `meta mark set meta mark and <keep> or <set>`.
-            "meta" if w.get(i + 1..i + 6) == Some(&["mark", "set", "meta", "mark", "and"][..]) => {
+            // `meta|ct mark set meta|ct mark and <keep> or <set>` (the same mark on both sides).
+            m @ ("meta" | "ct") if w.get(i + 1..i + 6) == Some(&["mark", "set", m, "mark", "and"][..]) => {
                 if w.get(i + 7) != Some(&"or") {
-                    return Err("`meta mark set meta mark and <m> or <v>` expected".into());
+                    return Err(format!("`{m} mark set {m} mark and <m> or <v>` expected"));
                 }
                 let (mask, xor) = (mark_value(w.get(i + 6))?, mark_value(w.get(i + 8))?);
-                exprs.push(Expr::Meta { key: META_MARK, dreg: REG_1 });
+                exprs.push(mark_load(m));
                 exprs.push(Expr::Bitwise { reg: REG_1, mask, xor });
-                exprs.push(Expr::MetaSet { key: META_MARK, sreg: REG_1 });
-                i += 9;
-            }
-            // `ct mark set ct mark and <keep> or <set>`.
-            "ct" if w.get(i + 1..i + 6) == Some(&["mark", "set", "ct", "mark", "and"][..]) => {
-                if w.get(i + 7) != Some(&"or") {
-                    return Err("`ct mark set ct mark and <m> or <v>` expected".into());
-                }
-                let (mask, xor) = (mark_value(w.get(i + 6))?, mark_value(w.get(i + 8))?);
-                exprs.push(Expr::Ct { key: CT_MARK, dreg: REG_1, dir: None });
-                exprs.push(Expr::Bitwise { reg: REG_1, mask, xor });
-                exprs.push(Expr::CtSet { key: CT_MARK, sreg: REG_1 });
+                exprs.push(if m == "meta" {
+                    Expr::MetaSet { key: META_MARK, sreg: REG_1 }
+                } else {
+                    Expr::CtSet { key: CT_MARK, sreg: REG_1 }
+                });
                 i += 9;
             }
             // `ct mark set ct mark or <bits>`.
@@ -583,11 +585,7 @@ pub(crate) fn parse(rule: &str) -> Result<Rule, String> {
             m @ ("meta" | "ct") if w.get(i + 1..i + 3) == Some(&["mark", "and"][..]) => {
                 let mask = mark_value(w.get(i + 3))?;
                 let value = mark_value(w.get(i + 5))?;
-                exprs.push(if m == "meta" {
-                    Expr::Meta { key: META_MARK, dreg: REG_1 }
-                } else {
-                    Expr::Ct { key: CT_MARK, dreg: REG_1, dir: None }
-                });
+                exprs.push(mark_load(m));
                 exprs.push(Expr::Bitwise { reg: REG_1, xor: vec![0; mask.len()], mask });
                 exprs.push(match w.get(i + 4) {
                     Some(&"==") => Expr::Cmp { sreg: REG_1, data: value },
