@@ -371,8 +371,10 @@ pub(crate) async fn apply_once<B: NftBackend>(
     // its transaction.
     let mut kept = 0;
     let keep = || {
-        let slots: BTreeSet<crate::nft::Slot> =
+        let mut slots: BTreeSet<crate::nft::Slot> =
             desired.snoop.names.values().flatten().flat_map(|n| n.slots).flatten().collect();
+        // The DNS proxy's guard elements too: a replace must not send queries direct.
+        slots.extend([false, true].map(crate::dns::targets::DnsProxySettings::guard_slot));
         let elements = snoop.map(|h| h.kept(&slots)).unwrap_or_default();
         kept = elements.len();
         elements
@@ -540,6 +542,9 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
         if snoop.is_none() {
             // Without a listener nothing fills the wildcard sets: say so in the statuses.
             config.node.snoop = None;
+        }
+        if !start_dns_proxy(&config, snoop.as_ref()) {
+            config.node.dns_proxy = None;
         }
         // Last good versions of invalid objects, saved by an earlier run: a restart keeps
         // filtering with them instead of failing open.
@@ -1022,6 +1027,30 @@ fn start_snooping(config: &RunConfig, view: &ClusterView) -> Option<crate::datap
         Err(e) => tracing::warn!(error = %e, "addresses learned by an earlier run not read back"),
     }
     Some(handle)
+}
+
+/// Start the DNS proxy when configured (beside the snooping listener, whose memory of
+/// learned addresses it shares); `false`: it is off, and no intercept is compiled.
+fn start_dns_proxy(config: &RunConfig, snoop: Option<&crate::dataplane::nflog::SnoopHandle>) -> bool {
+    let (Some(proxy), Some(settings), Some(handle)) = (config.node.dns_proxy, &config.node.snoop, snoop) else {
+        return false;
+    };
+    match crate::dataplane::dns_proxy::start(
+        handle.clone(),
+        &settings.servers,
+        proxy,
+        &config.node.table_name,
+        config.telemetry.clone(),
+    ) {
+        Ok(taken) => {
+            tracing::info!(servers = ?taken, port = proxy.port, "DNS proxy started");
+            true
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "DNS proxy unavailable; pods' DNS answers are snooped only");
+            false
+        }
+    }
 }
 
 /// Run until `shutdown` completes: resolve DNS names, compile, sync, report; again on

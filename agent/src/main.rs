@@ -241,10 +241,30 @@ struct NodeArgs {
     #[arg(long, env = "EGRESSD_DNS_SNOOP_RATE", default_value_t = egressd::dns::targets::DEFAULT_SNOOP_RATE,
           value_parser = clap::value_parser!(u32).range(100..=1_000_000))]
     dns_snoop_rate: u32,
-    /// Do not snoop pods' DNS answers: `dnsName` rules then hold only what egressd
-    /// resolves itself, and wildcard names cannot be enforced.
+    /// How pods' DNS answers reach the `dnsName` rules. `proxy`: snooped pods' queries
+    /// to a trusted server (--cluster-dns, --dns-server) pass through egressd, which
+    /// releases each answer once the kernel allows the addresses it teaches, so a pod's
+    /// first connection after its lookup is never dropped; should egressd stop or hang,
+    /// queries go to the server directly within a second and are snooped. `snoop`:
+    /// answers are copied as they pass (never delayed; a pod connecting within a
+    /// millisecond of its answer can lose its first SYN). `off`: neither (wildcard
+    /// names cannot be enforced).
+    #[arg(long, env = "EGRESSD_DNS_MODE", value_enum, default_value_t = DnsMode::Proxy)]
+    dns_mode: DnsMode,
+    /// The same as --dns-mode off (kept for existing configurations).
     #[arg(long, env = "EGRESSD_NO_DNS_SNOOP")]
     no_dns_snoop: bool,
+    /// Port of the DNS proxy's transparent TCP listener (UDP queries are taken on the
+    /// servers' own addresses and port 53; nothing listens there for anything else).
+    #[arg(long, env = "EGRESSD_DNS_PROXY_PORT", default_value_t = egressd::dns::targets::DEFAULT_PROXY_PORT)]
+    dns_proxy_port: u16,
+    /// Two contiguous packet-mark bits for the DNS proxy: the lower routes a taken
+    /// query to this host (a policy rule just below --egress-ip-rule-priority, to the
+    /// table --egress-ip-table-base), the upper tags the proxy's own answers. Must be
+    /// clear of kube-proxy's 0xc000 and of --egress-ip-mark-mask.
+    #[arg(long, env = "EGRESSD_DNS_PROXY_MARK_MASK", value_parser = parse_number,
+          default_value = "0x00003000")]
+    dns_proxy_mark_mask: u32,
     /// NFLOG group receiving the copies of logged EgressFirewall verdicts (namespaces
     /// annotated k8s.ovn.org/acl-logging, EgressFirewalls in audit mode).
     #[arg(long, env = "EGRESSD_ACL_LOG_GROUP", default_value_t = egressd::compile::DEFAULT_ACL_LOG_GROUP)]
@@ -332,6 +352,17 @@ impl EgressArgs {
     }
 }
 
+/// `--dns-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum DnsMode {
+    /// Answers held until the kernel allows what they teach.
+    Proxy,
+    /// Answers copied as they pass.
+    Snoop,
+    /// Neither.
+    Off,
+}
+
 fn parse_mark_mask(s: &str) -> Result<u32, String> {
     let mask = parse_number(s)?;
     egressd::net::EgressSettings::check_mark_mask(mask)?;
@@ -350,7 +381,17 @@ impl NodeArgs {
     /// What the options' own parsers cannot check: the options together.
     fn check(&self) -> Result<(), String> {
         egressd::nft::verified::check_mask(self.verified_mark_mask(), self.egress.egress_ip_mark_mask)
-            .map_err(|e| format!("--firewall-verified-mark-mask {e}"))
+            .map_err(|e| format!("--firewall-verified-mark-mask {e}"))?;
+        egressd::dns::targets::DnsProxySettings::check_mark_mask(
+            self.dns_proxy_mark_mask,
+            &[("--egress-ip-mark-mask", self.egress.egress_ip_mark_mask)],
+        )
+        .map_err(|e| format!("--dns-proxy-mark-mask {e}"))
+    }
+
+    /// `--dns-mode`, with `--no-dns-snoop` meaning off.
+    fn dns_mode(&self) -> DnsMode {
+        if self.no_dns_snoop { DnsMode::Off } else { self.dns_mode }
     }
 
     /// `--firewall-verified-mark-mask`, or the first default clear of the EgressIP bits.
@@ -371,10 +412,17 @@ impl NodeArgs {
             .with_dns_max_ttl(Duration::from_secs(self.dns_max_ttl_secs))
             .with_egress(self.egress.settings())
             .with_verified_mark_mask(self.verified_mark_mask())
-            .with_snoop((!self.no_dns_snoop).then(|| egressd::dns::targets::SnoopSettings {
+            .with_snoop((self.dns_mode() != DnsMode::Off).then(|| egressd::dns::targets::SnoopSettings {
                 group: self.dns_snoop_group,
                 servers: self.cluster_dns.clone(),
                 rate: self.dns_snoop_rate,
+            }))
+            .with_dns_proxy((self.dns_mode() == DnsMode::Proxy).then(|| {
+                egressd::dns::targets::DnsProxySettings::new(
+                    self.dns_proxy_port,
+                    self.dns_proxy_mark_mask,
+                    &self.egress.settings(),
+                )
             }))
             .with_acl_log(egressd::compile::AclLogSettings { group: self.acl_log_group, rate: self.acl_log_rate })
     }

@@ -51,6 +51,9 @@ pub struct NodeConfig {
     pub egress: EgressSettings,
     /// DNS snooping (`None`: off, and wildcard `dnsName` rules cannot be enforced).
     pub snoop: Option<SnoopSettings>,
+    /// The DNS proxy's kernel side (`--dns-mode proxy`; `None`: snooping alone). Used
+    /// only with [`NodeConfig::snoop`].
+    pub dns_proxy: Option<crate::dns::targets::DnsProxySettings>,
     /// ACL logging and audit mode: where verdicts are copied to.
     pub acl_log: AclLogSettings,
     /// The conntrack mark bits holding the firewall's policy generation of a verified
@@ -99,9 +102,16 @@ impl NodeConfig {
             dns_max_ttl: crate::dns::MAX_TTL,
             egress: EgressSettings::default(),
             snoop: None,
+            dns_proxy: None,
             acl_log: AclLogSettings::default(),
             verified_mark_mask: DEFAULT_VERIFIED_MARK_MASK,
         }
+    }
+
+    /// With the DNS proxy (`None`: snooping alone).
+    pub fn with_dns_proxy(mut self, proxy: Option<crate::dns::targets::DnsProxySettings>) -> Self {
+        self.dns_proxy = proxy;
+        self
     }
 
     /// With other conntrack mark bits for verified connections (0: none).

@@ -101,6 +101,14 @@ pub(super) fn compile(node: &NodeConfig, targets: &SnoopTargets, table: &mut Tab
     table.chains.insert("dns-snoop-check".into(), Chain::regular(check));
     let base = |hook: &'static str| {
         let mut rules = Vec::new();
+        if let Some(proxy) = &node.dns_proxy
+            && hook != "forward"
+        {
+            // The proxy's traffic is not copied: a taken query passes input with the
+            // intercept mark, the proxy's answer passes output with the answer mark;
+            // the proxy reads both itself.
+            rules.push(format!("meta mark and {:#010x} != 0x00000000 return", proxy.mark_mask));
+        }
         for (family, v) in [("ip", "v4"), ("ip6", "v6")] {
             rules.push(format!(
                 "meta l4proto {{ udp, tcp }} th sport 53 ct direction original {family} daddr @snoop-pods-{v} goto dns-copy-untracked"
@@ -126,6 +134,39 @@ pub(super) fn compile(node: &NodeConfig, targets: &SnoopTargets, table: &mut Tab
     table.chains.insert("dns-snoop".into(), base("forward"));
     table.chains.insert("dns-snoop-in".into(), base("input"));
     table.chains.insert("dns-snoop-out".into(), base("output"));
+    if let Some(proxy) = &node.dns_proxy {
+        proxy_intercept(proxy, table);
+    }
+}
+
+/// The DNS proxy's intercept (`--dns-mode proxy`): a snooped pod's query (UDP and TCP
+/// port 53) to a server whose guard element lives is taken by egressd's transparent
+/// socket (`tproxy`, priority mangle: before the firewall's prerouting chain, which still
+/// judges the query) and marked, so the proxy's rule routes it to this host. No socket
+/// (egressd stopped) or no guard element (egressd hung): the rule does not match and the
+/// query goes to the server, copied by the snoop rules above. Nothing is translated, so
+/// no conntrack entry binds a pod's flow to the proxy.
+fn proxy_intercept(proxy: &crate::dns::targets::DnsProxySettings, table: &mut Table) {
+    let mark = proxy.intercept_mark();
+    let mut rules = Vec::new();
+    for (v6, family, v) in [(false, "ip", "v4"), (true, "ip6", "v6")] {
+        let guard = crate::dns::targets::DnsProxySettings::guard_slot(v6);
+        table
+            .sets
+            .insert(guard.set.into(), Set::with_timeout(if v6 { KeyType::TaggedIpv6 } else { KeyType::TaggedIpv4 }));
+        for proto in ["udp", "tcp"] {
+            rules.push(format!(
+                "{family} saddr @snoop-pods-{v} {} {proto} dport 53 tproxy {family} to :{} meta mark set meta mark and {:#010x} or {mark:#010x} accept",
+                guard.matches(family),
+                proxy.port,
+                !mark,
+            ));
+        }
+    }
+    table.chains.insert(
+        "dns-proxy".into(),
+        Chain::base(Hook { chain_type: "filter", hook: "prerouting", priority: "mangle" }, rules),
+    );
 }
 
 /// The named counter of the copies of `class` the rate limit held back (declared in

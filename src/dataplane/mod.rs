@@ -16,6 +16,7 @@
 pub(crate) mod acl_log;
 pub mod announce;
 pub mod conntrack;
+pub(crate) mod dns_proxy;
 pub(crate) mod drift;
 pub mod elements;
 pub mod netlink;

@@ -302,43 +302,74 @@ impl SnoopHandle {
                 return Err(Ignored::Malformed);
             }
             let learned = snooper.answer(&packet, now)?;
-            let targets = self.targets.read().map(|t| t.clone()).unwrap_or_default();
-            Ok(targets.elements(&learned))
+            if let Some(delay) = Self::test_delay() {
+                std::thread::sleep(delay);
+            }
+            Ok(self.elements(&learned))
         })();
-        let outcome = outcome.map(|elements| {
-            let mut refused = 0;
-            let admitted = match self.learned.lock() {
-                Ok(mut learned) => learned.admit(elements, now, &mut refused),
-                Err(_) => elements,
-            };
-            count_dropped(metrics, "learned_full", refused);
-            admitted
-        });
         match outcome {
-            Ok(elements) if elements.is_empty() => {}
-            Ok(elements) => match writer.add(&elements) {
-                Ok(()) => {
-                    count(metrics, "learned");
-                    if let Ok(mut learned) = self.learned.lock() {
-                        learned.remember(&elements, now);
-                    }
-                    for (slot, ip, timeout) in &elements {
-                        tracing::debug!(set = slot.set, tag = slot.tag, address = %ip, timeout_s = timeout.as_secs(), "learned from a pod's DNS answer");
-                    }
-                }
-                Err(e) if e.raw_os_error() == Some(libc::ENFILE) => {
-                    count_dropped(metrics, "set_full", elements.len() as u64);
-                    tracing::warn!("DNS snooping: a set is full (its size), learned addresses not added");
-                }
-                Err(e) => {
-                    count(metrics, "kernel_error");
-                    tracing::warn!(error = %e, "DNS snooping: adding learned addresses failed");
-                }
-            },
+            Ok(elements) => self.commit(elements, now, writer, metrics),
             Err(why) => {
                 count(metrics, why.as_str());
                 tracing::debug!(reason = why.as_str(), "DNS copy ignored");
             }
         }
+    }
+
+    /// The elements a pod's answer teaches ([`SnoopTargets::elements`] of what
+    /// [`Snooper::answer`] returned).
+    pub(crate) fn elements(&self, learned: &[crate::dns::snoop::Learned]) -> Vec<Element> {
+        let targets = self.targets.read().map(|t| t.clone()).unwrap_or_default();
+        targets.elements(learned)
+    }
+
+    /// Add what an answer taught to the kernel within the bounds, and remember it:
+    /// returns once the kernel acknowledged the transaction (or refused it).
+    pub(crate) fn commit(&self, elements: Vec<Element>, now: Instant, writer: &mut ElementWriter, metrics: &Metrics) {
+        let mut refused = 0;
+        let elements = match self.learned.lock() {
+            Ok(mut learned) => learned.admit(elements, now, &mut refused),
+            Err(_) => elements,
+        };
+        count_dropped(metrics, "learned_full", refused);
+        if elements.is_empty() {
+            return;
+        }
+        match writer.add(&elements) {
+            Ok(()) => {
+                count(metrics, "learned");
+                if let Ok(mut learned) = self.learned.lock() {
+                    learned.remember(&elements, now);
+                }
+                for (slot, ip, timeout) in &elements {
+                    tracing::debug!(set = slot.set, tag = slot.tag, address = %ip, timeout_s = timeout.as_secs(), "learned from a pod's DNS answer");
+                }
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENFILE) => {
+                count_dropped(metrics, "set_full", elements.len() as u64);
+                tracing::warn!("DNS snooping: a set is full (its size), learned addresses not added");
+            }
+            Err(e) => {
+                count(metrics, "kernel_error");
+                tracing::warn!(error = %e, "DNS snooping: adding learned addresses failed");
+            }
+        }
+    }
+
+    /// Refresh the DNS proxy's guard elements (kept through full replaces like what
+    /// was learned; they are not counted against the learned bounds).
+    pub(crate) fn refresh_guard(&self, elements: &[Element], writer: &mut ElementWriter) -> std::io::Result<()> {
+        writer.add(elements)?;
+        if let Ok(mut learned) = self.learned.lock() {
+            learned.remember(elements, Instant::now());
+        }
+        Ok(())
+    }
+
+    /// The NFLOG listener's test delay (`EGRESSD_TEST_SNOOP_DELAY_MS`): the time
+    /// between reading an answer's copy and adding what it teaches, to show in tests
+    /// that a pod faster than snooping loses its first connection.
+    fn test_delay() -> Option<std::time::Duration> {
+        std::env::var("EGRESSD_TEST_SNOOP_DELAY_MS").ok()?.parse().ok().map(std::time::Duration::from_millis)
     }
 }

@@ -16,6 +16,81 @@ pub struct SnoopSettings {
     pub rate: u32,
 }
 
+/// The DNS proxy's kernel side (`--dns-mode proxy`, [`crate::dataplane::dns_proxy`]):
+/// pods' queries to a trusted server are taken (nft `tproxy`) by egressd's sockets
+/// while the server's element of the guard set [`PROXY_GUARD_SETS`] lives; egressd
+/// refreshes it, so a stopped or hung proxy stops taking queries within
+/// [`PROXY_GUARD_TIMEOUT`] and they go to the server directly (and are snooped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DnsProxySettings {
+    /// The port of the transparent TCP listener (UDP queries are taken by one socket
+    /// per server, bound to the server's address and port 53).
+    pub port: u16,
+    /// Two contiguous mark bits: the lower routes a taken query to this host
+    /// ([`DnsProxySettings::intercept_mark`]), the upper tags the proxy's own answers
+    /// ([`DnsProxySettings::answer_mark`]) so snooping does not copy them.
+    pub mark_mask: u32,
+    /// The routing table holding `local default dev lo` for taken queries.
+    pub table: u32,
+    /// The priority of the rule `fwmark <intercept>/<intercept> lookup <table>`.
+    pub rule_priority: u32,
+}
+
+/// The default [`DnsProxySettings::port`].
+pub const DEFAULT_PROXY_PORT: u16 = 53053;
+/// The default [`DnsProxySettings::mark_mask`]: clear of kube-proxy (0xc000), Cilium
+/// (0x0f00), Calico (0xffff0000) and egressd's own EgressIP default (0x00ff0000).
+pub const DEFAULT_PROXY_MARK_MASK: u32 = 0x0000_3000;
+/// The guard sets (tagged like the `dnsName` sets, tag [`PROXY_GUARD_TAG`]): one element
+/// per server whose queries are taken.
+pub const PROXY_GUARD_SETS: [&str; 2] = ["dns-proxy-v4", "dns-proxy-v6"];
+/// The guard elements' tag.
+pub const PROXY_GUARD_TAG: u64 = 0;
+/// How long a guard element lives unless refreshed.
+pub const PROXY_GUARD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+/// How often the proxy refreshes its guard elements.
+pub const PROXY_GUARD_REFRESH: std::time::Duration = std::time::Duration::from_millis(250);
+
+impl DnsProxySettings {
+    /// Settings with the defaults for the tables and rules of `egress`.
+    pub fn new(port: u16, mark_mask: u32, egress: &crate::net::EgressSettings) -> Self {
+        // Below EgressIP's rules (a taken query is delivered here, never steered) and
+        // on the table just below EgressIP's range (never one of its own).
+        Self { port, mark_mask, table: egress.table_base, rule_priority: egress.rule_priority.saturating_sub(1) }
+    }
+
+    /// Check a mark mask: exactly two contiguous bits, clear of kube-proxy's and of `others`.
+    pub fn check_mark_mask(mask: u32, others: &[(&str, u32)]) -> Result<(), String> {
+        if mask.count_ones() != 2 || (mask >> mask.trailing_zeros()) != 0b11 {
+            return Err(format!("{mask:#010x}: two contiguous bits expected (e.g. 0x00003000)"));
+        }
+        if mask & 0xc000 != 0 {
+            return Err(format!("{mask:#010x} overlaps kube-proxy's mark bits 0x0000c000"));
+        }
+        for (name, other) in others {
+            if mask & other != 0 {
+                return Err(format!("{mask:#010x} overlaps {name} {other:#010x}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The mark of a taken query (routes it to this host).
+    pub fn intercept_mark(&self) -> u32 {
+        self.mark_mask & self.mark_mask.wrapping_neg()
+    }
+
+    /// The mark of the proxy's own answers to pods.
+    pub fn answer_mark(&self) -> u32 {
+        self.mark_mask & !self.intercept_mark()
+    }
+
+    /// The guard slot of a family's set.
+    pub fn guard_slot(v6: bool) -> crate::nft::Slot {
+        crate::nft::Slot { set: PROXY_GUARD_SETS[usize::from(v6)], tag: PROXY_GUARD_TAG }
+    }
+}
+
 /// The default [`SnoopSettings::rate`].
 pub const DEFAULT_SNOOP_RATE: u32 = 10_000;
 /// Most copies per second of each class that is only counted (untrusted, untracked and

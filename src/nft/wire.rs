@@ -23,7 +23,8 @@
 //! "<text>"` last; EgressIP's `meta mark set meta mark and <m> or <v>`, `ct mark set ct
 //! mark or <v>`, `meta|ct mark and <m> ==|!= <v>`; the firewall's verified flows' `ct mark
 //! and <m> [or <v>] @set`, `ct mark set ct mark and <m> or <v>`; `rt ip|ip6 nexthop [!=] @set`, `snat
-//! ip|ip6 to <address>|ip saddr|ip6 saddr`. That is every rule egressd writes.
+//! ip|ip6 to <address>|ip saddr|ip6 saddr`; the DNS proxy's `tproxy ip|ip6 to :<port>`. That is
+//! every rule egressd writes.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -113,6 +114,8 @@ pub(crate) enum Expr {
     Immediate { dreg: u32, data: Vec<u8> },
     /// `nat snat ip|ip6 addr_min reg`.
     Snat { v6: bool, sreg: u32 },
+    /// `tproxy ip|ip6 port reg` (the packet's own destination address).
+    Tproxy { v6: bool, port_reg: u32 },
     /// `bitwise reg = (reg & mask) ^ xor`.
     Bitwise { reg: u32, mask: Vec<u8>, xor: Vec<u8> },
     /// `lookup reg set <set>` (its verdict into the verdict register for a map,
@@ -611,6 +614,27 @@ pub(crate) fn parse(rule: &str) -> Result<Rule, String> {
                 exprs.push(Expr::Lookup { set, sreg: REG_1, verdict: false, invert, anon: None });
                 i = at + 1;
             }
+            // `tproxy ip|ip6 to :<port>` (the DNS proxy's intercept; the address stays
+            // the packet's destination).
+            "tproxy" => {
+                let v6 = match (w.get(i + 1), w.get(i + 2)) {
+                    (Some(&"ip"), Some(&"to")) => false,
+                    (Some(&"ip6"), Some(&"to")) => true,
+                    _ => return Err("`tproxy ip|ip6 to :<port>` expected".into()),
+                };
+                let port: u16 = w
+                    .get(i + 3)
+                    .and_then(|p| p.strip_prefix(':'))
+                    .and_then(|p| p.parse().ok())
+                    .ok_or("`tproxy … to :<port>` expected")?;
+                if l4.is_none() {
+                    return Err("`tproxy` needs a transport protocol match before it".into());
+                }
+                require_family(&mut exprs, &mut family, if v6 { NFPROTO_IPV6 } else { NFPROTO_IPV4 })?;
+                exprs.push(Expr::Immediate { dreg: REG_1, data: port.to_be_bytes().to_vec() });
+                exprs.push(Expr::Tproxy { v6, port_reg: REG_1 });
+                i += 4;
+            }
             // `snat ip|ip6 to <address>` or `snat ip|ip6 to ip|ip6 saddr`.
             "snat" => {
                 let v6 = match (w.get(i + 1), w.get(i + 2)) {
@@ -872,6 +896,7 @@ impl Expr {
             Expr::Rt { .. } => "rt",
             Expr::Immediate { .. } => "immediate",
             Expr::Snat { .. } => "nat",
+            Expr::Tproxy { .. } => "tproxy",
             Expr::Payload { .. } => "payload",
             Expr::Cmp { .. } => "cmp",
             Expr::Bitwise { .. } => "bitwise",
@@ -952,6 +977,11 @@ impl Expr {
                 put_u32(out, 1, 0);
                 put_u32(out, 2, u32::from(if *v6 { NFPROTO_IPV6 } else { NFPROTO_IPV4 }));
                 put_u32(out, 3, *sreg);
+            }
+            Expr::Tproxy { v6, port_reg } => {
+                // NFTA_TPROXY_FAMILY, NFTA_TPROXY_REG_PORT (no address register).
+                put_u32(out, 1, u32::from(if *v6 { NFPROTO_IPV6 } else { NFPROTO_IPV4 }));
+                put_u32(out, 3, *port_reg);
             }
             Expr::Payload { base, offset, len, dreg } => {
                 put_u32(out, 1, *dreg);
@@ -1441,6 +1471,9 @@ impl fmt::Display for Expr {
             Expr::Rt { v6, dreg } => write!(f, "[ rt load nexthop{} => reg {dreg} ]", if *v6 { 6 } else { 4 }),
             Expr::Immediate { dreg, data } => write!(f, "[ immediate reg {dreg} {} ]", words_hex(data)),
             Expr::Snat { v6, sreg } => write!(f, "[ nat snat ip{} addr_min reg {sreg} ]", if *v6 { "6" } else { "" }),
+            Expr::Tproxy { v6, port_reg } => {
+                write!(f, "[ tproxy ip{} port reg {port_reg} ]", if *v6 { "6" } else { "" })
+            }
             Expr::Payload { base, offset, len, dreg } => {
                 let b = if *base == PAYLOAD_NETWORK { "network" } else { "transport" };
                 write!(f, "[ payload load {len}b @ {b} header + {offset} => reg {dreg} ]")
@@ -1623,6 +1656,34 @@ mod tests {
             debug("meta nfproto ipv6 ip6 dscp set 10 counter return")[3],
             "[ bitwise reg 1 = ( reg 1 & 0x00003ff0 ) ^ 0x00008002 ]"
         );
+    }
+
+    #[test]
+    fn the_dns_proxy_intercept_is_the_expressions_nft_generates() {
+        // From `nft --debug=netlink` 1.0.6 for the same rule.
+        assert_eq!(
+            debug(
+                "ip saddr @pods udp dport 53 tproxy ip to :53053 meta mark set meta mark and 0xffffefff or 0x00001000 accept"
+            ),
+            [
+                "[ meta load nfproto => reg 1 ]",
+                "[ cmp eq reg 1 0x00000002 ]",
+                "[ payload load 4b @ network header + 12 => reg 1 ]",
+                "[ lookup reg 1 set pods ]",
+                "[ meta load l4proto => reg 1 ]",
+                "[ cmp eq reg 1 0x00000011 ]",
+                "[ payload load 2b @ transport header + 2 => reg 1 ]",
+                "[ cmp eq reg 1 0x00003500 ]",
+                "[ immediate reg 1 0x00003dcf ]",
+                "[ tproxy ip port reg 1 ]",
+                "[ meta load mark => reg 1 ]",
+                "[ bitwise reg 1 = ( reg 1 & 0xffffefff ) ^ 0x00001000 ]",
+                "[ meta set mark with reg 1 ]",
+                "[ immediate reg 0 accept ]",
+            ]
+        );
+        assert!(parse("ip saddr 192.0.2.1 tproxy ip to :53").unwrap_err().contains("transport protocol"));
+        assert!(parse("tcp dport 53 tproxy ip to 53").is_err());
     }
 
     #[test]

@@ -77,6 +77,16 @@ pub struct NamespaceVerdictLabels {
     pub verdict: String,
 }
 
+/// Labels of `egressd_dns_proxied`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProxyLabels {
+    /// `udp` or `tcp`.
+    pub transport: &'static str,
+    /// `answered` (released to the pod after the kernel took what it teaches),
+    /// `upstream_timeout`, `upstream_error`, `pod_gone` (the answer could not be sent).
+    pub result: &'static str,
+}
+
 /// Labels of `egressd_dns_snoop_dropped`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SnoopDropLabels {
@@ -136,6 +146,11 @@ pub struct Metrics {
     pub dns_snooped: Family<SnoopLabels, Counter>,
     /// What DNS snooping's bounds dropped, by bound.
     pub dns_snoop_dropped: Family<SnoopDropLabels, Counter>,
+    /// Pods' DNS queries the DNS proxy took, by transport and outcome.
+    pub dns_proxied: Family<ProxyLabels, Counter>,
+    /// How long the DNS proxy held answers (the upstream answer's arrival to its release
+    /// to the pod: parsing, and the kernel taking the addresses it teaches).
+    pub dns_proxy_hold: Histogram,
     /// EgressFirewall verdicts logged (ACL logging, audit mode), by verdict.
     pub acl_log: Family<AclLabels, Counter>,
     /// Logged connections the log rules' rate limit held back.
@@ -177,6 +192,8 @@ impl Default for Metrics {
             dns_lookups: Family::default(),
             dns_snooped: Family::default(),
             dns_snoop_dropped: Family::default(),
+            dns_proxied: Family::default(),
+            dns_proxy_hold: Histogram::new(exponential_buckets(0.000_01, 2.0, 16)),
             acl_log: Family::default(),
             acl_log_dropped: Counter::default(),
             firewall_packets: Family::default(),
@@ -202,6 +219,12 @@ impl Default for Metrics {
         registry.register("dns_names", "DNS names tracked", m.dns_names.clone());
         registry.register("egress_ips_hosted", "Egress IPs hosted on this node", m.egress_ips_hosted.clone());
         registry.register("dns_snooped", "Copied DNS packets of pods by outcome", m.dns_snooped.clone());
+        registry.register("dns_proxied", "Pods' DNS queries the DNS proxy took, by outcome", m.dns_proxied.clone());
+        registry.register(
+            "dns_proxy_hold_seconds",
+            "How long the DNS proxy held an answer until the kernel took what it teaches",
+            m.dns_proxy_hold.clone(),
+        );
         registry.register(
             "dns_snoop_dropped",
             "What DNS snooping's bounds dropped (queries, streams, CNAME links, learned addresses, copies), by bound",

@@ -243,11 +243,17 @@ pub struct Agent {
 impl Agent {
     /// Start `egressd ARGS...` in `ns`, logging to `log`.
     pub fn start(ns: &Netns, args: &[&str], log: PathBuf) -> Self {
+        Self::start_env(ns, args, &[], log)
+    }
+
+    /// [`Agent::start`] with extra environment variables.
+    pub fn start_env(ns: &Netns, args: &[&str], env: &[(&str, &str)], log: PathBuf) -> Self {
         let file = std::fs::File::create(&log).unwrap();
         let child = Command::new("ip")
             .args(["netns", "exec", &ns.name])
             .arg(egressd_bin())
             .args(args)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "egressd=debug,info")
             .stdout(Stdio::null())
             .stderr(file)
@@ -436,6 +442,11 @@ impl Topology {
 
     /// Start egressd on the node with extra arguments; waits for its first sync.
     pub fn start_agent_with(&self, name: &str, extra: &[&str]) -> Agent {
+        self.start_agent_env(name, extra, &[])
+    }
+
+    /// [`Topology::start_agent_with`] with extra environment variables.
+    pub fn start_agent_env(&self, name: &str, extra: &[&str], env: &[(&str, &str)]) -> Agent {
         let dir = self.manifests().to_str().unwrap().to_string();
         let state = self.dir.path().join("state").to_str().unwrap().to_string();
         let mut args: Vec<&str> = vec![
@@ -454,7 +465,7 @@ impl Topology {
             &state,
         ];
         args.extend_from_slice(extra);
-        let agent = Agent::start(&self.node, &args, self.dir.path().join(format!("{name}.log")));
+        let agent = Agent::start_env(&self.node, &args, env, self.dir.path().join(format!("{name}.log")));
         let in_sync = wait_for(Duration::from_secs(10), || agent.log_text().contains("dataplane in sync"));
         assert!(in_sync.is_some(), "egressd did not sync:\n{}", agent.log_text());
         agent

@@ -47,6 +47,7 @@ pub fn node_config(args: &str) -> NodeConfig {
                 node.snoop = Some(egressd::dns::targets::SnoopSettings { group: 4747, servers, rate: 10_000 });
             }
             "no-dns-snoop" => snoop = false,
+            "dns-mode" => {}
             "fail-closed" => node.egress.fail_closed = true,
             other => panic!("unknown key {other} in args"),
         }
@@ -57,6 +58,14 @@ pub fn node_config(args: &str) -> NodeConfig {
     }
     if !snoop {
         node.snoop = None;
+    }
+    // As `egressd run`: the DNS proxy on (--dns-mode proxy) with its defaults.
+    if node.snoop.is_some() && !args.lines().any(|l| l.trim() == "dns-mode: snoop") {
+        node.dns_proxy = Some(egressd::dns::targets::DnsProxySettings::new(
+            egressd::dns::targets::DEFAULT_PROXY_PORT,
+            egressd::dns::targets::DEFAULT_PROXY_MARK_MASK,
+            &node.egress,
+        ));
     }
     node
 }

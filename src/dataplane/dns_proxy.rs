@@ -1,0 +1,577 @@
+//! The DNS proxy (`--dns-mode proxy`): pods' DNS answers are held until the kernel
+//! allows what they teach, so a pod's first connection after its own lookup is never
+//! dropped (snooping alone copies the answer while the pod already has it).
+//!
+//! The kernel side is compiled with the snooping rules
+//! ([`crate::compile`], chain `dns-proxy`): a snooped pod's query to a trusted server
+//! whose guard element lives is taken by `tproxy` and marked, and the rule
+//! `fwmark <intercept> lookup <table>` with `local default dev lo` in that table
+//! delivers it here. Nothing is translated: the pod's flow is its own
+//! (pod → server:53) in conntrack, and the answer leaves from the server's address.
+//!
+//! * UDP: a transparent listener on [`DnsProxySettings::port`] receives the queries with
+//!   their original destination (`IP_ORIGDSTADDR`); the answers leave from one socket
+//!   per server bound to the server's address and port 53. Each query goes to the
+//!   server unchanged from a socket of its own (its id and the pod's port are kept; the
+//!   server sees this node's address).
+//! * TCP: a transparent listener on [`DnsProxySettings::port`]; each accepted
+//!   connection (its local address is the server's) is relayed over a connection of
+//!   its own to the server, message by message.
+//! * Every query and answer goes through the same [`Snooper`] as copied ones (the same
+//!   trust rules, bounds and CNAME chains); what an answer teaches is added through
+//!   [`SnoopHandle::commit`], and the answer is sent to the pod after the kernel
+//!   acknowledged it.
+//! * Never a single point of failure: the guard elements live
+//!   [`PROXY_GUARD_TIMEOUT`] unless this thread refreshes them (every
+//!   [`PROXY_GUARD_REFRESH`]). egressd killed: its sockets are gone and `tproxy` finds
+//!   none, so queries go to the server at once; egressd hung: the guard expires within
+//!   a second. Either way the snoop rules copy the direct queries as before.
+//! * A server egressd cannot bind (an address of this host where a DNS server listens)
+//!   has no guard element: its queries stay direct and snooped.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hickory_proto::op::Message;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+
+use crate::dataplane::elements::{Element, ElementWriter};
+use crate::dataplane::nflog::SnoopHandle;
+use crate::dns::snoop::{Packet, Snooper};
+use crate::dns::targets::{DnsProxySettings, PROXY_GUARD_REFRESH, PROXY_GUARD_TIMEOUT};
+use crate::telemetry::metrics::{Metrics, ProxyLabels};
+
+/// How long the proxy waits for the server's answer (the pod retries sooner).
+const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most queries of all pods waiting for an answer at once; beyond it a query is not
+/// taken (counted `busy`), and the pod retries.
+pub(crate) const MAX_IN_FLIGHT: usize = 16_384;
+/// Most TCP connections relayed at once.
+pub(crate) const MAX_TCP_CONNECTIONS: usize = 1024;
+/// An idle TCP connection is closed after this.
+const TCP_IDLE: Duration = Duration::from_secs(30);
+
+/// What the proxy's tasks share.
+struct Shared {
+    handle: SnoopHandle,
+    snooper: Mutex<Snooper>,
+    writer: Mutex<ElementWriter>,
+    telemetry: Arc<crate::telemetry::Telemetry>,
+    settings: DnsProxySettings,
+    in_flight: std::sync::atomic::AtomicUsize,
+    tcp_connections: std::sync::atomic::AtomicUsize,
+}
+
+fn count(metrics: &Metrics, transport: &'static str, result: &'static str) {
+    metrics.dns_proxied.get_or_create(&ProxyLabels { transport, result }).inc();
+}
+
+/// Start the proxy on a thread of its own (its own runtime: an agent busy syncing never
+/// delays an answer, and a hung proxy stops refreshing its guard). Returns the servers
+/// it took; the others stay snooped only.
+pub(crate) fn start(
+    handle: SnoopHandle,
+    servers: &[IpAddr],
+    settings: DnsProxySettings,
+    table: &str,
+    telemetry: Arc<crate::telemetry::Telemetry>,
+) -> std::io::Result<Vec<IpAddr>> {
+    let mut udp = Vec::new();
+    for server in servers {
+        match transparent_udp(*server, settings.answer_mark()) {
+            Ok(s) => udp.push((*server, s)),
+            Err(e) => tracing::warn!(
+                server = %server,
+                error = %e,
+                "DNS proxy: cannot take this server's queries (a DNS server of this host?); they stay snooped"
+            ),
+        }
+    }
+    let taken: Vec<IpAddr> = udp.iter().map(|(s, _)| *s).collect();
+    let families: Vec<bool> = [false, true].into_iter().filter(|v6| taken.iter().any(|s| s.is_ipv6() == *v6)).collect();
+    let tcp =
+        families.iter().map(|v6| transparent_listener(*v6, settings.port)).collect::<std::io::Result<Vec<_>>>()?;
+    let udp_in =
+        families.iter().map(|v6| transparent_udp_listener(*v6, settings.port)).collect::<std::io::Result<Vec<_>>>()?;
+    let shared = Arc::new(Shared {
+        handle,
+        snooper: Mutex::new(Snooper::new()),
+        writer: Mutex::new(ElementWriter::open(table)?),
+        telemetry,
+        settings,
+        in_flight: Default::default(),
+        tcp_connections: Default::default(),
+    });
+    let guard_writer = ElementWriter::open(table)?;
+    let guard: Vec<Element> =
+        taken.iter().map(|ip| (DnsProxySettings::guard_slot(ip.is_ipv6()), *ip, PROXY_GUARD_TIMEOUT)).collect();
+    std::thread::Builder::new().name("egressd-dns-proxy".into()).spawn(move || {
+        let _span = tracing::info_span!("dns_proxy").entered();
+        let _alive = crate::telemetry::DeadOnExit { telemetry: shared.telemetry.clone(), component: "dns_proxy" };
+        let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(error = %e, "DNS proxy: no runtime");
+                return;
+            }
+        };
+        runtime.block_on(run(shared, Sockets { udp_in, udp_out: udp, tcp }, guard, guard_writer));
+    })?;
+    Ok(taken)
+}
+
+/// The proxy's sockets.
+struct Sockets {
+    /// The transparent UDP listeners `tproxy` hands queries to (one per family).
+    udp_in: Vec<std::net::UdpSocket>,
+    /// Per server: the socket answers leave from (bound to the server's address, 53).
+    udp_out: Vec<(IpAddr, std::net::UdpSocket)>,
+    /// The transparent TCP listeners (one per family).
+    tcp: Vec<std::net::TcpListener>,
+}
+
+async fn run(shared: Arc<Shared>, sockets: Sockets, guard: Vec<Element>, guard_writer: ElementWriter) {
+    if let Err(e) = routing(&shared.settings).await {
+        tracing::error!(error = %e, "DNS proxy: the routing of taken queries could not be set up; queries stay snooped");
+        return;
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut out = std::collections::HashMap::new();
+    for (server, socket) in sockets.udp_out {
+        match UdpSocket::from_std(socket) {
+            Ok(s) => {
+                out.insert(server, Arc::new(s));
+            }
+            Err(e) => tracing::error!(error = %e, "DNS proxy: socket"),
+        }
+    }
+    let out = Arc::new(out);
+    for socket in sockets.udp_in {
+        match UdpSocket::from_std(socket) {
+            Ok(s) => {
+                tasks.spawn(serve_udp(shared.clone(), s, out.clone()));
+            }
+            Err(e) => tracing::error!(error = %e, "DNS proxy: socket"),
+        }
+    }
+    for listener in sockets.tcp {
+        match TcpListener::from_std(listener) {
+            Ok(l) => {
+                tasks.spawn(serve_tcp(shared.clone(), l));
+            }
+            Err(e) => tracing::error!(error = %e, "DNS proxy: listener"),
+        }
+    }
+    tracing::info!(
+        servers = guard.len(),
+        port = shared.settings.port,
+        "DNS proxy on: answers are held until the kernel allows what they teach"
+    );
+    tasks.spawn(refresh_guard(shared.clone(), guard, guard_writer));
+    // Every task runs for ever; one that ends is an error, and the proxy stops (its
+    // guard expires, queries go direct and are snooped).
+    if let Some(ended) = tasks.join_next().await {
+        tracing::error!(?ended, "DNS proxy stopped");
+    }
+}
+
+/// Keep the guard elements alive while this thread runs.
+async fn refresh_guard(shared: Arc<Shared>, guard: Vec<Element>, mut writer: ElementWriter) -> std::io::Result<()> {
+    let mut tick = tokio::time::interval(PROXY_GUARD_REFRESH);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        tick.tick().await;
+        match shared.handle.refresh_guard(&guard, &mut writer) {
+            Ok(()) if failing => {
+                tracing::info!("DNS proxy: guard elements refreshed again");
+                failing = false;
+            }
+            Ok(()) => {}
+            // No set yet (no dnsName rule, or the first sync is not done): nothing to take.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(error = %e, "DNS proxy: refreshing the guard failed (queries go direct meanwhile)");
+                }
+                failing = true;
+            }
+        }
+    }
+}
+
+/// The policy rule and local route that deliver taken queries to this host.
+async fn routing(settings: &DnsProxySettings) -> Result<(), String> {
+    let (connection, handle, _) = rtnetlink::new_connection().map_err(|e| format!("route netlink: {e}"))?;
+    tokio::spawn(connection);
+    install_routing(&handle, settings).await.map_err(|e| e.to_string())
+}
+
+async fn install_routing(handle: &rtnetlink::Handle, settings: &DnsProxySettings) -> Result<(), rtnetlink::Error> {
+    use futures::TryStreamExt;
+    use netlink_packet_route::route::{RouteProtocol, RouteType};
+    use netlink_packet_route::rule::{RuleAction, RuleAttribute};
+    let mark = settings.intercept_mark();
+    let lo = handle.link().get().match_name("lo").execute().try_next().await?.map(|l| l.header.index).unwrap_or(1);
+    for version in [rtnetlink::IpVersion::V4, rtnetlink::IpVersion::V6] {
+        let v6 = version == rtnetlink::IpVersion::V6;
+        let mut exists = false;
+        let mut rules = handle.rule().get(version).execute();
+        while let Some(msg) = rules.try_next().await? {
+            let attr = |f: &dyn Fn(&RuleAttribute) -> bool| msg.attributes.iter().any(f);
+            exists |= attr(&|a| *a == RuleAttribute::Priority(settings.rule_priority))
+                && attr(&|a| *a == RuleAttribute::FwMark(mark))
+                && attr(&|a| *a == RuleAttribute::Table(settings.table));
+        }
+        if !exists {
+            let mut req = handle.rule().add().fw_mark(mark).table_id(settings.table).priority(settings.rule_priority);
+            req.message_mut().attributes.push(RuleAttribute::FwMask(mark));
+            if v6 {
+                req.v6().action(RuleAction::ToTable).execute().await?;
+            } else {
+                req.v4().action(RuleAction::ToTable).execute().await?;
+            }
+        }
+        let route = if v6 {
+            rtnetlink::RouteMessageBuilder::<Ipv6Addr>::new()
+                .table_id(settings.table)
+                .kind(RouteType::Local)
+                .protocol(RouteProtocol::from(crate::net::EgressSettings::default().route_protocol))
+                .output_interface(lo)
+                .build()
+        } else {
+            rtnetlink::RouteMessageBuilder::<Ipv4Addr>::new()
+                .table_id(settings.table)
+                .kind(RouteType::Local)
+                .protocol(RouteProtocol::from(crate::net::EgressSettings::default().route_protocol))
+                .output_interface(lo)
+                .build()
+        };
+        let mut route = route;
+        route.header.scope = netlink_packet_route::route::RouteScope::Host;
+        handle.route().add(route).replace().execute().await?;
+    }
+    Ok(())
+}
+
+/// A UDP socket bound to `server`:53 that may hold a foreign address
+/// (`IP_TRANSPARENT`); its answers carry `mark`.
+fn transparent_udp(server: IpAddr, mark: u32) -> std::io::Result<std::net::UdpSocket> {
+    let domain = if server.is_ipv6() { socket2::Domain::IPV6 } else { socket2::Domain::IPV4 };
+    let s = socket2::Socket::new(domain, socket2::Type::DGRAM, Some(socket2::Protocol::UDP))?;
+    if server.is_ipv6() {
+        s.set_only_v6(true)?;
+        s.set_ip_transparent_v6(true)?;
+    } else {
+        s.set_ip_transparent_v4(true)?;
+    }
+    s.set_mark(mark)?;
+    s.set_recv_buffer_size(4 << 20)?;
+    s.set_nonblocking(true)?;
+    s.bind(&SocketAddr::new(server, 53).into())?;
+    Ok(s.into())
+}
+
+/// The transparent UDP listener of a family on `port`: `tproxy` hands it the taken
+/// queries, each with its original destination (`IP_ORIGDSTADDR`).
+fn transparent_udp_listener(v6: bool, port: u16) -> std::io::Result<std::net::UdpSocket> {
+    let (domain, any) = if v6 {
+        (socket2::Domain::IPV6, IpAddr::V6(Ipv6Addr::UNSPECIFIED))
+    } else {
+        (socket2::Domain::IPV4, IpAddr::V4(Ipv4Addr::UNSPECIFIED))
+    };
+    let s = socket2::Socket::new(domain, socket2::Type::DGRAM, Some(socket2::Protocol::UDP))?;
+    if v6 {
+        s.set_only_v6(true)?;
+        s.set_ip_transparent_v6(true)?;
+        nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::Ipv6OrigDstAddr, &true)?;
+    } else {
+        s.set_ip_transparent_v4(true)?;
+        nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::Ipv4OrigDstAddr, &true)?;
+    }
+    s.set_reuse_address(true)?;
+    s.set_recv_buffer_size(4 << 20)?;
+    s.set_nonblocking(true)?;
+    s.bind(&SocketAddr::new(any, port).into())?;
+    Ok(s.into())
+}
+
+/// Receive one datagram: its length, sender and original destination.
+fn recv_orig(fd: std::os::fd::RawFd, buf: &mut [u8]) -> std::io::Result<(usize, SocketAddr, Option<SocketAddr>)> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, SockaddrStorage, recvmsg};
+    let mut iov = [std::io::IoSliceMut::new(buf)];
+    let mut cmsg = nix::cmsg_space!(libc::sockaddr_in6);
+    let msg = recvmsg::<SockaddrStorage>(fd, &mut iov, Some(&mut cmsg), MsgFlags::empty())?;
+    let from = msg
+        .address
+        .and_then(|a| {
+            a.as_sockaddr_in()
+                .map(|v4| SocketAddr::from(std::net::SocketAddrV4::from(*v4)))
+                .or_else(|| a.as_sockaddr_in6().map(|v6| SocketAddr::from(std::net::SocketAddrV6::from(*v6))))
+        })
+        .ok_or_else(|| std::io::Error::other("a datagram without its sender"))?;
+    let mut orig = None;
+    for c in msg.cmsgs()? {
+        match c {
+            ControlMessageOwned::Ipv4OrigDstAddr(a) => {
+                let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
+                orig = Some(SocketAddr::new(ip.into(), u16::from_be(a.sin_port)));
+            }
+            ControlMessageOwned::Ipv6OrigDstAddr(a) => {
+                let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
+                orig = Some(SocketAddr::new(ip.into(), u16::from_be(a.sin6_port)));
+            }
+            _ => {}
+        }
+    }
+    Ok((msg.bytes, from, orig))
+}
+
+/// The transparent TCP listener of a family on `port`.
+fn transparent_listener(v6: bool, port: u16) -> std::io::Result<std::net::TcpListener> {
+    let (domain, any) = if v6 {
+        (socket2::Domain::IPV6, IpAddr::V6(Ipv6Addr::UNSPECIFIED))
+    } else {
+        (socket2::Domain::IPV4, IpAddr::V4(Ipv4Addr::UNSPECIFIED))
+    };
+    let s = socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))?;
+    if v6 {
+        s.set_only_v6(true)?;
+        s.set_ip_transparent_v6(true)?;
+    } else {
+        s.set_ip_transparent_v4(true)?;
+    }
+    s.set_reuse_address(true)?;
+    s.set_nonblocking(true)?;
+    s.bind(&SocketAddr::new(any, port).into())?;
+    s.listen(1024)?;
+    Ok(s.into())
+}
+
+/// A guard against more than the bound in flight.
+struct InFlight<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn take(counter: &'a std::sync::atomic::AtomicUsize, max: usize) -> Option<Self> {
+        let before = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if before >= max {
+            counter.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            return None;
+        }
+        Some(Self(counter))
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+async fn serve_udp(
+    shared: Arc<Shared>,
+    socket: UdpSocket,
+    out: Arc<std::collections::HashMap<IpAddr, Arc<UdpSocket>>>,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let mut buf = vec![0u8; 65_536];
+    loop {
+        let (n, pod, orig) =
+            socket.async_io(tokio::io::Interest::READABLE, || recv_orig(socket.as_raw_fd(), &mut buf)).await?;
+        // Only queries to a taken server are handed here (the guard holds no other).
+        let Some((server, reply)) = orig.and_then(|o| out.get(&o.ip()).map(|r| (o.ip(), r.clone()))) else {
+            count(&shared.telemetry.metrics, "udp", "not_taken");
+            continue;
+        };
+        let query = buf[..n].to_vec();
+        tokio::spawn(udp_query(shared.clone(), server, reply, pod, query));
+    }
+}
+
+/// One UDP query: to the server unchanged, its answer held until the kernel took
+/// what it teaches, then to the pod from the server's address.
+async fn udp_query(shared: Arc<Shared>, server: IpAddr, socket: Arc<UdpSocket>, pod: SocketAddr, query: Vec<u8>) {
+    let metrics = &shared.telemetry.metrics;
+    let Some(_slot) = InFlight::take(&shared.in_flight, MAX_IN_FLIGHT) else {
+        count(metrics, "udp", "busy");
+        return;
+    };
+    if !shared.query(pod, server, false, &query) {
+        count(metrics, "udp", "busy");
+        return;
+    }
+    let answer = tokio::time::timeout(UPSTREAM_TIMEOUT, ask_udp(server, &query)).await;
+    let answer = match answer {
+        Ok(Ok(a)) => a,
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, server = %server, "DNS proxy: upstream");
+            count(metrics, "udp", "upstream_error");
+            return;
+        }
+        Err(_) => {
+            count(metrics, "udp", "upstream_timeout");
+            return;
+        }
+    };
+    shared.answer(pod, server, false, &answer);
+    match socket.send_to(&answer, pod).await {
+        Ok(_) => count(metrics, "udp", "answered"),
+        Err(_) => count(metrics, "udp", "pod_gone"),
+    }
+}
+
+/// Ask `server` over UDP from a socket of this query's own; the first datagram with the
+/// query's id is the answer.
+async fn ask_udp(server: IpAddr, query: &[u8]) -> std::io::Result<Vec<u8>> {
+    let any: IpAddr = if server.is_ipv6() { Ipv6Addr::UNSPECIFIED.into() } else { Ipv4Addr::UNSPECIFIED.into() };
+    let up = UdpSocket::bind(SocketAddr::new(any, 0)).await?;
+    up.connect(SocketAddr::new(server, 53)).await?;
+    up.send(query).await?;
+    let mut buf = vec![0u8; 65_536];
+    loop {
+        let n = up.recv(&mut buf).await?;
+        if n >= 2 && query.len() >= 2 && buf[..2] == query[..2] {
+            buf.truncate(n);
+            return Ok(buf);
+        }
+    }
+}
+
+async fn serve_tcp(shared: Arc<Shared>, listener: TcpListener) -> std::io::Result<()> {
+    loop {
+        let (pod_stream, pod) = listener.accept().await?;
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let Some(_slot) = InFlight::take(&shared.tcp_connections, MAX_TCP_CONNECTIONS) else {
+                count(&shared.telemetry.metrics, "tcp", "busy");
+                return;
+            };
+            let server = pod_stream.local_addr().map(|a| a.ip());
+            if let Ok(server) = server
+                && let Err(e) = relay_tcp(&shared, pod_stream, pod, server).await
+            {
+                tracing::debug!(error = %e, pod = %pod, "DNS proxy: TCP connection ended");
+            }
+        });
+    }
+}
+
+/// Read one length-prefixed DNS message (`None` at the end of the stream).
+async fn read_message(r: &mut (impl AsyncReadExt + Unpin)) -> std::io::Result<Option<Vec<u8>>> {
+    let mut len = [0u8; 2];
+    match r.read_exact(&mut len).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let mut body = vec![0u8; usize::from(u16::from_be_bytes(len))];
+    r.read_exact(&mut body).await?;
+    Ok(Some(body))
+}
+
+async fn write_message(w: &mut (impl AsyncWriteExt + Unpin), body: &[u8]) -> std::io::Result<()> {
+    let mut framed = Vec::with_capacity(body.len() + 2);
+    framed.extend((body.len() as u16).to_be_bytes());
+    framed.extend(body);
+    w.write_all(&framed).await
+}
+
+/// Relay one pod's TCP connection over one of the proxy's own, message by message.
+async fn relay_tcp(shared: &Shared, pod_stream: TcpStream, pod: SocketAddr, server: IpAddr) -> std::io::Result<()> {
+    socket2::SockRef::from(&pod_stream).set_mark(shared.settings.answer_mark())?;
+    let up = tokio::time::timeout(UPSTREAM_TIMEOUT, TcpStream::connect(SocketAddr::new(server, 53)))
+        .await
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+    let (mut pod_r, mut pod_w) = pod_stream.into_split();
+    let (mut up_r, mut up_w) = up.into_split();
+    let queries = async {
+        while let Some(q) = tokio::time::timeout(TCP_IDLE, read_message(&mut pod_r))
+            .await
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??
+        {
+            if !shared.query(pod, server, true, &q) {
+                count(&shared.telemetry.metrics, "tcp", "busy");
+                continue;
+            }
+            write_message(&mut up_w, &q).await?;
+        }
+        up_w.shutdown().await
+    };
+    let answers = async {
+        while let Some(a) = tokio::time::timeout(TCP_IDLE, read_message(&mut up_r))
+            .await
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??
+        {
+            shared.answer(pod, server, true, &a);
+            match write_message(&mut pod_w, &a).await {
+                Ok(()) => count(&shared.telemetry.metrics, "tcp", "answered"),
+                Err(e) => {
+                    count(&shared.telemetry.metrics, "tcp", "pod_gone");
+                    return Err(e);
+                }
+            }
+        }
+        pod_w.shutdown().await
+    };
+    let (q, a) = tokio::join!(queries, answers);
+    q.and(a)
+}
+
+impl Shared {
+    /// Track a pod's query (as a copied one is tracked); `false`: the pod has
+    /// [`crate::dns::snoop::MAX_PENDING_PER_POD`] queries waiting, this one is not taken.
+    fn query(&self, pod: SocketAddr, server: IpAddr, tcp: bool, body: &[u8]) -> bool {
+        let metrics = &self.telemetry.metrics;
+        let packet = packet(pod, server, tcp, body, true);
+        let result = match Message::from_vec(body) {
+            Ok(msg) => self.snooper.lock().map_or(Ok(()), |mut s| s.query_message(&packet, &msg, Instant::now())),
+            Err(_) => Err(crate::dns::snoop::Ignored::Malformed),
+        };
+        let label = match result {
+            Ok(()) => "query",
+            Err(why) => why.as_str(),
+        };
+        metrics.dns_snooped.get_or_create(&crate::telemetry::metrics::SnoopLabels { result: label.into() }).inc();
+        !matches!(result, Err(crate::dns::snoop::Ignored::PodPendingFull))
+    }
+
+    /// What the server's answer teaches, in the kernel before this returns.
+    fn answer(&self, pod: SocketAddr, server: IpAddr, tcp: bool, body: &[u8]) {
+        let metrics = &self.telemetry.metrics;
+        let start = Instant::now();
+        let packet = packet(pod, server, tcp, body, false);
+        let learned = match Message::from_vec(body) {
+            Ok(msg) => self
+                .snooper
+                .lock()
+                .map_err(|_| crate::dns::snoop::Ignored::Malformed)
+                .and_then(|mut s| s.answer_message(&packet, &msg, start)),
+            Err(_) => Err(crate::dns::snoop::Ignored::Malformed),
+        };
+        match learned {
+            Ok(learned) => {
+                let elements = self.handle.elements(&learned);
+                if let Ok(mut writer) = self.writer.lock() {
+                    self.handle.commit(elements, start, &mut writer, metrics);
+                }
+            }
+            Err(why) => {
+                metrics
+                    .dns_snooped
+                    .get_or_create(&crate::telemetry::metrics::SnoopLabels { result: why.as_str().into() })
+                    .inc();
+            }
+        }
+        metrics.dns_proxy_hold.observe(start.elapsed().as_secs_f64());
+    }
+}
+
+/// The packet a copy of this message would have been: `query` from the pod to the
+/// server, else the answer back.
+fn packet(pod: SocketAddr, server: IpAddr, tcp: bool, body: &[u8], query: bool) -> Packet<'_> {
+    let (src, dst, sport, dport) =
+        if query { (pod.ip(), server, pod.port(), 53) } else { (server, pod.ip(), 53, pod.port()) };
+    Packet { src, dst, sport, dport, tcp, seq: 0, syn: false, payload: body }
+}

@@ -1,0 +1,446 @@
+//! The DNS proxy (`--dns-mode proxy`, root required): a pod's answer is released only
+//! once the kernel allows the addresses it teaches, so its first connection right after
+//! its own lookup is never dropped; if egressd is killed or hangs, pods' DNS goes to the
+//! server directly within a second or two.
+//!
+//! The server (in the external host's namespace, 203.0.113.2:53, UDP and TCP) answers
+//! every `*.fresh.example.com` query with an address nobody was told before
+//! (192.0.2.0/24 and 2001:db8:ff:100::/64, all of which the external host accepts), so
+//! only the pod's own answer can open the connection.
+
+mod netns;
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use hickory_proto::op::{Edns, Message, MessageType, Query, ResponseCode};
+use hickory_proto::rr::rdata::{A, AAAA};
+use hickory_proto::rr::{Name, RData, Record, RecordType};
+use netns::{Netns, Topology, http_get, wait_for};
+
+const SERVER: &str = "203.0.113.2";
+
+/// The fresh addresses and the answers of the test server.
+struct Server {
+    next: AtomicU32,
+    /// Queries for `silent.example.com` are not answered.
+    answered: AtomicU32,
+}
+
+impl Server {
+    fn answer(&self, query: &Message, udp: bool) -> Option<Message> {
+        let q = query.queries.first()?;
+        let name = q.name.to_ascii().to_lowercase();
+        if name.starts_with("silent.") {
+            return None;
+        }
+        let mut a = Message::response(query.metadata.id, query.metadata.op_code);
+        a.metadata.recursion_desired = query.metadata.recursion_desired;
+        a.add_query(q.clone());
+        let rec = |data: RData| Record::from_rdata(q.name.clone(), 60, data);
+        if name.ends_with(".fresh.example.com.") {
+            let n = self.next.fetch_add(1, Ordering::SeqCst);
+            match q.query_type {
+                RecordType::A => a.add_answer(rec(RData::A(A(Ipv4Addr::new(192, 0, 2, 1 + (n % 250) as u8))))),
+                _ => a.add_answer(rec(RData::AAAA(AAAA(Ipv6Addr::new(
+                    0x2001,
+                    0xdb8,
+                    0xff,
+                    0x100,
+                    0,
+                    0,
+                    (n >> 16) as u16,
+                    n as u16 + 1,
+                ))))),
+            };
+        } else if name == "big.example.com." {
+            // 40 A records: more than 512 bytes.
+            let edns_size = query.edns.as_ref().map(|e| e.max_payload()).unwrap_or(512);
+            if udp && edns_size < 1024 {
+                a.metadata.truncation = true;
+            } else {
+                for i in 0..40u8 {
+                    a.add_answer(rec(RData::A(A(Ipv4Addr::new(198, 51, 100, 150 + i)))));
+                }
+            }
+            if let Some(e) = &query.edns {
+                let mut edns = Edns::new();
+                edns.set_max_payload(e.max_payload());
+                a.set_edns(edns);
+            }
+        } else {
+            a.metadata.response_code = ResponseCode::NXDomain;
+        }
+        self.answered.fetch_add(1, Ordering::SeqCst);
+        Some(a)
+    }
+
+    /// Serve UDP and TCP on SERVER:53 in `ns`.
+    fn start(ns: &Netns) -> Arc<Self> {
+        let server = Arc::new(Self { next: AtomicU32::new(0), answered: AtomicU32::new(0) });
+        let (udp, tcp) = ns.run(|| {
+            (UdpSocket::bind((SERVER, 53)).expect("bind udp 53"), TcpListener::bind((SERVER, 53)).expect("bind tcp 53"))
+        });
+        let s = server.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok((n, from)) = udp.recv_from(&mut buf) {
+                let Ok(q) = Message::from_vec(&buf[..n]) else { continue };
+                if let Some(a) = s.answer(&q, true) {
+                    let _ = udp.send_to(&a.to_vec().unwrap(), from);
+                }
+            }
+        });
+        let s = server.clone();
+        std::thread::spawn(move || {
+            for mut c in tcp.incoming().flatten() {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    loop {
+                        let mut len = [0u8; 2];
+                        if c.read_exact(&mut len).is_err() {
+                            return;
+                        }
+                        let mut body = vec![0u8; usize::from(u16::from_be_bytes(len))];
+                        if c.read_exact(&mut body).is_err() {
+                            return;
+                        }
+                        let Ok(q) = Message::from_vec(&body) else { return };
+                        if let Some(a) = s.answer(&q, false) {
+                            let bytes = a.to_vec().unwrap();
+                            let mut framed = (bytes.len() as u16).to_be_bytes().to_vec();
+                            framed.extend(bytes);
+                            if c.write_all(&framed).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        server
+    }
+}
+
+/// The external host accepts every fresh address (AnyIP), the node routes them there.
+fn fresh_addresses_reachable(t: &Topology) {
+    t.ext.ip(&["route", "add", "local", "192.0.2.0/24", "dev", "lo"]);
+    t.ext.ip(&["route", "add", "local", "198.51.100.128/25", "dev", "lo"]);
+    t.ext.ip(&["-6", "route", "add", "local", "2001:db8:ff:100::/64", "dev", "lo"]);
+    t.node.ip(&["-6", "route", "add", "2001:db8:ff:100::/64", "via", "2001:db8:ff::2"]);
+}
+
+fn query(id: u16, name: &str, rtype: RecordType, edns: Option<u16>) -> Vec<u8> {
+    let mut m = Message::query();
+    m.metadata.id = id;
+    m.metadata.recursion_desired = true;
+    m.add_query(Query::query(Name::from_ascii(name).unwrap(), rtype));
+    if let Some(size) = edns {
+        let mut e = Edns::new();
+        e.set_max_payload(size);
+        m.set_edns(e);
+    }
+    m.to_vec().unwrap()
+}
+
+/// Ask over UDP from a socket of its own: (answer, the address it came from).
+fn ask_udp(bytes: &[u8], timeout: Duration) -> Option<(Message, SocketAddr, u16)> {
+    let s = UdpSocket::bind("0.0.0.0:0").ok()?;
+    s.set_read_timeout(Some(timeout)).ok()?;
+    s.send_to(bytes, (SERVER, 53)).ok()?;
+    let mut buf = [0u8; 4096];
+    let (n, from) = s.recv_from(&mut buf).ok()?;
+    Some((Message::from_vec(&buf[..n]).ok()?, from, n as u16))
+}
+
+fn ask_tcp(bytes: &[u8]) -> Option<Message> {
+    let mut s = TcpStream::connect_timeout(&(SERVER, 53).into_sock(), Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    let mut framed = (bytes.len() as u16).to_be_bytes().to_vec();
+    framed.extend(bytes);
+    s.write_all(&framed).ok()?;
+    let mut len = [0u8; 2];
+    s.read_exact(&mut len).ok()?;
+    let mut body = vec![0u8; usize::from(u16::from_be_bytes(len))];
+    s.read_exact(&mut body).ok()?;
+    Message::from_vec(&body).ok()
+}
+
+trait IntoSock {
+    fn into_sock(self) -> SocketAddr;
+}
+
+impl IntoSock for (&str, u16) {
+    fn into_sock(self) -> SocketAddr {
+        SocketAddr::new(self.0.parse().unwrap(), self.1)
+    }
+}
+
+fn addresses(m: &Message) -> Vec<IpAddr> {
+    m.answers
+        .iter()
+        .filter_map(|r| match &r.data {
+            RData::A(a) => Some(IpAddr::V4(a.0)),
+            RData::AAAA(a) => Some(IpAddr::V6(a.0)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn metric(t: &Topology, line_start: &str) -> u64 {
+    let body = http_get(&t.node, "127.0.0.1:9780", "/metrics").map(|(_, b)| b).unwrap_or_default();
+    body.lines()
+        .filter(|l| l.starts_with(line_start))
+        .filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok())
+        .sum()
+}
+
+fn proxied(t: &Topology, transport: &str) -> u64 {
+    metric(t, &format!("egressd_dns_proxied_total{{transport=\"{transport}\",result=\"answered\"}}"))
+}
+
+/// A pod of namespace team-a allowed TCP 8080 to `*.fresh.example.com` only (and DNS).
+fn policed(t: &Topology) {
+    fresh_addresses_reachable(t);
+    t.set_firewall(
+        "team-a",
+        &[
+            "  - type: Allow\n    to: {dnsName: \"*.fresh.example.com\"}\n    ports: [{protocol: TCP, port: 8080}]\n",
+            "  - type: Allow\n    to: {dnsName: \"big.example.com\"}\n    ports: [{protocol: TCP, port: 8080}]\n",
+            "  - type: Allow\n    to: {cidrSelector: 203.0.113.2/32}\n    ports: [{protocol: UDP, port: 53}, {protocol: TCP, port: 53}]\n",
+            "  - type: Deny\n    to: {cidrSelector: 0.0.0.0/0}\n",
+            "  - type: Deny\n    to: {cidrSelector: \"::/0\"}\n",
+        ]
+        .concat(),
+    );
+}
+
+const AGENT_ARGS: [&str; 4] = ["--dns-server", SERVER, "--cluster-dns", SERVER];
+
+/// `rounds` times from `pod`: resolve a fresh name (AAAA, or A with `v4`) and connect to
+/// its address at once (300 ms: a dropped SYN is retransmitted only after 1 s). Returns
+/// the connections that failed.
+fn resolve_and_connect(pod: &Netns, rounds: u32, v4: bool, start: u32) -> Vec<String> {
+    pod.run(move || {
+        let mut failed = Vec::new();
+        for i in start..start + rounds {
+            let rtype = if v4 { RecordType::A } else { RecordType::AAAA };
+            let name = format!("n{i}.fresh.example.com.");
+            let Some((answer, _, _)) = ask_udp(&query(i as u16, &name, rtype, None), Duration::from_secs(2)) else {
+                failed.push(format!("{name}: no answer"));
+                continue;
+            };
+            let Some(ip) = addresses(&answer).first().copied() else {
+                failed.push(format!("{name}: no address"));
+                continue;
+            };
+            if TcpStream::connect_timeout(&SocketAddr::new(ip, 8080), Duration::from_millis(300)).is_err() {
+                failed.push(format!("{name} -> {ip}: connection dropped"));
+            }
+        }
+        failed
+    })
+}
+
+#[test]
+fn a_pods_first_connection_after_its_own_lookup_is_never_dropped() {
+    let t = Topology::new(&["team-a"]);
+    let _server = Server::start(&t.ext);
+    policed(&t);
+    let agent = t.start_agent_with("agent", &AGENT_ARGS);
+    let p0 = &t.pods[0];
+    let ready = wait_for(Duration::from_secs(5), || {
+        resolve_and_connect(p0, 1, false, 1_000_000).is_empty() && proxied(&t, "udp") >= 1
+    });
+    assert!(ready.is_some(), "the proxy does not answer:\n{}\n{}", t.node.nft_list(), agent.log_text());
+    let failed = resolve_and_connect(p0, 1000, false, 0);
+    assert!(
+        failed.is_empty(),
+        "{} of 1000 IPv6 first connections failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+    let failed = resolve_and_connect(p0, 200, true, 2000);
+    assert!(
+        failed.is_empty(),
+        "{} of 200 IPv4 first connections failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+    assert!(proxied(&t, "udp") >= 1200, "the answers did not pass the proxy: {}", proxied(&t, "udp"));
+    // Nothing else is let through: an address the pod was not told stays closed.
+    let closed = p0.run(|| {
+        TcpStream::connect_timeout(&"[2001:db8:ff:100::ffff:ffff]:8080".parse().unwrap(), Duration::from_millis(300))
+            .is_err()
+    });
+    assert!(closed, "an address no answer taught is open");
+    assert_eq!(agent.nft_fallbacks(), Vec::<String>::new(), "every sync in-process");
+}
+
+#[test]
+fn without_the_proxy_a_slow_snoop_loses_first_connections() {
+    // The same pod and server, snooping alone, with the listener slowed down by 20 ms
+    // per answer: the pod is faster, so its first connections are dropped. (This is
+    // the race the proxy closes; the test shows the check above can fail.)
+    let t = Topology::new(&["team-a"]);
+    let _server = Server::start(&t.ext);
+    policed(&t);
+    let mut args = AGENT_ARGS.to_vec();
+    args.extend(["--dns-mode", "snoop"]);
+    let agent = t.start_agent_env("agent", &args, &[("EGRESSD_TEST_SNOOP_DELAY_MS", "20")]);
+    let failed = resolve_and_connect(&t.pods[0], 50, false, 0);
+    assert!(
+        failed.len() >= 10,
+        "only {} of 50 dropped with a 20 ms snooping delay:\n{}",
+        failed.len(),
+        agent.log_text()
+    );
+    assert_eq!(proxied(&t, "udp"), 0, "snoop mode proxied");
+}
+
+#[test]
+fn udp_and_tcp_truncation_edns_ids_and_ports_pass_unchanged() {
+    let t = Topology::new(&["team-a", "team-a"]);
+    let _server = Server::start(&t.ext);
+    policed(&t);
+    let agent = t.start_agent_with("agent", &AGENT_ARGS);
+    let p0 = &t.pods[0];
+    let ready = wait_for(Duration::from_secs(5), || {
+        resolve_and_connect(p0, 1, true, 500_000).is_empty() && proxied(&t, "udp") >= 1
+    });
+    assert!(ready.is_some(), "the proxy does not answer:\n{}", agent.log_text());
+
+    let (a, from, id, port_kept) = p0.run(|| {
+        let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        s.send_to(&query(0xbeef, "x1.fresh.example.com.", RecordType::A, None), (SERVER, 53)).unwrap();
+        let mut buf = [0u8; 4096];
+        let (n, from) = s.recv_from(&mut buf).unwrap();
+        let m = Message::from_vec(&buf[..n]).unwrap();
+        let id = m.metadata.id;
+        (m, from, id, true)
+    });
+    assert_eq!(id, 0xbeef, "the query id changed");
+    assert!(port_kept);
+    assert_eq!(from, SocketAddr::new(SERVER.parse().unwrap(), 53), "the answer did not come from the server's address");
+    assert_eq!(a.metadata.message_type, MessageType::Response);
+
+    // Truncated over UDP without EDNS0; the pod retries over TCP and gets it whole.
+    let before_tcp = proxied(&t, "tcp");
+    let (tc, whole) = p0.run(|| {
+        let (tc, _, _) = ask_udp(&query(7, "big.example.com.", RecordType::A, None), Duration::from_secs(2)).unwrap();
+        (tc, ask_tcp(&query(8, "big.example.com.", RecordType::A, None)).unwrap())
+    });
+    assert!(tc.metadata.truncation, "the TC bit was lost");
+    assert_eq!(addresses(&whole).len(), 40, "the TCP answer is not whole");
+    assert!(proxied(&t, "tcp") > before_tcp, "the TCP query did not pass the proxy");
+    // What the TCP answer taught is allowed.
+    let open = p0.run(|| {
+        TcpStream::connect_timeout(&"198.51.100.189:8080".parse().unwrap(), Duration::from_millis(300)).is_ok()
+    });
+    assert!(open, "an address of the TCP answer is not allowed");
+
+    // EDNS0 4096 over UDP: the large answer passes whole, with its OPT record.
+    let (big, _, size) =
+        p0.run(|| ask_udp(&query(9, "big.example.com.", RecordType::A, Some(4096)), Duration::from_secs(2)).unwrap());
+    assert!(!big.metadata.truncation && addresses(&big).len() == 40 && size > 512, "EDNS0 answer of {size} bytes");
+    assert_eq!(big.edns.as_ref().map(|e| e.max_payload()), Some(4096));
+
+    // A flood of queries the server never answers: one pod is held to its bound, the
+    // proxy keeps answering the others.
+    let flooded = p0.run(|| {
+        let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+        for i in 0..3000u16 {
+            let _ = s.send_to(&query(i, "silent.example.com.", RecordType::A, None), (SERVER, 53));
+        }
+        true
+    });
+    assert!(flooded);
+    let busy = wait_for(Duration::from_secs(3), || {
+        metric(&t, "egressd_dns_proxied_total{transport=\"udp\",result=\"busy\"}") > 0
+    });
+    assert!(
+        busy.is_some(),
+        "the flood was not bounded:\n{}",
+        http_get(&t.node, "127.0.0.1:9780", "/metrics").map(|(_, b)| b).unwrap_or_default()
+    );
+    let t0 = Instant::now();
+    let other = resolve_and_connect(&t.pods[1], 20, true, 600_000);
+    assert!(other.is_empty(), "another pod's DNS suffered from the flood: {other:?}");
+    assert!(t0.elapsed() < Duration::from_secs(2), "another pod waited {:?}", t0.elapsed());
+    // The flooding pod itself is held to its bound while its queries wait.
+    let flooder = resolve_and_connect(&t.pods[0], 1, true, 700_000);
+    assert_eq!(flooder.len(), 1, "the flooding pod was not bounded");
+}
+
+#[test]
+fn pods_dns_survives_a_killed_or_hung_proxy_and_a_restart_resumes_it() {
+    let t = Topology::new(&["team-a"]);
+    let server = Server::start(&t.ext);
+    policed(&t);
+    let mut agent = t.start_agent_with("agent", &AGENT_ARGS);
+    let p0 = &t.pods[0];
+    let ready = wait_for(Duration::from_secs(5), || {
+        resolve_and_connect(p0, 1, true, 700_000).is_empty() && proxied(&t, "udp") >= 1
+    });
+    assert!(ready.is_some(), "the proxy does not answer:\n{}", agent.log_text());
+
+    // The pod asks in a loop (500 ms per try, as a resolver's first timeout would be).
+    let stop = Arc::new(AtomicBool::new(false));
+    let answers = Arc::new(std::sync::Mutex::new(Vec::<Instant>::new()));
+    let (s2, a2) = (stop.clone(), answers.clone());
+    let looping = p0.run(move || {
+        std::thread::spawn(move || {
+            let mut i = 0u16;
+            while !s2.load(Ordering::SeqCst) {
+                i = i.wrapping_add(1);
+                if ask_udp(&query(i, "loop.fresh.example.com.", RecordType::A, None), Duration::from_millis(500))
+                    .is_some()
+                {
+                    a2.lock().unwrap().push(Instant::now());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    });
+    let answered_after = |at: Instant| answers.lock().unwrap().iter().any(|t| *t > at);
+
+    // Hung (SIGSTOP): the guard expires, queries go to the server directly.
+    let pid = nix::unistd::Pid::from_raw(agent.pid() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let hung_at = Instant::now();
+    std::thread::sleep(Duration::from_millis(100));
+    let resumed = wait_for(Duration::from_secs(3), || answered_after(hung_at + Duration::from_millis(100)));
+    let hung_for = hung_at.elapsed();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    assert!(resumed.is_some() && hung_for < Duration::from_secs(3), "no answer while egressd was stopped");
+    // Proxied again once it runs.
+    let before = proxied(&t, "udp");
+    assert!(
+        wait_for(Duration::from_secs(3), || proxied(&t, "udp") > before).is_some(),
+        "proxying did not resume after SIGCONT"
+    );
+
+    // Killed: its sockets are gone, queries go direct at once.
+    agent.kill();
+    let killed_at = Instant::now();
+    let served_before = server.answered.load(Ordering::SeqCst);
+    let direct = wait_for(Duration::from_secs(2), || answered_after(killed_at));
+    assert!(direct.is_some(), "pods' DNS did not work within 2 s of egressd being killed");
+    assert!(server.answered.load(Ordering::SeqCst) > served_before);
+
+    // Restarted: proxying resumes.
+    let _agent = t.start_agent_with("agent2", &AGENT_ARGS);
+    assert!(
+        wait_for(Duration::from_secs(5), || proxied(&t, "udp") >= 1).is_some(),
+        "the restarted agent does not proxy"
+    );
+    stop.store(true, Ordering::SeqCst);
+    looping.join().unwrap();
+    let gaps: Vec<Duration> = answers.lock().unwrap().windows(2).map(|w| w[1] - w[0]).collect();
+    let worst = gaps.iter().max().copied().unwrap_or_default();
+    assert!(worst < Duration::from_secs(3), "pods' DNS was out for {worst:?}");
+}
