@@ -148,9 +148,13 @@ fn query(id: u16, name: &str, rtype: RecordType, edns: Option<u16>) -> Vec<u8> {
 
 /// Ask over UDP from a socket of its own: (answer, the address it came from).
 fn ask_udp(bytes: &[u8], timeout: Duration) -> Option<(Message, SocketAddr, u16)> {
+    ask_udp_to(SERVER, bytes, timeout)
+}
+
+fn ask_udp_to(server: &str, bytes: &[u8], timeout: Duration) -> Option<(Message, SocketAddr, u16)> {
     let s = UdpSocket::bind("0.0.0.0:0").ok()?;
     s.set_read_timeout(Some(timeout)).ok()?;
-    s.send_to(bytes, (SERVER, 53)).ok()?;
+    s.send_to(bytes, (server, 53)).ok()?;
     let mut buf = [0u8; 4096];
     let (n, from) = s.recv_from(&mut buf).ok()?;
     Some((Message::from_vec(&buf[..n]).ok()?, from, n as u16))
@@ -443,4 +447,58 @@ fn pods_dns_survives_a_killed_or_hung_proxy_and_a_restart_resumes_it() {
     let gaps: Vec<Duration> = answers.lock().unwrap().windows(2).map(|w| w[1] - w[0]).collect();
     let worst = gaps.iter().max().copied().unwrap_or_default();
     assert!(worst < Duration::from_secs(3), "pods' DNS was out for {worst:?}");
+}
+
+#[test]
+fn a_cluster_dns_service_address_behind_kube_proxys_dnat_is_proxied() {
+    // kube-proxy's part, in a table of its own: the Service address 198.19.0.10:53
+    // translated to the server, for pods (prerouting) and for the node (output).
+    const VIP: &str = "198.19.0.10";
+    let t = Topology::new(&["team-a"]);
+    let _server = Server::start(&t.ext);
+    policed(&t);
+    let rules = format!(
+        "table ip kubeproxy {{\n chain pre {{ type nat hook prerouting priority dstnat; ip daddr {VIP} udp dport 53 dnat to {SERVER}:53; ip daddr {VIP} tcp dport 53 dnat to {SERVER}:53; }}\n chain out {{ type nat hook output priority -100; ip daddr {VIP} udp dport 53 dnat to {SERVER}:53; ip daddr {VIP} tcp dport 53 dnat to {SERVER}:53; }}\n}}\n"
+    );
+    let file = t.dir.path().join("kubeproxy.nft");
+    std::fs::write(&file, rules).unwrap();
+    t.node.exec(&["nft", "-f", file.to_str().unwrap()]);
+    // A node has a route for Service addresses (its default route): the output DNAT
+    // comes after the route lookup.
+    t.node.ip(&["route", "add", "198.19.0.0/16", "via", SERVER]);
+    let agent = t.start_agent_with("agent", &["--dns-server", VIP, "--cluster-dns", VIP]);
+    let p0 = &t.pods[0];
+    let ask_connect = move |i: u32| -> Result<SocketAddr, String> {
+        let (answer, from, _) = ask_udp_to(
+            VIP,
+            &query(i as u16, &format!("v{i}.fresh.example.com."), RecordType::A, None),
+            Duration::from_secs(2),
+        )
+        .ok_or("no answer")?;
+        let ip = addresses(&answer).first().copied().ok_or("no address")?;
+        TcpStream::connect_timeout(&SocketAddr::new(ip, 8080), Duration::from_millis(300))
+            .map_err(|e| format!("{ip}: {e}"))?;
+        Ok(from)
+    };
+    let mut last = Ok("0.0.0.0:0".parse().unwrap());
+    let ready = wait_for(Duration::from_secs(5), || {
+        last = p0.run(move || ask_connect(0));
+        last.is_ok() && proxied(&t, "udp") >= 1
+    });
+    assert!(
+        ready.is_some(),
+        "the Service address is not proxied ({last:?}, {} proxied):\n{}\n{}",
+        proxied(&t, "udp"),
+        t.node.nft_list(),
+        agent.log_text()
+    );
+    let results: Vec<Result<SocketAddr, String>> = p0.run(move || (1..=200).map(ask_connect).collect());
+    let failed: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(failed.is_empty(), "{} of 200 failed: {:?}", failed.len(), &failed[..failed.len().min(5)]);
+    let vip: SocketAddr = format!("{VIP}:53").parse().unwrap();
+    assert!(
+        results.iter().all(|r| r.as_ref().is_ok_and(|from| *from == vip)),
+        "an answer did not come from the Service address"
+    );
+    assert!(proxied(&t, "udp") >= 200, "the queries did not pass the proxy");
 }

@@ -725,8 +725,9 @@ fn cleanup(args: &CleanupArgs) -> ExitCode {
     let removed =
         tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string()).and_then(|rt| {
             rt.block_on(async {
-                let net = egressd::dataplane::netlink::Netlink::connect(settings).map_err(|e| e.to_string())?;
-                net.cleanup().await.map_err(|e| e.to_string())
+                let net = egressd::dataplane::netlink::Netlink::connect(settings.clone()).map_err(|e| e.to_string())?;
+                let owned = net.cleanup().await.map_err(|e| e.to_string())?;
+                Ok(owned + egressd::dataplane::dns_proxy::cleanup(&settings).await?)
             })
         });
     match removed {

@@ -146,15 +146,24 @@ pub(super) fn compile(node: &NodeConfig, targets: &SnoopTargets, table: &mut Tab
 /// (egressd stopped) or no guard element (egressd hung): the rule does not match and the
 /// query goes to the server, copied by the snoop rules above. Nothing is translated, so
 /// no conntrack entry binds a pod's flow to the proxy.
+///
+/// The same queries are not tracked (`dns-proxy-raw`, priority raw): no NAT applies to
+/// them, so the proxy sees the address the pod asked (a cluster DNS Service address
+/// stays itself instead of becoming the endpoint kube-proxy's DNAT would pick) and its
+/// answer leaves from that address. A query the guard lets pass to `notrack` but whose
+/// socket is gone (egressd killed less than a second ago) goes out untranslated; the
+/// pod's retry, after the guard expired, is translated again.
 fn proxy_intercept(proxy: &crate::dns::targets::DnsProxySettings, table: &mut Table) {
     let mark = proxy.intercept_mark();
     let mut rules = Vec::new();
+    let mut raw = Vec::new();
     for (v6, family, v) in [(false, "ip", "v4"), (true, "ip6", "v6")] {
         let guard = crate::dns::targets::DnsProxySettings::guard_slot(v6);
         table
             .sets
             .insert(guard.set.into(), Set::with_timeout(if v6 { KeyType::TaggedIpv6 } else { KeyType::TaggedIpv4 }));
         for proto in ["udp", "tcp"] {
+            raw.push(format!("{family} saddr @snoop-pods-{v} {} {proto} dport 53 notrack", guard.matches(family)));
             rules.push(format!(
                 "{family} saddr @snoop-pods-{v} {} {proto} dport 53 tproxy {family} to :{} meta mark set meta mark and {:#010x} or {mark:#010x} accept",
                 guard.matches(family),
@@ -163,6 +172,10 @@ fn proxy_intercept(proxy: &crate::dns::targets::DnsProxySettings, table: &mut Ta
             ));
         }
     }
+    table.chains.insert(
+        "dns-proxy-raw".into(),
+        Chain::base(Hook { chain_type: "filter", hook: "prerouting", priority: "raw" }, raw),
+    );
     table.chains.insert(
         "dns-proxy".into(),
         Chain::base(Hook { chain_type: "filter", hook: "prerouting", priority: "mangle" }, rules),

@@ -60,6 +60,8 @@ struct Shared {
     writer: Mutex<ElementWriter>,
     telemetry: Arc<crate::telemetry::Telemetry>,
     settings: DnsProxySettings,
+    /// The servers whose queries are taken.
+    taken: Vec<IpAddr>,
     in_flight: std::sync::atomic::AtomicUsize,
     tcp_connections: std::sync::atomic::AtomicUsize,
 }
@@ -91,8 +93,10 @@ pub(crate) fn start(
     }
     let taken: Vec<IpAddr> = udp.iter().map(|(s, _)| *s).collect();
     let families: Vec<bool> = [false, true].into_iter().filter(|v6| taken.iter().any(|s| s.is_ipv6() == *v6)).collect();
-    let tcp =
-        families.iter().map(|v6| transparent_listener(*v6, settings.port)).collect::<std::io::Result<Vec<_>>>()?;
+    let tcp = families
+        .iter()
+        .map(|v6| transparent_listener(*v6, settings.port, settings.answer_mark()))
+        .collect::<std::io::Result<Vec<_>>>()?;
     let udp_in =
         families.iter().map(|v6| transparent_udp_listener(*v6, settings.port)).collect::<std::io::Result<Vec<_>>>()?;
     let shared = Arc::new(Shared {
@@ -101,6 +105,7 @@ pub(crate) fn start(
         writer: Mutex::new(ElementWriter::open(table)?),
         telemetry,
         settings,
+        taken: taken.clone(),
         in_flight: Default::default(),
         tcp_connections: Default::default(),
     });
@@ -256,6 +261,59 @@ async fn install_routing(handle: &rtnetlink::Handle, settings: &DnsProxySettings
     Ok(())
 }
 
+/// Remove the DNS proxy's policy rules and local routes (`egressd cleanup`): the rules of
+/// its priority to its table and the routes of its table with egressd's protocol, for
+/// the tables and priorities `egress` gives ([`DnsProxySettings::new`]). Returns how
+/// many were removed.
+pub async fn cleanup(egress: &crate::net::EgressSettings) -> Result<usize, String> {
+    use futures::TryStreamExt;
+    use netlink_packet_route::rule::RuleAttribute;
+    let settings = DnsProxySettings::new(0, 0, egress);
+    let (connection, handle, _) = rtnetlink::new_connection().map_err(|e| format!("route netlink: {e}"))?;
+    tokio::spawn(connection);
+    let mut removed = 0;
+    for v6 in [false, true] {
+        let version = if v6 { rtnetlink::IpVersion::V6 } else { rtnetlink::IpVersion::V4 };
+        let mut rules = handle.rule().get(version).execute();
+        let mut found = Vec::new();
+        while let Some(msg) = rules.try_next().await.map_err(|e| e.to_string())? {
+            let has = |a: RuleAttribute| msg.attributes.contains(&a);
+            if has(RuleAttribute::Priority(settings.rule_priority)) && has(RuleAttribute::Table(settings.table)) {
+                found.push(msg);
+            }
+        }
+        for msg in found {
+            handle.rule().del(msg).execute().await.map_err(|e| e.to_string())?;
+            removed += 1;
+        }
+        let filter = if v6 {
+            rtnetlink::RouteMessageBuilder::<Ipv6Addr>::new().table_id(settings.table).build()
+        } else {
+            rtnetlink::RouteMessageBuilder::<Ipv4Addr>::new().table_id(settings.table).build()
+        };
+        let mut routes = handle.route().get(filter).execute();
+        let mut found = Vec::new();
+        while let Some(msg) = routes.try_next().await.map_err(|e| e.to_string())? {
+            let table = msg
+                .attributes
+                .iter()
+                .find_map(|a| match a {
+                    netlink_packet_route::route::RouteAttribute::Table(t) => Some(*t),
+                    _ => None,
+                })
+                .unwrap_or(u32::from(msg.header.table));
+            if table == settings.table && u8::from(msg.header.protocol) == egress.route_protocol {
+                found.push(msg);
+            }
+        }
+        for msg in found {
+            handle.route().del(msg).execute().await.map_err(|e| e.to_string())?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
 /// A UDP socket bound to `server`:53 that may hold a foreign address
 /// (`IP_TRANSPARENT`); its answers carry `mark`.
 fn transparent_udp(server: IpAddr, mark: u32) -> std::io::Result<std::net::UdpSocket> {
@@ -329,8 +387,9 @@ fn recv_orig(fd: std::os::fd::RawFd, buf: &mut [u8]) -> std::io::Result<(usize, 
     Ok((msg.bytes, from, orig))
 }
 
-/// The transparent TCP listener of a family on `port`.
-fn transparent_listener(v6: bool, port: u16) -> std::io::Result<std::net::TcpListener> {
+/// The transparent TCP listener of a family on `port` (its SYN-ACKs and the accepted
+/// connections' packets carry `mark`).
+fn transparent_listener(v6: bool, port: u16, mark: u32) -> std::io::Result<std::net::TcpListener> {
     let (domain, any) = if v6 {
         (socket2::Domain::IPV6, IpAddr::V6(Ipv6Addr::UNSPECIFIED))
     } else {
@@ -344,6 +403,7 @@ fn transparent_listener(v6: bool, port: u16) -> std::io::Result<std::net::TcpLis
         s.set_ip_transparent_v4(true)?;
     }
     s.set_reuse_address(true)?;
+    s.set_mark(mark)?;
     s.set_nonblocking(true)?;
     s.bind(&SocketAddr::new(any, port).into())?;
     s.listen(1024)?;
@@ -448,10 +508,14 @@ async fn serve_tcp(shared: Arc<Shared>, listener: TcpListener) -> std::io::Resul
                 count(&shared.telemetry.metrics, "tcp", "busy");
                 return;
             };
-            let server = pod_stream.local_addr().map(|a| a.ip());
-            if let Ok(server) = server
-                && let Err(e) = relay_tcp(&shared, pod_stream, pod, server).await
-            {
+            // Only what `tproxy` handed over: a connection to a taken server's port 53
+            // (anything reaching the listener's own port is closed).
+            let server = pod_stream.local_addr().ok().filter(|a| a.port() == 53 && shared.taken.contains(&a.ip()));
+            let Some(server) = server.map(|a| a.ip()) else {
+                count(&shared.telemetry.metrics, "tcp", "not_taken");
+                return;
+            };
+            if let Err(e) = relay_tcp(&shared, pod_stream, pod, server).await {
                 tracing::debug!(error = %e, pod = %pod, "DNS proxy: TCP connection ended");
             }
         });

@@ -16,7 +16,7 @@
 pub(crate) mod acl_log;
 pub mod announce;
 pub mod conntrack;
-pub(crate) mod dns_proxy;
+pub mod dns_proxy;
 pub(crate) mod drift;
 pub mod elements;
 pub mod netlink;

@@ -23,7 +23,7 @@
 //! "<text>"` last; EgressIP's `meta mark set meta mark and <m> or <v>`, `ct mark set ct
 //! mark or <v>`, `meta|ct mark and <m> ==|!= <v>`; the firewall's verified flows' `ct mark
 //! and <m> [or <v>] @set`, `ct mark set ct mark and <m> or <v>`; `rt ip|ip6 nexthop [!=] @set`, `snat
-//! ip|ip6 to <address>|ip saddr|ip6 saddr`; the DNS proxy's `tproxy ip|ip6 to :<port>`. That is
+//! ip|ip6 to <address>|ip saddr|ip6 saddr`; the DNS proxy's `tproxy ip|ip6 to :<port>` and `notrack`. That is
 //! every rule egressd writes.
 
 use std::fmt;
@@ -116,6 +116,8 @@ pub(crate) enum Expr {
     Snat { v6: bool, sreg: u32 },
     /// `tproxy ip|ip6 port reg` (the packet's own destination address).
     Tproxy { v6: bool, port_reg: u32 },
+    /// `notrack`.
+    Notrack,
     /// `bitwise reg = (reg & mask) ^ xor`.
     Bitwise { reg: u32, mask: Vec<u8>, xor: Vec<u8> },
     /// `lookup reg set <set>` (its verdict into the verdict register for a map,
@@ -614,6 +616,11 @@ pub(crate) fn parse(rule: &str) -> Result<Rule, String> {
                 exprs.push(Expr::Lookup { set, sreg: REG_1, verdict: false, invert, anon: None });
                 i = at + 1;
             }
+            // `notrack` (the DNS proxy's taken queries: no NAT before the proxy).
+            "notrack" => {
+                exprs.push(Expr::Notrack);
+                i += 1;
+            }
             // `tproxy ip|ip6 to :<port>` (the DNS proxy's intercept; the address stays
             // the packet's destination).
             "tproxy" => {
@@ -897,6 +904,7 @@ impl Expr {
             Expr::Immediate { .. } => "immediate",
             Expr::Snat { .. } => "nat",
             Expr::Tproxy { .. } => "tproxy",
+            Expr::Notrack => "notrack",
             Expr::Payload { .. } => "payload",
             Expr::Cmp { .. } => "cmp",
             Expr::Bitwise { .. } => "bitwise",
@@ -978,6 +986,7 @@ impl Expr {
                 put_u32(out, 2, u32::from(if *v6 { NFPROTO_IPV6 } else { NFPROTO_IPV4 }));
                 put_u32(out, 3, *sreg);
             }
+            Expr::Notrack => {}
             Expr::Tproxy { v6, port_reg } => {
                 // NFTA_TPROXY_FAMILY, NFTA_TPROXY_REG_PORT (no address register).
                 put_u32(out, 1, u32::from(if *v6 { NFPROTO_IPV6 } else { NFPROTO_IPV4 }));
@@ -1471,6 +1480,7 @@ impl fmt::Display for Expr {
             Expr::Rt { v6, dreg } => write!(f, "[ rt load nexthop{} => reg {dreg} ]", if *v6 { 6 } else { 4 }),
             Expr::Immediate { dreg, data } => write!(f, "[ immediate reg {dreg} {} ]", words_hex(data)),
             Expr::Snat { v6, sreg } => write!(f, "[ nat snat ip{} addr_min reg {sreg} ]", if *v6 { "6" } else { "" }),
+            Expr::Notrack => write!(f, "[ notrack ]"),
             Expr::Tproxy { v6, port_reg } => {
                 write!(f, "[ tproxy ip{} port reg {port_reg} ]", if *v6 { "6" } else { "" })
             }
@@ -1683,6 +1693,16 @@ mod tests {
             ]
         );
         assert!(parse("ip saddr 192.0.2.1 tproxy ip to :53").unwrap_err().contains("transport protocol"));
+        assert_eq!(
+            debug("ip saddr 198.18.0.1 udp dport 53 notrack")[4..],
+            [
+                "[ meta load l4proto => reg 1 ]",
+                "[ cmp eq reg 1 0x00000011 ]",
+                "[ payload load 2b @ transport header + 2 => reg 1 ]",
+                "[ cmp eq reg 1 0x00003500 ]",
+                "[ notrack ]"
+            ]
+        );
         assert!(parse("tcp dport 53 tproxy ip to 53").is_err());
     }
 
