@@ -31,8 +31,10 @@ echo "== kube pods" >&2
 bench/kube-pods.sh >"$tmp/kube" 2>/dev/null
 echo "== EgressIP failover" >&2
 RUNS=10 bench/failover.sh >"$tmp/failover"
-echo "== DNS snooping race" >&2
-N=300 cargo bench --locked --bench snoop_race 2>/dev/null | tail -n 3 >"$tmp/race"
+echo "== DNS race, snoop and proxy" >&2
+N=300 cargo bench --locked --bench snoop_race 2>"$tmp/race.err" | grep '^|' >"$tmp/race" || { cat "$tmp/race.err" >&2; exit 1; }
+echo "== DNS proxy cost" >&2
+cargo bench --locked --bench dns_proxy 2>"$tmp/proxy.err" | grep -v '^$' >"$tmp/proxy" || { cat "$tmp/proxy.err" >&2; exit 1; }
 echo "== criterion" >&2
 cargo bench --locked --bench compile 2>/dev/null \
   | awk '/time:/ && !/%/ { line = ($1 == "time:") ? prev " " $0 : $0; gsub(/ +/, " ", line); print line } { prev = $0 }' >"$tmp/crit" || true
@@ -95,9 +97,13 @@ field() { sed -n "s/.*$1 \([0-9.]* ms\( ([0-9.]*–[0-9.]*)\)\?\).*/\1/p" "$2"; 
   echo
   echo "</details>"
   echo
-  echo "## DNS snooping race (\`cargo bench --bench snoop_race\`: answer sent → address in the kernel set)"
+  echo "## DNS race (\`cargo bench --bench snoop_race\`: answer sent → address in the kernel set; a pod connecting the instant it has its answer, a fresh address each time)"
   echo
   cat "$tmp/race"
+  echo
+  echo "## DNS proxy cost (\`cargo bench --bench dns_proxy\`: every answer teaches a \`dnsName\` rule, a kernel write each; one pod)"
+  echo
+  cat "$tmp/proxy"
   echo
   echo "## Compile step (\`cargo bench --bench compile\`, criterion: low / estimate / high)"
   echo

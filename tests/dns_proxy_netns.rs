@@ -502,3 +502,34 @@ fn a_cluster_dns_service_address_behind_kube_proxys_dnat_is_proxied() {
     );
     assert!(proxied(&t, "udp") >= 200, "the queries did not pass the proxy");
 }
+
+#[test]
+fn a_dns_server_on_the_node_is_not_taken_and_stays_snooped() {
+    // A node-local cache at the node's own address: the proxy leaves it alone, whether it
+    // starts before egressd or after (binding its port 53 first would keep it from
+    // starting), and its answers are snooped.
+    let t = Topology::new(&["team-a"]);
+    let hosts = t.dir.path().join("hosts");
+    std::fs::write(&hosts, "192.0.2.10 local.example.com\n").unwrap();
+    t.set_firewall(
+        "team-a",
+        &[
+            "  - type: Allow\n    to: {dnsName: \"*.example.com\"}\n    ports: [{protocol: TCP, port: 8080}]\n",
+            "  - type: Allow\n    to: {cidrSelector: 203.0.113.1/32}\n    ports: [{protocol: UDP, port: 53}]\n",
+            "  - type: Deny\n    to: {cidrSelector: 0.0.0.0/0}\n",
+        ]
+        .concat(),
+    );
+    let agent = t.start_agent_with("agent", &["--dns-server", "203.0.113.1"]);
+    assert!(agent.log_text().contains("a server on this node is not taken"), "{}", agent.log_text());
+    // Started after egressd: its port is free.
+    let _dns = netns::Dnsmasq::start(&t.node, "203.0.113.1", hosts, 60);
+    let p0 = &t.pods[0];
+    let asked = p0.run(|| {
+        ask_udp_to("203.0.113.1", &query(1, "local.example.com.", RecordType::A, None), Duration::from_secs(2))
+    });
+    assert!(asked.is_some_and(|(m, _, _)| addresses(&m).len() == 1), "the node-local server does not answer");
+    let open = wait_for(Duration::from_secs(2), || netns::tcp(p0, "192.0.2.10", 8080).is_some());
+    assert!(open.is_some(), "the snooped answer did not open the rule:\n{}", agent.log_text());
+    assert_eq!(proxied(&t, "udp"), 0, "a node-local server's query was proxied");
+}

@@ -1,5 +1,6 @@
 //! DNS snooping: wildcard `dnsName` rules learn their addresses from the answers the pod
-//! itself receives (root required). The pod asks real DNS servers (dnsmasq) in the
+//! itself receives (root required). These tests pin `--dns-mode snoop` (the copy path);
+//! `tests/dns_proxy_netns.rs` covers the proxy, which uses the same trust rules. The pod asks real DNS servers (dnsmasq) in the
 //! external host's namespace; a fake server there answers wrongly on purpose.
 
 mod netns;
@@ -114,7 +115,7 @@ fn wildcards_are_learned_from_the_pods_own_trusted_answers() {
         ]
         .concat(),
     );
-    let agent = t.start_agent_with("agent", &["--dns-server", TRUSTED, "--cluster-dns", FAKE]);
+    let agent = t.start_agent_with("agent", &["--dns-mode", "snoop", "--dns-server", TRUSTED, "--cluster-dns", FAKE]);
     let p0 = &t.pods[0];
     for (ip, what) in [("192.0.2.10", "a"), ("198.51.100.10", "x.y / b"), ("2001:db8:ff:1::10", "a (v6)")] {
         assert_eq!(tcp(p0, ip, 8080), None, "{what} allowed before the pod resolved it");
@@ -175,7 +176,7 @@ fn cname_chains_are_followed() {
         ]
         .concat(),
     );
-    let mut agent = t.start_agent_with("agent", &["--dns-server", TRUSTED]);
+    let mut agent = t.start_agent_with("agent", &["--dns-mode", "snoop", "--dns-server", TRUSTED]);
     let p0 = &t.pods[0];
     assert_eq!(tcp(p0, TRUSTED, 8080), None, "denied before resolution");
     assert_eq!(ask(p0, TRUSTED, "www.example.com.", RecordType::A, false), vec![TRUSTED.parse::<IpAddr>().unwrap()]);
@@ -186,7 +187,7 @@ fn cname_chains_are_followed() {
     // full replace at start-up holds the learned elements in its own transaction, so
     // they are there as soon as the table is (no retry here).
     agent.stop();
-    let agent = t.start_agent_with("agent2", &["--dns-server", TRUSTED]);
+    let agent = t.start_agent_with("agent2", &["--dns-mode", "snoop", "--dns-server", TRUSTED]);
     assert!(agent.log_text().contains("learned DNS addresses kept through a full sync"), "{}", agent.log_text());
     assert!(tcp(p0, TRUSTED, 8080).is_some(), "learned address lost on restart:\n{}", agent.log_text());
     assert!(agent.log_text().contains("addresses learned by an earlier run kept"), "{}", agent.log_text());
@@ -209,7 +210,7 @@ fn answers_of_a_dns_server_on_the_node_are_snooped() {
         ]
         .concat(),
     );
-    let agent = t.start_agent_with("agent", &["--dns-server", "203.0.113.1"]);
+    let agent = t.start_agent_with("agent", &["--dns-mode", "snoop", "--dns-server", "203.0.113.1"]);
     let p0 = &t.pods[0];
     assert_eq!(tcp(p0, "192.0.2.10", 8080), None, "denied before resolution");
     assert_eq!(ask(p0, "203.0.113.1", "local.example.com.", RecordType::A, false).len(), 1);
@@ -285,7 +286,7 @@ fn another_pod_cannot_forge_an_answer_from_the_servers_address() {
         ]
         .concat(),
     );
-    let agent = t.start_agent_with("agent", &["--dns-server", TRUSTED, "--cluster-dns", SILENT]);
+    let agent = t.start_agent_with("agent", &["--dns-mode", "snoop", "--dns-server", TRUSTED, "--cluster-dns", SILENT]);
     let (p0, p1) = (&t.pods[0], &t.pods[1]);
     let pod0 = netns::pod_v4(0);
     let socket = p0.run(|| {
@@ -346,7 +347,7 @@ fn thousands_of_learned_addresses_survive_a_full_replace_and_a_restart() {
         ]
         .concat(),
     );
-    let mut agent = t.start_agent_with("agent", &["--dns-server", TRUSTED]);
+    let mut agent = t.start_agent_with("agent", &["--dns-mode", "snoop", "--dns-server", TRUSTED]);
     let p0 = &t.pods[0];
     let target = SocketAddr::new(TRUSTED.parse().unwrap(), 53);
     let answered: usize = p0.run(move || {
@@ -382,7 +383,7 @@ fn thousands_of_learned_addresses_survive_a_full_replace_and_a_restart() {
 
     // A restart: read back, and kept by the replace (in its transaction).
     agent.stop();
-    let agent = t.start_agent_with("agent2", &["--dns-server", TRUSTED]);
+    let agent = t.start_agent_with("agent2", &["--dns-mode", "snoop", "--dns-server", TRUSTED]);
     assert!(agent.log_text().contains("learned DNS addresses kept through a full sync"), "{}", agent.log_text());
     assert_eq!(count(&t), NAMES * PER_NAME, "after a restart:\n{}", agent.log_text());
     // Putting thousands of elements back must not overrun egressd's own nf_tables
@@ -397,7 +398,7 @@ fn a_flood_from_port_53_is_copied_only_up_to_the_rate_limit() {
         "team-a",
         "  - type: Allow\n    to: {dnsName: \"*.example.com\"}\n  - type: Deny\n    to: {cidrSelector: 0.0.0.0/0}\n",
     );
-    let agent = t.start_agent_with("agent", &["--dns-server", TRUSTED]);
+    let agent = t.start_agent_with("agent", &["--dns-mode", "snoop", "--dns-server", TRUSTED]);
     let pod0 = netns::pod_v4(0);
     // 3,000 answer-shaped packets from an outside port 53 to the pod: untracked copies,
     // limited to 200/s (burst 200).
@@ -435,7 +436,7 @@ fn an_upgrade_keeps_what_an_older_egressd_learned_in_its_per_name_sets() {
     let path = t.dir.path().join("old.nft");
     std::fs::write(&path, old).unwrap();
     t.node.exec(&["nft", "-f", path.to_str().unwrap()]);
-    let agent = t.start_agent_with("agent", &["--dns-server", TRUSTED]);
+    let agent = t.start_agent_with("agent", &["--dns-mode", "snoop", "--dns-server", TRUSTED]);
     let p0 = &t.pods[0];
     assert!(agent.log_text().contains("addresses learned by an earlier run kept"), "{}", agent.log_text());
     assert!(tcp(p0, "192.0.2.10", 8080).is_some(), "learned before the upgrade:\n{}", t.node.nft_list());

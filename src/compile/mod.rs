@@ -502,6 +502,46 @@ mod tests {
     }
 
     #[test]
+    fn the_dns_proxy_intercept_is_compiled_with_snooping_only() {
+        use crate::dns::targets::{DEFAULT_PROXY_MARK_MASK, DnsProxySettings, SnoopSettings};
+        let docs = format!("{DNS_POLICY}{}", pod("p1", "198.18.1.1", "web"));
+        let snoop = Some(SnoopSettings { group: 1, servers: vec!["203.0.113.2".parse().unwrap()], rate: 100 });
+        let proxy = Some(DnsProxySettings::new(53053, DEFAULT_PROXY_MARK_MASK, &EgressSettings::default()));
+        let table = |node: NodeConfig| compile(&view(&docs), &node, &DnsAnswers::new()).table;
+
+        let with = table(node().with_snoop(snoop.clone()).with_dns_proxy(proxy));
+        let taken = &with.chains["dns-proxy"].rules;
+        assert_eq!(taken.len(), 4, "{taken:?}");
+        assert!(
+            taken.iter().all(|r| r.contains(" dport 53 tproxy ")
+                && r.ends_with(" to :53053 meta mark set meta mark and 0xffffefff or 0x00001000 accept")),
+            "{taken:?}"
+        );
+        let raw = &with.chains["dns-proxy-raw"].rules;
+        assert!(raw.len() == 4 && raw.iter().all(|r| r.ends_with(" dport 53 notrack")), "{raw:?}");
+        for (chain, rules) in [("dns-proxy", taken), ("dns-proxy-raw", raw)] {
+            // Only snooped pods' queries to a guarded server.
+            assert!(
+                rules.iter().all(|r| r.contains("saddr @snoop-pods-v") && r.contains("daddr @dns-proxy-v")),
+                "{chain}"
+            );
+        }
+        for chain in ["dns-snoop-in", "dns-snoop-out"] {
+            assert_eq!(with.chains[chain].rules[0], "meta mark and 0x00003000 != 0x00000000 return", "{chain}");
+        }
+        assert!(!with.chains["dns-snoop"].rules[0].contains("mark"), "forward copies what the proxy never sees");
+        assert!(with.sets["dns-proxy-v4"].elements.is_empty() && with.sets.contains_key("dns-proxy-v6"));
+
+        // Snooping alone, or the proxy without snooping: no intercept.
+        for node in [node().with_snoop(snoop.clone()), node().with_dns_proxy(proxy)] {
+            let t = table(node);
+            assert!(!t.chains.contains_key("dns-proxy") && !t.chains.contains_key("dns-proxy-raw"));
+            assert!(!t.sets.contains_key("dns-proxy-v4"));
+            assert!(t.chains.get("dns-snoop-in").is_none_or(|c| !c.rules[0].contains("mark")));
+        }
+    }
+
+    #[test]
     fn dns_changes_touch_elements_only() {
         let docs = format!("{DNS_POLICY}{}", pod("p1", "198.18.1.1", "web"));
         let v = view(&docs);

@@ -26,8 +26,8 @@
 //!   [`PROXY_GUARD_REFRESH`]). egressd killed: its sockets are gone and `tproxy` finds
 //!   none, so queries go to the server at once; egressd hung: the guard expires within
 //!   a second. Either way the snoop rules copy the direct queries as before.
-//! * A server egressd cannot bind (an address of this host where a DNS server listens)
-//!   has no guard element: its queries stay direct and snooped.
+//! * A server at an address of this host (a node-local cache) is never taken: its
+//!   queries stay direct and snooped.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
@@ -82,6 +82,10 @@ pub(crate) fn start(
 ) -> std::io::Result<Vec<IpAddr>> {
     let mut udp = Vec::new();
     for server in servers {
+        if is_local(*server) {
+            tracing::info!(server = %server, "DNS proxy: a server on this node is not taken (its queries stay snooped)");
+            continue;
+        }
         match transparent_udp(*server, settings.answer_mark()) {
             Ok(s) => udp.push((*server, s)),
             Err(e) => tracing::warn!(
@@ -312,6 +316,13 @@ pub async fn cleanup(egress: &crate::net::EgressSettings) -> Result<usize, Strin
         }
     }
     Ok(removed)
+}
+
+/// Whether `ip` is an address of this host (a plain bind to it works): a DNS server
+/// there (a node-local cache) is never taken — binding its port 53 first would keep the
+/// server from starting.
+fn is_local(ip: IpAddr) -> bool {
+    std::net::UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok()
 }
 
 /// A UDP socket bound to `server`:53 that may hold a foreign address

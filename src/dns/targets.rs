@@ -182,6 +182,28 @@ mod tests {
     }
 
     #[test]
+    fn the_proxy_mark_mask_is_two_bits_clear_of_the_others() {
+        let egress = crate::net::EgressSettings::default();
+        let p = DnsProxySettings::new(53053, DEFAULT_PROXY_MARK_MASK, &egress);
+        assert_eq!((p.intercept_mark(), p.answer_mark()), (0x1000, 0x2000));
+        assert_eq!((p.table, p.rule_priority), (egress.table_base, egress.rule_priority - 1));
+        assert!(!egress.owns_table(p.table), "the proxy's table is one of EgressIP's");
+        let others = [("--egress-ip-mark-mask", egress.mark_mask)];
+        assert!(DnsProxySettings::check_mark_mask(DEFAULT_PROXY_MARK_MASK, &others).is_ok());
+        assert!(DnsProxySettings::check_mark_mask(DEFAULT_PROXY_MARK_MASK, &[]).is_ok());
+        for bad in [0x1000, 0x7000, 0x5000, 0] {
+            assert!(
+                DnsProxySettings::check_mark_mask(bad, &others).unwrap_err().contains("two contiguous bits"),
+                "{bad:#x}"
+            );
+        }
+        assert!(DnsProxySettings::check_mark_mask(0xc000, &others).unwrap_err().contains("kube-proxy"));
+        assert!(DnsProxySettings::check_mark_mask(0x0003_0000, &others).unwrap_err().contains("--egress-ip-mark-mask"));
+        let high = DnsProxySettings::new(1, 0xc000_0000, &egress);
+        assert_eq!((high.intercept_mark(), high.answer_mark()), (0x4000_0000, 0x8000_0000));
+    }
+
+    #[test]
     fn a_pod_only_teaches_names_its_own_namespace_allows() {
         let mut t = SnoopTargets { grace: Duration::from_secs(5), max_ttl: crate::dns::MAX_TTL, ..Default::default() };
         t.exempt = vec!["198.18.0.0/15".parse().unwrap()];
