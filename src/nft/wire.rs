@@ -1027,7 +1027,10 @@ impl Expr {
                 put_u32(out, 1, *dreg);
                 put_u32(out, 2, 1);
                 put_u32(out, 3, 1);
-                put_u32(out, 4, *offset);
+                // nft leaves the offset out when it is 0 (the kernel's default).
+                if *offset != 0 {
+                    put_u32(out, 4, *offset);
+                }
             }
             Expr::Counter => {
                 put(out, 1, &0u64.to_be_bytes());
@@ -1502,6 +1505,7 @@ impl fmt::Display for Expr {
                 }
                 write!(f, " ]")
             }
+            Expr::Numgen { dreg, offset: 0 } => write!(f, "[ numgen reg {dreg} = random mod 1 ]"),
             Expr::Numgen { dreg, offset } => write!(f, "[ numgen reg {dreg} = random mod 1 offset {offset} ]"),
             Expr::Counter => write!(f, "[ counter pkts 0 bytes 0 ]"),
             Expr::CounterRef(name) => write!(f, "[ objref type 1 name {name} ]"),
