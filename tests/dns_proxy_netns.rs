@@ -194,6 +194,37 @@ fn addresses(m: &Message) -> Vec<IpAddr> {
         .collect()
 }
 
+/// An nft duration (`1s`, `812ms`, `2m3s4ms`) in milliseconds.
+fn nft_duration_ms(text: &str) -> Option<u64> {
+    let (mut total, mut number, mut unit) = (0, String::new(), String::new());
+    let mut flush = |number: &mut String, unit: &mut String| -> Option<()> {
+        let n: u64 = number.parse().ok()?;
+        total += n * match unit.as_str() {
+            "d" => 86_400_000,
+            "h" => 3_600_000,
+            "m" => 60_000,
+            "s" => 1000,
+            "ms" => 1,
+            _ => return None,
+        };
+        number.clear();
+        unit.clear();
+        Some(())
+    };
+    for c in text.chars() {
+        if c.is_ascii_digit() {
+            if !unit.is_empty() {
+                flush(&mut number, &mut unit)?;
+            }
+            number.push(c);
+        } else {
+            unit.push(c);
+        }
+    }
+    flush(&mut number, &mut unit)?;
+    Some(total)
+}
+
 fn metric(t: &Topology, line_start: &str) -> u64 {
     let body = http_get(&t.node, "127.0.0.1:9780", "/metrics").map(|(_, b)| b).unwrap_or_default();
     body.lines()
@@ -391,6 +422,15 @@ fn pods_dns_survives_a_killed_or_hung_proxy_and_a_restart_resumes_it() {
         resolve_and_connect(p0, 1, true, 700_000).is_empty() && proxied(&t, "udp") >= 1
     });
     assert!(ready.is_some(), "the proxy does not answer:\n{}", agent.log_text());
+
+    // While egressd runs, its guard never comes near its expiry (refreshed every 250 ms
+    // to a full second; the kernel keeps an element's expiry on a plain re-add).
+    for _ in 0..12 {
+        let listed = t.node.exec(&["nft", "list", "set", "inet", "egressd", "dns-proxy-v4"]);
+        let left_ms = listed.split("expires ").nth(1).and_then(|r| nft_duration_ms(r.split_whitespace().next()?));
+        assert!(left_ms.is_some_and(|ms| ms >= 500), "the guard is about to expire:\n{listed}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
 
     // The pod asks in a loop (500 ms per try, as a resolver's first timeout would be).
     let stop = Arc::new(AtomicBool::new(false));

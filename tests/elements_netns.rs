@@ -335,3 +335,36 @@ fn rule_counters_read_over_netlink_are_what_nft_lists() {
     assert_eq!(got[0].0.len(), 5, "the whole table: fw-a, qos-a and fw-b: {:?}", got[0].0);
     assert!(got[2].0.is_empty());
 }
+
+#[test]
+fn adding_an_element_again_restarts_its_timeout() {
+    // DNS snooping re-learns an address with each answer and the DNS proxy refreshes its
+    // guard: an add must give the element its full timeout again (the kernel keeps an
+    // element's expiry on a plain re-add of the same timeout).
+    netns::require_root();
+    let ns = Netns::new("refresh");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("t.nft");
+    std::fs::write(
+        &file,
+        "table inet egressd {\n set dns-v4 { typeof numgen random mod 1 . numgen random mod 1 . ip daddr; flags timeout; }\n}\n",
+    )
+    .unwrap();
+    ns.exec(&["nft", "-f", file.to_str().unwrap()]);
+    ns.run(|| {
+        let mut w = egressd::dataplane::elements::ElementWriter::open("egressd").unwrap();
+        let e = [(DNS_SLOTS[0], "192.0.2.1".parse().unwrap(), std::time::Duration::from_secs(10))];
+        w.add(&e).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        w.add(&e).unwrap();
+    });
+    let listed = ns.exec(&["nft", "list", "set", "inet", "egressd", "dns-v4"]);
+    // `timeout 10s expires 9s987ms`: whole seconds left.
+    let left: u64 = listed
+        .split("expires ")
+        .nth(1)
+        .and_then(|r| r.split('s').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no expiry listed:\n{listed}"));
+    assert!(left >= 9, "the second add did not restart the timeout:\n{listed}");
+}

@@ -191,17 +191,24 @@ async fn refresh_guard(shared: Arc<Shared>, guard: Vec<Element>, mut writer: Ele
     let mut tick = tokio::time::interval(PROXY_GUARD_REFRESH);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failing = false;
+    // Until when the elements last written live (a margin before it: they may be gone).
+    let mut alive_until: Option<Instant> = None;
     loop {
         tick.tick().await;
-        match shared.handle.refresh_guard(&guard, &mut writer) {
-            Ok(()) if failing => {
-                tracing::info!("DNS proxy: guard elements refreshed again");
-                failing = false;
+        let now = Instant::now();
+        let alive = alive_until.is_some_and(|t| t > now + Duration::from_millis(50));
+        match shared.handle.refresh_guard(&guard, alive, &mut writer) {
+            Ok(()) => {
+                alive_until = Some(now + PROXY_GUARD_TIMEOUT);
+                if failing {
+                    tracing::info!("DNS proxy: guard elements refreshed again");
+                    failing = false;
+                }
             }
-            Ok(()) => {}
             // No set yet (no dnsName rule, or the first sync is not done): nothing to take.
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => alive_until = None,
             Err(e) => {
+                alive_until = None;
                 if !failing {
                     tracing::warn!(error = %e, "DNS proxy: refreshing the guard failed (queries go direct meanwhile)");
                 }

@@ -657,8 +657,8 @@ pub(crate) const ELEMENTS_PER_MESSAGE: usize = 1024;
 pub(crate) const BATCH_BYTES: usize = 128 * 1024;
 
 /// Append one element (or a range's two kernel elements) to an element list, as the
-/// kernel reads it: `NFTA_LIST_ELEM` { key, flags, timeout, verdict } (values only
-/// when adding).
+/// kernel reads it: `NFTA_LIST_ELEM` { key, flags, timeout, expiration, verdict } (values
+/// only when adding).
 fn encode_element(out: &mut Vec<u8>, tag: Option<u64>, key: ElementKey, value: &ElementValue, with_value: bool) {
     use crate::nft::wire::{nest, put, put_str, put_u32};
     const INTERVAL_END: u32 = 1;
@@ -672,7 +672,12 @@ fn encode_element(out: &mut Vec<u8>, tag: Option<u64>, key: ElementKey, value: &
                 match value {
                     ElementValue::None | ElementValue::Prefix(_) => {}
                     ElementValue::Timeout(t) => {
-                        put(o, 4, &u64::try_from(t.as_millis()).unwrap_or(u64::MAX).to_be_bytes());
+                        // The timeout, and the expiration with it: re-adding an element
+                        // the set has restarts its clock only when the expiration is
+                        // given (or the timeout differs), as `nft add element … expires`.
+                        let ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX).to_be_bytes();
+                        put(o, 4, &ms);
+                        put(o, 5, &ms);
                     }
                     ElementValue::Jump(chain) => nest(o, 2, |o| {
                         nest(o, 2, |o| {

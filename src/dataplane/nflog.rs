@@ -17,7 +17,7 @@ use netlink_packet_netfilter::nflog::{ConfigCmd, ConfigFlags, ConfigMode, Packet
 use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily};
 use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
 
-use crate::dataplane::elements::{Element, ElementWriter};
+use crate::dataplane::elements::{Element, ElementWriter, by_slot};
 use crate::dns::snoop::{Dropped, Ignored, Snooper, parse_packet};
 use crate::dns::targets::{
     PREFIX_ANSWER, PREFIX_QUERY, PREFIX_SPOOFED, PREFIX_UNTRACKED, PREFIX_UNTRUSTED, SnoopTargets,
@@ -357,9 +357,24 @@ impl SnoopHandle {
     }
 
     /// Refresh the DNS proxy's guard elements (kept through full replaces like what
-    /// was learned; they are not counted against the learned bounds).
-    pub(crate) fn refresh_guard(&self, elements: &[Element], writer: &mut ElementWriter) -> std::io::Result<()> {
-        writer.add(elements)?;
+    /// was learned). Elements still in the set are deleted and added again in one
+    /// transaction — a new expiry on every kernel, with no moment without them (an add
+    /// alone restarts an element's clock only where the kernel updates elements,
+    /// Linux ≥ 6.10); `alive`: whether they are there (else, or when the delete finds
+    /// one gone, they are added).
+    pub(crate) fn refresh_guard(
+        &self,
+        elements: &[Element],
+        alive: bool,
+        writer: &mut ElementWriter,
+    ) -> std::io::Result<()> {
+        let list = by_slot(elements);
+        let delta =
+            crate::nft::delta::ElementDelta { delete: if alive { list.clone() } else { Vec::new() }, add: list };
+        match writer.apply(&delta) {
+            Err(e) if alive && e.raw_os_error() == Some(libc::ENOENT) => writer.add(elements)?,
+            other => other?,
+        }
         if let Ok(mut learned) = self.learned.lock() {
             learned.remember(elements, Instant::now());
         }
