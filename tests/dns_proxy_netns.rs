@@ -573,3 +573,77 @@ fn a_dns_server_on_the_node_is_not_taken_and_stays_snooped() {
     assert!(open.is_some(), "the snooped answer did not open the rule:\n{}", agent.log_text());
     assert_eq!(proxied(&t, "udp"), 0, "a node-local server's query was proxied");
 }
+
+#[test]
+fn an_overloaded_proxy_lets_queries_go_direct_and_takes_them_again_after() {
+    // One pod sends ~100,000 queries a second for 3 s without waiting for answers (more
+    // than this debug build's proxy can work off): the proxy lets its guard expire, new
+    // queries go to the server directly, another pod's lookups keep working; afterwards
+    // the proxy takes queries again.
+    let t = Topology::new(&["team-a", "team-a"]);
+    let _server = Server::start(&t.ext);
+    policed(&t);
+    let agent = t.start_agent_with("agent", &AGENT_ARGS);
+    let ready = wait_for(Duration::from_secs(5), || {
+        resolve_and_connect(&t.pods[1], 1, true, 900_000).is_empty() && proxied(&t, "udp") >= 1
+    });
+    assert!(ready.is_some(), "the proxy does not answer:\n{}", agent.log_text());
+    let stop = Arc::new(AtomicBool::new(false));
+    let s2 = stop.clone();
+    let flood = t.pods[0].run(move || {
+        std::thread::spawn(move || {
+            let sockets: Vec<UdpSocket> = (0..64).map(|_| UdpSocket::bind("0.0.0.0:0").unwrap()).collect();
+            let mut i = 0u32;
+            let start = Instant::now();
+            while !s2.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(3) {
+                for _ in 0..1000 {
+                    i += 1;
+                    let q = query(i as u16, &format!("f{i}.other.org."), RecordType::A, None);
+                    let _ = sockets[i as usize % 64].send_to(&q, (SERVER, 53));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+    });
+    // Another pod asks once every 100 ms meanwhile (a fresh name each time).
+    let mut answered = Vec::new();
+    let started = Instant::now();
+    let mut i = 0;
+    while started.elapsed() < Duration::from_secs(3) {
+        i += 1;
+        let name = format!("o{i}.fresh.example.com.");
+        let ok = t.pods[1]
+            .run(move || ask_udp(&query(i as u16, &name, RecordType::A, None), Duration::from_millis(500)).is_some());
+        if ok {
+            answered.push(started.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stop.store(true, Ordering::SeqCst);
+    flood.join().unwrap();
+    let overloaded = metric(&t, "egressd_dns_proxied_total{transport=\"udp\",result=\"overloaded\"}");
+    assert!(
+        overloaded >= 1,
+        "the proxy was never overloaded (the flood is too small for this test):\n{}",
+        agent.log_text().lines().filter(|l| !l.contains("DEBUG")).collect::<Vec<_>>().join("\n")
+    );
+    let mut gaps: Vec<Duration> = answered.windows(2).map(|w| w[1] - w[0]).collect();
+    gaps.push(answered.first().copied().unwrap_or(Duration::from_secs(3)));
+    let worst = gaps.into_iter().max().unwrap_or_default();
+    assert!(
+        worst < Duration::from_millis(2500),
+        "another pod's DNS was out for {worst:?} during the flood ({} answers)",
+        answered.len()
+    );
+    // Caught up: taken again.
+    let before = proxied(&t, "udp");
+    let again = wait_for(Duration::from_secs(10), || {
+        resolve_and_connect(&t.pods[1], 1, true, 950_000 + before as u32).is_empty() && proxied(&t, "udp") > before
+    });
+    assert!(
+        again.is_some(),
+        "the proxy did not take queries again after the flood:\n{}",
+        agent.log_text().lines().filter(|l| !l.contains("DEBUG")).collect::<Vec<_>>().join("\n")
+    );
+    assert!(agent.log_text().contains("DNS proxy caught up"), "no catch-up logged");
+}

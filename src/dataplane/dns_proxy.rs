@@ -50,6 +50,10 @@ const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(5);
 pub(crate) const MAX_IN_FLIGHT: usize = 16_384;
 /// Most TCP connections relayed at once.
 pub(crate) const MAX_TCP_CONNECTIONS: usize = 1024;
+/// A query that waited longer than this in the kernel before the proxy read it means
+/// the proxy is overloaded: it lets its guard expire (new queries go direct) until it
+/// has worked off what it has.
+pub(crate) const OVERLOAD_LAG: Duration = Duration::from_millis(100);
 /// An idle TCP connection is closed after this.
 const TCP_IDLE: Duration = Duration::from_secs(30);
 
@@ -64,6 +68,8 @@ struct Shared {
     taken: Vec<IpAddr>,
     in_flight: std::sync::atomic::AtomicUsize,
     tcp_connections: std::sync::atomic::AtomicUsize,
+    /// How long the last UDP query read had waited in the kernel, and when it was read.
+    lag: Mutex<Option<(Duration, Instant)>>,
 }
 
 fn count(metrics: &Metrics, transport: &'static str, result: &'static str) {
@@ -112,6 +118,7 @@ pub(crate) fn start(
         taken: taken.clone(),
         in_flight: Default::default(),
         tcp_connections: Default::default(),
+        lag: Mutex::new(None),
     });
     let guard_writer = ElementWriter::open(table)?;
     let guard: Vec<Element> =
@@ -187,14 +194,35 @@ async fn run(shared: Arc<Shared>, sockets: Sockets, guard: Vec<Element>, guard_w
 }
 
 /// Keep the guard elements alive while this thread runs.
+///
+/// Not while the proxy is overloaded (the last query it read had waited more than
+/// [`OVERLOAD_LAG`] in the kernel, and it read one in the last tick): the guard is left
+/// to expire, new queries go to the servers directly (snooped) and the proxy works off
+/// what it has; once nothing waits, it takes queries again.
 async fn refresh_guard(shared: Arc<Shared>, guard: Vec<Element>, mut writer: ElementWriter) -> std::io::Result<()> {
     let mut tick = tokio::time::interval(PROXY_GUARD_REFRESH);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failing = false;
+    let mut overloaded = false;
     // Until when the elements last written live (a margin before it: they may be gone).
     let mut alive_until: Option<Instant> = None;
     loop {
         tick.tick().await;
+        let lag = shared.lag.lock().map(|l| *l).unwrap_or_default();
+        if lag.is_some_and(|(waited, read_at)| waited > OVERLOAD_LAG && read_at.elapsed() < PROXY_GUARD_REFRESH) {
+            if !overloaded {
+                tracing::warn!(
+                    waited_ms = lag.map(|l| l.0.as_millis()),
+                    "DNS proxy overloaded: queries go to the servers directly (snooped) until it catches up"
+                );
+                count(&shared.telemetry.metrics, "udp", "overloaded");
+            }
+            overloaded = true;
+            continue;
+        } else if overloaded {
+            tracing::info!("DNS proxy caught up: taking queries again");
+            overloaded = false;
+        }
         let now = Instant::now();
         let alive = alive_until.is_some_and(|t| t > now + Duration::from_millis(50));
         match shared.handle.refresh_guard(&guard, alive, &mut writer) {
@@ -367,6 +395,7 @@ fn transparent_udp_listener(v6: bool, port: u16) -> std::io::Result<std::net::Ud
         s.set_ip_transparent_v4(true)?;
         nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::Ipv4OrigDstAddr, &true)?;
     }
+    nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::ReceiveTimestampns, &true)?;
     s.set_reuse_address(true)?;
     s.set_recv_buffer_size(4 << 20)?;
     s.set_nonblocking(true)?;
@@ -374,11 +403,11 @@ fn transparent_udp_listener(v6: bool, port: u16) -> std::io::Result<std::net::Ud
     Ok(s.into())
 }
 
-/// Receive one datagram: its length, sender and original destination.
-fn recv_orig(fd: std::os::fd::RawFd, buf: &mut [u8]) -> std::io::Result<(usize, SocketAddr, Option<SocketAddr>)> {
+/// Receive one datagram: its length, sender, original destination and time waited.
+fn recv_orig(fd: std::os::fd::RawFd, buf: &mut [u8]) -> std::io::Result<Received> {
     use nix::sys::socket::{ControlMessageOwned, MsgFlags, SockaddrStorage, recvmsg};
     let mut iov = [std::io::IoSliceMut::new(buf)];
-    let mut cmsg = nix::cmsg_space!(libc::sockaddr_in6);
+    let mut cmsg = nix::cmsg_space!(libc::sockaddr_in6, nix::sys::time::TimeSpec);
     let msg = recvmsg::<SockaddrStorage>(fd, &mut iov, Some(&mut cmsg), MsgFlags::empty())?;
     let from = msg
         .address
@@ -389,8 +418,13 @@ fn recv_orig(fd: std::os::fd::RawFd, buf: &mut [u8]) -> std::io::Result<(usize, 
         })
         .ok_or_else(|| std::io::Error::other("a datagram without its sender"))?;
     let mut orig = None;
+    let mut waited = None;
     for c in msg.cmsgs()? {
         match c {
+            ControlMessageOwned::ScmTimestampns(at) => {
+                let at = std::time::UNIX_EPOCH + Duration::from(at);
+                waited = std::time::SystemTime::now().duration_since(at).ok();
+            }
             ControlMessageOwned::Ipv4OrigDstAddr(a) => {
                 let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
                 orig = Some(SocketAddr::new(ip.into(), u16::from_be(a.sin_port)));
@@ -402,7 +436,17 @@ fn recv_orig(fd: std::os::fd::RawFd, buf: &mut [u8]) -> std::io::Result<(usize, 
             _ => {}
         }
     }
-    Ok((msg.bytes, from, orig))
+    Ok(Received { len: msg.bytes, from, orig, waited })
+}
+
+/// A datagram [`recv_orig`] read.
+struct Received {
+    len: usize,
+    from: SocketAddr,
+    /// Its original destination.
+    orig: Option<SocketAddr>,
+    /// How long it waited in the kernel (its receive timestamp to now).
+    waited: Option<Duration>,
 }
 
 /// The transparent TCP listener of a family on `port` (its SYN-ACKs and the accepted
@@ -456,8 +500,11 @@ async fn serve_udp(
     use std::os::fd::AsRawFd;
     let mut buf = vec![0u8; 65_536];
     loop {
-        let (n, pod, orig) =
+        let Received { len: n, from: pod, orig, waited } =
             socket.async_io(tokio::io::Interest::READABLE, || recv_orig(socket.as_raw_fd(), &mut buf)).await?;
+        if let (Some(waited), Ok(mut lag)) = (waited, shared.lag.lock()) {
+            *lag = Some((waited, Instant::now()));
+        }
         // Only queries to a taken server are handed here (the guard holds no other).
         let Some((server, reply)) = orig.and_then(|o| out.get(&o.ip()).map(|r| (o.ip(), r.clone()))) else {
             count(&shared.telemetry.metrics, "udp", "not_taken");
