@@ -78,6 +78,12 @@ impl Learned {
         out
     }
 
+    /// Whether the kernel holds `e` with at least its timeout less `slack` left.
+    fn fresh(&self, e: &Element, now: Instant, slack: std::time::Duration) -> bool {
+        let (slot, ip, timeout) = e;
+        self.until.get(&(*slot, *ip)).is_some_and(|until| *until >= now + timeout.saturating_sub(slack))
+    }
+
     /// Remember elements the kernel took.
     fn remember(&mut self, elements: &[Element], now: Instant) {
         for (slot, ip, timeout) in elements {
@@ -325,10 +331,19 @@ impl SnoopHandle {
 
     /// Add what an answer taught to the kernel within the bounds, and remember it:
     /// returns once the kernel acknowledged the transaction (or refused it).
+    ///
+    /// An element the kernel holds with at least its new timeout less half the grace
+    /// left is not written again (as resolved names' timeouts are restarted only when
+    /// half the grace is used up): the pod's copy of the answer expires a half grace
+    /// before the element at the earliest. Such an answer costs no kernel transaction.
     pub(crate) fn commit(&self, elements: Vec<Element>, now: Instant, writer: &mut ElementWriter, metrics: &Metrics) {
         let mut refused = 0;
+        let half_grace = self.targets.read().map(|t| t.grace / 2).unwrap_or_default();
         let elements = match self.learned.lock() {
-            Ok(mut learned) => learned.admit(elements, now, &mut refused),
+            Ok(mut learned) => {
+                let wanted = learned.admit(elements, now, &mut refused);
+                wanted.into_iter().filter(|e| !learned.fresh(e, now, half_grace)).collect()
+            }
             Err(_) => elements,
         };
         count_dropped(metrics, "learned_full", refused);
@@ -386,5 +401,33 @@ impl SnoopHandle {
     /// that a pod faster than snooping loses its first connection.
     fn test_delay() -> Option<std::time::Duration> {
         std::env::var("EGRESSD_TEST_SNOOP_DELAY_MS").ok()?.parse().ok().map(std::time::Duration::from_millis)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn an_element_is_written_again_only_once_half_the_grace_is_used_up() {
+        let slot = Slot { set: "dns-v4", tag: 7 };
+        let ip: IpAddr = "192.0.2.1".parse().unwrap();
+        let t0 = Instant::now();
+        let mut learned = Learned::default();
+        let (timeout, half_grace) = (Duration::from_secs(360), Duration::from_secs(150));
+        let e = (slot, ip, timeout);
+        assert!(!learned.fresh(&e, t0, half_grace), "an element never written is not fresh");
+        learned.remember(&[e], t0);
+        // 100 s later: 260 s left ≥ 360 − 150: no write needed.
+        assert!(learned.fresh(&e, t0 + Duration::from_secs(100), half_grace));
+        assert!(learned.fresh(&e, t0 + Duration::from_secs(150), half_grace));
+        // 151 s later: 209 s left < 210: written again.
+        assert!(!learned.fresh(&e, t0 + Duration::from_secs(151), half_grace));
+        // A longer timeout than the one remembered (a larger TTL) is written at once.
+        assert!(!learned.fresh(&(slot, ip, Duration::from_secs(3600)), t0, half_grace));
+        // Another address, or the same in another slot: not fresh.
+        assert!(!learned.fresh(&(slot, "192.0.2.2".parse().unwrap(), timeout), t0, half_grace));
+        assert!(!learned.fresh(&(Slot { set: "dns-v4", tag: 8 }, ip, timeout), t0, half_grace));
     }
 }
