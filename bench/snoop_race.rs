@@ -69,21 +69,7 @@ fn responder(ns: &netns::Netns, sent: Arc<Mutex<Vec<(u32, Instant)>>>) {
 }
 
 fn ask(pod: &netns::Netns, i: u32) -> Option<Ipv6Addr> {
-    let bytes = {
-        let mut m = Message::query();
-        m.metadata.id = i as u16;
-        m.add_query(Query::query(Name::from_ascii(format!("q{i}.example.com.")).ok()?, RecordType::AAAA));
-        m.to_vec().ok()?
-    };
-    pod.run(move || {
-        let s = UdpSocket::bind("[::]:0").ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-        s.send_to(&bytes, SocketAddr::new(DNS.parse().ok()?, 53)).ok()?;
-        let mut buf = [0u8; 1500];
-        let (n, _) = s.recv_from(&mut buf).ok()?;
-        let msg = Message::from_vec(&buf[..n]).ok()?;
-        msg.answers.iter().find_map(|r| if let RData::AAAA(a) = &r.data { Some(a.0) } else { None })
-    })
+    pod.run(move || ask_here(i))
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {

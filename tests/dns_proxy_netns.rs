@@ -80,9 +80,17 @@ impl Server {
 
     /// Serve UDP and TCP on SERVER:53 in `ns`.
     fn start(ns: &Netns) -> Arc<Self> {
+        Self::start_at(ns, SERVER)
+    }
+
+    /// Serve UDP and TCP on `address`:53 in `ns`.
+    fn start_at(ns: &Netns, address: &'static str) -> Arc<Self> {
         let server = Arc::new(Self { next: AtomicU32::new(0), answered: AtomicU32::new(0) });
-        let (udp, tcp) = ns.run(|| {
-            (UdpSocket::bind((SERVER, 53)).expect("bind udp 53"), TcpListener::bind((SERVER, 53)).expect("bind tcp 53"))
+        let (udp, tcp) = ns.run(move || {
+            (
+                UdpSocket::bind((address, 53)).expect("bind udp 53"),
+                TcpListener::bind((address, 53)).expect("bind tcp 53"),
+            )
         });
         let s = server.clone();
         std::thread::spawn(move || {
@@ -184,14 +192,7 @@ impl IntoSock for (&str, u16) {
 }
 
 fn addresses(m: &Message) -> Vec<IpAddr> {
-    m.answers
-        .iter()
-        .filter_map(|r| match &r.data {
-            RData::A(a) => Some(IpAddr::V4(a.0)),
-            RData::AAAA(a) => Some(IpAddr::V6(a.0)),
-            _ => None,
-        })
-        .collect()
+    netns::dns_addresses(m)
 }
 
 /// An nft duration (`1s`, `812ms`, `2m3s4ms`) in milliseconds.
@@ -646,4 +647,70 @@ fn an_overloaded_proxy_lets_queries_go_direct_and_takes_them_again_after() {
         agent.log_text().lines().filter(|l| !l.contains("DEBUG")).collect::<Vec<_>>().join("\n")
     );
     assert!(agent.log_text().contains("DNS proxy caught up"), "no catch-up logged");
+}
+
+#[test]
+fn queries_to_an_ipv6_server_are_proxied_over_udp_and_tcp() {
+    const SERVER6: &str = "2001:db8:ff::2";
+    let t = Topology::new(&["team-a"]);
+    let _server = Server::start_at(&t.ext, SERVER6);
+    fresh_addresses_reachable(&t);
+    t.set_firewall(
+        "team-a",
+        &[
+            "  - type: Allow\n    to: {dnsName: \"*.fresh.example.com\"}\n    ports: [{protocol: TCP, port: 8080}]\n",
+            "  - type: Allow\n    to: {cidrSelector: 2001:db8:ff::2/128}\n    ports: [{protocol: UDP, port: 53}, {protocol: TCP, port: 53}]\n",
+            "  - type: Deny\n    to: {cidrSelector: 0.0.0.0/0}\n",
+            "  - type: Deny\n    to: {cidrSelector: \"::/0\"}\n",
+        ]
+        .concat(),
+    );
+    let agent = t.start_agent_with("agent", &["--dns-server", SERVER6, "--cluster-dns", SERVER6]);
+    let target: SocketAddr = format!("[{SERVER6}]:53").parse().unwrap();
+    let udp_round = move |i: u32| -> Result<(), String> {
+        let s = UdpSocket::bind("[::]:0").map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(Duration::from_secs(2))).map_err(|e| e.to_string())?;
+        s.send_to(&query(i as u16, &format!("s{i}.fresh.example.com."), RecordType::AAAA, None), target)
+            .map_err(|e| e.to_string())?;
+        let mut buf = [0u8; 1500];
+        let (n, from) = s.recv_from(&mut buf).map_err(|e| format!("no answer: {e}"))?;
+        if from != target {
+            return Err(format!("answer from {from}"));
+        }
+        let m = Message::from_vec(&buf[..n]).map_err(|e| e.to_string())?;
+        let ip = addresses(&m).first().copied().ok_or("no address")?;
+        TcpStream::connect_timeout(&SocketAddr::new(ip, 8080), Duration::from_millis(300))
+            .map(|_| ())
+            .map_err(|e| format!("{ip}: {e}"))
+    };
+    let p0 = &t.pods[0];
+    let ready = wait_for(Duration::from_secs(5), || p0.run(move || udp_round(0)).is_ok() && proxied(&t, "udp") >= 1);
+    assert!(ready.is_some(), "IPv6 queries are not proxied:\n{}\n{}", t.node.nft_list(), agent.log_text());
+    let failed: Vec<String> = p0.run(move || (1..=300).filter_map(|i| udp_round(i).err()).collect());
+    assert!(failed.is_empty(), "{} of 300 failed: {:?}", failed.len(), &failed[..failed.len().min(5)]);
+    // TCP over IPv6: the answer arrives whole, and what it teaches is allowed.
+    let tcp = p0.run(move || -> Result<(), String> {
+        let mut c = TcpStream::connect_timeout(&target, Duration::from_secs(2)).map_err(|e| e.to_string())?;
+        c.set_read_timeout(Some(Duration::from_secs(2))).map_err(|e| e.to_string())?;
+        let q = query(77, "t1.fresh.example.com.", RecordType::AAAA, None);
+        let mut framed = (q.len() as u16).to_be_bytes().to_vec();
+        framed.extend(q);
+        c.write_all(&framed).map_err(|e| e.to_string())?;
+        let mut len = [0u8; 2];
+        c.read_exact(&mut len).map_err(|e| e.to_string())?;
+        let mut body = vec![0u8; usize::from(u16::from_be_bytes(len))];
+        c.read_exact(&mut body).map_err(|e| e.to_string())?;
+        let m = Message::from_vec(&body).map_err(|e| e.to_string())?;
+        let ip = addresses(&m).first().copied().ok_or("no address")?;
+        TcpStream::connect_timeout(&SocketAddr::new(ip, 8080), Duration::from_millis(300))
+            .map(|_| ())
+            .map_err(|e| format!("{ip}: {e}"))
+    });
+    assert_eq!(tcp, Ok(()), "IPv6 over TCP");
+    assert!(
+        proxied(&t, "tcp") >= 1 && proxied(&t, "udp") >= 300,
+        "tcp {} udp {}",
+        proxied(&t, "tcp"),
+        proxied(&t, "udp")
+    );
 }

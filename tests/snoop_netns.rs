@@ -52,15 +52,7 @@ fn ask(ns: &Netns, server: &str, name: &str, rtype: RecordType, over_tcp: bool) 
         }
     });
     let Some(reply) = reply else { return Vec::new() };
-    let msg = Message::from_vec(&reply).unwrap();
-    msg.answers
-        .iter()
-        .filter_map(|r| match &r.data {
-            RData::A(a) => Some(IpAddr::V4(a.0)),
-            RData::AAAA(a) => Some(IpAddr::V6(a.0)),
-            _ => None,
-        })
-        .collect()
+    netns::dns_addresses(&Message::from_vec(&reply).unwrap())
 }
 
 /// A "DNS server" on FAKE:53 that answers every query with an answer for another name

@@ -360,39 +360,46 @@ fn is_local(ip: IpAddr) -> bool {
     std::net::UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok()
 }
 
-/// A UDP socket bound to `server`:53 that may hold a foreign address
-/// (`IP_TRANSPARENT`); its answers carry `mark`.
+/// The UDP socket answers leave from: bound to `server`:53 (a foreign address), its
+/// packets carrying `mark`. Nothing is received on it (tproxy hands queries to the
+/// listener).
 fn transparent_udp(server: IpAddr, mark: u32) -> std::io::Result<std::net::UdpSocket> {
-    let domain = if server.is_ipv6() { socket2::Domain::IPV6 } else { socket2::Domain::IPV4 };
-    let s = socket2::Socket::new(domain, socket2::Type::DGRAM, Some(socket2::Protocol::UDP))?;
-    if server.is_ipv6() {
-        s.set_only_v6(true)?;
-        s.set_ip_transparent_v6(true)?;
-    } else {
-        s.set_ip_transparent_v4(true)?;
-    }
+    let (s, _) = transparent(server.is_ipv6(), false)?;
     s.set_mark(mark)?;
-    s.set_recv_buffer_size(4 << 20)?;
     s.set_nonblocking(true)?;
     s.bind(&SocketAddr::new(server, 53).into())?;
     Ok(s.into())
 }
 
-/// The transparent UDP listener of a family on `port`: `tproxy` hands it the taken
-/// queries, each with its original destination (`IP_ORIGDSTADDR`).
-fn transparent_udp_listener(v6: bool, port: u16) -> std::io::Result<std::net::UdpSocket> {
+/// A transparent (`IP_TRANSPARENT`: it may hold a foreign address) UDP or TCP socket of
+/// one family, IPv6 only for IPv6, and that family's unspecified address.
+fn transparent(v6: bool, tcp: bool) -> std::io::Result<(socket2::Socket, IpAddr)> {
     let (domain, any) = if v6 {
         (socket2::Domain::IPV6, IpAddr::V6(Ipv6Addr::UNSPECIFIED))
     } else {
         (socket2::Domain::IPV4, IpAddr::V4(Ipv4Addr::UNSPECIFIED))
     };
-    let s = socket2::Socket::new(domain, socket2::Type::DGRAM, Some(socket2::Protocol::UDP))?;
+    let s = if tcp {
+        socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))?
+    } else {
+        socket2::Socket::new(domain, socket2::Type::DGRAM, Some(socket2::Protocol::UDP))?
+    };
     if v6 {
         s.set_only_v6(true)?;
         s.set_ip_transparent_v6(true)?;
-        nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::Ipv6OrigDstAddr, &true)?;
     } else {
         s.set_ip_transparent_v4(true)?;
+    }
+    Ok((s, any))
+}
+
+/// The transparent UDP listener of a family on `port`: `tproxy` hands it the taken
+/// queries, each with its original destination (`IP_ORIGDSTADDR`).
+fn transparent_udp_listener(v6: bool, port: u16) -> std::io::Result<std::net::UdpSocket> {
+    let (s, any) = transparent(v6, false)?;
+    if v6 {
+        nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::Ipv6OrigDstAddr, &true)?;
+    } else {
         nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::Ipv4OrigDstAddr, &true)?;
     }
     nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::ReceiveTimestampns, &true)?;
@@ -452,18 +459,7 @@ struct Received {
 /// The transparent TCP listener of a family on `port` (its SYN-ACKs and the accepted
 /// connections' packets carry `mark`).
 fn transparent_listener(v6: bool, port: u16, mark: u32) -> std::io::Result<std::net::TcpListener> {
-    let (domain, any) = if v6 {
-        (socket2::Domain::IPV6, IpAddr::V6(Ipv6Addr::UNSPECIFIED))
-    } else {
-        (socket2::Domain::IPV4, IpAddr::V4(Ipv4Addr::UNSPECIFIED))
-    };
-    let s = socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))?;
-    if v6 {
-        s.set_only_v6(true)?;
-        s.set_ip_transparent_v6(true)?;
-    } else {
-        s.set_ip_transparent_v4(true)?;
-    }
+    let (s, any) = transparent(v6, true)?;
     s.set_reuse_address(true)?;
     s.set_mark(mark)?;
     s.set_nonblocking(true)?;

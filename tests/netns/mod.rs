@@ -629,3 +629,16 @@ pub fn http_get(ns: &Netns, addr: &str, path: &str) -> Option<(u16, String)> {
         Some((code, body))
     })
 }
+
+/// The A and AAAA addresses of a DNS message's answer section.
+pub fn dns_addresses(m: &hickory_proto::op::Message) -> Vec<std::net::IpAddr> {
+    use hickory_proto::rr::RData;
+    m.answers
+        .iter()
+        .filter_map(|r| match &r.data {
+            RData::A(a) => Some(std::net::IpAddr::V4(a.0)),
+            RData::AAAA(a) => Some(std::net::IpAddr::V6(a.0)),
+            _ => None,
+        })
+        .collect()
+}
