@@ -714,3 +714,44 @@ fn queries_to_an_ipv6_server_are_proxied_over_udp_and_tcp() {
         proxied(&t, "udp")
     );
 }
+
+#[test]
+fn a_server_address_that_becomes_the_nodes_is_released_for_its_own_server() {
+    // A node-local DNS cache (169.254.20.10 in NodeLocal DNSCache) adds its address to the
+    // node when it starts, maybe after egressd took that address's queries: egressd lets
+    // go (its answer socket held the address's port 53), the cache binds, answers, and its
+    // answers are snooped.
+    const LOCAL_DNS: &str = "192.0.2.53";
+    let t = Topology::new(&["team-a"]);
+    let hosts = t.dir.path().join("hosts");
+    std::fs::write(&hosts, "192.0.2.10 cache.example.com\n").unwrap();
+    t.set_firewall(
+        "team-a",
+        &[
+            "  - type: Allow\n    to: {dnsName: \"*.example.com\"}\n    ports: [{protocol: TCP, port: 8080}]\n",
+            "  - type: Allow\n    to: {cidrSelector: 192.0.2.53/32}\n    ports: [{protocol: UDP, port: 53}]\n",
+            "  - type: Deny\n    to: {cidrSelector: 0.0.0.0/0}\n",
+        ]
+        .concat(),
+    );
+    let agent = t.start_agent_with("agent", &["--dns-server", LOCAL_DNS, "--cluster-dns", LOCAL_DNS]);
+    let taken = wait_for(Duration::from_secs(3), || t.node.nft_list().contains(&format!("0 . 0 . {LOCAL_DNS}")));
+    assert!(taken.is_some(), "the server was not taken at first:\n{}", t.node.nft_list());
+    // The cache starts: its address first, then its server.
+    t.node.ip(&["addr", "add", &format!("{LOCAL_DNS}/32"), "dev", "lo"]);
+    let released = wait_for(Duration::from_secs(2), || agent.log_text().contains("its queries are left to it"));
+    assert!(released.is_some(), "the address was not released:\n{}", agent.log_text());
+    let _cache = netns::Dnsmasq::start(&t.node, LOCAL_DNS, hosts, 60);
+    let p0 = &t.pods[0];
+    let answer =
+        p0.run(|| ask_udp_to(LOCAL_DNS, &query(5, "cache.example.com.", RecordType::A, None), Duration::from_secs(2)));
+    assert_eq!(
+        answer.map(|(m, from, _)| (addresses(&m), from)),
+        Some((vec!["192.0.2.10".parse::<IpAddr>().unwrap()], format!("{LOCAL_DNS}:53").parse().unwrap())),
+        "the node's own server does not answer:\n{}",
+        agent.log_text()
+    );
+    let open = wait_for(Duration::from_secs(2), || netns::tcp(p0, "192.0.2.10", 8080).is_some());
+    assert!(open.is_some(), "the snooped answer did not open the rule");
+    assert!(!t.node.nft_list().contains(&format!("0 . 0 . {LOCAL_DNS}")), "its guard element is still there");
+}

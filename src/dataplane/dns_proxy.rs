@@ -26,8 +26,9 @@
 //!   [`PROXY_GUARD_REFRESH`]). egressd killed: its sockets are gone and `tproxy` finds
 //!   none, so queries go to the server at once; egressd hung: the guard expires within
 //!   a second. Either way the snoop rules copy the direct queries as before.
-//! * A server at an address of this host (a node-local cache) is never taken: its
-//!   queries stay direct and snooped.
+//! * A server at an address of this host (a node-local cache) is never taken, and one
+//!   whose address becomes this host's is let go ([`release_local`]): its queries stay
+//!   direct and snooped.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
@@ -64,8 +65,10 @@ struct Shared {
     writer: Mutex<ElementWriter>,
     telemetry: Arc<crate::telemetry::Telemetry>,
     settings: DnsProxySettings,
-    /// The servers whose queries are taken.
-    taken: Vec<IpAddr>,
+    /// The servers whose queries are taken, each with the socket its answers leave from
+    /// (bound to the server's address and port 53). A server whose address becomes one
+    /// of this host's is let go ([`release_local`]).
+    taken: std::sync::RwLock<std::collections::HashMap<IpAddr, Arc<UdpSocket>>>,
     in_flight: std::sync::atomic::AtomicUsize,
     tcp_connections: std::sync::atomic::AtomicUsize,
     /// How long the last UDP query read had waited in the kernel, and when it was read.
@@ -115,7 +118,7 @@ pub(crate) fn start(
         writer: Mutex::new(ElementWriter::open(table)?),
         telemetry,
         settings,
-        taken: taken.clone(),
+        taken: Default::default(),
         in_flight: Default::default(),
         tcp_connections: Default::default(),
         lag: Mutex::new(None),
@@ -154,20 +157,19 @@ async fn run(shared: Arc<Shared>, sockets: Sockets, guard: Vec<Element>, guard_w
         return;
     }
     let mut tasks = tokio::task::JoinSet::new();
-    let mut out = std::collections::HashMap::new();
     for (server, socket) in sockets.udp_out {
-        match UdpSocket::from_std(socket) {
-            Ok(s) => {
-                out.insert(server, Arc::new(s));
+        match (UdpSocket::from_std(socket), shared.taken.write()) {
+            (Ok(s), Ok(mut taken)) => {
+                taken.insert(server, Arc::new(s));
             }
-            Err(e) => tracing::error!(error = %e, "DNS proxy: socket"),
+            (Err(e), _) => tracing::error!(error = %e, "DNS proxy: socket"),
+            (_, Err(_)) => {}
         }
     }
-    let out = Arc::new(out);
     for socket in sockets.udp_in {
         match UdpSocket::from_std(socket) {
             Ok(s) => {
-                tasks.spawn(serve_udp(shared.clone(), s, out.clone()));
+                tasks.spawn(serve_udp(shared.clone(), s));
             }
             Err(e) => tracing::error!(error = %e, "DNS proxy: socket"),
         }
@@ -199,7 +201,7 @@ async fn run(shared: Arc<Shared>, sockets: Sockets, guard: Vec<Element>, guard_w
 /// [`OVERLOAD_LAG`] in the kernel, and it read one in the last tick): the guard is left
 /// to expire, new queries go to the servers directly (snooped) and the proxy works off
 /// what it has; once nothing waits, it takes queries again.
-async fn refresh_guard(shared: Arc<Shared>, guard: Vec<Element>, mut writer: ElementWriter) -> std::io::Result<()> {
+async fn refresh_guard(shared: Arc<Shared>, mut guard: Vec<Element>, mut writer: ElementWriter) -> std::io::Result<()> {
     let mut tick = tokio::time::interval(PROXY_GUARD_REFRESH);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failing = false;
@@ -208,6 +210,7 @@ async fn refresh_guard(shared: Arc<Shared>, guard: Vec<Element>, mut writer: Ele
     let mut alive_until: Option<Instant> = None;
     loop {
         tick.tick().await;
+        release_local(&shared, &mut guard, &mut writer);
         let lag = shared.lag.lock().map(|l| *l).unwrap_or_default();
         if lag.is_some_and(|(waited, read_at)| waited > OVERLOAD_LAG && read_at.elapsed() < PROXY_GUARD_REFRESH) {
             if !overloaded {
@@ -243,6 +246,33 @@ async fn refresh_guard(shared: Arc<Shared>, guard: Vec<Element>, mut writer: Ele
                 failing = true;
             }
         }
+    }
+}
+
+/// Let go of every taken server whose address has become one of this host's (a
+/// node-local DNS cache adds its address when it starts, maybe after egressd): its
+/// answer socket is closed at once, so the server can bind its port 53, and its guard
+/// element is deleted, so its queries are delivered to it (and snooped).
+fn release_local(shared: &Shared, guard: &mut Vec<Element>, writer: &mut ElementWriter) {
+    let local: Vec<IpAddr> = match shared.taken.read() {
+        Ok(taken) => taken.keys().copied().filter(|ip| is_local(*ip)).collect(),
+        Err(_) => return,
+    };
+    for server in local {
+        if let Ok(mut taken) = shared.taken.write() {
+            taken.remove(&server);
+        }
+        let (gone, kept): (Vec<Element>, Vec<Element>) = guard.iter().partition(|(_, ip, _)| *ip == server);
+        *guard = kept;
+        let delta =
+            crate::nft::delta::ElementDelta { delete: crate::dataplane::elements::by_slot(&gone), add: Vec::new() };
+        if let Err(e) = writer.apply(&delta)
+            && e.raw_os_error() != Some(libc::ENOENT)
+        {
+            tracing::warn!(server = %server, error = %e, "DNS proxy: the released server's guard element was not deleted (it expires within a second)");
+        }
+        count(&shared.telemetry.metrics, "udp", "released");
+        tracing::warn!(server = %server, "DNS proxy: this server's address is now one of this node's; its queries are left to it (snooped)");
     }
 }
 
@@ -488,11 +518,7 @@ impl Drop for InFlight<'_> {
     }
 }
 
-async fn serve_udp(
-    shared: Arc<Shared>,
-    socket: UdpSocket,
-    out: Arc<std::collections::HashMap<IpAddr, Arc<UdpSocket>>>,
-) -> std::io::Result<()> {
+async fn serve_udp(shared: Arc<Shared>, socket: UdpSocket) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     let mut buf = vec![0u8; 65_536];
     loop {
@@ -502,18 +528,18 @@ async fn serve_udp(
             *lag = Some((waited, Instant::now()));
         }
         // Only queries to a taken server are handed here (the guard holds no other).
-        let Some((server, reply)) = orig.and_then(|o| out.get(&o.ip()).map(|r| (o.ip(), r.clone()))) else {
+        let Some(server) = orig.map(|o| o.ip()).filter(|ip| shared.is_taken(ip)) else {
             count(&shared.telemetry.metrics, "udp", "not_taken");
             continue;
         };
         let query = buf[..n].to_vec();
-        tokio::spawn(udp_query(shared.clone(), server, reply, pod, query));
+        tokio::spawn(udp_query(shared.clone(), server, pod, query));
     }
 }
 
 /// One UDP query: to the server unchanged, its answer held until the kernel took
 /// what it teaches, then to the pod from the server's address.
-async fn udp_query(shared: Arc<Shared>, server: IpAddr, socket: Arc<UdpSocket>, pod: SocketAddr, query: Vec<u8>) {
+async fn udp_query(shared: Arc<Shared>, server: IpAddr, pod: SocketAddr, query: Vec<u8>) {
     let metrics = &shared.telemetry.metrics;
     let Some(_slot) = InFlight::take(&shared.in_flight, MAX_IN_FLIGHT) else {
         count(metrics, "udp", "busy");
@@ -537,6 +563,12 @@ async fn udp_query(shared: Arc<Shared>, server: IpAddr, socket: Arc<UdpSocket>, 
         }
     };
     shared.answer(pod, server, false, &answer);
+    // The answer socket is looked up now, not held: a released server's port is free
+    // at once (this answer is then dropped; the pod asks again).
+    let Some(socket) = shared.taken.read().ok().and_then(|t| t.get(&server).cloned()) else {
+        count(metrics, "udp", "released");
+        return;
+    };
     match socket.send_to(&answer, pod).await {
         Ok(_) => count(metrics, "udp", "answered"),
         Err(_) => count(metrics, "udp", "pod_gone"),
@@ -571,7 +603,7 @@ async fn serve_tcp(shared: Arc<Shared>, listener: TcpListener) -> std::io::Resul
             };
             // Only what `tproxy` handed over: a connection to a taken server's port 53
             // (anything reaching the listener's own port is closed).
-            let server = pod_stream.local_addr().ok().filter(|a| a.port() == 53 && shared.taken.contains(&a.ip()));
+            let server = pod_stream.local_addr().ok().filter(|a| a.port() == 53 && shared.is_taken(&a.ip()));
             let Some(server) = server.map(|a| a.ip()) else {
                 count(&shared.telemetry.metrics, "tcp", "not_taken");
                 return;
@@ -645,6 +677,11 @@ async fn relay_tcp(shared: &Shared, pod_stream: TcpStream, pod: SocketAddr, serv
 }
 
 impl Shared {
+    /// Whether `server`'s queries are taken.
+    fn is_taken(&self, server: &IpAddr) -> bool {
+        self.taken.read().is_ok_and(|t| t.contains_key(server))
+    }
+
     /// Track a pod's query (as a copied one is tracked); `false`: the pod has
     /// [`crate::dns::snoop::MAX_PENDING_PER_POD`] queries waiting, this one is not taken.
     fn query(&self, pod: SocketAddr, server: IpAddr, tcp: bool, body: &[u8]) -> bool {
