@@ -755,3 +755,43 @@ fn a_server_address_that_becomes_the_nodes_is_released_for_its_own_server() {
     assert!(open.is_some(), "the snooped answer did not open the rule");
     assert!(!t.node.nft_list().contains(&format!("0 . 0 . {LOCAL_DNS}")), "its guard element is still there");
 }
+
+#[test]
+fn the_proxy_never_answers_a_query_the_pods_policy_denies() {
+    // team-a may not reach the server at all: its query, taken by the proxy, is still
+    // judged by the firewall (the proxy is no way around it) and never answered.
+    let t = Topology::new(&["team-a", "team-b"]);
+    let server = Server::start(&t.ext);
+    fresh_addresses_reachable(&t);
+    let rules = |dns: &str| {
+        [
+            "  - type: Allow\n    to: {dnsName: \"*.fresh.example.com\"}\n    ports: [{protocol: TCP, port: 8080}]\n",
+            dns,
+            "  - type: Deny\n    to: {cidrSelector: 0.0.0.0/0}\n",
+        ]
+        .concat()
+    };
+    t.set_firewall("team-a", &rules(""));
+    t.set_firewall(
+        "team-b",
+        &rules("  - type: Allow\n    to: {cidrSelector: 203.0.113.2/32}\n    ports: [{protocol: UDP, port: 53}]\n"),
+    );
+    let agent = t.start_agent_with("agent", &AGENT_ARGS);
+    // team-b's query is proxied: the proxy is on for both namespaces' pods.
+    let ready = wait_for(Duration::from_secs(5), || {
+        resolve_and_connect(&t.pods[1], 1, true, 800_000).is_empty() && proxied(&t, "udp") >= 1
+    });
+    assert!(ready.is_some(), "the proxy does not answer team-b:\n{}", agent.log_text());
+    let served = server.answered.load(Ordering::SeqCst);
+    let proxied_before = proxied(&t, "udp");
+    let denied = t.pods[0].run(|| {
+        (0..20)
+            .filter(|i| {
+                ask_udp(&query(*i, "d.fresh.example.com.", RecordType::A, None), Duration::from_millis(300)).is_some()
+            })
+            .count()
+    });
+    assert_eq!(denied, 0, "a query team-a's policy denies was answered");
+    assert_eq!(server.answered.load(Ordering::SeqCst), served, "the server saw team-a's denied queries");
+    assert_eq!(proxied(&t, "udp"), proxied_before, "the proxy answered a denied query");
+}
