@@ -82,7 +82,10 @@ pub struct NamespaceVerdictLabels {
 pub struct ProxyLabels {
     /// `udp` or `tcp`.
     pub transport: &'static str,
-    /// `answered` (released to the pod after the kernel took what it teaches),
+    /// `answered` (released to the pod after the kernel took what it teaches), `busy`
+    /// (a bound: the pod's or all pods' waiting queries, TCP connections), `overloaded`
+    /// (the guard was let expire), `released` (a server whose address became this
+    /// node's), `not_taken` (reached the proxy's port without being handed over),
     /// `upstream_timeout`, `upstream_error`, `pod_gone` (the answer could not be sent).
     pub result: &'static str,
 }
