@@ -795,3 +795,36 @@ fn the_proxy_never_answers_a_query_the_pods_policy_denies() {
     assert_eq!(server.answered.load(Ordering::SeqCst), served, "the server saw team-a's denied queries");
     assert_eq!(proxied(&t, "udp"), proxied_before, "the proxy answered a denied query");
 }
+
+#[test]
+fn the_proxy_works_with_the_shipped_capabilities_only() {
+    // The systemd unit's CapabilityBoundingSet (the DaemonSet adds the same ones): with
+    // nothing else, egressd still takes and answers pods' queries (transparent sockets,
+    // port 53, marks, policy routing).
+    let unit = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/systemd/egressd.service")).unwrap();
+    let caps: Vec<String> = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+        .expect("the unit names its capabilities")
+        .split_whitespace()
+        .map(|c| c.trim_start_matches("CAP_").to_lowercase())
+        .collect();
+    let daemonset = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/daemonset/daemonset.yaml")).unwrap();
+    for cap in &caps {
+        assert!(daemonset.contains(&format!("\"{}\"", cap.to_uppercase())), "the DaemonSet does not add {cap}");
+    }
+    let bounding = format!("-all,{}", caps.iter().map(|c| format!("+{c}")).collect::<Vec<_>>().join(","));
+    let t = Topology::new(&["team-a"]);
+    let _server = Server::start(&t.ext);
+    policed(&t);
+    let agent = t.start_agent_wrapped("agent", &["setpriv", "--bounding-set", &bounding, "--"], &AGENT_ARGS, &[]);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", agent.pid())).unwrap();
+    let eff = status.lines().find_map(|l| l.strip_prefix("CapEff:")).unwrap().trim().to_string();
+    assert_eq!(u64::from_str_radix(&eff, 16).unwrap().count_ones() as usize, caps.len(), "CapEff {eff}");
+    let ready = wait_for(Duration::from_secs(5), || {
+        resolve_and_connect(&t.pods[0], 1, true, 990_000).is_empty() && proxied(&t, "udp") >= 1
+    });
+    assert!(ready.is_some(), "the proxy does not work with {caps:?} only:\n{}", agent.log_text());
+    let failed = resolve_and_connect(&t.pods[0], 100, false, 991_000);
+    assert!(failed.is_empty(), "{failed:?}");
+}

@@ -248,9 +248,16 @@ impl Agent {
 
     /// [`Agent::start`] with extra environment variables.
     pub fn start_env(ns: &Netns, args: &[&str], env: &[(&str, &str)], log: PathBuf) -> Self {
+        Self::start_wrapped(ns, &[], args, env, log)
+    }
+
+    /// [`Agent::start_env`] under `wrapper` (a program that execs the rest of its
+    /// arguments in place, such as `setpriv …`: the PID stays egressd's).
+    pub fn start_wrapped(ns: &Netns, wrapper: &[&str], args: &[&str], env: &[(&str, &str)], log: PathBuf) -> Self {
         let file = std::fs::File::create(&log).unwrap();
         let child = Command::new("ip")
             .args(["netns", "exec", &ns.name])
+            .args(wrapper)
             .arg(egressd_bin())
             .args(args)
             .envs(env.iter().copied())
@@ -447,6 +454,11 @@ impl Topology {
 
     /// [`Topology::start_agent_with`] with extra environment variables.
     pub fn start_agent_env(&self, name: &str, extra: &[&str], env: &[(&str, &str)]) -> Agent {
+        self.start_agent_wrapped(name, &[], extra, env)
+    }
+
+    /// [`Topology::start_agent_env`] under `wrapper` ([`Agent::start_wrapped`]).
+    pub fn start_agent_wrapped(&self, name: &str, wrapper: &[&str], extra: &[&str], env: &[(&str, &str)]) -> Agent {
         let dir = self.manifests().to_str().unwrap().to_string();
         let state = self.dir.path().join("state").to_str().unwrap().to_string();
         let mut args: Vec<&str> = vec![
@@ -465,7 +477,7 @@ impl Topology {
             &state,
         ];
         args.extend_from_slice(extra);
-        let agent = Agent::start_env(&self.node, &args, env, self.dir.path().join(format!("{name}.log")));
+        let agent = Agent::start_wrapped(&self.node, wrapper, &args, env, self.dir.path().join(format!("{name}.log")));
         let in_sync = wait_for(Duration::from_secs(10), || agent.log_text().contains("dataplane in sync"));
         assert!(in_sync.is_some(), "egressd did not sync:\n{}", agent.log_text());
         agent
