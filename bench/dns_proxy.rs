@@ -107,6 +107,15 @@ fn cpu(pid: u32) -> Duration {
     Duration::from_millis(ticks * 1000 / hz)
 }
 
+/// The agent's resident memory, current and peak (VmRSS, VmHWM), in MiB.
+fn memory(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib = |key: &str| -> u64 {
+        status.lines().find_map(|l| l.strip_prefix(key)?.split_whitespace().next()?.parse().ok()).unwrap_or(0)
+    };
+    (kib("VmRSS:") / 1024, kib("VmHWM:") / 1024)
+}
+
 struct Row {
     mode: &'static str,
     workload: &'static str,
@@ -115,6 +124,8 @@ struct Row {
     qps: f64,
     lost: u64,
     cpu_per_kqps: f64,
+    /// The agent's RSS after the run and its peak, MiB.
+    rss: (u64, u64),
 }
 
 fn measure(mode: &'static str, fresh: bool, latency_queries: u32, clients: u32, secs: u64) -> Row {
@@ -190,6 +201,7 @@ fn measure(mode: &'static str, fresh: bool, latency_queries: u32, clients: u32, 
         let _ = th.join();
     }
     let qps = answered.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64();
+    let rss = memory(agent.pid());
     let metrics = netns::http_get(&t.node, "127.0.0.1:9780", "/metrics").map(|(_, b)| b).unwrap_or_default();
     for line in
         metrics.lines().filter(|l| l.starts_with("egressd_dns_proxied") || l.starts_with("egressd_dns_snoop_dropped"))
@@ -205,6 +217,7 @@ fn measure(mode: &'static str, fresh: bool, latency_queries: u32, clients: u32, 
         qps,
         lost: lost.load(Ordering::Relaxed),
         cpu_per_kqps: if qps > 0.0 { 100.0 * core_share / (qps / 1000.0) } else { 0.0 },
+        rss,
     }
 }
 
@@ -222,19 +235,21 @@ fn main() {
         .collect();
     let ms = |d: Duration| format!("{:.3} ms", d.as_secs_f64() * 1000.0);
     println!(
-        "| mode | answers | query p50 | query p99 | queries/s, {clients} clients (goal ≥ 20,000 for proxy) | unanswered in 500 ms | agent CPU per 1,000 qps |"
+        "| mode | answers | query p50 | query p99 | queries/s, {clients} clients (goal ≥ 20,000 for proxy) | unanswered in 500 ms | agent CPU per 1,000 qps | agent RSS now / peak |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
-            "| {} | {} | {} | {} | {:.0} | {} | {:.1} % of a core |",
+            "| {} | {} | {} | {} | {:.0} | {} | {:.1} % of a core | {} / {} MiB |",
             r.mode,
             r.workload,
             ms(r.p50),
             ms(r.p99),
             r.qps,
             r.lost,
-            r.cpu_per_kqps
+            r.cpu_per_kqps,
+            r.rss.0,
+            r.rss.1
         );
     }
     if let [snoop, proxy, _] = &rows[..] {

@@ -308,22 +308,15 @@ async fn install_routing(handle: &rtnetlink::Handle, settings: &DnsProxySettings
                 req.v4().action(RuleAction::ToTable).execute().await?;
             }
         }
-        let route = if v6 {
-            rtnetlink::RouteMessageBuilder::<Ipv6Addr>::new()
-                .table_id(settings.table)
-                .kind(RouteType::Local)
-                .protocol(RouteProtocol::from(crate::net::EgressSettings::default().route_protocol))
-                .output_interface(lo)
-                .build()
-        } else {
-            rtnetlink::RouteMessageBuilder::<Ipv4Addr>::new()
-                .table_id(settings.table)
-                .kind(RouteType::Local)
-                .protocol(RouteProtocol::from(crate::net::EgressSettings::default().route_protocol))
-                .output_interface(lo)
-                .build()
-        };
-        let mut route = route;
+        let any: IpAddr = if v6 { Ipv6Addr::UNSPECIFIED.into() } else { Ipv4Addr::UNSPECIFIED.into() };
+        let mut route = rtnetlink::RouteMessageBuilder::<IpAddr>::new()
+            .destination_prefix(any, 0)
+            .map_err(|_| rtnetlink::Error::RequestFailed)?
+            .table_id(settings.table)
+            .kind(RouteType::Local)
+            .protocol(RouteProtocol::from(settings.route_protocol))
+            .output_interface(lo)
+            .build();
         route.header.scope = netlink_packet_route::route::RouteScope::Host;
         handle.route().add(route).replace().execute().await?;
     }
@@ -371,7 +364,7 @@ pub async fn cleanup(egress: &crate::net::EgressSettings) -> Result<usize, Strin
                     _ => None,
                 })
                 .unwrap_or(u32::from(msg.header.table));
-            if table == settings.table && u8::from(msg.header.protocol) == egress.route_protocol {
+            if table == settings.table && u8::from(msg.header.protocol) == settings.route_protocol {
                 found.push(msg);
             }
         }
@@ -576,14 +569,22 @@ async fn udp_query(shared: Arc<Shared>, server: IpAddr, pod: SocketAddr, query: 
 }
 
 /// Ask `server` over UDP from a socket of this query's own; the first datagram with the
-/// query's id is the answer.
+/// query's id is the answer. No buffer is held while the query waits: a datagram's
+/// size is peeked when it arrives and a buffer of that size taken for it (a waiting
+/// query costs its task and socket, not 64 KiB each).
 async fn ask_udp(server: IpAddr, query: &[u8]) -> std::io::Result<Vec<u8>> {
     let any: IpAddr = if server.is_ipv6() { Ipv6Addr::UNSPECIFIED.into() } else { Ipv4Addr::UNSPECIFIED.into() };
     let up = UdpSocket::bind(SocketAddr::new(any, 0)).await?;
     up.connect(SocketAddr::new(server, 53)).await?;
     up.send(query).await?;
-    let mut buf = vec![0u8; 65_536];
     loop {
+        let size = up
+            .async_io(tokio::io::Interest::READABLE, || {
+                let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+                socket2::SockRef::from(&up).recv_with_flags(&mut probe, libc::MSG_PEEK | libc::MSG_TRUNC)
+            })
+            .await?;
+        let mut buf = vec![0u8; size.max(1)];
         let n = up.recv(&mut buf).await?;
         if n >= 2 && query.len() >= 2 && buf[..2] == query[..2] {
             buf.truncate(n);

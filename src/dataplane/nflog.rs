@@ -78,6 +78,19 @@ impl Learned {
         out
     }
 
+    /// Of what an answer taught, what to write: the elements that fit ([`Learned::admit`])
+    /// less those the kernel holds with at least their timeout less `slack` left.
+    fn worth_writing(
+        &mut self,
+        elements: Vec<Element>,
+        now: Instant,
+        slack: std::time::Duration,
+        refused: &mut u64,
+    ) -> Vec<Element> {
+        let admitted = self.admit(elements, now, refused);
+        admitted.into_iter().filter(|e| !self.fresh(e, now, slack)).collect()
+    }
+
     /// Whether the kernel holds `e` with at least its timeout less `slack` left.
     fn fresh(&self, e: &Element, now: Instant, slack: std::time::Duration) -> bool {
         let (slot, ip, timeout) = e;
@@ -340,10 +353,7 @@ impl SnoopHandle {
         let mut refused = 0;
         let half_grace = self.targets.read().map(|t| t.grace / 2).unwrap_or_default();
         let elements = match self.learned.lock() {
-            Ok(mut learned) => {
-                let wanted = learned.admit(elements, now, &mut refused);
-                wanted.into_iter().filter(|e| !learned.fresh(e, now, half_grace)).collect()
-            }
+            Ok(mut learned) => learned.worth_writing(elements, now, half_grace, &mut refused),
             Err(_) => elements,
         };
         count_dropped(metrics, "learned_full", refused);
@@ -400,14 +410,57 @@ impl SnoopHandle {
     /// between reading an answer's copy and adding what it teaches, to show in tests
     /// that a pod faster than snooping loses its first connection.
     fn test_delay() -> Option<std::time::Duration> {
-        std::env::var("EGRESSD_TEST_SNOOP_DELAY_MS").ok()?.parse().ok().map(std::time::Duration::from_millis)
+        static DELAY: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
+        *DELAY.get_or_init(|| {
+            std::env::var("EGRESSD_TEST_SNOOP_DELAY_MS").ok()?.parse().ok().map(std::time::Duration::from_millis)
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use std::time::Duration;
+
+    proptest! {
+        /// Answers at random times, for a few addresses, with random timeouts: what the
+        /// kernel holds (only what was written, at the time it was written) always covers
+        /// each answer for its timeout less half the grace, and the memory the full
+        /// replaces keep from is exactly the kernel's.
+        #[test]
+        fn skipped_writes_still_cover_every_answer(
+            steps in proptest::collection::vec((0u64..400, 0usize..3, prop::sample::select(vec![5u64, 65, 305, 3600])), 1..60)
+        ) {
+            let slot = Slot { set: "dns-v4", tag: 1 };
+            let ips: [IpAddr; 3] = ["192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap(), "2001:db8::1".parse().unwrap()];
+            let half_grace = Duration::from_secs(150);
+            let t0 = Instant::now();
+            let mut now = t0;
+            let mut learned = Learned::default();
+            let mut kernel: HashMap<IpAddr, Instant> = HashMap::new();
+            for (advance, which, timeout) in steps {
+                now += Duration::from_secs(advance);
+                let e = (slot, ips[which], Duration::from_secs(timeout));
+                let mut refused = 0;
+                let written = learned.worth_writing(vec![e], now, half_grace, &mut refused);
+                prop_assert_eq!(refused, 0);
+                for (_, ip, t) in &written {
+                    kernel.insert(*ip, now + *t);
+                }
+                learned.remember(&written, now);
+                let held = kernel.get(&ips[which]).copied();
+                prop_assert!(
+                    held.is_some_and(|until| until >= now + e.2.saturating_sub(half_grace)),
+                    "answer for {:?} with timeout {:?} at +{:?} not covered: kernel {:?}",
+                    ips[which], e.2, now - t0, held.map(|u| u - t0)
+                );
+                for (ip, until) in &kernel {
+                    prop_assert_eq!(learned.until.get(&(slot, *ip)), Some(until));
+                }
+            }
+        }
+    }
 
     #[test]
     fn an_element_is_written_again_only_once_half_the_grace_is_used_up() {

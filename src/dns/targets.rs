@@ -34,6 +34,8 @@ pub struct DnsProxySettings {
     pub table: u32,
     /// The priority of the rule `fwmark <intercept>/<intercept> lookup <table>`.
     pub rule_priority: u32,
+    /// The protocol of the table's route (egressd's, as EgressIP's routes).
+    pub route_protocol: u8,
 }
 
 /// The default [`DnsProxySettings::port`].
@@ -56,7 +58,13 @@ impl DnsProxySettings {
     pub fn new(port: u16, mark_mask: u32, egress: &crate::net::EgressSettings) -> Self {
         // Below EgressIP's rules (a taken query is delivered here, never steered) and
         // on the table just below EgressIP's range (never one of its own).
-        Self { port, mark_mask, table: egress.table_base, rule_priority: egress.rule_priority.saturating_sub(1) }
+        Self {
+            port,
+            mark_mask,
+            table: egress.table_base,
+            rule_priority: egress.rule_priority.saturating_sub(1),
+            route_protocol: egress.route_protocol,
+        }
     }
 
     /// Check a mark mask: exactly two contiguous bits, clear of kube-proxy's and of `others`.
