@@ -321,6 +321,28 @@ struct EgressArgs {
     /// bare metal).
     #[arg(long, env = "EGRESSD_EGRESS_IP_MODE", value_enum, default_value_t = Mode::Direct)]
     egress_ip_mode: Mode,
+    /// How a steering node's packets reach the node hosting the egress IP: `direct` (an
+    /// on-link next hop, with the pod's source address: one L2 segment, nothing
+    /// filtering), `vxlan` (encapsulated between the two nodes' own addresses, the
+    /// egress IP's key in the VNI: routed networks, clouds), or `auto`: direct when the
+    /// hosting node is on a shared link, unless a cloud fabric filters (a cloud
+    /// --egress-ip-mode, or a node whose spec.providerID is aws://, gce:// or azure://),
+    /// vxlan otherwise. vxlan takes the mask's top bit (two mask bits at least).
+    #[arg(long, env = "EGRESSD_EGRESS_IP_TRANSPORT", value_enum, default_value_t = TransportArg::Auto)]
+    egress_ip_transport: TransportArg,
+    /// UDP port of the encapsulated path; open it between nodes (node addresses to node
+    /// addresses). Not 4789 (Calico, Cilium, OVN-Kubernetes' VXLAN) nor 8472 (flannel).
+    #[arg(long, env = "EGRESSD_EGRESS_IP_VXLAN_PORT", default_value_t = egressd::net::DEFAULT_VXLAN_PORT,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    egress_ip_vxlan_port: u16,
+}
+
+/// `--egress-ip-transport`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum TransportArg {
+    Auto,
+    Direct,
+    Vxlan,
 }
 
 /// `--egress-ip-mode`.
@@ -347,6 +369,12 @@ impl EgressArgs {
                 Mode::CloudLocal => egressd::net::EgressIpMode::CloudLocal,
             },
             address_tags: egressd::net::kernel_release().is_none_or(|r| egressd::net::kernel_tags_addresses(&r)),
+            transport: match self.egress_ip_transport {
+                TransportArg::Auto => egressd::net::Transport::Auto,
+                TransportArg::Direct => egressd::net::Transport::Direct,
+                TransportArg::Vxlan => egressd::net::Transport::Vxlan,
+            },
+            vxlan_port: self.egress_ip_vxlan_port,
             ..Default::default()
         }
     }

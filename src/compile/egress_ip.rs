@@ -29,8 +29,9 @@ use std::net::IpAddr;
 use compact_str::{ToCompactString, format_compact};
 use ipnet::IpNet;
 
+use super::tunnel::{self, TunnelPlan};
 use super::{NodeConfig, ObjectStatus, Outcome};
-use crate::net::{EgressSettings, HostLinks, MarkRule, NetDesired, NextHop};
+use crate::net::{EgressSettings, HostLinks, MarkRule, NetDesired, NextHop, Transport, tunnel_key, tunnel_mac};
 use crate::nft::{Chain, Hook, KeyType, Set, Table, Text, chain_name};
 use crate::view::ClusterView;
 use crate::view::policy::EgressIpPolicy;
@@ -111,6 +112,13 @@ struct Ctx<'a> {
     my_addrs: BTreeSet<IpAddr>,
     /// Who owns each IP: the oldest EgressIP naming it.
     ip_owner: BTreeMap<IpAddr, &'a str>,
+    /// This node's address per family: the source of packets it sends through the tunnel.
+    tunnel_addr: [Option<IpAddr>; 2],
+    /// The egress IP each tunnel key names on each hosting node: (node, IPv6, key) → the
+    /// first placed IP with that key (oldest EgressIP first).
+    key_owner: BTreeMap<(&'a str, bool, u32), IpAddr>,
+    /// This node's `spec.providerID` names a filtering cloud.
+    me_cloud: bool,
 }
 
 /// A next-hop set (IPv6, hops) and the mark/table index it gets.
@@ -146,7 +154,26 @@ pub(super) fn compile(
     let hop_sets = number_hop_sets(&plans, &via, &node.egress);
     let assigned = assign_pods(&ctx, &mut plans, owners, &via, &hop_sets);
     emit_routes(&node.egress, &hop_sets, &via, table, net);
-    emit_tables(&ctx, assigned.steer, assigned.snat, &assigned.snat_chains, assigned.drop_used, table);
+    let tunnel_plan = tunnel_plan(&ctx, &plans, &hop_sets);
+    for ip in tunnel::overflow(&node.egress, &tunnel_plan) {
+        if let Some(plan) = plans.iter_mut().find(|p| p.hosted.contains(&Some(ip))) {
+            plan.problems.push(format!(
+                "egress IP {ip}: node {} hosts more egress IPs than the mark bits below the tunnel bit can number; other nodes' pods are not SNATed to it (widen --egress-ip-mark-mask)",
+                node.node_name
+            ));
+        }
+    }
+    let tunnel_snat = tunnel::snat_rules(&node.egress, &tunnel_plan);
+    let tunnel_on = tunnel::emit(&node.egress, &tunnel_plan, table, net);
+    let tables = Tables {
+        steer: assigned.steer,
+        snat: assigned.snat,
+        snat_chains: &assigned.snat_chains,
+        drop_used: assigned.drop_used,
+        tunnel_snat: if tunnel_on { tunnel_snat } else { Vec::new() },
+        tunnel_on,
+    };
+    emit_tables(&ctx, tables, table);
     for plan in &plans {
         statuses.push(plan_status(plan, assigned.overflow, node));
     }
@@ -178,7 +205,61 @@ fn context<'a>(
     let me = node.node_name.as_str();
     let my_addrs: BTreeSet<IpAddr> =
         host.addresses().chain(view.nodes.get(me).into_iter().flat_map(|n| n.addresses.iter().copied())).collect();
-    Ctx { view, node, host, node_addrs, my_addrs, ip_owner: ip_owners(ordered) }
+    let ip_owner = ip_owners(ordered);
+    let mut key_owner = BTreeMap::new();
+    for p in ordered.iter().filter_map(|e| e.policy.as_ref()) {
+        for (ip, at) in &p.placement {
+            if ip_owner.get(ip) == Some(&p.name.as_str()) {
+                key_owner.entry((at.as_str(), ip.is_ipv6(), tunnel_key(*ip))).or_insert(*ip);
+            }
+        }
+    }
+    let tunnel_addr = [0, 1].map(|f| {
+        let listed = view.nodes.get(me).and_then(|n| n.addresses.iter().copied().find(|a| fam(*a) == f));
+        listed.or_else(|| {
+            let link = host.default_link[f].and_then(|i| host.links.iter().find(|l| l.index == i))?;
+            link.addrs.iter().map(IpNet::addr).find(|a| fam(*a) == f && unusable(*a, host).is_none())
+        })
+    });
+    let me_cloud = view.nodes.get(me).is_some_and(|n| n.cloud);
+    Ctx { view, node, host, node_addrs, my_addrs, ip_owner, tunnel_addr, key_owner, me_cloud }
+}
+
+/// A node's tunnel identity address: its first IPv4 address, else its first IPv6 one.
+fn identity(addresses: &[IpAddr]) -> Option<IpAddr> {
+    addresses.iter().find(|a| a.is_ipv4()).or_else(|| addresses.first()).copied()
+}
+
+/// What the tunnel needs: the egress IPs hosted here (their keys free of collisions),
+/// the hosting nodes steered to through it, the peers and this node's addresses.
+fn tunnel_plan(ctx: &Ctx, plans: &[Plan], hop_sets: &HopSets) -> TunnelPlan {
+    let me = ctx.node.node_name.as_str();
+    let mut hosted: Vec<(IpAddr, u32)> = plans
+        .iter()
+        .flat_map(|p| p.hosted_list.iter().map(|(ip, _)| *ip))
+        .filter(|ip| ctx.key_owner.get(&(me, ip.is_ipv6(), tunnel_key(*ip))) == Some(ip))
+        .map(|ip| (ip, tunnel_key(ip)))
+        .collect();
+    hosted.sort();
+    let mut steer_gateways = [BTreeSet::new(), BTreeSet::new()];
+    for (v6, hops) in hop_sets.keys() {
+        for hop in hops.iter().filter(|h| h.key.is_some()) {
+            steer_gateways[usize::from(*v6)].insert(hop.gateway);
+        }
+    }
+    let mut peers = BTreeMap::new();
+    for (name, info) in &ctx.view.nodes {
+        if name == me {
+            continue;
+        }
+        let Some(id) = identity(&info.addresses) else { continue };
+        for a in info.addresses.iter().filter(|a| !ctx.my_addrs.contains(a)) {
+            peers.insert(*a, tunnel_mac(id));
+        }
+    }
+    let my_id = ctx.view.nodes.get(me).and_then(|n| identity(&n.addresses));
+    let mac = tunnel_mac(my_id.or(ctx.tunnel_addr[0]).or(ctx.tunnel_addr[1]).unwrap_or(IpAddr::from([0, 0, 0, 0])));
+    TunnelPlan { hosted, steer_gateways, self_addr: ctx.tunnel_addr, my_addrs: ctx.my_addrs.clone(), peers, mac }
 }
 
 /// Who owns each egress IP: the oldest EgressIP naming it (`ordered` oldest first).
@@ -273,32 +354,71 @@ fn place<'a>(
             }
             continue;
         }
-        let gateway = ctx.view.nodes.get(host_node).and_then(|n| {
-            n.addresses
-                .iter()
-                .filter(|a| a.is_ipv6() == ip.is_ipv6() && !ctx.my_addrs.contains(a))
-                .find_map(|a| ctx.host.link_for(*a).map(|link| NextHop { gateway: *a, link: link.index }))
-        });
-        match gateway {
-            Some(hop) => {
+        match steering_hop(ctx, *ip, host_node) {
+            Ok(hop) => {
                 if !plan.remote[f].contains(&hop) {
                     plan.remote[f].push(hop);
                 }
                 plan.remote_nodes.insert(host_node.clone());
             }
-            None if !ctx.view.nodes.contains_key(host_node) => plan
-                .problems
-                .push(format!("egress IP {ip} is placed on node {host_node}, which is unknown; not steered to it")),
-            None => plan.problems.push(format!(
-                "egress IP {ip} is placed on node {host_node}, which has no {} address on a link shared with node {me}; not steered to it",
-                if ip.is_ipv6() { "IPv6" } else { "IPv4" }
-            )),
+            Err(problem) => plan.problems.push(problem),
         }
     }
     for hops in &mut plan.remote {
         hops.sort();
     }
     plan
+}
+
+/// How this node reaches `host_node` for egress IP `ip`: on-link or through the tunnel
+/// (`--egress-ip-transport`), or why it cannot.
+fn steering_hop(ctx: &Ctx, ip: IpAddr, host_node: &str) -> Result<NextHop, String> {
+    let me = ctx.node.node_name.as_str();
+    let settings = &ctx.node.egress;
+    let family = if ip.is_ipv6() { "IPv6" } else { "IPv4" };
+    let Some(info) = ctx.view.nodes.get(host_node) else {
+        return Err(format!("egress IP {ip} is placed on node {host_node}, which is unknown; not steered to it"));
+    };
+    let theirs = || info.addresses.iter().filter(|a| a.is_ipv6() == ip.is_ipv6() && !ctx.my_addrs.contains(a));
+    let direct = theirs().find_map(|a| ctx.host.link_for(*a).map(|link| NextHop::direct(*a, link.index)));
+    let tunnel = settings.tunnel_bit().and(ctx.tunnel_addr[fam(ip)]).and(theirs().next()).map(|a| NextHop {
+        gateway: *a,
+        link: 0,
+        key: Some(tunnel_key(ip)),
+    });
+    let filtered = settings.mode.cloud() || info.cloud || ctx.me_cloud;
+    let hop = match settings.transport {
+        Transport::Direct => direct,
+        Transport::Vxlan => tunnel,
+        Transport::Auto if filtered => tunnel.or(direct),
+        Transport::Auto => direct.or(tunnel),
+    };
+    let Some(hop) = hop else {
+        return Err(match settings.transport {
+            Transport::Direct => format!(
+                "egress IP {ip} is placed on node {host_node}, which has no {family} address on a link shared with node {me}; not steered to it"
+            ),
+            _ if theirs().next().is_none() => {
+                format!(
+                    "egress IP {ip} is placed on node {host_node}, which has no {family} address; not steered to it"
+                )
+            }
+            _ if settings.tunnel_bit().is_none() => format!(
+                "egress IP {ip} is placed on node {host_node}, not reachable on a shared link, and --egress-ip-mark-mask has no room for the tunnel bit; not steered to it"
+            ),
+            _ => format!(
+                "egress IP {ip} is placed on node {host_node}, but node {me} has no {family} address to send through the tunnel from; not steered to it"
+            ),
+        });
+    };
+    if let Some(key) = hop.key
+        && let Some(other) = ctx.key_owner.get(&(host_node, ip.is_ipv6(), key)).filter(|o| **o != ip)
+    {
+        return Err(format!(
+            "egress IP {ip} has the tunnel key {key} of egress IP {other}, also placed on node {host_node}; not steered to it"
+        ));
+    }
+    Ok(hop)
 }
 
 /// `--egress-ip-mode cloud-local`: this node is the CloudPrivateIPConfig controller for
@@ -395,7 +515,7 @@ fn own_link_routes(plans: &mut [Plan], host: &HostLinks, net: &NetDesired) -> BT
                 .and_then(|l| l.gateways.iter().find(|g| g.is_ipv6() == ip.is_ipv6()));
             match gateway {
                 Some(g) => {
-                    via.insert(*ip, vec![NextHop { gateway: *g, link: *index }]);
+                    via.insert(*ip, vec![NextHop::direct(*g, *index)]);
                 }
                 None => plan.problems.push(format!(
                     "egress IP {ip} is on {name}, which is not the default route's link and has no default route of its own: its traffic leaves by the main table"
@@ -528,7 +648,7 @@ fn emit_routes(
         });
         if !via.values().any(|v| v == hops) {
             // Next hops that are nodes: packets routed to them get the null SNAT.
-            for hop in hops {
+            for hop in hops.iter().filter(|h| h.key.is_none()) {
                 gateways[usize::from(*v6)].elements.insert(hop.gateway.to_compact_string(), Text::default());
             }
         }
@@ -538,15 +658,21 @@ fn emit_routes(
     table.sets.insert(GATEWAYS_V6.into(), g6);
 }
 
-/// The sets and base chains: exempt destinations, steering, SNAT, the guard.
-fn emit_tables(
-    ctx: &Ctx,
+/// What [`emit_tables`] writes besides the exempt destinations.
+struct Tables<'a> {
     steer: [Set; 2],
     snat: [Set; 2],
-    snat_chains: &BTreeSet<IpAddr>,
+    snat_chains: &'a BTreeSet<IpAddr>,
     drop_used: bool,
-    table: &mut Table,
-) {
+    /// SNAT rules of the tunnel (before the null SNAT of on-link steering).
+    tunnel_snat: Vec<String>,
+    /// The tunnel is in use: egressd's mark bits are cleared in postrouting.
+    tunnel_on: bool,
+}
+
+/// The sets and base chains: exempt destinations, steering, SNAT, the guard.
+fn emit_tables(ctx: &Ctx, t: Tables, table: &mut Table) {
+    let Tables { steer, snat, snat_chains, drop_used, tunnel_snat, tunnel_on } = t;
     let settings = &ctx.node.egress;
     // Destinations never steered nor SNATed to an egress IP: cluster, services, nodes.
     let mut exempt_nets = ctx.node.exempt_ranges();
@@ -588,45 +714,44 @@ fn emit_tables(
             ],
         ),
     );
+    let mut snat_rules = vec![format!("ip daddr @{EXEMPT_V4} return"), format!("ip6 daddr @{EXEMPT_V6} return")];
+    snat_rules.extend(tunnel_snat);
+    snat_rules.extend([
+        format!(
+            "meta mark and {m:#010x} != 0 rt ip nexthop @{GATEWAYS_V4} ct mark set ct mark or {m:#010x} counter snat ip to ip saddr",
+            m = settings.mark_mask
+        ),
+        format!(
+            "meta mark and {m:#010x} != 0 rt ip6 nexthop @{GATEWAYS_V6} ct mark set ct mark or {m:#010x} counter snat ip6 to ip6 saddr",
+            m = settings.mark_mask
+        ),
+        format!("ip saddr vmap @{SNAT_V4}"),
+        format!("ip6 saddr vmap @{SNAT_V6}"),
+    ]);
     table.chains.insert(
         SNAT_CHAIN.into(),
-        Chain::base(
-            Hook { chain_type: "nat", hook: "postrouting", priority: "srcnat - 1" },
-            vec![
-                format!("ip daddr @{EXEMPT_V4} return"),
-                format!("ip6 daddr @{EXEMPT_V6} return"),
-                format!(
-                    "meta mark and {m:#010x} != 0 rt ip nexthop @{GATEWAYS_V4} ct mark set ct mark or {m:#010x} counter snat ip to ip saddr",
-                    m = settings.mark_mask
-                ),
-                format!(
-                    "meta mark and {m:#010x} != 0 rt ip6 nexthop @{GATEWAYS_V6} ct mark set ct mark or {m:#010x} counter snat ip6 to ip6 saddr",
-                    m = settings.mark_mask
-                ),
-                format!("ip saddr vmap @{SNAT_V4}"),
-                format!("ip6 saddr vmap @{SNAT_V6}"),
-            ],
-        ),
+        Chain::base(Hook { chain_type: "nat", hook: "postrouting", priority: "srcnat - 1" }, snat_rules),
     );
     // A connection that got the null SNAT keeps the pod's address for its lifetime (NAT
     // is decided once per connection): if its packets are later routed anywhere but to a
     // hosting node (its EgressIP went away, a route is missing), they would leave with
     // the pod's address. They are dropped instead.
+    let mut guard = vec![
+        format!(
+            "ct direction original ct mark and {m:#010x} == {m:#010x} meta nfproto ipv4 rt ip nexthop != @{GATEWAYS_V4} counter drop",
+            m = settings.mark_mask
+        ),
+        format!(
+            "ct direction original ct mark and {m:#010x} == {m:#010x} meta nfproto ipv6 rt ip6 nexthop != @{GATEWAYS_V6} counter drop",
+            m = settings.mark_mask
+        ),
+    ];
+    if tunnel_on {
+        guard.push(tunnel::clear_mark_rule(settings));
+    }
     table.chains.insert(
         GUARD_CHAIN.into(),
-        Chain::base(
-            Hook { chain_type: "filter", hook: "postrouting", priority: "srcnat + 1" },
-            vec![
-                format!(
-                    "ct direction original ct mark and {m:#010x} == {m:#010x} meta nfproto ipv4 rt ip nexthop != @{GATEWAYS_V4} counter drop",
-                    m = settings.mark_mask
-                ),
-                format!(
-                    "ct direction original ct mark and {m:#010x} == {m:#010x} meta nfproto ipv6 rt ip6 nexthop != @{GATEWAYS_V6} counter drop",
-                    m = settings.mark_mask
-                ),
-            ],
-        ),
+        Chain::base(Hook { chain_type: "filter", hook: "postrouting", priority: "srcnat + 1" }, guard),
     );
 }
 
@@ -788,7 +913,7 @@ mod tests {
             elements(&d, STEER_V4),
             vec![("198.18.1.2".into(), "jump eip-mark-1".into()), ("198.18.1.6".into(), "jump eip-mark-2".into())]
         );
-        let hop = |ip: &str| NextHop { gateway: ip.parse().unwrap(), link: 2 };
+        let hop = |ip: &str| NextHop::direct(ip.parse().unwrap(), 2);
         assert_eq!(d.net.routes[&(7471, false)], vec![hop("198.19.0.2")]);
         assert_eq!(d.net.routes[&(7472, false)], vec![hop("198.19.0.3")]);
         assert_eq!(
@@ -822,7 +947,11 @@ mod tests {
         );
         assert!(d.table.sets[STEER_V4].elements.is_empty(), "nothing steered from the hosting node");
         assert_eq!(*d.table.chains["eip-snat-198-19-0-100"].rules, vec!["snat ip to 198.19.0.100".to_string()]);
-        assert!(d.net.rules.is_empty() && d.net.routes.is_empty());
+        assert!(d.net.routes.is_empty());
+        // Ready to receive through the tunnel: only the tunnel bit's rules, return routes.
+        let tunnel = EgressSettings::default().tunnel_table();
+        assert!(d.net.rules.iter().all(|r| r.table == tunnel && r.mask == 0x0080_0000), "{:?}", d.net.rules);
+        assert!(d.net.tunnel.as_ref().is_some_and(|t| t.return_routes));
     }
 
     #[test]
@@ -849,7 +978,7 @@ mod tests {
             elements(&d, STEER_V4),
             vec![("198.18.1.2".into(), "jump eip-mark-1".into()), ("198.18.2.2".into(), "jump eip-mark-1".into())]
         );
-        assert_eq!(d.net.routes[&(7471, false)], vec![NextHop { gateway: "198.51.100.254".parse().unwrap(), link: 3 }]);
+        assert_eq!(d.net.routes[&(7471, false)], vec![NextHop::direct("198.51.100.254".parse().unwrap(), 3)]);
         assert!(d.table.sets[GATEWAYS_V4].elements.is_empty(), "the link's gateway is no node: no null SNAT");
         // Without a default route on that link: reported, traffic by the main table.
         links.links[2].gateways.clear();
@@ -1042,10 +1171,18 @@ mod tests {
 
     #[test]
     fn marks_stay_inside_the_mask() {
-        let s = EgressSettings { mark_mask: 0x0000_f000, ..Default::default() };
+        let s = EgressSettings { mark_mask: 0x0000_f000, transport: Transport::Direct, ..Default::default() };
         assert_eq!(s.mark(1), 0x1000);
         assert_eq!(s.mark(15), 0xf000);
         assert_eq!(s.capacity(), 15);
+        assert_eq!(s.tunnel_bit(), None);
+        // With the tunnel possible, its bit is the mask's top one and sets count below it.
+        let t = EgressSettings { mark_mask: 0x0000_f000, ..Default::default() };
+        assert_eq!((t.tunnel_bit(), t.capacity()), (Some(0x8000), 7));
+        assert_eq!((t.tunnel_mark(0), t.tunnel_mark(3)), (Some(0x8000), Some(0xb000)));
+        assert!((1..=t.capacity()).all(|k| t.mark(k) & 0x8000 == 0));
+        let one_bit = EgressSettings { mark_mask: 0x0001_0000, ..Default::default() };
+        assert_eq!((one_bit.tunnel_bit(), one_bit.capacity()), (None, 1));
         assert_eq!(mark_statement(&s, 2), "meta mark set meta mark and 0xffff0fff or 0x00002000");
         assert!(s.owns_table(7471) && !s.owns_table(7470) && !s.owns_table(7470 + 256));
     }

@@ -11,6 +11,7 @@ mod qos;
 mod runs;
 mod snoop_copies;
 mod status;
+mod tunnel;
 
 use ipnet::IpNet;
 

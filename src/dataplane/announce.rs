@@ -193,10 +193,7 @@ pub(crate) fn probe(ip: IpAddr, ifindex: u32, link_name: &str, wait: Duration) -
     }
 }
 
-/// A MAC address as text.
-pub(crate) fn mac_text(mac: [u8; 6]) -> String {
-    mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
-}
+pub(crate) use crate::net::mac_text;
 
 fn send_na(ip: Ipv6Addr, ifindex: u32, link_name: &str, mac: [u8; 6]) -> io::Result<()> {
     let socket = Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::ICMPV6))?;

@@ -23,6 +23,7 @@ pub mod netlink;
 pub mod nflog;
 pub mod nft_sync;
 pub mod rule_counters;
+pub(crate) mod tunnel;
 pub mod verified;
 
 /// Read netfilter netlink messages from `socket` (as many datagrams as needed) and hand

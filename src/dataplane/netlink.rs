@@ -18,9 +18,12 @@ use ipnet::IpNet;
 use netlink_packet_route::AddressFamily;
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage, AddressProtocol};
 use netlink_packet_route::link::{LinkAttribute, LinkFlags};
-use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope};
+use netlink_packet_route::route::{
+    RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteIp6Tunnel, RouteIpTunnel, RouteLwEnCapType,
+    RouteLwTunnelEncap, RouteMessage, RouteNextHop, RouteNextHopFlags, RouteProtocol, RouteScope,
+};
 use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
-use rtnetlink::{Handle, IpVersion, RouteMessageBuilder, RouteNextHopBuilder};
+use rtnetlink::{Handle, IpVersion, RouteMessageBuilder};
 
 use crate::net::{EgressSettings, HostLink, HostLinks, MarkRule, NetDesired, NextHop};
 
@@ -31,6 +34,12 @@ pub struct NetError {
     action: String,
     #[source]
     source: rtnetlink::Error,
+}
+
+impl NetError {
+    pub(crate) fn new(action: impl Into<String>, source: rtnetlink::Error) -> Self {
+        Self { action: action.into(), source }
+    }
 }
 
 fn err(action: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetError {
@@ -171,7 +180,7 @@ impl Netlink {
                     .iter()
                     .find_map(|a| if let RouteAttribute::Priority(p) = a { Some(*p) } else { None })
                     .unwrap_or(0);
-                for hop in next_hops(&msg) {
+                for hop in next_hops(&msg, None) {
                     if let Some(link) = links.iter_mut().find(|l| l.index == hop.link)
                         && !link.gateways.contains(&hop.gateway)
                     {
@@ -196,6 +205,7 @@ impl Netlink {
     /// egressd's state in the kernel.
     pub(crate) async fn owned(&self) -> Result<NetState, NetError> {
         let mut state = NetState::default();
+        let tunnel = super::tunnel::device_index(&self.handle).await?;
         let mut stream = self.handle.address().get().execute();
         while let Some(msg) = stream.try_next().await.map_err(err("listing addresses"))? {
             if self.owned_address(&msg)
@@ -223,10 +233,10 @@ impl Netlink {
                     continue;
                 }
                 let table = route_table(&msg);
-                if !self.settings.owns_table(table) {
+                if !self.settings.owns_table(table) || table == self.settings.tunnel_table() {
                     continue;
                 }
-                state.routes.entry((table, v6)).or_default().extend(next_hops(&msg));
+                state.routes.entry((table, v6)).or_default().extend(next_hops(&msg, tunnel));
             }
         }
         for hops in state.routes.values_mut() {
@@ -298,15 +308,17 @@ impl Netlink {
         }
         let current = self.owned().await?;
         let mut changes = NetChanges::default();
+        let tunnel_wanted = desired.tunnel.is_some();
 
         // Rules first out, routes next, addresses last; additions in the reverse order.
         for rule in current.rules.difference(&desired.rules) {
             self.handle.rule().del(rule_message(rule)).execute().await.map_err(err(format!("removing {rule:?}")))?;
             changes.routing += 1;
         }
+        let tunnel_index = super::tunnel::device_index(&self.handle).await?.unwrap_or(0);
         for (key, hops) in &current.routes {
             if !desired.routes.contains_key(key) {
-                let msg = route_message(key.0, key.1, hops, self.settings.route_protocol);
+                let msg = route_message(key.0, key.1, hops, self.settings.route_protocol, tunnel_index);
                 self.handle
                     .route()
                     .del(msg)
@@ -348,11 +360,17 @@ impl Netlink {
             req.execute().await.map_err(err(format!("adding address {ip} to {name}")))?;
             changes.added.push((*ip, *link, name.clone()));
         }
+        // The tunnel device (and its neighbours and return routes) before the routes
+        // through it; removed once nothing routes through it.
+        if tunnel_wanted {
+            changes.routing += super::tunnel::sync(&self.handle, &self.settings, desired.tunnel.as_ref()).await?;
+        }
+        let tunnel_index = super::tunnel::device_index(&self.handle).await?.unwrap_or(0);
         for (key, hops) in &desired.routes {
             if current.routes.get(key) == Some(hops) {
                 continue;
             }
-            let msg = route_message(key.0, key.1, hops, self.settings.route_protocol);
+            let msg = route_message(key.0, key.1, hops, self.settings.route_protocol, tunnel_index);
             self.handle
                 .route()
                 .add(msg)
@@ -375,6 +393,9 @@ impl Netlink {
             };
             result.map_err(err(format!("adding {rule:?}")))?;
             changes.routing += 1;
+        }
+        if !tunnel_wanted {
+            changes.routing += super::tunnel::sync(&self.handle, &self.settings, None).await?;
         }
         if changes.conflicts.is_empty()
             && let Ok(mut s) = self.synced.lock()
@@ -417,22 +438,41 @@ fn route_ip(addr: &RouteAddress) -> Option<IpAddr> {
     }
 }
 
-fn next_hops(msg: &RouteMessage) -> Vec<NextHop> {
+/// The tunnel key of a route or next hop's `encap ip|ip6 id <key>`.
+fn encap_key(attributes: &[RouteAttribute]) -> Option<u32> {
+    attributes.iter().find_map(|a| match a {
+        RouteAttribute::Encap(encaps) => encaps.iter().find_map(|e| match e {
+            RouteLwTunnelEncap::Ip(RouteIpTunnel::Id(id)) | RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Id(id)) => {
+                u32::try_from(*id).ok()
+            }
+            _ => None,
+        }),
+        _ => None,
+    })
+}
+
+/// The next hops of a route; a hop through the tunnel device (index `tunnel`) with a
+/// key is read as the model writes it (link 0).
+pub(super) fn next_hops(msg: &RouteMessage, tunnel: Option<u32>) -> Vec<NextHop> {
     let mut gateway = None;
     let mut oif = 0;
     let mut out = Vec::new();
+    let hop = |gateway: IpAddr, link: u32, attributes: &[RouteAttribute]| {
+        let key = encap_key(attributes).filter(|_| Some(link) == tunnel);
+        NextHop { gateway, link: if key.is_some() { 0 } else { link }, key }
+    };
     for a in &msg.attributes {
         match a {
             RouteAttribute::Gateway(g) => gateway = route_ip(g),
             RouteAttribute::Oif(i) => oif = *i,
             RouteAttribute::MultiPath(hops) => {
-                for hop in hops {
-                    let gw = hop.attributes.iter().find_map(|a| match a {
+                for h in hops {
+                    let gw = h.attributes.iter().find_map(|a| match a {
                         RouteAttribute::Gateway(g) => route_ip(g),
                         _ => None,
                     });
                     if let Some(gw) = gw {
-                        out.push(NextHop { gateway: gw, link: hop.interface_index });
+                        out.push(hop(gw, h.interface_index, &h.attributes));
                     }
                 }
             }
@@ -440,13 +480,32 @@ fn next_hops(msg: &RouteMessage) -> Vec<NextHop> {
         }
     }
     if let Some(gw) = gateway {
-        out.push(NextHop { gateway: gw, link: oif });
+        out.push(hop(gw, oif, &msg.attributes));
     }
     out
 }
 
-fn route_message(table: u32, v6: bool, hops: &[NextHop], protocol: u8) -> RouteMessage {
-    let family = if v6 { AddressFamily::Inet6 } else { AddressFamily::Inet };
+/// `encap ip|ip6 id <key> dst <dst>` (the outer header's family is the destination's).
+pub(super) fn encap(key: u32, dst: IpAddr) -> [RouteAttribute; 2] {
+    match dst {
+        IpAddr::V4(v4) => [
+            RouteAttribute::EncapType(RouteLwEnCapType::Ip),
+            RouteAttribute::Encap(vec![
+                RouteLwTunnelEncap::Ip(RouteIpTunnel::Id(u64::from(key))),
+                RouteLwTunnelEncap::Ip(RouteIpTunnel::Destination(v4)),
+            ]),
+        ],
+        IpAddr::V6(v6) => [
+            RouteAttribute::EncapType(RouteLwEnCapType::Ip6),
+            RouteAttribute::Encap(vec![
+                RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Id(u64::from(key))),
+                RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Destination(v6)),
+            ]),
+        ],
+    }
+}
+
+fn route_message(table: u32, v6: bool, hops: &[NextHop], protocol: u8, tunnel: u32) -> RouteMessage {
     let mut msg = if v6 {
         RouteMessageBuilder::<Ipv6Addr>::new().table_id(table).protocol(RouteProtocol::from(protocol)).build()
     } else {
@@ -456,17 +515,32 @@ fn route_message(table: u32, v6: bool, hops: &[NextHop], protocol: u8) -> RouteM
     match hops {
         [one] => {
             msg.attributes.push(RouteAttribute::Gateway(RouteAddress::from(one.gateway)));
-            msg.attributes.push(RouteAttribute::Oif(one.link));
+            match one.key {
+                Some(key) => {
+                    msg.attributes.push(RouteAttribute::Oif(tunnel));
+                    msg.header.flags |= RouteFlags::Onlink;
+                    msg.attributes.extend(encap(key, one.gateway));
+                }
+                None => msg.attributes.push(RouteAttribute::Oif(one.link)),
+            }
         }
         many => {
             let built = many
                 .iter()
-                .filter_map(|h| {
-                    RouteNextHopBuilder::new(family)
-                        .interface(h.link)
-                        .via(h.gateway)
-                        .ok()
-                        .map(RouteNextHopBuilder::build)
+                .map(|h| {
+                    let mut attributes = vec![RouteAttribute::Gateway(RouteAddress::from(h.gateway))];
+                    let (flags, link) = match h.key {
+                        Some(key) => {
+                            attributes.extend(encap(key, h.gateway));
+                            (RouteNextHopFlags::Onlink, tunnel)
+                        }
+                        None => (RouteNextHopFlags::empty(), h.link),
+                    };
+                    let mut hop = RouteNextHop::default();
+                    hop.flags = flags;
+                    hop.interface_index = link;
+                    hop.attributes = attributes;
+                    hop
                 })
                 .collect();
             msg.attributes.push(RouteAttribute::MultiPath(built));

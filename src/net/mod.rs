@@ -35,7 +35,35 @@ pub struct EgressSettings {
     pub dad_wait: std::time::Duration,
     /// Who assigns egress IPs to nodes' links (`--egress-ip-mode`).
     pub mode: EgressIpMode,
+    /// How steered packets reach a hosting node (`--egress-ip-transport`).
+    pub transport: Transport,
+    /// The UDP port of the encapsulated path (`--egress-ip-vxlan-port`).
+    pub vxlan_port: u16,
 }
+
+/// How a steering node's packets reach the hosting node (`--egress-ip-transport`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Transport {
+    /// Direct when the hosting node's address is on a shared link and no cloud fabric
+    /// filters (no cloud `--egress-ip-mode`, no cloud `spec.providerID` on either
+    /// node); VXLAN otherwise.
+    #[default]
+    Auto,
+    /// Always as an on-link next hop, with the pod's own source address (one L2
+    /// segment, nothing filtering).
+    Direct,
+    /// Always encapsulated in VXLAN between the two nodes' own addresses.
+    Vxlan,
+}
+
+/// The device egressd's encapsulated path uses (`vxlan external`: one device, every
+/// tunnel key).
+pub const TUNNEL_DEVICE: &str = "egressd-vx";
+/// The default UDP port of the encapsulated path: not VXLAN's 4789 (Calico, Cilium and
+/// OVN-Kubernetes' VXLAN mode), nor the kernel's 8472 (flannel).
+pub const DEFAULT_VXLAN_PORT: u16 = 4800;
+/// The tunnel key of return traffic (replies going back to the steering node).
+pub const REPLY_KEY: u32 = 0;
 
 /// How egress IPs get to nodes (`--egress-ip-mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -71,6 +99,8 @@ impl Default for EgressSettings {
             address_tags: true,
             dad_wait: std::time::Duration::from_millis(200),
             mode: EgressIpMode::Direct,
+            transport: Transport::Auto,
+            vxlan_port: DEFAULT_VXLAN_PORT,
         }
     }
 }
@@ -126,10 +156,34 @@ impl EgressSettings {
         k.checked_shl(self.mark_mask.trailing_zeros()).unwrap_or(0) & self.mark_mask
     }
 
-    /// How many distinct mark values the mask and table range allow.
+    /// How many distinct mark values the mask and table range allow for next-hop sets.
+    /// When the encapsulated path may be used, the mask's top bit is the tunnel's
+    /// ([`Self::tunnel_bit`]) and the sets count in the bits below it.
     pub(crate) fn capacity(&self) -> u32 {
         let values = self.mark_mask.checked_shr(self.mark_mask.trailing_zeros()).unwrap_or(0);
-        values.min(self.tables)
+        let values = if self.tunnel_bit().is_some() { values >> 1 } else { values };
+        values.min(self.tables.saturating_sub(u32::from(self.tunnel_bit().is_some())))
+    }
+
+    /// The mark bit of tunnelled packets (the mask's top bit), when the transport may
+    /// encapsulate and the mask has room for it (two bits or more).
+    pub fn tunnel_bit(&self) -> Option<u32> {
+        if self.transport == Transport::Direct || self.mark_mask.count_ones() < 2 {
+            return None;
+        }
+        Some(1u32 << (31 - self.mark_mask.leading_zeros()))
+    }
+
+    /// The mark of a packet that arrived through the tunnel with hosted key number `j`
+    /// (0: return traffic): the tunnel bit and `j` below it.
+    pub fn tunnel_mark(&self, j: u32) -> Option<u32> {
+        let bit = self.tunnel_bit()?;
+        Some(bit | (self.mark(j) & (bit - 1)))
+    }
+
+    /// The routing table of tunnelled packets: return routes to every peer node.
+    pub fn tunnel_table(&self) -> u32 {
+        self.table_base.saturating_add(self.tables)
     }
 
     /// Whether `table` is in egressd's range.
@@ -191,6 +245,11 @@ impl HostLinks {
     }
 }
 
+/// `aa:bb:cc:dd:ee:ff`.
+pub fn mac_text(mac: [u8; 6]) -> String {
+    mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+}
+
 fn is_link_local(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => v4.is_link_local(),
@@ -203,8 +262,61 @@ fn is_link_local(ip: IpAddr) -> bool {
 pub struct NextHop {
     /// The hosting node's address.
     pub gateway: IpAddr,
-    /// The link it is reached on.
+    /// The link it is reached on (0 with `key`: the tunnel device).
     pub link: u32,
+    /// Through the tunnel device with this key (the egress IP's), to `gateway`.
+    pub key: Option<u32>,
+}
+
+impl NextHop {
+    /// An on-link next hop.
+    pub fn direct(gateway: IpAddr, link: u32) -> Self {
+        Self { gateway, link, key: None }
+    }
+}
+
+/// The tunnel key of an egress IP: its low 24 bits (the VXLAN network identifier's
+/// width), never [`REPLY_KEY`]. The same on every node and across restarts, for as
+/// long as the IP exists; two egress IPs of one family whose low 24 bits are equal
+/// cannot both be reached through the tunnel on one node (reported).
+pub fn tunnel_key(ip: IpAddr) -> u32 {
+    let low = match ip {
+        IpAddr::V4(v4) => u32::from(v4) & 0x00ff_ffff,
+        IpAddr::V6(v6) => (u128::from(v6) & 0x00ff_ffff) as u32,
+    };
+    if low == REPLY_KEY { 0x00ff_ffff } else { low }
+}
+
+/// The tunnel device's Ethernet address on the node whose tunnel address is `ip`: the
+/// receiving device accepts frames to its own address only, and drops frames from it
+/// (a loop), so each node's differs and every peer can compute it.
+pub fn tunnel_mac(ip: IpAddr) -> [u8; 6] {
+    let tail = match ip {
+        IpAddr::V4(v4) => v4.octets(),
+        IpAddr::V6(v6) => {
+            // FNV-1a of the 16 bytes.
+            let mut h: u32 = 0x811c_9dc5;
+            for b in v6.octets() {
+                h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
+            }
+            h.to_be_bytes()
+        }
+    };
+    [0x02, if ip.is_ipv4() { 0xe9 } else { 0xea }, tail[0], tail[1], tail[2], tail[3]]
+}
+
+/// The encapsulated path on this node: the device, its peers and return routes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TunnelDesired {
+    /// UDP port.
+    pub port: u16,
+    /// This node's device address ([`tunnel_mac`] of its tunnel address).
+    pub mac: [u8; 6],
+    /// Every peer node address → its device's Ethernet address (permanent neighbours).
+    pub peers: BTreeMap<IpAddr, [u8; 6]>,
+    /// Return routes (this node hosts an egress IP reached through the tunnel): each
+    /// peer address through the tunnel, in the tunnel table.
+    pub return_routes: bool,
 }
 
 /// A policy-routing rule: packets with `mark` (under `mask`) look up `table`.
@@ -231,13 +343,15 @@ pub struct NetDesired {
     pub routes: BTreeMap<(u32, bool), Vec<NextHop>>,
     /// Policy-routing rules.
     pub rules: BTreeSet<MarkRule>,
+    /// The encapsulated path, when anything uses it.
+    pub tunnel: Option<TunnelDesired>,
 }
 
 impl NetDesired {
     /// The state as text (`egressd render`), empty when there is none: one line per
     /// address, rule and route.
     pub fn render(&self) -> String {
-        if self.addresses.is_empty() && self.rules.is_empty() && self.routes.is_empty() {
+        if self.addresses.is_empty() && self.rules.is_empty() && self.routes.is_empty() && self.tunnel.is_none() {
             return String::new();
         }
         let mut out = String::from("# netlink\n");
@@ -254,8 +368,21 @@ impl NetDesired {
         }
         for ((table, v6), hops) in &self.routes {
             let family = if *v6 { "-6" } else { "-4" };
-            let via: Vec<String> = hops.iter().map(|h| format!("via {} (index {})", h.gateway, h.link)).collect();
+            let via: Vec<String> = hops
+                .iter()
+                .map(|h| match h.key {
+                    Some(key) => format!("via {} dev {TUNNEL_DEVICE} key {key}", h.gateway),
+                    None => format!("via {} (index {})", h.gateway, h.link),
+                })
+                .collect();
             out.push_str(&format!("route {family} default table {table} {}\n", via.join(" ")));
+        }
+        if let Some(t) = &self.tunnel {
+            out.push_str(&format!("tunnel {TUNNEL_DEVICE} vxlan external port {} mac {}\n", t.port, mac_text(t.mac)));
+            for (ip, mac) in &t.peers {
+                let route = if t.return_routes { " (return route)" } else { "" };
+                out.push_str(&format!("tunnel peer {ip} mac {}{route}\n", mac_text(*mac)));
+            }
         }
         out
     }

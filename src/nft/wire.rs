@@ -23,13 +23,23 @@
 //! "<text>"` last; EgressIP's `meta mark set meta mark and <m> or <v>`, `ct mark set ct
 //! mark or <v>`, `meta|ct mark and <m> ==|!= <v>`; the firewall's verified flows' `ct mark
 //! and <m> [or <v>] @set`, `ct mark set ct mark and <m> or <v>`; `rt ip|ip6 nexthop [!=] @set`, `snat
-//! ip|ip6 to <address>|ip saddr|ip6 saddr`; the DNS proxy's `tproxy ip|ip6 to :<port>` and `notrack`. That is
-//! every rule egressd writes.
+//! ip|ip6 to <address>|ip saddr|ip6 saddr`; the DNS proxy's `tproxy ip|ip6 to :<port>` and `notrack`;
+//! the EgressIP tunnel's `@th,<offset>,<bits> <value>` (byte-aligned), `tcp flags syn` and `tcp
+//! option maxseg size set rt mtu`. That is every rule egressd writes.
 
 use std::fmt;
 use std::net::IpAddr;
 
 use super::{Hook, KeyType, Set, Table};
+
+/// `NFT_RT_TCPMSS`.
+const RT_TCPMSS: u32 = 3;
+/// `NFT_BYTEORDER_HTON`.
+const BYTEORDER_HTON: u32 = 1;
+/// `NFT_EXTHDR_OP_TCPOPT`.
+const EXTHDR_OP_TCPOPT: u32 = 1;
+/// TCP option kind 2, the maximum segment size.
+const TCPOPT_MAXSEG: u8 = 2;
 
 /// `NFT_REG_1`: the 16-byte register nft uses for single values.
 const REG_1: u32 = 1;
@@ -118,6 +128,12 @@ pub(crate) enum Expr {
     Tproxy { v6: bool, port_reg: u32 },
     /// `notrack`.
     Notrack,
+    /// `rt load tcpmss => reg` (the route's MTU less the IP and TCP headers).
+    RtMss { dreg: u32 },
+    /// `byteorder reg = hton(reg, 2, 2)`: a 16-bit value to network order.
+    Hton16 { reg: u32 },
+    /// `exthdr write tcpopt reg => 2b @ 2 + 2`: the MSS option's value.
+    MssWrite { sreg: u32 },
     /// `bitwise reg = (reg & mask) ^ xor`.
     Bitwise { reg: u32, mask: Vec<u8>, xor: Vec<u8> },
     /// `lookup reg set <set>` (its verdict into the verdict register for a map,
@@ -470,6 +486,43 @@ pub(crate) fn parse(rule: &str) -> Result<Rule, String> {
                     }
                     other => return Err(format!("`{fam} …` followed by `{}` is not handled", other.unwrap_or(&""))),
                 }
+            }
+            // `tcp flags syn`: the SYN bit set (SYN and SYN-ACK).
+            "tcp" if w.get(i + 1..i + 3) == Some(&["flags", "syn"][..]) => {
+                l4_match(&mut exprs, &mut l4, 6)?;
+                exprs.push(Expr::Payload { base: PAYLOAD_TRANSPORT, offset: 13, len: 1, dreg: REG_1 });
+                exprs.push(Expr::Bitwise { reg: REG_1, mask: vec![0x02], xor: vec![0] });
+                exprs.push(Expr::Neq { sreg: REG_1, data: vec![0] });
+                i += 3;
+            }
+            // `tcp option maxseg size set rt mtu` (after `tcp flags syn`).
+            "tcp" if w.get(i + 1..i + 7) == Some(&["option", "maxseg", "size", "set", "rt", "mtu"][..]) => {
+                if l4 != Some(6) {
+                    return Err("`tcp option maxseg size set rt mtu` without a TCP match before it".into());
+                }
+                exprs.push(Expr::RtMss { dreg: REG_1 });
+                exprs.push(Expr::Hton16 { reg: REG_1 });
+                exprs.push(Expr::MssWrite { sreg: REG_1 });
+                i += 7;
+            }
+            // `@th,<bit offset>,<bits> <value>`, byte-aligned (a VXLAN network identifier).
+            raw if raw.starts_with("@th,") => {
+                let parts: Vec<u32> = raw[4..].split(',').filter_map(|p| p.parse().ok()).collect();
+                let [offset, bits] = parts[..] else { return Err(format!("`{raw}` is not handled")) };
+                if offset % 8 != 0 || bits % 8 != 0 || bits == 0 || bits > 32 || l4.is_none() {
+                    return Err(format!(
+                        "`{raw}` is not handled (byte-aligned, up to 32 bits, after a transport match)"
+                    ));
+                }
+                let value = num(w.get(i + 1))?;
+                let len = bits / 8;
+                if len < 4 && value >> (8 * len) != 0 {
+                    return Err(format!("{value} does not fit in {bits} bits"));
+                }
+                let be = value.to_be_bytes();
+                exprs.push(Expr::Payload { base: PAYLOAD_TRANSPORT, offset: offset / 8, len, dreg: REG_1 });
+                exprs.push(Expr::Cmp { sreg: REG_1, data: be[(4 - len as usize)..].to_vec() });
+                i += 2;
             }
             proto @ ("tcp" | "udp" | "sctp") => {
                 if w.get(i + 1) != Some(&"dport") {
@@ -905,6 +958,9 @@ impl Expr {
             Expr::Snat { .. } => "nat",
             Expr::Tproxy { .. } => "tproxy",
             Expr::Notrack => "notrack",
+            Expr::RtMss { .. } => "rt",
+            Expr::Hton16 { .. } => "byteorder",
+            Expr::MssWrite { .. } => "exthdr",
             Expr::Payload { .. } => "payload",
             Expr::Cmp { .. } => "cmp",
             Expr::Bitwise { .. } => "bitwise",
@@ -976,6 +1032,24 @@ impl Expr {
             Expr::Rt { v6, dreg } => {
                 put_u32(out, 2, if *v6 { 2 } else { 1 });
                 put_u32(out, 1, *dreg);
+            }
+            Expr::RtMss { dreg } => {
+                put_u32(out, 2, RT_TCPMSS);
+                put_u32(out, 1, *dreg);
+            }
+            Expr::Hton16 { reg } => {
+                put_u32(out, 1, *reg);
+                put_u32(out, 2, *reg);
+                put_u32(out, 3, BYTEORDER_HTON);
+                put_u32(out, 4, 2);
+                put_u32(out, 5, 2);
+            }
+            Expr::MssWrite { sreg } => {
+                put(out, 2, &[TCPOPT_MAXSEG]);
+                put_u32(out, 3, 2);
+                put_u32(out, 4, 2);
+                put_u32(out, 6, EXTHDR_OP_TCPOPT);
+                put_u32(out, 7, *sreg);
             }
             Expr::Immediate { dreg, data } => {
                 put_u32(out, 1, *dreg);
@@ -1484,6 +1558,9 @@ impl fmt::Display for Expr {
             Expr::Immediate { dreg, data } => write!(f, "[ immediate reg {dreg} {} ]", words_hex(data)),
             Expr::Snat { v6, sreg } => write!(f, "[ nat snat ip{} addr_min reg {sreg} ]", if *v6 { "6" } else { "" }),
             Expr::Notrack => write!(f, "[ notrack ]"),
+            Expr::RtMss { dreg } => write!(f, "[ rt load tcpmss => reg {dreg} ]"),
+            Expr::Hton16 { reg } => write!(f, "[ byteorder reg {reg} = hton(reg {reg}, 2, 2) ]"),
+            Expr::MssWrite { sreg } => write!(f, "[ exthdr write tcpopt reg {sreg} => 2b @ 2 + 2 ]"),
             Expr::Tproxy { v6, port_reg } => {
                 write!(f, "[ tproxy ip{} port reg {port_reg} ]", if *v6 { "6" } else { "" })
             }

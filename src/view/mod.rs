@@ -159,7 +159,14 @@ pub struct NodeInfo {
     /// [`EGRESS_SUBNETS_ANNOTATION`] (where the placement leader may put egress IPs).
     #[serde(default)]
     pub egress_subnets: Vec<ipnet::IpNet>,
+    /// `spec.providerID` names a cloud whose fabric drops packets with a source that is
+    /// not the instance's (AWS, GCP, Azure): steering to or from it is encapsulated.
+    #[serde(default)]
+    pub cloud: bool,
 }
+
+/// `spec.providerID` prefixes of clouds whose networks check source addresses.
+const FILTERING_CLOUDS: [&str; 3] = ["aws://", "gce://", "azure://"];
 
 /// The Node annotation in which each agent publishes its links' subnets: a JSON list of
 /// CIDRs, e.g. `["198.19.0.0/24","2001:db8:0:1::/64"]`.
@@ -197,7 +204,12 @@ impl NodeInfo {
             .and_then(|v| serde_json::from_str::<Vec<ipnet::IpNet>>(v).ok())
             .map(|v| v.into_iter().map(|n| n.trunc()).collect())
             .unwrap_or_default();
-        Self { labels: node.metadata.labels.clone().unwrap_or_default(), addresses, ready, egress_subnets }
+        let cloud = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.provider_id.as_deref())
+            .is_some_and(|p| FILTERING_CLOUDS.iter().any(|c| p.starts_with(c)));
+        Self { labels: node.metadata.labels.clone().unwrap_or_default(), addresses, ready, egress_subnets, cloud }
     }
 }
 

@@ -14,6 +14,7 @@
 
 pub mod cluster;
 pub mod kube;
+pub mod routed;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};

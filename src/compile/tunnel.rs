@@ -1,0 +1,187 @@
+//! EgressIP's encapsulated path: the nft chains and netlink state that carry a steered
+//! pod's packets to the hosting node inside VXLAN between the two nodes' own addresses,
+//! with the egress IP's identity in the VXLAN network identifier (its tunnel key).
+//!
+//! * **Steering node**: a next-hop set through the tunnel routes (its table, as on
+//!   L2) `via <hosting node> dev egressd-vx onlink encap ip id <key> dst <hosting node>`;
+//!   `egress-snat` gives those packets the node's own address (so every packet on the
+//!   wire, inner and outer, has a node's source), and the mark is cleared in postrouting
+//!   (the outer packet's route lookup would otherwise loop into the tunnel).
+//! * **Hosting node**: `egress-tunnel-in` reads the outer packet — only from a cluster
+//!   node's address, to this node's, on the port — and marks it with the tunnel bit and
+//!   the number of the hosted egress IP its key names (the mark survives decapsulation);
+//!   a key not hosted here, or a source that is not a node, is dropped and counted.
+//!   `egress-snat` SNATs by that mark; the connection keeps the tunnel bit in its ct mark,
+//!   so replies (de-NATed to the steering node's address) are marked again and routed
+//!   back through the tunnel by the tunnel table's return route to that node (key
+//!   [`REPLY_KEY`]).
+//! * **MSS**: a TCP SYN of a marked connection is clamped to the route's MTU, both ways.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use compact_str::ToCompactString;
+
+use crate::net::{EgressSettings, MarkRule, NetDesired, REPLY_KEY, TunnelDesired};
+use crate::nft::{Chain, Hook, KeyType, Set, Table, Text};
+
+/// The prerouting chain that reads the outer packets.
+pub(super) const TUNNEL_IN_CHAIN: &str = "egress-tunnel-in";
+/// The prerouting chain that keeps the tunnel bit on connections and their replies.
+pub(super) const TUNNEL_CHAIN: &str = "egress-tunnel";
+/// The forward chain that clamps the MSS of marked connections.
+pub(super) const TUNNEL_MSS_CHAIN: &str = "egress-tunnel-mss";
+const PEERS: [&str; 2] = ["eip-peers-v4", "eip-peers-v6"];
+const SELF: [&str; 2] = ["eip-self-v4", "eip-self-v6"];
+/// Next hops reached through the tunnel (their connections get the node's address).
+pub(super) const TUNNEL_GATEWAYS: [&str; 2] = ["eip-tunnel-gw-v4", "eip-tunnel-gw-v6"];
+
+/// What the tunnel needs from the EgressIP compile.
+pub(super) struct TunnelPlan {
+    /// Egress IPs hosted here that steering nodes reach through the tunnel, with their
+    /// keys (already free of key collisions), in a stable order.
+    pub hosted: Vec<(IpAddr, u32)>,
+    /// Hosting nodes' addresses this node steers to through the tunnel, per family.
+    pub steer_gateways: [BTreeSet<IpAddr>; 2],
+    /// This node's address per family (the source of steered packets).
+    pub self_addr: [Option<IpAddr>; 2],
+    /// This node's addresses (where outer packets arrive).
+    pub my_addrs: BTreeSet<IpAddr>,
+    /// Every other node's address → its tunnel device's Ethernet address.
+    pub peers: BTreeMap<IpAddr, [u8; 6]>,
+    /// This node's tunnel device's Ethernet address.
+    pub mac: [u8; 6],
+}
+
+fn family(ip: IpAddr) -> usize {
+    usize::from(ip.is_ipv6())
+}
+
+/// The SNAT rules of the tunnel, which go in `egress-snat` before the null SNAT of
+/// on-link steering; empty when the tunnel is not in use.
+pub(super) fn snat_rules(settings: &EgressSettings, plan: &TunnelPlan) -> Vec<String> {
+    let Some(_) = settings.tunnel_bit() else { return Vec::new() };
+    let m = settings.mark_mask;
+    let mut rules = Vec::new();
+    for (j, (ip, _)) in numbered(settings, plan) {
+        let Some(mark) = settings.tunnel_mark(j) else { continue };
+        rules.push(match ip {
+            IpAddr::V4(v4) => format!("meta mark and {m:#010x} == {mark:#010x} counter snat ip to {v4}"),
+            IpAddr::V6(v6) => format!("meta mark and {m:#010x} == {mark:#010x} counter snat ip6 to {v6}"),
+        });
+    }
+    for (f, (ip, name)) in [("ip", TUNNEL_GATEWAYS[0]), ("ip6", TUNNEL_GATEWAYS[1])].into_iter().enumerate() {
+        if let Some(me) = plan.self_addr[f].filter(|_| !plan.steer_gateways[f].is_empty()) {
+            rules.push(format!("meta mark and {m:#010x} != 0 rt {ip} nexthop @{name} counter snat {ip} to {me}"));
+        }
+    }
+    rules
+}
+
+/// The hosted egress IPs with their mark numbers (1, 2, …, as many as the bits below
+/// the tunnel bit allow).
+fn numbered<'a>(settings: &EgressSettings, plan: &'a TunnelPlan) -> impl Iterator<Item = (u32, &'a (IpAddr, u32))> {
+    let room =
+        settings.tunnel_bit().map(|bit| (bit >> settings.mark_mask.trailing_zeros()).saturating_sub(1)).unwrap_or(0);
+    (1..=room).zip(plan.hosted.iter())
+}
+
+/// Egress IPs hosted here beyond the marks' room: not reachable through the tunnel.
+pub(super) fn overflow(settings: &EgressSettings, plan: &TunnelPlan) -> Vec<IpAddr> {
+    let used = numbered(settings, plan).count();
+    plan.hosted.iter().skip(used).map(|(ip, _)| *ip).collect()
+}
+
+/// The tunnel's chains, sets, rules and netlink state; nothing when it is not in use.
+pub(super) fn emit(settings: &EgressSettings, plan: &TunnelPlan, table: &mut Table, net: &mut NetDesired) -> bool {
+    let Some(bit) = settings.tunnel_bit() else { return false };
+    let steering = plan.steer_gateways.iter().any(|g| !g.is_empty());
+    if !steering && plan.hosted.is_empty() {
+        return false;
+    }
+    let m = settings.mark_mask;
+    let keep = !m;
+    let port = settings.vxlan_port;
+    let mut peers = [Set::new(KeyType::Ipv4, false), Set::new(KeyType::Ipv6, false)];
+    for ip in plan.peers.keys() {
+        peers[family(*ip)].elements.insert(ip.to_compact_string(), Text::default());
+    }
+    let mut mine = [Set::new(KeyType::Ipv4, false), Set::new(KeyType::Ipv6, false)];
+    for ip in &plan.my_addrs {
+        mine[family(*ip)].elements.insert(ip.to_compact_string(), Text::default());
+    }
+    let mut gateways = [Set::new(KeyType::Ipv4, false), Set::new(KeyType::Ipv6, false)];
+    for (f, set) in plan.steer_gateways.iter().enumerate() {
+        for ip in set {
+            gateways[f].elements.insert(ip.to_compact_string(), Text::default());
+        }
+    }
+    let reply = settings.tunnel_mark(REPLY_KEY).unwrap_or(bit);
+    let mut rx = Vec::new();
+    for (f, ip) in ["ip", "ip6"].into_iter().enumerate() {
+        let (me, peer) = (SELF[f], PEERS[f]);
+        let outer = format!("{ip} daddr @{me} udp dport {port}");
+        rx.push(format!("{ip} daddr @{me} {ip} saddr != @{peer} udp dport {port} counter drop"));
+        if steering {
+            rx.push(format!(
+                "{outer} @th,96,24 {REPLY_KEY} meta mark set meta mark and {keep:#010x} or {reply:#010x} accept"
+            ));
+        }
+        for (j, (eip, key)) in numbered(settings, plan) {
+            if family(*eip) != f {
+                continue;
+            }
+            let Some(mark) = settings.tunnel_mark(j) else { continue };
+            rx.push(format!("{outer} @th,96,24 {key} meta mark set meta mark and {keep:#010x} or {mark:#010x} accept"));
+        }
+        rx.push(format!("{outer} counter drop"));
+    }
+    let [p4, p6] = peers;
+    let [s4, s6] = mine;
+    let [g4, g6] = gateways;
+    for (name, set) in [(PEERS[0], p4), (PEERS[1], p6), (SELF[0], s4), (SELF[1], s6)] {
+        table.sets.insert(name.into(), set);
+    }
+    table.sets.insert(TUNNEL_GATEWAYS[0].into(), g4);
+    table.sets.insert(TUNNEL_GATEWAYS[1].into(), g6);
+    table.chains.insert(
+        TUNNEL_IN_CHAIN.into(),
+        Chain::base(Hook { chain_type: "filter", hook: "prerouting", priority: "mangle - 1" }, rx),
+    );
+    table.chains.insert(
+        TUNNEL_CHAIN.into(),
+        Chain::base(
+            Hook { chain_type: "filter", hook: "prerouting", priority: "mangle" },
+            vec![
+                format!("meta mark and {bit:#010x} == {bit:#010x} ct state new ct mark set ct mark and {:#010x} or {bit:#010x}", !bit),
+                format!("ct direction reply ct mark and {bit:#010x} == {bit:#010x} meta mark set meta mark and {keep:#010x} or {bit:#010x}"),
+            ],
+        ),
+    );
+    table.chains.insert(
+        TUNNEL_MSS_CHAIN.into(),
+        Chain::base(
+            Hook { chain_type: "filter", hook: "forward", priority: "mangle" },
+            vec![format!("meta mark and {m:#010x} != 0 tcp flags syn tcp option maxseg size set rt mtu")],
+        ),
+    );
+    for v6 in [false, true] {
+        net.rules.insert(MarkRule {
+            v6,
+            mark: bit,
+            mask: bit,
+            table: settings.tunnel_table(),
+            priority: settings.rule_priority,
+        });
+    }
+    net.tunnel =
+        Some(TunnelDesired { port, mac: plan.mac, peers: plan.peers.clone(), return_routes: !plan.hosted.is_empty() });
+    true
+}
+
+/// The postrouting rule that clears egressd's mark bits once the route is chosen (the
+/// tunnel device's outer lookup uses the packet's mark).
+pub(super) fn clear_mark_rule(settings: &EgressSettings) -> String {
+    let m = settings.mark_mask;
+    format!("meta mark and {m:#010x} != 0 meta mark set meta mark and {:#010x} or 0x00000000", !m)
+}

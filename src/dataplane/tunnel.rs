@@ -1,0 +1,322 @@
+//! The netlink side of EgressIP's encapsulated path ([`crate::net::TunnelDesired`]): one
+//! `vxlan external` device named [`TUNNEL_DEVICE`] (every key on one UDP port; the key
+//! and the outer destination come from each route's `encap`), its permanent neighbours
+//! (each peer node's address → that node's device address, so no ARP ever crosses the
+//! tunnel) and the return routes of the tunnel table.
+//!
+//! Ownership: the device by its name (egressd creates it and removes it once nothing
+//! uses it: its neighbours and routes go with it), the return routes by table and
+//! protocol as every other route of egressd.
+//!
+//! The device gets `169.254.233.233/32` (scope link) and `rp_filter` 0: Linux's reverse
+//! path filter drops every packet arriving on a device without an IPv4 address when
+//! the filter is on, and the effective filter is the larger of the device's and
+//! `all`'s. With `net.ipv4.conf.all.rp_filter = 1` (strict) replies arriving through
+//! the tunnel are still dropped: a warning says so (loose, 2, works).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use futures::TryStreamExt;
+use netlink_packet_route::AddressFamily;
+use netlink_packet_route::link::{InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
+use netlink_packet_route::neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState};
+use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope};
+use rtnetlink::{Handle, IpVersion, LinkUnspec, LinkVxlan, RouteMessageBuilder};
+
+use super::netlink::NetError;
+use crate::net::{EgressSettings, REPLY_KEY, TUNNEL_DEVICE, TunnelDesired};
+
+/// The device's IPv4 address (see the module's documentation).
+pub(crate) const DEVICE_ADDRESS: Ipv4Addr = Ipv4Addr::new(169, 254, 233, 233);
+/// Outer headers: Ethernet 14 + VXLAN 8 + UDP 8 + IPv4 20 (IPv6 40).
+const OVERHEAD_V4: u32 = 50;
+const OVERHEAD_V6: u32 = 70;
+
+fn err(action: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetError {
+    let action = action.into();
+    move |source| NetError::new(action, source)
+}
+
+fn missing(e: &rtnetlink::Error) -> bool {
+    matches!(e, rtnetlink::Error::NetlinkError(m) if m.raw_code() == -libc::ENODEV)
+}
+
+async fn device(handle: &Handle) -> Result<Option<LinkMessage>, NetError> {
+    let mut stream = handle.link().get().match_name(TUNNEL_DEVICE.to_string()).execute();
+    match stream.try_next().await {
+        Ok(msg) => Ok(msg),
+        Err(e) if missing(&e) => Ok(None),
+        Err(e) => Err(err(format!("reading link {TUNNEL_DEVICE}"))(e)),
+    }
+}
+
+/// The tunnel device's index, if it exists.
+pub(crate) async fn device_index(handle: &Handle) -> Result<Option<u32>, NetError> {
+    Ok(device(handle).await?.map(|m| m.header.index))
+}
+
+/// Whether an existing device is egressd's tunnel as configured: VXLAN, external, on `port`.
+fn is_ours(msg: &LinkMessage, port: u16) -> bool {
+    let info = msg.attributes.iter().find_map(|a| if let LinkAttribute::LinkInfo(i) = a { Some(i) } else { None });
+    let Some(info) = info else { return false };
+    let vxlan = info.iter().any(|i| matches!(i, LinkInfo::Kind(InfoKind::Vxlan)));
+    let data = info.iter().find_map(|i| if let LinkInfo::Data(InfoData::Vxlan(d)) = i { Some(d) } else { None });
+    vxlan
+        && data.is_some_and(|d| {
+            d.iter().any(|x| matches!(x, InfoVxlan::CollectMetadata(true)))
+                && d.iter().any(|x| matches!(x, InfoVxlan::Port(p) if *p == port))
+        })
+}
+
+/// The smallest MTU of the node's other up links that carry a global address: what the
+/// outer packets cross.
+async fn underlay_mtu(handle: &Handle, tunnel: Option<u32>) -> Result<u32, NetError> {
+    let mut with_address = BTreeSet::new();
+    let mut stream = handle.address().get().execute();
+    while let Some(msg) = stream.try_next().await.map_err(err("listing addresses"))? {
+        let global = msg.header.scope == netlink_packet_route::address::AddressScope::Universe;
+        if global && msg.header.prefix_len < if msg.header.family == AddressFamily::Inet { 32 } else { 128 } {
+            with_address.insert(msg.header.index);
+        }
+    }
+    let mut mtu: Option<u32> = None;
+    let mut stream = handle.link().get().execute();
+    while let Some(msg) = stream.try_next().await.map_err(err("listing links"))? {
+        let index = msg.header.index;
+        let up = msg.header.flags.contains(LinkFlags::Up);
+        if Some(index) == tunnel
+            || !up
+            || msg.header.flags.contains(LinkFlags::Loopback)
+            || !with_address.contains(&index)
+        {
+            continue;
+        }
+        if let Some(m) = msg.attributes.iter().find_map(|a| if let LinkAttribute::Mtu(m) = a { Some(*m) } else { None })
+        {
+            mtu = Some(mtu.map_or(m, |x| x.min(m)));
+        }
+    }
+    Ok(mtu.unwrap_or(1500))
+}
+
+fn write_sysctl(path: &str, value: &str) {
+    if let Err(e) = std::fs::write(path, value) {
+        tracing::warn!(path, error = %e, "cannot set a sysctl of the tunnel device");
+    }
+}
+
+/// Make the tunnel device, its neighbours and return routes match `desired`; `None`
+/// removes the device. Returns how many changes were made.
+pub(crate) async fn sync(
+    handle: &Handle,
+    settings: &EgressSettings,
+    desired: Option<&TunnelDesired>,
+) -> Result<usize, NetError> {
+    let existing = device(handle).await?;
+    let Some(want) = desired else {
+        let Some(dev) = existing else { return Ok(0) };
+        handle.link().del(dev.header.index).execute().await.map_err(err(format!("removing {TUNNEL_DEVICE}")))?;
+        return Ok(1);
+    };
+    let mut changes = 0;
+    let existing = match existing {
+        Some(dev) if !is_ours(&dev, want.port) => {
+            handle.link().del(dev.header.index).execute().await.map_err(err(format!("replacing {TUNNEL_DEVICE}")))?;
+            changes += 1;
+            None
+        }
+        other => other,
+    };
+    let index = match existing {
+        Some(dev) => dev.header.index,
+        None => {
+            let msg = LinkVxlan::new(TUNNEL_DEVICE, 0).port(want.port).collect_metadata(true).learning(false).build();
+            handle.link().add(msg).execute().await.map_err(err(format!("adding {TUNNEL_DEVICE}")))?;
+            changes += 1;
+            device_index(handle)
+                .await?
+                .ok_or_else(|| NetError::new(format!("adding {TUNNEL_DEVICE}"), rtnetlink::Error::RequestFailed))?
+        }
+    };
+    let any_v6 = want.peers.keys().any(IpAddr::is_ipv6);
+    let overhead = if any_v6 { OVERHEAD_V6 } else { OVERHEAD_V4 };
+    let mtu = underlay_mtu(handle, Some(index)).await?.saturating_sub(overhead).max(576);
+    if let Some(dev) = device(handle).await? {
+        let mac =
+            dev.attributes.iter().find_map(|a| if let LinkAttribute::Address(m) = a { Some(m.clone()) } else { None });
+        let cur_mtu = dev.attributes.iter().find_map(|a| if let LinkAttribute::Mtu(m) = a { Some(*m) } else { None });
+        let flags = dev.header.flags;
+        if mac.as_deref() != Some(&want.mac[..])
+            || cur_mtu != Some(mtu)
+            || !flags.contains(LinkFlags::Up)
+            || !flags.contains(LinkFlags::Noarp)
+        {
+            let msg = LinkUnspec::new_with_index(index).address(want.mac.to_vec()).mtu(mtu).arp(false).up().build();
+            handle.link().set(msg).execute().await.map_err(err(format!("setting up {TUNNEL_DEVICE}")))?;
+            changes += 1;
+        }
+    }
+    write_sysctl(&format!("/proc/sys/net/ipv4/conf/{TUNNEL_DEVICE}/rp_filter"), "0");
+    if std::fs::read_to_string("/proc/sys/net/ipv4/conf/all/rp_filter").is_ok_and(|v| v.trim() == "1") {
+        tracing::warn!(
+            "net.ipv4.conf.all.rp_filter is 1 (strict): replies arriving through the EgressIP tunnel are dropped; set it to 2 (loose)"
+        );
+    }
+    let address = ensure_address(handle, index).await?;
+    let neighbours = sync_neighbours(handle, index, &want.peers).await?;
+    let routes = sync_return_routes(handle, settings, index, want).await?;
+    if changes + address + neighbours + routes > 0 {
+        tracing::debug!(device = changes, address, neighbours, routes, "{TUNNEL_DEVICE} updated");
+    }
+    Ok(changes + address + neighbours + routes)
+}
+
+async fn ensure_address(handle: &Handle, index: u32) -> Result<usize, NetError> {
+    let mut stream = handle.address().get().set_link_index_filter(index).execute();
+    while let Some(msg) = stream.try_next().await.map_err(err("listing addresses"))? {
+        let has = msg.attributes.iter().any(|a| {
+            matches!(a, netlink_packet_route::address::AddressAttribute::Address(IpAddr::V4(v4)) if *v4 == DEVICE_ADDRESS)
+        });
+        if has {
+            return Ok(0);
+        }
+    }
+    let mut req = handle.address().add(index, IpAddr::V4(DEVICE_ADDRESS), 32);
+    req.message_mut().header.scope = netlink_packet_route::address::AddressScope::Link;
+    req.execute().await.map_err(err(format!("adding {DEVICE_ADDRESS} to {TUNNEL_DEVICE}")))?;
+    Ok(1)
+}
+
+fn neighbour_entry(msg: &NeighbourMessage) -> Option<(IpAddr, Vec<u8>)> {
+    let ip = msg.attributes.iter().find_map(|a| match a {
+        NeighbourAttribute::Destination(NeighbourAddress::Inet(v4)) => Some(IpAddr::V4(*v4)),
+        NeighbourAttribute::Destination(NeighbourAddress::Inet6(v6)) => Some(IpAddr::V6(*v6)),
+        _ => None,
+    })?;
+    let mac = msg
+        .attributes
+        .iter()
+        .find_map(|a| if let NeighbourAttribute::LinkLayerAddress(m) = a { Some(m.clone()) } else { None })
+        .unwrap_or_default();
+    Some((ip, mac))
+}
+
+async fn sync_neighbours(handle: &Handle, index: u32, peers: &BTreeMap<IpAddr, [u8; 6]>) -> Result<usize, NetError> {
+    let mut current: BTreeMap<IpAddr, (Vec<u8>, NeighbourMessage)> = BTreeMap::new();
+    let mut stream = handle.neighbours().get().execute();
+    while let Some(msg) = stream.try_next().await.map_err(err("listing neighbours"))? {
+        if msg.header.ifindex != index {
+            continue;
+        }
+        // The kernel's own entries (multicast, NOARP) are left alone: only permanent
+        // ones are egressd's.
+        if msg.header.state != NeighbourState::Permanent {
+            continue;
+        }
+        if let Some((ip, mac)) = neighbour_entry(&msg) {
+            current.insert(ip, (mac, msg));
+        }
+    }
+    let mut changes = 0;
+    for (ip, (_, msg)) in &current {
+        if !peers.contains_key(ip) {
+            handle.neighbours().del(msg.clone()).execute().await.map_err(err(format!("removing neighbour {ip}")))?;
+            changes += 1;
+        }
+    }
+    for (ip, mac) in peers {
+        if current.get(ip).is_some_and(|(m, _)| m.as_slice() == mac) {
+            continue;
+        }
+        handle
+            .neighbours()
+            .add(index, *ip)
+            .link_layer_address(mac)
+            .state(NeighbourState::Permanent)
+            .replace()
+            .execute()
+            .await
+            .map_err(err(format!("setting neighbour {ip} on {TUNNEL_DEVICE}")))?;
+        changes += 1;
+    }
+    Ok(changes)
+}
+
+fn route_destination(msg: &RouteMessage) -> Option<IpAddr> {
+    msg.attributes.iter().find_map(|a| match a {
+        RouteAttribute::Destination(RouteAddress::Inet(v4)) => Some(IpAddr::V4(*v4)),
+        RouteAttribute::Destination(RouteAddress::Inet6(v6)) => Some(IpAddr::V6(*v6)),
+        _ => None,
+    })
+}
+
+fn return_route(table: u32, protocol: u8, index: u32, peer: IpAddr) -> RouteMessage {
+    let mut msg = match peer {
+        IpAddr::V4(v4) => RouteMessageBuilder::<Ipv4Addr>::new().destination_prefix(v4, 32).build(),
+        IpAddr::V6(v6) => RouteMessageBuilder::<Ipv6Addr>::new().destination_prefix(v6, 128).build(),
+    };
+    msg.header.protocol = RouteProtocol::from(protocol);
+    msg.header.scope = RouteScope::Link;
+    if table < 256 {
+        msg.header.table = u8::try_from(table).unwrap_or(0);
+    }
+    msg.attributes.push(RouteAttribute::Table(table));
+    msg.attributes.push(RouteAttribute::Oif(index));
+    msg.attributes.extend(super::netlink::encap(REPLY_KEY, peer));
+    msg
+}
+
+async fn sync_return_routes(
+    handle: &Handle,
+    settings: &EgressSettings,
+    index: u32,
+    want: &TunnelDesired,
+) -> Result<usize, NetError> {
+    let table = settings.tunnel_table();
+    let wanted: BTreeSet<IpAddr> =
+        if want.return_routes { want.peers.keys().copied().collect() } else { BTreeSet::new() };
+    let mut current: BTreeMap<IpAddr, RouteMessage> = BTreeMap::new();
+    for version in [IpVersion::V4, IpVersion::V6] {
+        let query = if version == IpVersion::V6 {
+            RouteMessageBuilder::<Ipv6Addr>::new().build()
+        } else {
+            RouteMessageBuilder::<Ipv4Addr>::new().build()
+        };
+        let mut stream = handle.route().get(query).execute();
+        while let Some(msg) = stream.try_next().await.map_err(err("listing routes"))? {
+            let in_table = msg
+                .attributes
+                .iter()
+                .find_map(|a| if let RouteAttribute::Table(t) = a { Some(*t) } else { None })
+                .unwrap_or(u32::from(msg.header.table));
+            if in_table != table || u8::from(msg.header.protocol) != settings.route_protocol {
+                continue;
+            }
+            if let Some(dst) = route_destination(&msg) {
+                current.insert(dst, msg);
+            }
+        }
+    }
+    let mut changes = 0;
+    for (dst, msg) in &current {
+        let right = super::netlink::next_hops(msg, Some(index)).is_empty()
+            && msg.attributes.iter().any(|a| matches!(a, RouteAttribute::Oif(i) if *i == index));
+        if !wanted.contains(dst) || !right {
+            handle.route().del(msg.clone()).execute().await.map_err(err(format!("removing return route {dst}")))?;
+            changes += 1;
+        }
+    }
+    for peer in &wanted {
+        if current
+            .get(peer)
+            .is_some_and(|m| m.attributes.iter().any(|a| matches!(a, RouteAttribute::Oif(i) if *i == index)))
+        {
+            continue;
+        }
+        let msg = return_route(table, settings.route_protocol, index, *peer);
+        handle.route().add(msg).replace().execute().await.map_err(err(format!("adding the return route to {peer}")))?;
+        changes += 1;
+    }
+    Ok(changes)
+}

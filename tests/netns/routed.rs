@@ -1,0 +1,283 @@
+//! A routed three-node cluster for the EgressIP tunnel tests: two subnets behind a
+//! router that behaves as a cloud VPC does — it forwards only packets whose source is
+//! a node's (or an egress IP of the node subnets) or the external network's, and none
+//! to pod addresses. Nothing with a pod source crosses it.
+//!
+//! ```text
+//!   subnet A (bridge): 198.19.1.0/24        subnet B: 198.19.2.0/24     external: 192.0.2.0/24
+//!   node-a .1   node-b .2   router .254 ─── router .254 ── node-c .3    router .254 ── ext .10
+//!   pods 198.18.1.x  198.18.2.x                        198.18.3.x
+//! ```
+//! Pods are routed host-gw between node-a and node-b (one subnet), never across the
+//! router (it drops them): only EgressIP's tunnel carries pod traffic across subnets. Every node masquerades pod traffic leaving the
+//! cluster, as a CNI does. The external host runs the source-echo server (port 8080)
+//! and a byte counter (port 9000) for the MTU test.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
+
+use super::{Agent, Netns, addr, require_root, serve, veth, wait_for};
+
+pub const EXT: &str = "192.0.2.10";
+pub const EIP: &str = "198.19.1.100";
+pub const SINK_PORT: u16 = 9000;
+
+pub struct RNode {
+    pub ns: Netns,
+    pub name: String,
+    pub pods: Vec<Netns>,
+    pub agent: Option<Agent>,
+}
+
+pub struct Routed {
+    pub lan: Netns,
+    pub router: Netns,
+    pub nodes: Vec<RNode>,
+    pub ext: Netns,
+    pub dir: tempfile::TempDir,
+}
+
+pub fn node_ip(n: usize) -> String {
+    if n < 2 { format!("198.19.1.{}", n + 1) } else { format!("198.19.2.{}", n + 1) }
+}
+
+pub fn pod_ip(n: usize, i: usize) -> String {
+    format!("198.18.{}.{}", n + 1, 4 * i + 2)
+}
+
+impl Routed {
+    /// Three nodes; `pods[n]` = (namespace, labels) of node n's pods.
+    pub fn new(pods: &[&[(&str, &str)]; 3]) -> Self {
+        require_root();
+        let router = Netns::new("vpc");
+        router.sysctl("net.ipv4.ip_forward", "1");
+        let lan = Netns::new("lana");
+        lan.ip(&["link", "add", "br0", "type", "bridge"]);
+        lan.ip(&["link", "set", "br0", "up"]);
+        veth(&router, "ra", &lan, "r");
+        lan.ip(&["link", "set", "r", "master", "br0"]);
+        addr(&router, "ra", "198.19.1.254/24");
+        let ext = Netns::new("rext");
+        veth(&router, "rx", &ext, "eth0");
+        addr(&router, "rx", "192.0.2.254/24");
+        addr(&ext, "eth0", &format!("{EXT}/24"));
+        ext.ip(&["route", "add", "default", "via", "192.0.2.254"]);
+        // The VPC: only node (and egress IP) sources from the node subnets, nothing to pods.
+        router.exec(&[
+            "nft",
+            "add table inet vpc; add chain inet vpc filt { type filter hook forward priority 0; }; \
+             add rule inet vpc filt ip saddr 198.18.0.0/16 counter drop; \
+             add rule inet vpc filt iifname { ra, rb } ip saddr != { 198.19.1.0/24, 198.19.2.0/24 } counter drop; \
+             add rule inet vpc filt ip daddr 198.18.0.0/16 counter drop",
+        ]);
+        serve(&ext, &[8080], &[]);
+        sink_server(&ext);
+
+        let names = ["node-a", "node-b", "node-c"];
+        let mut nodes = Vec::new();
+        for (n, name) in names.iter().enumerate() {
+            let ns = Netns::new(&format!("r{}", &name[5..]));
+            ns.sysctl("net.ipv4.ip_forward", "1");
+            if n < 2 {
+                let port = format!("p{n}");
+                veth(&ns, "eth0", &lan, &port);
+                lan.ip(&["link", "set", &port, "master", "br0"]);
+                addr(&ns, "eth0", &format!("{}/24", node_ip(n)));
+                ns.ip(&["route", "add", "default", "via", "198.19.1.254"]);
+            } else {
+                veth(&ns, "eth0", &router, "rb");
+                addr(&router, "rb", "198.19.2.254/24");
+                addr(&ns, "eth0", &format!("{}/24", node_ip(n)));
+                ns.ip(&["route", "add", "default", "via", "198.19.2.254"]);
+            }
+            if n < 2 {
+                // host-gw on the shared subnet: the other node's pods via that node.
+                let m = 1 - n;
+                ns.ip(&["route", "add", &format!("198.18.{}.0/24", m + 1), "via", &node_ip(m)]);
+            }
+            ns.exec(&[
+                "nft",
+                "add table inet cni; add chain inet cni post { type nat hook postrouting priority srcnat; }; \
+                 add rule inet cni post ip saddr 198.18.0.0/16 ip daddr != 198.18.0.0/16 masquerade",
+            ]);
+            let mut node_pods = Vec::new();
+            for i in 0..pods[n].len() {
+                let pod = Netns::new(&format!("r{n}p{i}"));
+                let dev = format!("vp{i}");
+                veth(&ns, &dev, &pod, "eth0");
+                addr(&ns, &dev, &format!("198.18.{}.{}/30", n + 1, 4 * i + 1));
+                addr(&pod, "eth0", &format!("{}/30", pod_ip(n, i)));
+                pod.ip(&["route", "add", "default", "via", &format!("198.18.{}.{}", n + 1, 4 * i + 1)]);
+                node_pods.push(pod);
+            }
+            nodes.push(RNode { ns, name: name.to_string(), pods: node_pods, agent: None });
+        }
+
+        let dir = tempfile::tempdir().unwrap();
+        let mut cluster = String::new();
+        for (n, name) in names.iter().enumerate() {
+            cluster.push_str(&format!(
+                "---\napiVersion: v1\nkind: Node\nmetadata: {{name: {name}}}\nstatus:\n  addresses:\n  - {{type: InternalIP, address: {}}}\n",
+                node_ip(n)
+            ));
+            for (i, (namespace, labels)) in pods[n].iter().enumerate() {
+                cluster.push_str(&format!(
+                    "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}-pod{i}, namespace: {namespace}, labels: {labels}}}\n\
+                     spec: {{nodeName: {name}}}\nstatus:\n  phase: Running\n  podIPs: [{{ip: {}}}]\n",
+                    pod_ip(n, i)
+                ));
+            }
+        }
+        cluster.push_str(
+            "---\napiVersion: v1\nkind: Namespace\nmetadata: {name: prod, labels: {team: prod}}\n\
+             ---\napiVersion: v1\nkind: Namespace\nmetadata: {name: dev, labels: {team: dev}}\n",
+        );
+        std::fs::write(dir.path().join("cluster.yaml"), cluster).unwrap();
+        Self { lan, router, nodes, ext, dir }
+    }
+
+    pub fn write(&self, name: &str, body: &str) {
+        let tmp = self.dir.path().join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, body).unwrap();
+        std::fs::rename(&tmp, self.dir.path().join(name)).unwrap();
+    }
+
+    /// The EgressIP `name` selecting namespace `team: prod`, with `ips` placed per `items`.
+    pub fn egress_ip(&self, name: &str, ips: &[&str], items: &[(&str, &str)]) {
+        let mut body = format!(
+            "apiVersion: k8s.ovn.org/v1\nkind: EgressIP\nmetadata: {{name: {name}}}\nspec:\n  egressIPs: [{}]\n  namespaceSelector: {{matchLabels: {{team: prod}}}}\n",
+            ips.iter().map(|i| format!("\"{i}\"")).collect::<Vec<_>>().join(", ")
+        );
+        if !items.is_empty() {
+            body.push_str("status:\n  items:\n");
+            for (ip, node) in items {
+                body.push_str(&format!("  - {{egressIP: \"{ip}\", node: {node}}}\n"));
+            }
+        }
+        self.write(&format!("egressip-{name}.yaml"), &body);
+    }
+
+    pub fn start(&mut self, n: usize, extra: &[&str]) {
+        let dir = self.dir.path().to_str().unwrap().to_string();
+        let node = &mut self.nodes[n];
+        let state = self.dir.path().join(format!("state-{}", node.name));
+        let state = state.to_str().unwrap().to_string();
+        let health = format!("127.0.0.1:{}", 9780 + n);
+        let mut args = vec![
+            "run",
+            "--manifests",
+            &dir,
+            "--node-name",
+            &node.name,
+            "--cluster-cidr",
+            "198.18.0.0/16",
+            "--state-dir",
+            &state,
+            "--health-addr",
+            &health,
+            "--debounce-ms",
+            "50",
+        ];
+        args.extend_from_slice(extra);
+        let log = self.dir.path().join(format!("{}-{}.log", node.name, std::process::id()));
+        let agent = Agent::start(&node.ns, &args, log);
+        let synced = wait_for(Duration::from_secs(10), || agent.log_text().contains("dataplane in sync"));
+        assert!(synced.is_some(), "egressd on {} did not sync:\n{}", node.name, agent.log_text());
+        node.agent = Some(agent);
+    }
+
+    pub fn start_all(&mut self, extra: &[&str]) {
+        for n in 0..3 {
+            self.start(n, extra);
+        }
+    }
+
+    pub fn logs(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("--- {}\n{}", n.name, n.agent.as_ref().map(Agent::log_text).unwrap_or_default()))
+            .collect()
+    }
+
+    pub fn status(&self, n: usize) -> String {
+        let path = self.dir.path().join(format!("state-{}", self.nodes[n].name)).join("status");
+        std::fs::read_to_string(path).unwrap_or_default()
+    }
+
+    pub fn has_addr(&self, n: usize, ip: &str) -> bool {
+        self.nodes[n].ns.ip(&["-o", "addr", "show", "dev", "eth0"]).contains(&format!(" {ip}/"))
+    }
+
+    /// Packets the router dropped: (pod sources, other foreign sources, to pods).
+    pub fn vpc_drops(&self) -> (u64, u64, u64) {
+        let text = self.router.exec(&["nft", "list", "chain", "inet", "vpc", "filt"]);
+        let c = counters(&text);
+        (c[0], c[1], c[2])
+    }
+}
+
+/// The `packets` numbers of a listing, in order.
+pub fn counters(text: &str) -> Vec<u64> {
+    text.split("packets ").skip(1).filter_map(|s| s.split_whitespace().next()?.parse().ok()).collect()
+}
+
+/// Counts the bytes of each connection and answers with the count when the client
+/// stops sending; a connection that sends `get <n>` receives n bytes instead.
+fn sink_server(ns: &Netns) {
+    let listener = ns.run(|| TcpListener::bind(("0.0.0.0", SINK_PORT)).expect("bind sink"));
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut s = stream;
+                let mut buf = vec![0u8; 65536];
+                let mut total = 0usize;
+                let mut first = true;
+                loop {
+                    let n = match s.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    if first && buf[..n].starts_with(b"get ") {
+                        let want: usize = String::from_utf8_lossy(&buf[4..n]).trim().parse().unwrap_or(0);
+                        let _ = s.write_all(&vec![b'x'; want]);
+                        return;
+                    }
+                    first = false;
+                    total += n;
+                }
+                let _ = s.write_all(total.to_string().as_bytes());
+            });
+        }
+    });
+}
+
+/// Send `bytes` from `pod` to the sink; what the sink counted.
+pub fn upload(pod: &Netns, bytes: usize) -> Option<usize> {
+    let target = SocketAddr::new(EXT.parse().unwrap(), SINK_PORT);
+    pod.run(move || {
+        let mut s = TcpStream::connect_timeout(&target, Duration::from_secs(2)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+        s.set_write_timeout(Some(Duration::from_secs(10))).ok()?;
+        s.write_all(&vec![b'u'; bytes]).ok()?;
+        s.shutdown(std::net::Shutdown::Write).ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        out.trim().parse().ok()
+    })
+}
+
+/// Ask the sink for `bytes`; how many arrived.
+pub fn download(pod: &Netns, bytes: usize) -> usize {
+    let target = SocketAddr::new(EXT.parse().unwrap(), SINK_PORT);
+    pod.run(move || {
+        let Ok(mut s) = TcpStream::connect_timeout(&target, Duration::from_secs(2)) else { return 0 };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+        if s.write_all(format!("get {bytes}").as_bytes()).is_err() {
+            return 0;
+        }
+        let mut got = Vec::new();
+        let _ = s.read_to_end(&mut got);
+        got.len()
+    })
+}
