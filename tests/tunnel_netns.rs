@@ -40,12 +40,15 @@ fn pods_in_another_subnet_leave_as_the_egress_ip_through_the_tunnel() {
     assert!(routes_a.contains("via 198.19.1.2 dev eth0") && !routes_a.contains("encap"), "{routes_a}");
     assert!(!c.nodes[0].ns.ip(&["-o", "link"]).contains("egressd-vx"), "node-a uses no tunnel");
 
+    // First, before any path MTU is learnt: the SYN of a steered connection was clamped to the tunnel's MTU (1450 - 40, less
+    // the timestamp option), not to the pod's 1500; on node-a's direct path it was not.
+    let clamped = server_mss(&c.nodes[2].pods[0]);
+    assert!(clamped.is_some_and(|m| m <= 1410), "MSS through the tunnel: {clamped:?}");
+    let direct = server_mss(&c.nodes[0].pods[0]);
+    assert!(direct.is_some_and(|m| m > 1410), "MSS on the direct path: {direct:?}");
     // Full-size TCP both ways over the tunnel (1450-byte MTU): 2 MB up and down.
     assert_eq!(upload(&c.nodes[2].pods[0], 2_000_000), Some(2_000_000), "upload\n{}", logs());
     assert_eq!(download(&c.nodes[2].pods[0], 2_000_000), 2_000_000, "download");
-    // The MSS of the steered connections was clamped to the tunnel's MTU.
-    let mss = c.nodes[2].ns.exec(&["nft", "list", "chain", "inet", "egressd", "egress-tunnel-mss"]);
-    assert!(mss.contains("maxseg size set rt mtu"), "{mss}");
 
     // Nothing with a pod source, or to a pod, crossed the router.
     let (pod_sources, foreign, to_pods) = c.vpc_drops();
@@ -55,4 +58,72 @@ fn pods_in_another_subnet_leave_as_the_egress_ip_through_the_tunnel() {
         let fallbacks = c.nodes[n].agent.as_ref().unwrap().nft_fallbacks();
         assert!(fallbacks.is_empty(), "node {n} synced through nft: {fallbacks:?}");
     }
+}
+
+/// A VXLAN packet with `key` and a junk inner frame, sent from `from` to node-b's port.
+fn forge(from: &netns::Netns, key: u32) {
+    let k = key.to_be_bytes();
+    let mut packet = vec![0x08, 0, 0, 0, k[1], k[2], k[3], 0];
+    packet.extend_from_slice(&[0u8; 60]);
+    from.run(move || {
+        let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        for _ in 0..3 {
+            s.send_to(&packet, (node_ip(1).as_str(), 4800)).unwrap();
+        }
+    });
+}
+
+/// node-b's tunnel counters: (IPv4 foreign sources, IPv4 unknown keys).
+fn tunnel_drops(c: &Routed) -> (u64, u64) {
+    let text = c.nodes[1].ns.exec(&["nft", "list", "chain", "inet", "egressd", "egress-tunnel-in"]);
+    let n = counters(&text);
+    (n[0], n[1])
+}
+
+#[test]
+fn forged_tunnel_packets_are_dropped_and_counted_and_failover_crosses_subnets() {
+    let mut c = Routed::new(&PODS);
+    c.egress_ip("web", &[EIP], &[(EIP, "node-b")]);
+    c.start_all(&[]);
+    assert!(wait_for(Duration::from_secs(5), || source(&c, 2, 0).as_deref() == Some(EIP)).is_some(), "{}", c.logs());
+    assert_eq!(tunnel_drops(&c), (0, 0));
+    // The right key from a host that is not a node: dropped as a foreign source.
+    forge(&c.ext, 0x13_0164);
+    assert!(wait_for(Duration::from_secs(2), || tunnel_drops(&c).0 == 3).is_some(), "{:?}", tunnel_drops(&c));
+    // A node sending a key node-b does not host: dropped as unknown.
+    forge(&c.nodes[0].ns, 0x12_3456);
+    assert!(wait_for(Duration::from_secs(2), || tunnel_drops(&c) == (3, 3)).is_some(), "{:?}", tunnel_drops(&c));
+    assert_eq!(source(&c, 2, 0).as_deref(), Some(EIP), "real traffic still passes");
+
+    // The egress IP moves to node-a (same subnet as node-b, other than node-c's): node-c's
+    // pod follows through the tunnel to node-a; node-b's pod is now steered on its link.
+    c.egress_ip("web", &[EIP], &[(EIP, "node-a")]);
+    assert!(wait_for(Duration::from_secs(5), || c.has_addr(0, EIP) && !c.has_addr(1, EIP)).is_some(), "{}", c.logs());
+    let moved = wait_for(Duration::from_secs(5), || {
+        source(&c, 2, 0).as_deref() == Some(EIP) && {
+            c.nodes[2].ns.ip(&["route", "show", "table", "all", "proto", "233"]).contains("dst 198.19.1.1 ")
+        }
+    });
+    assert!(moved.is_some(), "{}", c.logs());
+    assert_eq!(source(&c, 1, 0).as_deref(), Some(EIP), "pod on node-b, steered to node-a");
+    assert_eq!(c.vpc_drops(), (0, 0, 0), "the VPC dropped packets\n{}", c.logs());
+    // node-b hosts nothing and steers directly: its tunnel device is gone.
+    let gone = wait_for(Duration::from_secs(5), || !c.nodes[1].ns.ip(&["-o", "link"]).contains("egressd-vx"));
+    assert!(gone.is_some(), "{}", c.nodes[1].ns.ip(&["-o", "link"]));
+}
+
+#[test]
+fn direct_transport_cannot_cross_subnets_and_says_so() {
+    let mut c = Routed::new(&PODS);
+    c.egress_ip("web", &[EIP], &[(EIP, "node-b")]);
+    c.start(1, &[]);
+    c.start(2, &["--egress-ip-transport", "direct"]);
+    assert!(wait_for(Duration::from_secs(5), || c.has_addr(1, EIP)).is_some(), "{}", c.logs());
+    let said = wait_for(Duration::from_secs(5), || {
+        c.status(2).contains("placed on node node-b, which has no IPv4 address on a link shared with node node-c")
+    });
+    assert!(said.is_some(), "{}", c.status(2));
+    // Left to the node's own SNAT (the reference's fallback), never sent with its pod source.
+    assert_eq!(source(&c, 2, 0), Some(node_ip(2)));
+    assert_eq!(c.vpc_drops(), (0, 0, 0));
 }

@@ -1169,6 +1169,113 @@ mod tests {
         );
     }
 
+    fn run_with(docs: &str, me: &str, addr: &str, transport: Transport) -> crate::compile::Desired {
+        let node = NodeConfig::new(me, vec!["198.18.0.0/16".parse().unwrap()])
+            .with_egress(EgressSettings { transport, ..Default::default() });
+        compile_cached(&view(docs), &node, &DnsAnswers::new(), &host(addr), &mut CompileCache::default())
+    }
+
+    fn status_of<'d>(d: &'d crate::compile::Desired, name: &str) -> &'d ObjectStatus {
+        d.statuses.iter().find(|s| s.key.name == name).unwrap()
+    }
+
+    #[test]
+    fn the_transport_is_direct_on_a_shared_link_and_the_tunnel_elsewhere_or_where_a_cloud_filters() {
+        let web = eip("web", "2024-01-01T00:00:00Z", &["198.19.0.100"], &[("198.19.0.100", "b")], "{}");
+        let docs = format!("{CLUSTER}{web}");
+        let hops = |d: &crate::compile::Desired| d.net.routes.get(&(7471, false)).cloned().unwrap_or_default();
+        let key = tunnel_key("198.19.0.100".parse().unwrap());
+        let tunnel = vec![NextHop { gateway: "198.19.0.2".parse().unwrap(), link: 0, key: Some(key) }];
+        let direct = vec![NextHop::direct("198.19.0.2".parse().unwrap(), 2)];
+        // auto: b is on a's link → direct; a in another subnet → the tunnel.
+        assert_eq!(hops(&run_with(&docs, "a", "198.19.0.1/24", Transport::Auto)), direct);
+        let far = run_with(&docs, "a", "198.51.100.1/24", Transport::Auto);
+        assert_eq!(hops(&far), tunnel);
+        assert!(far.net.tunnel.as_ref().is_some_and(|t| !t.return_routes && t.peers.len() == 2));
+        assert!(far.table.chains.contains_key("egress-tunnel-in"));
+        // The packets get a's own address (its InternalIP), not the pod's.
+        assert!(
+            far.table.chains["egress-snat"]
+                .rules
+                .iter()
+                .any(|r| r.contains("rt ip nexthop @eip-tunnel-gw-v4") && r.ends_with("snat ip to 198.19.0.1")),
+            "{:?}",
+            far.table.chains["egress-snat"].rules
+        );
+        assert!(far.table.sets["eip-gateways-v4"].elements.is_empty(), "no null SNAT through the tunnel");
+        // vxlan: the tunnel even on a shared link; direct: never, and says why.
+        assert_eq!(hops(&run_with(&docs, "a", "198.19.0.1/24", Transport::Vxlan)), tunnel);
+        let no_route = run_with(&docs, "a", "198.51.100.1/24", Transport::Direct);
+        assert!(hops(&no_route).is_empty());
+        assert!(
+            matches!(&status_of(&no_route, "web").outcome, Outcome::Failed(m) if m.contains("no IPv4 address on a link shared with node a")),
+            "{:?}",
+            status_of(&no_route, "web")
+        );
+        // A cloud node (its providerID) is reached through the tunnel even on a shared link.
+        let cloud = docs
+            .replace("metadata: {name: b}\n", "metadata: {name: b}\nspec: {providerID: \"aws:///us-east-1a/i-0b\"}\n");
+        assert_ne!(cloud, docs);
+        assert_eq!(hops(&run_with(&cloud, "a", "198.19.0.1/24", Transport::Auto)), tunnel);
+    }
+
+    #[test]
+    fn the_hosting_node_numbers_its_keys_and_refuses_a_colliding_one() {
+        // 198.19.0.100 and 199.19.0.100 share their low 24 bits: one key on node b.
+        let web = eip("web", "2024-01-01T00:00:00Z", &["198.19.0.100"], &[("198.19.0.100", "b")], "{}");
+        let late = eip("late", "2025-01-01T00:00:00Z", &["199.19.0.100"], &[("199.19.0.100", "b")], "{}");
+        let docs = format!("{CLUSTER}{web}{late}");
+        let key = tunnel_key("198.19.0.100".parse().unwrap());
+        assert_eq!(key, tunnel_key("199.19.0.100".parse().unwrap()));
+        let far = run_with(&docs, "a", "198.51.100.1/24", Transport::Auto);
+        assert!(
+            matches!(&status_of(&far, "late").outcome, Outcome::Failed(m) if m.contains(&format!("has the tunnel key {key} of egress IP 198.19.0.100"))),
+            "{:?}",
+            status_of(&far, "late")
+        );
+        assert!(matches!(status_of(&far, "web").outcome, Outcome::Applied), "{:?}", status_of(&far, "web"));
+        // On b: the first IP's key is read into mark 1 (under the tunnel bit) and SNATed.
+        let links = HostLinks {
+            links: vec![HostLink {
+                index: 2,
+                name: "eth0".into(),
+                up: true,
+                addrs: vec!["198.19.0.2/24".parse().unwrap(), "199.19.0.2/24".parse().unwrap()],
+                ..Default::default()
+            }],
+            default_link: [Some(2), None],
+            ..Default::default()
+        };
+        let b = run_on(&docs, "b", &links, false);
+        let rx = &b.table.chains["egress-tunnel-in"].rules;
+        assert!(
+            rx.iter().any(|r| r.contains(&format!("@th,96,24 {key} ")) && r.contains("or 0x00810000 accept")),
+            "{rx:?}"
+        );
+        assert_eq!(rx.iter().filter(|r| r.contains("@th,96,24")).count(), 1, "one key, once: {rx:?}");
+        let snat = &b.table.chains["egress-snat"].rules;
+        assert!(
+            snat.iter().any(|r| r == "meta mark and 0x00ff0000 == 0x00810000 counter snat ip to 198.19.0.100"),
+            "{snat:?}"
+        );
+        assert!(b.net.tunnel.as_ref().is_some_and(|t| t.return_routes));
+    }
+
+    #[test]
+    fn tunnel_keys_are_the_low_24_bits_of_the_address() {
+        for (ip, key) in [
+            ("198.19.1.100", 0x13_0164),
+            ("203.0.113.7", 0x00_7107),
+            ("2001:db8::1:2:3", 0x02_0003),
+            ("198.0.0.0", 0xff_ffff),
+        ] {
+            assert_eq!(tunnel_key(ip.parse().unwrap()), key, "{ip}");
+        }
+        assert_ne!(tunnel_mac("198.19.1.1".parse().unwrap()), tunnel_mac("198.19.1.2".parse().unwrap()));
+        assert_eq!(tunnel_mac("198.19.1.2".parse().unwrap()), [0x02, 0xe9, 198, 19, 1, 2]);
+        assert_ne!(tunnel_mac("2001:db8::1".parse().unwrap()), tunnel_mac("2001:db8:1::1".parse().unwrap()));
+    }
+
     #[test]
     fn marks_stay_inside_the_mask() {
         let s = EgressSettings { mark_mask: 0x0000_f000, transport: Transport::Direct, ..Default::default() };

@@ -238,6 +238,13 @@ fn sink_server(ns: &Netns) {
                         Ok(0) | Err(_) => break,
                         Ok(n) => n,
                     };
+                    if first && buf[..n].starts_with(b"mss") {
+                        // The connection's MSS as the server sends with it (bounded by
+                        // the one the client's SYN advertised).
+                        let mss = nix::sys::socket::getsockopt(&s, nix::sys::socket::sockopt::TcpMaxSeg).unwrap_or(0);
+                        let _ = s.write_all(mss.to_string().as_bytes());
+                        return;
+                    }
                     if first && buf[..n].starts_with(b"get ") {
                         let want: usize = String::from_utf8_lossy(&buf[4..n]).trim().parse().unwrap_or(0);
                         let _ = s.write_all(&vec![b'x'; want]);
@@ -261,6 +268,19 @@ pub fn upload(pod: &Netns, bytes: usize) -> Option<usize> {
         s.set_write_timeout(Some(Duration::from_secs(10))).ok()?;
         s.write_all(&vec![b'u'; bytes]).ok()?;
         s.shutdown(std::net::Shutdown::Write).ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        out.trim().parse().ok()
+    })
+}
+
+/// The MSS the external host sends with on a new connection from `pod`.
+pub fn server_mss(pod: &Netns) -> Option<u32> {
+    let target = SocketAddr::new(EXT.parse().unwrap(), SINK_PORT);
+    pod.run(move || {
+        let mut s = TcpStream::connect_timeout(&target, Duration::from_secs(2)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
+        s.write_all(b"mss").ok()?;
         let mut out = String::new();
         s.read_to_string(&mut out).ok()?;
         out.trim().parse().ok()
