@@ -7,7 +7,14 @@
 # again is measured; then the dead node comes back (it must drop the address and not
 # take it back). Needs root, kubectl, the cached kube-apiserver.
 #
-#   bench/failover.sh           # RUNS=10
+#   bench/failover.sh                    # RUNS=10, one L2 segment
+#   TOPOLOGY=routed bench/failover.sh    # hosting and steering nodes in different subnets
+#
+# TOPOLOGY=routed: tests/tunnel_kube_netns.rs — node-a and node-b (assignable) in one
+# subnet, node-c (the leader, never hosting) in another behind a router that drops pod
+# sources; node-c's pod reaches the egress IP only through the VXLAN tunnel, and the
+# time is until new connections of node-c's pod and of the surviving node's pod leave
+# as the egress IP again.
 #
 # Prints a Markdown table (one row per run) and a summary line.
 set -euo pipefail
@@ -19,5 +26,10 @@ fi
 bench/prereqs.sh kube
 # The test's own output (its log on a failure) is kept in $FAILOVER_LOG.
 LOG=${FAILOVER_LOG:-/tmp/egressd-failover-bench.log}
-RUNS=${RUNS:-10} cargo test --release --locked -q --test placement_netns failover_bench -- --ignored --nocapture 2>"$LOG" \
+case "${TOPOLOGY:-l2}" in
+  l2) TEST=placement_netns BENCH=failover_bench ;;
+  routed) TEST=tunnel_kube_netns BENCH=tunnel_failover_bench ;;
+  *) echo "$0: TOPOLOGY must be l2 or routed" >&2; exit 2 ;;
+esac
+RUNS=${RUNS:-10} cargo test --release --locked -q --test "$TEST" "$BENCH" -- --ignored --nocapture 2>"$LOG" \
   | grep -E '^\||^failover over' || { echo "$0: the failover bench failed; its output is in $LOG" >&2; exit 1; }

@@ -518,3 +518,50 @@ fn cloud_mode_waits_for_the_cloud_controller_before_hosting() {
     assert!(ok, "{out}");
     assert!(wait_for(Duration::from_secs(10), || config(&api, EIP_B).is_empty()).is_some(), "{}", logs(&agents));
 }
+
+/// Addresses whereabouts (IPPool) or an IPAMClaim allocated are never placed: an
+/// `EgressIPConflict` Event names the holder; once released, the IP is placed. Without
+/// those CRDs (every other test here) nothing is read and nothing fails.
+#[test]
+fn an_ip_another_allocator_holds_is_not_placed_and_the_event_names_the_holder() {
+    let k = new_cluster();
+    let api = ApiServer::start(&k.c.ext, k.dir.clone(), API_HOST);
+    declare(&api, &k.c);
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    api.apply(&std::fs::read_to_string(root.join("tests/kube/allocator-crds.yaml")).unwrap());
+    let served = wait_for(Duration::from_secs(10), || {
+        api.kubectl(&["get", "ippools", "-A"], "").0 && api.kubectl(&["get", "ipamclaims", "-A"], "").0
+    });
+    assert!(served.is_some(), "allocator CRDs not served");
+    // whereabouts gave EIP_B (offset 100 in 198.19.0.0/24) to a pod; an IPAMClaim holds EIP_C.
+    api.apply(
+        "apiVersion: whereabouts.cni.cncf.io/v1alpha1\nkind: IPPool\nmetadata: {name: lan-pool, namespace: default}\n\
+         spec:\n  range: 198.19.0.0/24\n  allocations:\n    \"100\": {id: c0ffee, podref: default/db-0}\n",
+    );
+    api.apply(
+        "apiVersion: k8s.cni.cncf.io/v1alpha1\nkind: IPAMClaim\nmetadata: {name: vm-a.net1, namespace: default}\n\
+         spec: {network: lan, interface: net1}\n",
+    );
+    api.patch_status(
+        "ipamclaim",
+        "vm-a.net1",
+        Some("default"),
+        &format!(r#"{{"status":{{"ips":["{EIP_C}/24"],"ownerPod":{{"name":"virt-launcher-a"}}}}}}"#),
+    );
+    let agents = start_all(&k, &api);
+    egress_ip(&api, "e1", &[EIP_B]);
+    egress_ip(&api, "e2", &[EIP_C]);
+    let told = wait_for(Duration::from_secs(15), || {
+        let e = events(&api);
+        e.contains(&format!("EgressIPConflict: Egress IP e1 with IP {EIP_B} is conflicting with an address allocated by IPPool default/lan-pool (pod default/db-0)"))
+            && e.contains(&format!("EgressIPConflict: Egress IP e2 with IP {EIP_C} is conflicting with an address allocated by IPAMClaim default/vm-a.net1 (pod default/virt-launcher-a)"))
+    });
+    assert!(told.is_some(), "{}\n{}", events(&api), logs(&agents));
+    assert!(items(&api, "e1").is_empty() && items(&api, "e2").is_empty());
+    assert!(!k.c.has_addr(1, EIP_B) && !k.c.has_addr(2, EIP_B));
+    // The pool lets the address go: e1 is placed (within the leader's list interval).
+    api.kubectl(&["delete", "ippool", "lan-pool", "-n", "default"], "");
+    let placed = wait_for(Duration::from_secs(15), || items(&api, "e1").len() == 1);
+    assert!(placed.is_some(), "{}", logs(&agents));
+    assert!(items(&api, "e2").is_empty(), "the claim still holds EIP_C");
+}

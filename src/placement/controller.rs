@@ -33,7 +33,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use super::{Candidate, Reach, Request, cloud, plan};
+use super::{Candidate, Reach, Request, allocators, cloud, plan_with};
 use crate::api::{Kind, ObjectKey};
 use crate::compile::Desired;
 use crate::leader::Leadership;
@@ -196,6 +196,9 @@ struct State {
     /// repeated while their echo is on its way.
     cloud_node: cloud::Pending,
     cloud_leader: cloud::Pending,
+    /// Addresses whereabouts IPPools and IPAMClaims hold, and when they were listed.
+    held: BTreeMap<IpAddr, String>,
+    held_at: Option<Instant>,
 }
 
 async fn run(
@@ -213,6 +216,8 @@ async fn run(
         was_leader: false,
         cloud_node: cloud::Pending::default(),
         cloud_leader: cloud::Pending::default(),
+        held: BTreeMap::new(),
+        held_at: None,
     };
     let every = settings.probe_interval.min(Duration::from_millis(500));
     let mut tick = tokio::time::interval(every);
@@ -239,11 +244,21 @@ async fn run(
                 st.written.clear();
                 st.evented.clear();
                 st.cloud_leader.clear();
+                st.held.clear();
+                st.held_at = None;
                 st.was_leader = false;
             }
             continue;
         }
         st.was_leader = true;
+        if st.held_at.is_none_or(|t| t.elapsed() >= allocators::REFRESH) {
+            let held = allocators::holders(&client).await;
+            if held != st.held {
+                tracing::info!(addresses = held.len(), "addresses held by IPPools and IPAMClaims");
+            }
+            st.held = held;
+            st.held_at = Some(Instant::now());
+        }
         start_probes(&mut st, &settings, &snap);
         place(&client, &settings, &leadership, &snap, &mut st).await;
     }
@@ -349,9 +364,9 @@ async fn place(
             .iter()
             .map(|r| Request { items: cloud::pending_items(&r.name, &r.ips, &r.items, &configs), ..r.clone() })
             .collect();
-        plan(&planned, &candidates)
+        plan_with(&planned, &candidates, &st.held)
     } else {
-        plan(&requests, &candidates)
+        plan_with(&requests, &candidates, &st.held)
     };
     if settings.mode.cloud() {
         cloud_leader(client, settings, leadership, snap, st, &placement.items, &configs).await;

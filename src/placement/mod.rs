@@ -8,6 +8,7 @@
 //! * [`controller`]: the task — every agent publishes its links' subnets on its Node;
 //!   the leader probes, plans and writes `status.items`.
 
+pub mod allocators;
 pub mod cloud;
 pub mod controller;
 pub mod health;
@@ -124,6 +125,16 @@ fn event(name: &str, reason: &'static str, message: String) -> PlacementEvent {
 /// * an IP equal to a node address is never placed (`EgressIPConflict`), nor an IP an
 ///   older EgressIP lists (`UnsupportedRequest`).
 pub fn plan(requests: &[Request], nodes: &BTreeMap<String, Candidate>) -> Placement {
+    plan_with(requests, nodes, &BTreeMap::new())
+}
+
+/// [`plan`], with the addresses neighbouring allocators hold ([`allocators`]): such an IP
+/// is neither placed nor kept (`EgressIPConflict`, naming the holder).
+pub fn plan_with(
+    requests: &[Request],
+    nodes: &BTreeMap<String, Candidate>,
+    held: &BTreeMap<IpAddr, String>,
+) -> Placement {
     let node_of_addr: BTreeMap<IpAddr, &str> =
         nodes.iter().flat_map(|(n, c)| c.addresses.iter().map(move |a| (*a, n.as_str()))).collect();
     // Who may use each IP: the oldest EgressIP listing it.
@@ -143,6 +154,7 @@ pub fn plan(requests: &[Request], nodes: &BTreeMap<String, Candidate>) -> Placem
             let keep = r.ips.contains(ip)
                 && claimant.get(ip) == Some(&r.name.as_str())
                 && !node_of_addr.contains_key(ip)
+                && !held.contains_key(ip)
                 && !mine.contains_key(ip)
                 && nodes.get(node).is_some_and(|c| c.may_keep(*ip))
                 && used.insert(node.as_str());
@@ -176,6 +188,17 @@ pub fn plan(requests: &[Request], nodes: &BTreeMap<String, Candidate>) -> Placem
                         "EgressIPConflict",
                         format!(
                             "Egress IP {} with IP {ip} is conflicting with a host ({node}) IP address and will not be assigned",
+                            r.name
+                        ),
+                    ));
+                    continue;
+                }
+                if let Some(holder) = held.get(&ip) {
+                    events.push(event(
+                        &r.name,
+                        "EgressIPConflict",
+                        format!(
+                            "Egress IP {} with IP {ip} is conflicting with an address allocated by {holder} and will not be assigned",
                             r.name
                         ),
                     ));
@@ -391,6 +414,26 @@ mod tests {
 
     /// Planning twice gives the same answer (the leader's writes converge), and a plan
     /// fed back as the current items is kept as is — for random clusters.
+    #[test]
+    fn an_address_another_allocator_holds_is_neither_placed_nor_kept() {
+        let held: BTreeMap<IpAddr, String> =
+            [(ip("198.19.0.100"), "IPPool kube-system/pool (pod team/web-0)".to_string())].into();
+        let r = req("e1", &["198.19.0.100", "198.19.0.101"], &[("198.19.0.100", "b")]);
+        let p = plan_with(&[r], &three(), &held);
+        let placed = items(&p, "e1");
+        assert!(placed.iter().all(|(i, _)| i != "198.19.0.100"), "{placed:?}");
+        assert_eq!(placed.len(), 1);
+        assert_eq!(reasons(&p), vec!["EgressIPConflict", "UnassignedRequest"]);
+        assert!(
+            p.events[0].message.contains("allocated by IPPool kube-system/pool (pod team/web-0)"),
+            "{:?}",
+            p.events
+        );
+        // Released by the allocator: placed again.
+        let r = req("e1", &["198.19.0.100", "198.19.0.101"], &[]);
+        assert_eq!(items(&plan_with(&[r], &three(), &BTreeMap::new()), "e1").len(), 2);
+    }
+
     #[test]
     fn plans_are_stable_fixed_points() {
         use proptest::prelude::*;

@@ -137,6 +137,19 @@ impl Routed {
         Self { lan, router, nodes, ext, dir }
     }
 
+    /// Bring node `n`'s uplink back with what the kernel dropped while it was down.
+    pub fn uplink_up(&self, n: usize) {
+        let ns = &self.nodes[n].ns;
+        ns.ip(&["link", "set", "eth0", "up"]);
+        ns.ip(&["addr", "replace", &format!("{}/24", node_ip(n)), "dev", "eth0"]);
+        let gw = if n < 2 { "198.19.1.254" } else { "198.19.2.254" };
+        ns.ip(&["route", "replace", "default", "via", gw]);
+        if n < 2 {
+            let m = 1 - n;
+            ns.ip(&["route", "replace", &format!("198.18.{}.0/24", m + 1), "via", &node_ip(m)]);
+        }
+    }
+
     pub fn write(&self, name: &str, body: &str) {
         let tmp = self.dir.path().join(format!(".{name}.tmp"));
         std::fs::write(&tmp, body).unwrap();
