@@ -372,11 +372,13 @@ fn failover_bench() {
         let new = host_of(&api).unwrap();
         println!("| {run} | {} | {} | {} |", k.c.nodes[host].name, k.c.nodes[new].name, took.as_millis());
         times.push(took);
+        // Counted before the revival: the leader may see it answer before start() returns.
+        let leader_log = |agents: &[Option<Agent>]| agents[0].as_ref().map(Agent::log_text).unwrap_or_default();
+        let seen = leader_log(&agents).matches("egress node reachable").count();
         revive_node(&k, &api, &mut agents, host);
         assert!(wait_for(Duration::from_secs(5), || !k.c.has_addr(host, EIP_B)).is_some());
         // Until the leader has seen the revived node answer again.
-        let leader_log = || agents[0].as_ref().map(Agent::log_text).unwrap_or_default();
-        let seen = leader_log().matches("egress node reachable").count();
+        let leader_log = || leader_log(&agents);
         assert!(
             wait_for(Duration::from_secs(10), || leader_log().matches("egress node reachable").count() > seen)
                 .is_some()

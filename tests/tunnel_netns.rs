@@ -21,9 +21,9 @@ fn source(c: &Routed, n: usize, i: usize) -> Option<String> {
 #[test]
 fn pods_in_another_subnet_leave_as_the_egress_ip_through_the_tunnel() {
     let mut c = Routed::new(&PODS);
-    c.egress_ip("web", &[EIP], &[(EIP, "node-b")]);
+    c.egress_ip("web", &[EIP, EIP6], &[(EIP, "node-b"), (EIP6, "node-b")]);
     c.start_all(&[]);
-    assert!(wait_for(Duration::from_secs(5), || c.has_addr(1, EIP)).is_some(), "{}", c.logs());
+    assert!(wait_for(Duration::from_secs(5), || c.has_addr(1, EIP) && c.has_addr(1, EIP6)).is_some(), "{}", c.logs());
     let logs = || c.logs();
     // The other subnet: through the tunnel.
     let got = wait_for(Duration::from_secs(5), || source(&c, 2, 0).as_deref() == Some(EIP));
@@ -31,11 +31,17 @@ fn pods_in_another_subnet_leave_as_the_egress_ip_through_the_tunnel() {
     // The shared subnet (direct) and the hosting node.
     assert_eq!(source(&c, 0, 0).as_deref(), Some(EIP), "pod on node-a\n{}", logs());
     assert_eq!(source(&c, 1, 0).as_deref(), Some(EIP), "pod on node-b");
+    // IPv6 too (inner and outer IPv6), from the other subnet and the shared one.
+    let got6 = wait_for(Duration::from_secs(5), || tcp(&c.nodes[2].pods[0], EXT6, 8080).as_deref() == Some(EIP6));
+    assert!(got6.is_some(), "pod on node-c, IPv6: {:?}\n{}", tcp(&c.nodes[2].pods[0], EXT6, 8080), logs());
+    assert_eq!(tcp(&c.nodes[0].pods[0], EXT6, 8080).as_deref(), Some(EIP6), "pod on node-a, IPv6");
     // Not selected: the node's own address.
     assert_eq!(source(&c, 2, 1), Some(node_ip(2)), "unselected pod on node-c");
+    assert_eq!(tcp(&c.nodes[2].pods[1], EXT6, 8080), Some(node_ip6(2)), "unselected pod on node-c, IPv6");
     // node-c steers through the tunnel, node-a on its link.
     let routes_c = c.nodes[2].ns.ip(&["route", "show", "table", "all", "proto", "233"]);
     assert!(routes_c.contains("encap ip id 1245540") && routes_c.contains("dev egressd-vx"), "{routes_c}");
+    assert!(routes_c.contains("encap ip6 id 256 "), "the IPv6 egress IP's key, outer IPv6: {routes_c}");
     let routes_a = c.nodes[0].ns.ip(&["route", "show", "table", "all", "proto", "233"]);
     assert!(routes_a.contains("via 198.19.1.2 dev eth0") && !routes_a.contains("encap"), "{routes_a}");
     assert!(!c.nodes[0].ns.ip(&["-o", "link"]).contains("egressd-vx"), "node-a uses no tunnel");
@@ -110,6 +116,17 @@ fn forged_tunnel_packets_are_dropped_and_counted_and_failover_crosses_subnets() 
     // node-b hosts nothing and steers directly: its tunnel device is gone.
     let gone = wait_for(Duration::from_secs(5), || !c.nodes[1].ns.ip(&["-o", "link"]).contains("egressd-vx"));
     assert!(gone.is_some(), "{}", c.nodes[1].ns.ip(&["-o", "link"]));
+
+    // Unplaced: node-c's route through the tunnel and its device go, its pod falls back
+    // to the node's own address, and no sync failed on the way.
+    c.egress_ip("web", &[EIP], &[]);
+    let routes = || c.nodes[2].ns.ip(&["route", "show", "table", "all", "proto", "233"]);
+    let fell_back = wait_for(Duration::from_secs(5), || {
+        !routes().contains("encap") && !c.nodes[2].ns.ip(&["-o", "link"]).contains("egressd-vx")
+    });
+    assert!(fell_back.is_some(), "{}\n{}", routes(), c.logs());
+    assert_eq!(source(&c, 2, 0), Some(node_ip(2)));
+    assert!(!c.logs().contains("netlink sync failed"), "{}", c.logs());
 }
 
 #[test]

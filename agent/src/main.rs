@@ -325,8 +325,8 @@ struct EgressArgs {
     /// on-link next hop, with the pod's source address: one L2 segment, nothing
     /// filtering), `vxlan` (encapsulated between the two nodes' own addresses, the
     /// egress IP's key in the VNI: routed networks, clouds), or `auto`: direct when the
-    /// hosting node is on a shared link, unless a cloud fabric filters (a cloud
-    /// --egress-ip-mode, or a node whose spec.providerID is aws://, gce:// or azure://),
+    /// hosting node is on a shared link, unless a cloud fabric filters (--egress-ip-mode
+    /// cloud, or a node whose spec.providerID is aws://, gce:// or azure://),
     /// vxlan otherwise. vxlan takes the mask's top bit (two mask bits at least).
     #[arg(long, env = "EGRESSD_EGRESS_IP_TRANSPORT", value_enum, default_value_t = TransportArg::Auto)]
     egress_ip_transport: TransportArg,

@@ -31,7 +31,9 @@ use ipnet::IpNet;
 
 use super::tunnel::{self, TunnelPlan};
 use super::{NodeConfig, ObjectStatus, Outcome};
-use crate::net::{EgressSettings, HostLinks, MarkRule, NetDesired, NextHop, Transport, tunnel_key, tunnel_mac};
+use crate::net::{
+    EgressIpMode, EgressSettings, HostLinks, MarkRule, NetDesired, NextHop, Transport, tunnel_key, tunnel_mac,
+};
 use crate::nft::{Chain, Hook, KeyType, Set, Table, Text, chain_name};
 use crate::view::ClusterView;
 use crate::view::policy::EgressIpPolicy;
@@ -386,7 +388,8 @@ fn steering_hop(ctx: &Ctx, ip: IpAddr, host_node: &str) -> Result<NextHop, Strin
         link: 0,
         key: Some(tunnel_key(ip)),
     });
-    let filtered = settings.mode.cloud() || info.cloud || ctx.me_cloud;
+    // A cloud network controller assigns the IPs (`cloud`): the fabric is a cloud's.
+    let filtered = settings.mode == EgressIpMode::Cloud || info.cloud || ctx.me_cloud;
     let hop = match settings.transport {
         Transport::Direct => direct,
         Transport::Vxlan => tunnel,

@@ -174,8 +174,13 @@ pub(super) fn emit(settings: &EgressSettings, plan: &TunnelPlan, table: &mut Tab
             priority: settings.rule_priority,
         });
     }
-    net.tunnel =
-        Some(TunnelDesired { port, mac: plan.mac, peers: plan.peers.clone(), return_routes: !plan.hosted.is_empty() });
+    net.tunnel = Some(TunnelDesired {
+        port,
+        mac: plan.mac,
+        local: plan.self_addr,
+        peers: plan.peers.clone(),
+        return_routes: !plan.hosted.is_empty(),
+    });
     true
 }
 

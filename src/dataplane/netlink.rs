@@ -19,8 +19,9 @@ use netlink_packet_route::AddressFamily;
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage, AddressProtocol};
 use netlink_packet_route::link::{LinkAttribute, LinkFlags};
 use netlink_packet_route::route::{
-    RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteIp6Tunnel, RouteIpTunnel, RouteLwEnCapType,
-    RouteLwTunnelEncap, RouteMessage, RouteNextHop, RouteNextHopFlags, RouteProtocol, RouteScope,
+    RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteIp6Tunnel, RouteIp6TunnelFlags, RouteIpTunnel,
+    RouteIpTunnelFlags, RouteLwEnCapType, RouteLwTunnelEncap, RouteMessage, RouteNextHop, RouteNextHopFlags,
+    RouteProtocol, RouteScope,
 };
 use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use rtnetlink::{Handle, IpVersion, RouteMessageBuilder};
@@ -315,10 +316,11 @@ impl Netlink {
             self.handle.rule().del(rule_message(rule)).execute().await.map_err(err(format!("removing {rule:?}")))?;
             changes.routing += 1;
         }
-        let tunnel_index = super::tunnel::device_index(&self.handle).await?.unwrap_or(0);
-        for (key, hops) in &current.routes {
+        for key in current.routes.keys() {
             if !desired.routes.contains_key(key) {
-                let msg = route_message(key.0, key.1, hops, self.settings.route_protocol, tunnel_index);
+                // By table, family and protocol only: the kernel matches any next hop
+                // given (an encap to the letter), and egressd's table has one default route.
+                let msg = route_message(key.0, key.1, &[], self.settings.route_protocol, TunnelEnd::default());
                 self.handle
                     .route()
                     .del(msg)
@@ -365,12 +367,13 @@ impl Netlink {
         if tunnel_wanted {
             changes.routing += super::tunnel::sync(&self.handle, &self.settings, desired.tunnel.as_ref()).await?;
         }
-        let tunnel_index = super::tunnel::device_index(&self.handle).await?.unwrap_or(0);
+        let local = desired.tunnel.as_ref().map(|t| t.local).unwrap_or_default();
+        let index = super::tunnel::device_index(&self.handle).await?.unwrap_or(0);
         for (key, hops) in &desired.routes {
             if current.routes.get(key) == Some(hops) {
                 continue;
             }
-            let msg = route_message(key.0, key.1, hops, self.settings.route_protocol, tunnel_index);
+            let msg = route_message(key.0, key.1, hops, self.settings.route_protocol, TunnelEnd { index, local });
             self.handle
                 .route()
                 .add(msg)
@@ -485,27 +488,45 @@ pub(super) fn next_hops(msg: &RouteMessage, tunnel: Option<u32>) -> Vec<NextHop>
     out
 }
 
-/// `encap ip|ip6 id <key> dst <dst>` (the outer header's family is the destination's).
-pub(super) fn encap(key: u32, dst: IpAddr) -> [RouteAttribute; 2] {
+/// `encap ip|ip6 id <key> dst <dst> csum` (the outer header's family is the
+/// destination's). `csum`: the outer UDP checksum is computed — without it a metadata
+/// VXLAN device sends none, which IPv6 receivers drop (`Udp6InCsumErrors`).
+/// `src`: the outer source (this node's address of the family), when known.
+pub(super) fn encap(key: u32, dst: IpAddr, local: &[Option<IpAddr>; 2]) -> [RouteAttribute; 2] {
     match dst {
-        IpAddr::V4(v4) => [
-            RouteAttribute::EncapType(RouteLwEnCapType::Ip),
-            RouteAttribute::Encap(vec![
+        IpAddr::V4(v4) => {
+            let mut e = vec![
                 RouteLwTunnelEncap::Ip(RouteIpTunnel::Id(u64::from(key))),
                 RouteLwTunnelEncap::Ip(RouteIpTunnel::Destination(v4)),
-            ]),
-        ],
-        IpAddr::V6(v6) => [
-            RouteAttribute::EncapType(RouteLwEnCapType::Ip6),
-            RouteAttribute::Encap(vec![
+                RouteLwTunnelEncap::Ip(RouteIpTunnel::Flags(RouteIpTunnelFlags::Checksum)),
+            ];
+            if let Some(IpAddr::V4(src)) = local[0] {
+                e.push(RouteLwTunnelEncap::Ip(RouteIpTunnel::Source(src)));
+            }
+            [RouteAttribute::EncapType(RouteLwEnCapType::Ip), RouteAttribute::Encap(e)]
+        }
+        IpAddr::V6(v6) => {
+            let mut e = vec![
                 RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Id(u64::from(key))),
                 RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Destination(v6)),
-            ]),
-        ],
+                RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Flags(RouteIp6TunnelFlags::Checksum)),
+            ];
+            if let Some(IpAddr::V6(src)) = local[1] {
+                e.push(RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Source(src)));
+            }
+            [RouteAttribute::EncapType(RouteLwEnCapType::Ip6), RouteAttribute::Encap(e)]
+        }
     }
 }
 
-fn route_message(table: u32, v6: bool, hops: &[NextHop], protocol: u8, tunnel: u32) -> RouteMessage {
+/// The tunnel device's index and this node's outer source addresses, for routes through it.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct TunnelEnd {
+    pub index: u32,
+    pub local: [Option<IpAddr>; 2],
+}
+
+fn route_message(table: u32, v6: bool, hops: &[NextHop], protocol: u8, tunnel: TunnelEnd) -> RouteMessage {
     let mut msg = if v6 {
         RouteMessageBuilder::<Ipv6Addr>::new().table_id(table).protocol(RouteProtocol::from(protocol)).build()
     } else {
@@ -513,13 +534,14 @@ fn route_message(table: u32, v6: bool, hops: &[NextHop], protocol: u8, tunnel: u
     };
     msg.header.scope = RouteScope::Universe;
     match hops {
+        [] => {}
         [one] => {
             msg.attributes.push(RouteAttribute::Gateway(RouteAddress::from(one.gateway)));
             match one.key {
                 Some(key) => {
-                    msg.attributes.push(RouteAttribute::Oif(tunnel));
+                    msg.attributes.push(RouteAttribute::Oif(tunnel.index));
                     msg.header.flags |= RouteFlags::Onlink;
-                    msg.attributes.extend(encap(key, one.gateway));
+                    msg.attributes.extend(encap(key, one.gateway, &tunnel.local));
                 }
                 None => msg.attributes.push(RouteAttribute::Oif(one.link)),
             }
@@ -531,8 +553,8 @@ fn route_message(table: u32, v6: bool, hops: &[NextHop], protocol: u8, tunnel: u
                     let mut attributes = vec![RouteAttribute::Gateway(RouteAddress::from(h.gateway))];
                     let (flags, link) = match h.key {
                         Some(key) => {
-                            attributes.extend(encap(key, h.gateway));
-                            (RouteNextHopFlags::Onlink, tunnel)
+                            attributes.extend(encap(key, h.gateway, &tunnel.local));
+                            (RouteNextHopFlags::Onlink, tunnel.index)
                         }
                         None => (RouteNextHopFlags::empty(), h.link),
                     };

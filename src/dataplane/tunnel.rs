@@ -251,7 +251,7 @@ fn route_destination(msg: &RouteMessage) -> Option<IpAddr> {
     })
 }
 
-fn return_route(table: u32, protocol: u8, index: u32, peer: IpAddr) -> RouteMessage {
+fn return_route(table: u32, protocol: u8, index: u32, peer: IpAddr, local: &[Option<IpAddr>; 2]) -> RouteMessage {
     let mut msg = match peer {
         IpAddr::V4(v4) => RouteMessageBuilder::<Ipv4Addr>::new().destination_prefix(v4, 32).build(),
         IpAddr::V6(v6) => RouteMessageBuilder::<Ipv6Addr>::new().destination_prefix(v6, 128).build(),
@@ -263,7 +263,7 @@ fn return_route(table: u32, protocol: u8, index: u32, peer: IpAddr) -> RouteMess
     }
     msg.attributes.push(RouteAttribute::Table(table));
     msg.attributes.push(RouteAttribute::Oif(index));
-    msg.attributes.extend(super::netlink::encap(REPLY_KEY, peer));
+    msg.attributes.extend(super::netlink::encap(REPLY_KEY, peer, local));
     msg
 }
 
@@ -314,7 +314,7 @@ async fn sync_return_routes(
         {
             continue;
         }
-        let msg = return_route(table, settings.route_protocol, index, *peer);
+        let msg = return_route(table, settings.route_protocol, index, *peer, &want.local);
         handle.route().add(msg).replace().execute().await.map_err(err(format!("adding the return route to {peer}")))?;
         changes += 1;
     }

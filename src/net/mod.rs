@@ -45,7 +45,7 @@ pub struct EgressSettings {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Transport {
     /// Direct when the hosting node's address is on a shared link and no cloud fabric
-    /// filters (no cloud `--egress-ip-mode`, no cloud `spec.providerID` on either
+    /// filters (not `--egress-ip-mode cloud`, no cloud `spec.providerID` on either
     /// node); VXLAN otherwise.
     #[default]
     Auto,
@@ -312,6 +312,9 @@ pub struct TunnelDesired {
     pub port: u16,
     /// This node's device address ([`tunnel_mac`] of its tunnel address).
     pub mac: [u8; 6],
+    /// The outer source per family (this node's address): never left to the kernel's
+    /// choice, which may pick a hosted egress IP that peers do not accept.
+    pub local: [Option<IpAddr>; 2],
     /// Every peer node address → its device's Ethernet address (permanent neighbours).
     pub peers: BTreeMap<IpAddr, [u8; 6]>,
     /// Return routes (this node hosts an egress IP reached through the tunnel): each

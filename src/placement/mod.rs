@@ -18,6 +18,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
+use crate::net::tunnel_key;
 use crate::view::{EGRESS_ASSIGNABLE_LABEL, NodeInfo};
 
 /// What the leader knows of one node.
@@ -121,7 +122,8 @@ fn event(name: &str, reason: &'static str, message: String) -> PlacementEvent {
 ///   this EgressIP, and is no node's address — no churn, no move back on recovery;
 /// * at most one IP of an EgressIP per node (across families);
 /// * a new IP goes to the least loaded assignable node (fewest egress IPs in all, then
-///   by name) whose subnets contain it;
+///   by name) whose subnets contain it and that hosts no IP of its family with the same
+///   tunnel key ([`crate::net::tunnel_key`]: the key names the IP on its node);
 /// * an IP equal to a node address is never placed (`EgressIPConflict`), nor an IP an
 ///   older EgressIP lists (`UnsupportedRequest`).
 pub fn plan(requests: &[Request], nodes: &BTreeMap<String, Candidate>) -> Placement {
@@ -164,6 +166,9 @@ pub fn plan_with(
             }
         }
     }
+    // Every placed IP's tunnel key per node (see `crate::net::tunnel_key`).
+    let mut placed_keys: BTreeSet<(&str, bool, u32)> =
+        placed.values().flat_map(|m| m.iter().map(|(ip, n)| (*n, ip.is_ipv6(), tunnel_key(*ip)))).collect();
     // Pass 2: the IPs without a node.
     let assignable: Vec<&str> = nodes.iter().filter(|(_, c)| c.assignable()).map(|(n, _)| n.as_str()).collect();
     let mut events = Vec::new();
@@ -221,12 +226,20 @@ pub fn plan_with(
                     continue;
                 }
                 let used: BTreeSet<&str> = mine.values().copied().collect();
+                // Never two IPs with one tunnel key on a node: the key names the IP there.
+                let key_taken = |n: &str| {
+                    placed_keys.contains(&(n, ip.is_ipv6(), tunnel_key(ip)))
+                        || mine
+                            .iter()
+                            .any(|(i, m)| *m == n && i.is_ipv6() == ip.is_ipv6() && tunnel_key(*i) == tunnel_key(ip))
+                };
                 let best = assignable
                     .iter()
-                    .filter(|n| !used.contains(**n) && nodes[**n].can_host(ip))
+                    .filter(|n| !used.contains(**n) && nodes[**n].can_host(ip) && !key_taken(n))
                     .min_by_key(|n| (load.get(**n).copied().unwrap_or(0), **n));
                 if let Some(n) = best {
                     mine.insert(ip, n);
+                    placed_keys.insert((n, ip.is_ipv6(), tunnel_key(ip)));
                     *load.entry(n).or_default() += 1;
                 }
             }
@@ -432,6 +445,24 @@ mod tests {
         // Released by the allocator: placed again.
         let r = req("e1", &["198.19.0.100", "198.19.0.101"], &[]);
         assert_eq!(items(&plan_with(&[r], &three(), &BTreeMap::new()), "e1").len(), 2);
+    }
+
+    #[test]
+    fn two_ips_with_one_tunnel_key_never_share_a_node() {
+        // 198.19.0.100 and 199.19.0.100 share their low 24 bits (the tunnel key).
+        let sub = ["198.19.0.0/24", "199.19.0.0/24"];
+        let nodes = BTreeMap::from([
+            ("a".to_string(), node("198.19.0.1", &sub, true, Reach::Up)),
+            ("b".to_string(), node("198.19.0.2", &sub, true, Reach::Up)),
+        ]);
+        let p =
+            plan(&[req("e1", &["198.19.0.100"], &[("198.19.0.100", "a")]), req("e2", &["199.19.0.100"], &[])], &nodes);
+        assert_eq!(items(&p, "e2"), vec![("199.19.0.100".to_string(), "b".to_string())], "not next to its twin on a");
+        let only_a = BTreeMap::from([("a".to_string(), node("198.19.0.1", &sub, true, Reach::Up))]);
+        let p =
+            plan(&[req("e1", &["198.19.0.100"], &[("198.19.0.100", "a")]), req("e2", &["199.19.0.100"], &[])], &only_a);
+        assert!(items(&p, "e2").is_empty());
+        assert_eq!(reasons(&p), vec!["NoMatchingNodeFound"]);
     }
 
     #[test]

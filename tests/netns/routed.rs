@@ -5,8 +5,10 @@
 //!
 //! ```text
 //!   subnet A (bridge): 198.19.1.0/24        subnet B: 198.19.2.0/24     external: 192.0.2.0/24
+//!   2001:db8:0:a::/64                       2001:db8:0:b::/64           2001:db8:ff::/64
 //!   node-a .1   node-b .2   router .254 ─── router .254 ── node-c .3    router .254 ── ext .10
 //!   pods 198.18.1.x  198.18.2.x                        198.18.3.x
+//!   2001:db8:1:1x::  2001:db8:1:2x::                   2001:db8:1:3x::
 //! ```
 //! Pods are routed host-gw between node-a and node-b (one subnet), never across the
 //! router (it drops them): only EgressIP's tunnel carries pod traffic across subnets. Every node masquerades pod traffic leaving the
@@ -20,7 +22,9 @@ use std::time::Duration;
 use super::{Agent, Netns, addr, require_root, serve, veth, wait_for};
 
 pub const EXT: &str = "192.0.2.10";
+pub const EXT6: &str = "2001:db8:ff::10";
 pub const EIP: &str = "198.19.1.100";
+pub const EIP6: &str = "2001:db8:0:a::100";
 pub const SINK_PORT: u16 = 9000;
 
 pub struct RNode {
@@ -42,8 +46,16 @@ pub fn node_ip(n: usize) -> String {
     if n < 2 { format!("198.19.1.{}", n + 1) } else { format!("198.19.2.{}", n + 1) }
 }
 
+pub fn node_ip6(n: usize) -> String {
+    if n < 2 { format!("2001:db8:0:a::{}", n + 1) } else { format!("2001:db8:0:b::{}", n + 1) }
+}
+
 pub fn pod_ip(n: usize, i: usize) -> String {
     format!("198.18.{}.{}", n + 1, 4 * i + 2)
+}
+
+pub fn pod_ip6(n: usize, i: usize) -> String {
+    format!("2001:db8:1:{}{}::2", n + 1, i)
 }
 
 impl Routed {
@@ -52,26 +64,34 @@ impl Routed {
         require_root();
         let router = Netns::new("vpc");
         router.sysctl("net.ipv4.ip_forward", "1");
+        router.sysctl("net.ipv6.conf.all.forwarding", "1");
         let lan = Netns::new("lana");
         lan.ip(&["link", "add", "br0", "type", "bridge"]);
         lan.ip(&["link", "set", "br0", "up"]);
         veth(&router, "ra", &lan, "r");
         lan.ip(&["link", "set", "r", "master", "br0"]);
         addr(&router, "ra", "198.19.1.254/24");
+        addr(&router, "ra", "2001:db8:0:a::fe/64");
         let ext = Netns::new("rext");
         veth(&router, "rx", &ext, "eth0");
         addr(&router, "rx", "192.0.2.254/24");
+        addr(&router, "rx", "2001:db8:ff::fe/64");
         addr(&ext, "eth0", &format!("{EXT}/24"));
+        addr(&ext, "eth0", &format!("{EXT6}/64"));
         ext.ip(&["route", "add", "default", "via", "192.0.2.254"]);
+        ext.ip(&["-6", "route", "add", "default", "via", "2001:db8:ff::fe"]);
         // The VPC: only node (and egress IP) sources from the node subnets, nothing to pods.
         router.exec(&[
             "nft",
             "add table inet vpc; add chain inet vpc filt { type filter hook forward priority 0; }; \
              add rule inet vpc filt ip saddr 198.18.0.0/16 counter drop; \
              add rule inet vpc filt iifname { ra, rb } ip saddr != { 198.19.1.0/24, 198.19.2.0/24 } counter drop; \
-             add rule inet vpc filt ip daddr 198.18.0.0/16 counter drop",
+             add rule inet vpc filt ip daddr 198.18.0.0/16 counter drop; \
+             add rule inet vpc filt ip6 saddr 2001:db8:1::/48 counter drop; \
+             add rule inet vpc filt iifname { ra, rb } ip6 saddr != { 2001:db8:0:a::/64, 2001:db8:0:b::/64, fe80::/10 } counter drop; \
+             add rule inet vpc filt ip6 daddr 2001:db8:1::/48 counter drop",
         ]);
-        serve(&ext, &[8080], &[]);
+        serve(&ext, &[8080], &[8081]);
         sink_server(&ext);
 
         let names = ["node-a", "node-b", "node-c"];
@@ -79,27 +99,35 @@ impl Routed {
         for (n, name) in names.iter().enumerate() {
             let ns = Netns::new(&format!("r{}", &name[5..]));
             ns.sysctl("net.ipv4.ip_forward", "1");
+            ns.sysctl("net.ipv6.conf.all.forwarding", "1");
             if n < 2 {
                 let port = format!("p{n}");
                 veth(&ns, "eth0", &lan, &port);
                 lan.ip(&["link", "set", &port, "master", "br0"]);
                 addr(&ns, "eth0", &format!("{}/24", node_ip(n)));
+                addr(&ns, "eth0", &format!("{}/64", node_ip6(n)));
                 ns.ip(&["route", "add", "default", "via", "198.19.1.254"]);
+                ns.ip(&["-6", "route", "add", "default", "via", "2001:db8:0:a::fe"]);
             } else {
                 veth(&ns, "eth0", &router, "rb");
                 addr(&router, "rb", "198.19.2.254/24");
+                addr(&router, "rb", "2001:db8:0:b::fe/64");
                 addr(&ns, "eth0", &format!("{}/24", node_ip(n)));
+                addr(&ns, "eth0", &format!("{}/64", node_ip6(n)));
                 ns.ip(&["route", "add", "default", "via", "198.19.2.254"]);
+                ns.ip(&["-6", "route", "add", "default", "via", "2001:db8:0:b::fe"]);
             }
             if n < 2 {
                 // host-gw on the shared subnet: the other node's pods via that node.
                 let m = 1 - n;
                 ns.ip(&["route", "add", &format!("198.18.{}.0/24", m + 1), "via", &node_ip(m)]);
+                ns.ip(&["-6", "route", "add", &format!("2001:db8:1:{}0::/60", m + 1), "via", &node_ip6(m)]);
             }
             ns.exec(&[
                 "nft",
                 "add table inet cni; add chain inet cni post { type nat hook postrouting priority srcnat; }; \
-                 add rule inet cni post ip saddr 198.18.0.0/16 ip daddr != 198.18.0.0/16 masquerade",
+                 add rule inet cni post ip saddr 198.18.0.0/16 ip daddr != 198.18.0.0/16 masquerade; \
+                 add rule inet cni post ip6 saddr 2001:db8:1::/48 ip6 daddr != 2001:db8:1::/48 masquerade",
             ]);
             let mut node_pods = Vec::new();
             for i in 0..pods[n].len() {
@@ -107,8 +135,11 @@ impl Routed {
                 let dev = format!("vp{i}");
                 veth(&ns, &dev, &pod, "eth0");
                 addr(&ns, &dev, &format!("198.18.{}.{}/30", n + 1, 4 * i + 1));
+                addr(&ns, &dev, &format!("2001:db8:1:{}{}::1/64", n + 1, i));
                 addr(&pod, "eth0", &format!("{}/30", pod_ip(n, i)));
+                addr(&pod, "eth0", &format!("{}/64", pod_ip6(n, i)));
                 pod.ip(&["route", "add", "default", "via", &format!("198.18.{}.{}", n + 1, 4 * i + 1)]);
+                pod.ip(&["-6", "route", "add", "default", "via", &format!("2001:db8:1:{}{}::1", n + 1, i)]);
                 node_pods.push(pod);
             }
             nodes.push(RNode { ns, name: name.to_string(), pods: node_pods, agent: None });
@@ -118,14 +149,16 @@ impl Routed {
         let mut cluster = String::new();
         for (n, name) in names.iter().enumerate() {
             cluster.push_str(&format!(
-                "---\napiVersion: v1\nkind: Node\nmetadata: {{name: {name}}}\nstatus:\n  addresses:\n  - {{type: InternalIP, address: {}}}\n",
-                node_ip(n)
+                "---\napiVersion: v1\nkind: Node\nmetadata: {{name: {name}}}\nstatus:\n  addresses:\n  - {{type: InternalIP, address: {}}}\n  - {{type: InternalIP, address: \"{}\"}}\n",
+                node_ip(n),
+                node_ip6(n)
             ));
             for (i, (namespace, labels)) in pods[n].iter().enumerate() {
                 cluster.push_str(&format!(
                     "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}-pod{i}, namespace: {namespace}, labels: {labels}}}\n\
-                     spec: {{nodeName: {name}}}\nstatus:\n  phase: Running\n  podIPs: [{{ip: {}}}]\n",
-                    pod_ip(n, i)
+                     spec: {{nodeName: {name}}}\nstatus:\n  phase: Running\n  podIPs: [{{ip: {}}}, {{ip: \"{}\"}}]\n",
+                    pod_ip(n, i),
+                    pod_ip6(n, i)
                 ));
             }
         }
@@ -142,11 +175,14 @@ impl Routed {
         let ns = &self.nodes[n].ns;
         ns.ip(&["link", "set", "eth0", "up"]);
         ns.ip(&["addr", "replace", &format!("{}/24", node_ip(n)), "dev", "eth0"]);
-        let gw = if n < 2 { "198.19.1.254" } else { "198.19.2.254" };
+        ns.ip(&["addr", "replace", &format!("{}/64", node_ip6(n)), "dev", "eth0"]);
+        let (gw, gw6) = if n < 2 { ("198.19.1.254", "2001:db8:0:a::fe") } else { ("198.19.2.254", "2001:db8:0:b::fe") };
         ns.ip(&["route", "replace", "default", "via", gw]);
+        ns.ip(&["-6", "route", "replace", "default", "via", gw6]);
         if n < 2 {
             let m = 1 - n;
             ns.ip(&["route", "replace", &format!("198.18.{}.0/24", m + 1), "via", &node_ip(m)]);
+            ns.ip(&["-6", "route", "replace", &format!("2001:db8:1:{}0::/60", m + 1), "via", &node_ip6(m)]);
         }
     }
 
@@ -222,11 +258,12 @@ impl Routed {
         self.nodes[n].ns.ip(&["-o", "addr", "show", "dev", "eth0"]).contains(&format!(" {ip}/"))
     }
 
-    /// Packets the router dropped: (pod sources, other foreign sources, to pods).
+    /// Packets the router dropped, both families: (pod sources, other foreign sources,
+    /// to pods).
     pub fn vpc_drops(&self) -> (u64, u64, u64) {
         let text = self.router.exec(&["nft", "list", "chain", "inet", "vpc", "filt"]);
         let c = counters(&text);
-        (c[0], c[1], c[2])
+        (c[0] + c[3], c[1] + c[4], c[2] + c[5])
     }
 }
 
