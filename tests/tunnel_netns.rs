@@ -64,6 +64,18 @@ fn pods_in_another_subnet_leave_as_the_egress_ip_through_the_tunnel() {
         let fallbacks = c.nodes[n].agent.as_ref().unwrap().nft_fallbacks();
         assert!(fallbacks.is_empty(), "node {n} synced through nft: {fallbacks:?}");
     }
+
+    // A stopped agent leaves the dataplane in place; `egressd cleanup` removes the tunnel
+    // (device, its neighbours and routes, the tunnel table's rules) with the rest.
+    c.nodes[1].agent.take().unwrap().stop();
+    assert!(c.nodes[1].ns.ip(&["-o", "link"]).contains("egressd-vx"), "left in place on stop");
+    let (ok, out) = c.nodes[1].ns.try_exec(&[netns::egressd_bin().to_str().unwrap(), "cleanup"]);
+    assert!(ok, "{out}");
+    assert!(!c.nodes[1].ns.ip(&["-o", "link"]).contains("egressd-vx"));
+    let left = c.nodes[1].ns.ip(&["route", "show", "table", "all", "proto", "233"])
+        + &c.nodes[1].ns.ip(&["-6", "rule"])
+        + &c.nodes[1].ns.ip(&["rule"]);
+    assert!(!left.contains("7725") && !left.contains("egressd-vx"), "{left}");
 }
 
 /// A VXLAN packet with `key` and a junk inner frame, sent from `from` to node-b's port.
