@@ -131,6 +131,9 @@ async fn check_net(
         *last_links = Some(links);
         if !first {
             tracing::info!("links or their addresses changed; recompiling");
+            // The recompile's sync must read the kernel back: a change of egressd's own
+            // state noticed together with the links' (one notification) is repaired too.
+            net.forget_synced();
         }
         return !first;
     }

@@ -26,7 +26,7 @@ use netlink_packet_route::route::{
 use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use rtnetlink::{Handle, IpVersion, RouteMessageBuilder};
 
-use crate::net::{EgressSettings, HostLink, HostLinks, MarkRule, NetDesired, NextHop};
+use crate::net::{EgressSettings, HostLink, HostLinks, MarkRule, NetDesired, NextHop, TUNNEL_DEVICE};
 
 /// A netlink failure, with what was being done.
 #[derive(Debug, thiserror::Error)]
@@ -140,6 +140,11 @@ impl Netlink {
                 .iter()
                 .find_map(|a| if let LinkAttribute::IfName(n) = a { Some(n.clone()) } else { None })
                 .unwrap_or_default();
+            // egressd's own tunnel device is no link of the node's (its changes are
+            // egressd's doing; nothing is hosted or routed by its addresses).
+            if name == TUNNEL_DEVICE {
+                continue;
+            }
             let flags = msg.header.flags;
             links.push(HostLink {
                 index: msg.header.index,
@@ -258,6 +263,14 @@ impl Netlink {
             }
         }
         (rule.priority == self.settings.rule_priority && self.settings.owns_table(rule.table)).then_some(rule)
+    }
+
+    /// Forget what the last sync established: the next [`Netlink::sync_if_changed`]
+    /// reads the kernel back.
+    pub(crate) fn forget_synced(&self) {
+        if let Ok(mut s) = self.synced.lock() {
+            *s = None;
+        }
     }
 
     /// [`Netlink::sync`] unless the last successful sync already established `desired`:
