@@ -782,6 +782,14 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
                 }
                 continue;
             }
+            if let Some(reason) = name.strip_prefix("eip-tunnel-") {
+                if new > 0 {
+                    tracing::warn!(reason, packets = new, "EgressIP tunnel: encapsulated packets refused");
+                    let labels = crate::telemetry::metrics::TunnelDropLabels { reason: reason.replace('-', "_") };
+                    metrics.tunnel_dropped.get_or_create(&labels).inc_by(new);
+                }
+                continue;
+            }
             if let Some(verdict) = name.strip_prefix("fw-") {
                 let labels = crate::telemetry::metrics::AclLabels { verdict: verdict.to_string() };
                 metrics.firewall_packets.get_or_create(&labels).inc_by(new);
@@ -851,7 +859,8 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
 
     /// Whether the counters are worth reading: some rule or copy can move them.
     fn reads_counters(&self) -> bool {
-        self.snoop.is_some() || self.acl.is_some() || !self.source.view().firewalls.is_empty()
+        let view = self.source.view();
+        self.snoop.is_some() || self.acl.is_some() || !view.firewalls.is_empty() || !view.egress_ips.is_empty()
     }
 
     /// Answer an `egressd explain` query with the current view, the resolved answers and

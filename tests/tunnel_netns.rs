@@ -91,11 +91,20 @@ fn forge(from: &netns::Netns, key: u32) {
     });
 }
 
-/// node-b's tunnel counters: (IPv4 foreign sources, IPv4 unknown keys).
+/// node-b's tunnel counters: (foreign sources, unknown keys).
 fn tunnel_drops(c: &Routed) -> (u64, u64) {
-    let text = c.nodes[1].ns.exec(&["nft", "list", "chain", "inet", "egressd", "egress-tunnel-in"]);
-    let n = counters(&text);
-    (n[0], n[1])
+    let count = |name: &str| {
+        let text = c.nodes[1].ns.exec(&["nft", "list", "counter", "inet", "egressd", name]);
+        counters(&text).first().copied().unwrap_or(0)
+    };
+    (count("eip-tunnel-foreign-source"), count("eip-tunnel-unknown-key"))
+}
+
+/// node-b's `egressd_egress_ip_tunnel_dropped_total` for `reason`.
+fn tunnel_metric(c: &Routed, reason: &str) -> Option<u64> {
+    let (_, body) = netns::http_get(&c.nodes[1].ns, "127.0.0.1:9781", "/metrics")?;
+    let needle = format!("egressd_egress_ip_tunnel_dropped_total{{reason=\"{reason}\"}} ");
+    body.lines().find_map(|l| l.strip_prefix(&needle)?.trim().parse().ok())
 }
 
 #[test]
@@ -111,6 +120,11 @@ fn forged_tunnel_packets_are_dropped_and_counted_and_failover_crosses_subnets() 
     // A node sending a key node-b does not host: dropped as unknown.
     forge(&c.nodes[0].ns, 0x12_3456);
     assert!(wait_for(Duration::from_secs(2), || tunnel_drops(&c) == (3, 3)).is_some(), "{:?}", tunnel_drops(&c));
+    // Read into the metrics (every 5 s).
+    let counted = wait_for(Duration::from_secs(8), || {
+        tunnel_metric(&c, "foreign_source") == Some(3) && tunnel_metric(&c, "unknown_key") == Some(3)
+    });
+    assert!(counted.is_some(), "{:?} {:?}", tunnel_metric(&c, "foreign_source"), tunnel_metric(&c, "unknown_key"));
     assert_eq!(source(&c, 2, 0).as_deref(), Some(EIP), "real traffic still passes");
 
     // The egress IP moves to node-a (same subnet as node-b, other than node-c's): node-c's

@@ -121,7 +121,9 @@ pub(super) fn emit(settings: &EgressSettings, plan: &TunnelPlan, table: &mut Tab
     for (f, ip) in ["ip", "ip6"].into_iter().enumerate() {
         let (me, peer) = (SELF[f], PEERS[f]);
         let outer = format!("{ip} daddr @{me} udp dport {port}");
-        rx.push(format!("{ip} daddr @{me} {ip} saddr != @{peer} udp dport {port} counter drop"));
+        rx.push(format!(
+            "{ip} daddr @{me} {ip} saddr != @{peer} udp dport {port} counter name \"eip-tunnel-foreign-source\" drop"
+        ));
         if steering {
             rx.push(format!(
                 "{outer} @th,96,24 {REPLY_KEY} meta mark set meta mark and {keep:#010x} or {reply:#010x} accept"
@@ -134,7 +136,7 @@ pub(super) fn emit(settings: &EgressSettings, plan: &TunnelPlan, table: &mut Tab
             let Some(mark) = settings.tunnel_mark(j) else { continue };
             rx.push(format!("{outer} @th,96,24 {key} meta mark set meta mark and {keep:#010x} or {mark:#010x} accept"));
         }
-        rx.push(format!("{outer} counter drop"));
+        rx.push(format!("{outer} counter name \"eip-tunnel-unknown-key\" drop"));
     }
     let [p4, p6] = peers;
     let [s4, s6] = mine;

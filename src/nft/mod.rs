@@ -30,9 +30,10 @@ pub(crate) const FAMILY: &str = "inet";
 /// back, by class ([`crate::compile`]'s `dns-copy-<class>` chains), read by the agent
 /// for `egressd_dns_snoop_dropped`; what ACL logging's limits held back (`acl-over`,
 /// for `egressd_acl_log_dropped`); and the packets every EgressFirewall rule decided, by
-/// verdict (`fw-allow`, `fw-deny`, `fw-audit`: `egressd_firewall_packets`). Constant, so
-/// a delta never adds or removes them.
-pub(crate) const COUNTERS: [&str; 9] = [
+/// verdict (`fw-allow`, `fw-deny`, `fw-audit`: `egressd_firewall_packets`); the EgressIP
+/// tunnel's drops (`eip-tunnel-<reason>`: `egressd_egress_ip_tunnel_dropped`). Constant,
+/// so a delta never adds or removes them.
+pub(crate) const COUNTERS: [&str; 11] = [
     "snoop-over-query",
     "snoop-over-answer",
     "snoop-over-untrusted",
@@ -42,6 +43,8 @@ pub(crate) const COUNTERS: [&str; 9] = [
     "fw-allow",
     "fw-deny",
     "fw-audit",
+    "eip-tunnel-foreign-source",
+    "eip-tunnel-unknown-key",
 ];
 
 /// The `size` of timeout sets (the DNS sets): the kernel refuses elements beyond it.

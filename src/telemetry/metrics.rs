@@ -101,6 +101,14 @@ pub struct SnoopDropLabels {
     pub reason: String,
 }
 
+/// Labels of `egressd_egress_ip_tunnel_dropped`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TunnelDropLabels {
+    /// `foreign_source` (not from a cluster node's address) or `unknown_key` (a key
+    /// this node hosts no egress IP for).
+    pub reason: String,
+}
+
 /// Labels of `egressd_kind_unavailable`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabels {
@@ -149,6 +157,8 @@ pub struct Metrics {
     pub dns_snooped: Family<SnoopLabels, Counter>,
     /// What DNS snooping's bounds dropped, by bound.
     pub dns_snoop_dropped: Family<SnoopDropLabels, Counter>,
+    /// `egressd_egress_ip_tunnel_dropped`.
+    pub tunnel_dropped: Family<TunnelDropLabels, Counter>,
     /// Pods' DNS queries the DNS proxy took, by transport and outcome.
     pub dns_proxied: Family<ProxyLabels, Counter>,
     /// How long the DNS proxy held answers (the upstream answer's arrival to its release
@@ -195,6 +205,7 @@ impl Default for Metrics {
             dns_lookups: Family::default(),
             dns_snooped: Family::default(),
             dns_snoop_dropped: Family::default(),
+            tunnel_dropped: Family::default(),
             dns_proxied: Family::default(),
             dns_proxy_hold: Histogram::new(exponential_buckets(0.000_01, 2.0, 16)),
             acl_log: Family::default(),
@@ -232,6 +243,11 @@ impl Default for Metrics {
             "dns_snoop_dropped",
             "What DNS snooping's bounds dropped (queries, streams, CNAME links, learned addresses, copies), by bound",
             m.dns_snoop_dropped.clone(),
+        );
+        registry.register(
+            "egress_ip_tunnel_dropped",
+            "Encapsulated packets the EgressIP tunnel refused, by reason (foreign_source: not from a node; unknown_key: no egress IP hosted here has the key)",
+            m.tunnel_dropped.clone(),
         );
         registry.register(
             "acl_log",
