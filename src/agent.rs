@@ -246,6 +246,14 @@ pub fn render_manifests(dir: &std::path::Path, node: &NodeConfig, host: &HostLin
 /// Log (and act on) what a netlink sync changed: connections of removed addresses are
 /// forgotten, added ones announced.
 async fn report_net_changes(changes: &crate::dataplane::netlink::NetChanges) {
+    if changes.repaired {
+        tracing::warn!(
+            added = changes.added.len(),
+            removed = changes.removed.len(),
+            routing = changes.routing,
+            "egressd's addresses, rules or routes were changed by someone else; restored (with a link change)"
+        );
+    }
     for ip in &changes.removed {
         let ip = *ip;
         match tokio::task::spawn_blocking(move || crate::dataplane::conntrack::forget(ip)).await {

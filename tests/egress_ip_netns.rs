@@ -318,7 +318,22 @@ fn drift_is_restored_and_link_changes_are_followed() {
         "drift not restored within 1 s\n{}",
         c.logs()
     );
-    assert!(c.nodes[2].agent.as_ref().unwrap().log_text().contains("changed by someone else; restored"));
+    let log_c = c.nodes[2].agent.as_ref().unwrap().log_text();
+    assert!(log_c.contains("changed by someone else; restored"), "{log_c}");
+
+    // The address goes together with a link change (one burst of notifications): the
+    // recompile the link change causes reads the kernel back and repairs too.
+    let restored = |c: &Cluster| {
+        c.nodes[2].agent.as_ref().unwrap().log_text().matches("changed by someone else; restored").count()
+    };
+    let before = restored(&c);
+    c.nodes[2].ns.exec(&[
+        "sh",
+        "-c",
+        &format!("ip addr add 198.18.3.99/32 dev vp0 && ip addr del {EIP_B}/32 dev eth0"),
+    ]);
+    let back = wait_for(Duration::from_secs(1), || c.has_addr(2, EIP_B) && restored(&c) > before);
+    assert!(back.is_some(), "not restored with a link change\n{}", c.nodes[2].agent.as_ref().unwrap().log_text());
 
     // B's eth1 goes down: the address cannot be hosted there any more and is removed,
     // reported; back up, it returns.

@@ -70,6 +70,9 @@ pub struct NetChanges {
     pub removed: Vec<IpAddr>,
     /// Rules and routes added, replaced or removed.
     pub routing: usize,
+    /// The changes restored what egressd had established for the same desired state
+    /// (someone else changed it): a repair, not a change of policy.
+    pub repaired: bool,
 }
 
 impl NetChanges {
@@ -89,6 +92,9 @@ pub struct Netlink {
     /// Egress IPs another host answered for: address → (who, link index, link name,
     /// when last probed).
     conflicts: std::sync::Arc<std::sync::Mutex<BTreeMap<IpAddr, Conflict>>>,
+    /// What [`Netlink::forget_synced`] forgot: a sync of the same desired state that
+    /// changes anything is a repair.
+    forgotten: std::sync::Arc<std::sync::Mutex<Option<NetDesired>>>,
 }
 
 #[derive(Debug, Clone)]
@@ -127,7 +133,13 @@ impl Netlink {
     pub fn connect(settings: EgressSettings) -> std::io::Result<Self> {
         let (connection, handle, _) = rtnetlink::new_connection()?;
         tokio::spawn(connection);
-        Ok(Self { handle, settings, synced: Default::default(), conflicts: Default::default() })
+        Ok(Self {
+            handle,
+            settings,
+            synced: Default::default(),
+            conflicts: Default::default(),
+            forgotten: Default::default(),
+        })
     }
 
     /// The node's links with their addresses, egressd's own addresses left out.
@@ -268,8 +280,9 @@ impl Netlink {
     /// Forget what the last sync established: the next [`Netlink::sync_if_changed`]
     /// reads the kernel back.
     pub(crate) fn forget_synced(&self) {
-        if let Ok(mut s) = self.synced.lock() {
-            *s = None;
+        let last = self.synced.lock().ok().and_then(|mut s| s.take());
+        if let (Some(last), Ok(mut f)) = (last, self.forgotten.lock()) {
+            *f = Some(last);
         }
     }
 
@@ -280,7 +293,10 @@ impl Netlink {
         if self.synced.lock().is_ok_and(|s| s.as_ref() == Some(desired)) {
             return Ok(NetChanges::default());
         }
-        self.sync(desired).await
+        let forgotten = self.forgotten.lock().ok().and_then(|mut f| f.take());
+        let mut changes = self.sync(desired).await?;
+        changes.repaired = forgotten.as_ref() == Some(desired) && !changes.is_empty();
+        Ok(changes)
     }
 
     /// When the earliest held-back address is due to be probed again ([`REPROBE`] after
