@@ -278,7 +278,7 @@ fn named_counters_read_over_netlink_are_what_nft_lists() {
         (netlink, cli)
     });
     assert_eq!(netlink, cli, "netlink read vs nft -j list counters");
-    assert_eq!(netlink.len(), 9, "the nine named counters every table declares: {netlink:?}");
+    assert_eq!(netlink.len(), 11, "the eleven named counters every table declares: {netlink:?}");
     assert!(netlink.contains(&("snoop-over-query".to_string(), 17)), "{netlink:?}");
     assert!(netlink.contains(&("acl-over".to_string(), 7)), "{netlink:?}");
 }

@@ -127,26 +127,7 @@ impl Cluster {
         }
 
         let dir = tempfile::tempdir().unwrap();
-        let mut cluster = String::new();
-        for (n, name) in names.iter().enumerate() {
-            cluster.push_str(&format!(
-                "---\napiVersion: v1\nkind: Node\nmetadata: {{name: {name}}}\nstatus:\n  addresses:\n  - {{type: InternalIP, address: {}}}\n  - {{type: InternalIP, address: \"{}\"}}\n",
-                node_v4(n),
-                node_v6(n)
-            ));
-            for (i, (namespace, labels)) in pods[n].iter().enumerate() {
-                cluster.push_str(&format!(
-                    "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}-pod{i}, namespace: {namespace}, labels: {labels}}}\n\
-                     spec: {{nodeName: {name}}}\nstatus:\n  phase: Running\n  podIPs: [{{ip: {}}}, {{ip: \"{}\"}}]\n",
-                    pod_v4(n, i),
-                    pod_v6(n, i)
-                ));
-            }
-        }
-        cluster.push_str(
-            "---\napiVersion: v1\nkind: Namespace\nmetadata: {name: prod, labels: {team: prod}}\n\
-             ---\napiVersion: v1\nkind: Namespace\nmetadata: {name: dev, labels: {team: dev}}\n",
-        );
+        let cluster = cluster_manifest(&names, |n| [node_v4(n), node_v6(n)], pods, |n, i| [pod_v4(n, i), pod_v6(n, i)]);
         std::fs::write(dir.path().join("cluster.yaml"), cluster).unwrap();
         Self { _lan: lan, _lan2: None, nodes, ext, dir }
     }
@@ -205,59 +186,19 @@ impl Cluster {
     }
 
     pub fn write(&self, name: &str, body: &str) {
-        let tmp = self.dir.path().join(format!(".{name}.tmp"));
-        std::fs::write(&tmp, body).unwrap();
-        std::fs::rename(&tmp, self.dir.path().join(name)).unwrap();
+        write_manifest(self.dir.path(), name, body);
     }
 
     /// The EgressIP `name` selecting namespaces `team: prod` (and pods `app: web` when
     /// `web_only`), with `ips` and placement `items` (ip, node).
     pub fn egress_ip(&self, name: &str, ips: &[&str], items: &[(&str, &str)], web_only: bool) {
-        let mut body = format!(
-            "apiVersion: k8s.ovn.org/v1\nkind: EgressIP\nmetadata: {{name: {name}}}\nspec:\n  egressIPs: [{}]\n  namespaceSelector: {{matchLabels: {{team: prod}}}}\n",
-            ips.iter().map(|i| format!("\"{i}\"")).collect::<Vec<_>>().join(", ")
-        );
-        if web_only {
-            body.push_str("  podSelector: {matchLabels: {app: web}}\n");
-        }
-        if !items.is_empty() {
-            body.push_str("status:\n  items:\n");
-            for (ip, node) in items {
-                body.push_str(&format!("  - {{egressIP: \"{ip}\", node: {node}}}\n"));
-            }
-        }
-        self.write(&format!("egressip-{name}.yaml"), &body);
+        self.write(&format!("egressip-{name}.yaml"), &egress_ip_manifest(name, ips, items, web_only));
     }
 
     pub fn start(&mut self, n: usize, extra: &[&str]) {
-        let dir = self.dir.path().to_str().unwrap().to_string();
         let node = &mut self.nodes[n];
-        let state = self.dir.path().join(format!("state-{}", node.name));
-        let state = state.to_str().unwrap().to_string();
-        let health = format!("127.0.0.1:{}", 9780 + n);
-        let mut args = vec![
-            "run",
-            "--manifests",
-            &dir,
-            "--node-name",
-            &node.name,
-            "--cluster-cidr",
-            "198.18.0.0/16",
-            "--cluster-cidr",
-            "2001:db8:1::/48",
-            "--state-dir",
-            &state,
-            "--health-addr",
-            &health,
-            "--debounce-ms",
-            "50",
-        ];
-        args.extend_from_slice(extra);
-        let log = self.dir.path().join(format!("{}-{}.log", node.name, std::process::id()));
-        let agent = Agent::start(&node.ns, &args, log);
-        let synced = wait_for(Duration::from_secs(10), || agent.log_text().contains("dataplane in sync"));
-        assert!(synced.is_some(), "egressd on {} did not sync:\n{}", node.name, agent.log_text());
-        node.agent = Some(agent);
+        let cidrs = ["198.18.0.0/16", "2001:db8:1::/48"];
+        node.agent = Some(start_manifests_agent(&node.ns, self.dir.path(), &node.name, n, &cidrs, extra));
     }
 
     pub fn start_all(&mut self) {
@@ -304,6 +245,88 @@ impl Cluster {
         let out = self.ext.ip(&["neigh", "show", ip]);
         out.split("lladdr ").nth(1).map(|s| s.split_whitespace().next().unwrap().to_string())
     }
+}
+
+/// The manifests of a cluster of `names`: each Node with its two addresses, its pods
+/// (`pods[n]` = (namespace, labels)) with theirs, and the namespaces `prod` (`team:
+/// prod`) and `dev` (`team: dev`).
+pub fn cluster_manifest(
+    names: &[&str],
+    node_addrs: impl Fn(usize) -> [String; 2],
+    pods: &[&[(&str, &str)]; 3],
+    pod_addrs: impl Fn(usize, usize) -> [String; 2],
+) -> String {
+    let mut cluster = String::new();
+    for (n, name) in names.iter().enumerate() {
+        let [v4, v6] = node_addrs(n);
+        cluster.push_str(&format!(
+            "---\napiVersion: v1\nkind: Node\nmetadata: {{name: {name}}}\nstatus:\n  addresses:\n  - {{type: InternalIP, address: {v4}}}\n  - {{type: InternalIP, address: \"{v6}\"}}\n"
+        ));
+        for (i, (namespace, labels)) in pods[n].iter().enumerate() {
+            let [p4, p6] = pod_addrs(n, i);
+            cluster.push_str(&format!(
+                "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}-pod{i}, namespace: {namespace}, labels: {labels}}}\n\
+                 spec: {{nodeName: {name}}}\nstatus:\n  phase: Running\n  podIPs: [{{ip: {p4}}}, {{ip: \"{p6}\"}}]\n"
+            ));
+        }
+    }
+    cluster.push_str(
+        "---\napiVersion: v1\nkind: Namespace\nmetadata: {name: prod, labels: {team: prod}}\n\
+         ---\napiVersion: v1\nkind: Namespace\nmetadata: {name: dev, labels: {team: dev}}\n",
+    );
+    cluster
+}
+
+/// Write a manifest into `dir` atomically (the agent never reads half a file).
+pub fn write_manifest(dir: &std::path::Path, name: &str, body: &str) {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&tmp, body).unwrap();
+    std::fs::rename(&tmp, dir.join(name)).unwrap();
+}
+
+/// The EgressIP `name` selecting namespaces `team: prod` (and pods `app: web` when
+/// `web_only`), with `ips` and placement `items` (ip, node).
+pub fn egress_ip_manifest(name: &str, ips: &[&str], items: &[(&str, &str)], web_only: bool) -> String {
+    let mut body = format!(
+        "apiVersion: k8s.ovn.org/v1\nkind: EgressIP\nmetadata: {{name: {name}}}\nspec:\n  egressIPs: [{}]\n  namespaceSelector: {{matchLabels: {{team: prod}}}}\n",
+        ips.iter().map(|i| format!("\"{i}\"")).collect::<Vec<_>>().join(", ")
+    );
+    if web_only {
+        body.push_str("  podSelector: {matchLabels: {app: web}}\n");
+    }
+    if !items.is_empty() {
+        body.push_str("status:\n  items:\n");
+        for (ip, node) in items {
+            body.push_str(&format!("  - {{egressIP: \"{ip}\", node: {node}}}\n"));
+        }
+    }
+    body
+}
+
+/// egressd on node `n` (named `name`, in `ns`) following the manifests in `dir`, its
+/// state in `dir/state-<name>`, health on 127.0.0.1:978n; returns once it synced.
+pub fn start_manifests_agent(
+    ns: &Netns,
+    dir: &std::path::Path,
+    name: &str,
+    n: usize,
+    cluster_cidrs: &[&str],
+    extra: &[&str],
+) -> Agent {
+    let manifests = dir.to_str().unwrap().to_string();
+    let state = dir.join(format!("state-{name}")).to_str().unwrap().to_string();
+    let health = format!("127.0.0.1:{}", 9780 + n);
+    let mut args = vec!["run", "--manifests", &manifests, "--node-name", name];
+    for cidr in cluster_cidrs {
+        args.extend(["--cluster-cidr", cidr]);
+    }
+    args.extend(["--state-dir", &state, "--health-addr", &health, "--debounce-ms", "50"]);
+    args.extend_from_slice(extra);
+    let log = dir.join(format!("{name}-{}.log", std::process::id()));
+    let agent = Agent::start(ns, &args, log);
+    let synced = wait_for(Duration::from_secs(10), || agent.log_text().contains("dataplane in sync"));
+    assert!(synced.is_some(), "egressd on {name} did not sync:\n{}", agent.log_text());
+    agent
 }
 
 /// A TCP server that answers every line with the connection's source address.

@@ -19,7 +19,8 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
-use super::{Agent, Netns, addr, require_root, serve, veth, wait_for};
+use super::cluster::{cluster_manifest, egress_ip_manifest, start_manifests_agent, write_manifest};
+use super::{Agent, Netns, addr, require_root, serve, veth};
 
 pub const EXT: &str = "192.0.2.10";
 pub const EXT6: &str = "2001:db8:ff::10";
@@ -146,26 +147,8 @@ impl Routed {
         }
 
         let dir = tempfile::tempdir().unwrap();
-        let mut cluster = String::new();
-        for (n, name) in names.iter().enumerate() {
-            cluster.push_str(&format!(
-                "---\napiVersion: v1\nkind: Node\nmetadata: {{name: {name}}}\nstatus:\n  addresses:\n  - {{type: InternalIP, address: {}}}\n  - {{type: InternalIP, address: \"{}\"}}\n",
-                node_ip(n),
-                node_ip6(n)
-            ));
-            for (i, (namespace, labels)) in pods[n].iter().enumerate() {
-                cluster.push_str(&format!(
-                    "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}-pod{i}, namespace: {namespace}, labels: {labels}}}\n\
-                     spec: {{nodeName: {name}}}\nstatus:\n  phase: Running\n  podIPs: [{{ip: {}}}, {{ip: \"{}\"}}]\n",
-                    pod_ip(n, i),
-                    pod_ip6(n, i)
-                ));
-            }
-        }
-        cluster.push_str(
-            "---\napiVersion: v1\nkind: Namespace\nmetadata: {name: prod, labels: {team: prod}}\n\
-             ---\napiVersion: v1\nkind: Namespace\nmetadata: {name: dev, labels: {team: dev}}\n",
-        );
+        let cluster =
+            cluster_manifest(&names, |n| [node_ip(n), node_ip6(n)], pods, |n, i| [pod_ip(n, i), pod_ip6(n, i)]);
         std::fs::write(dir.path().join("cluster.yaml"), cluster).unwrap();
         Self { lan, router, nodes, ext, dir }
     }
@@ -187,53 +170,18 @@ impl Routed {
     }
 
     pub fn write(&self, name: &str, body: &str) {
-        let tmp = self.dir.path().join(format!(".{name}.tmp"));
-        std::fs::write(&tmp, body).unwrap();
-        std::fs::rename(&tmp, self.dir.path().join(name)).unwrap();
+        write_manifest(self.dir.path(), name, body);
     }
 
     /// The EgressIP `name` selecting namespace `team: prod`, with `ips` placed per `items`.
     pub fn egress_ip(&self, name: &str, ips: &[&str], items: &[(&str, &str)]) {
-        let mut body = format!(
-            "apiVersion: k8s.ovn.org/v1\nkind: EgressIP\nmetadata: {{name: {name}}}\nspec:\n  egressIPs: [{}]\n  namespaceSelector: {{matchLabels: {{team: prod}}}}\n",
-            ips.iter().map(|i| format!("\"{i}\"")).collect::<Vec<_>>().join(", ")
-        );
-        if !items.is_empty() {
-            body.push_str("status:\n  items:\n");
-            for (ip, node) in items {
-                body.push_str(&format!("  - {{egressIP: \"{ip}\", node: {node}}}\n"));
-            }
-        }
-        self.write(&format!("egressip-{name}.yaml"), &body);
+        self.write(&format!("egressip-{name}.yaml"), &egress_ip_manifest(name, ips, items, false));
     }
 
     pub fn start(&mut self, n: usize, extra: &[&str]) {
-        let dir = self.dir.path().to_str().unwrap().to_string();
         let node = &mut self.nodes[n];
-        let state = self.dir.path().join(format!("state-{}", node.name));
-        let state = state.to_str().unwrap().to_string();
-        let health = format!("127.0.0.1:{}", 9780 + n);
-        let mut args = vec![
-            "run",
-            "--manifests",
-            &dir,
-            "--node-name",
-            &node.name,
-            "--cluster-cidr",
-            "198.18.0.0/16",
-            "--state-dir",
-            &state,
-            "--health-addr",
-            &health,
-            "--debounce-ms",
-            "50",
-        ];
-        args.extend_from_slice(extra);
-        let log = self.dir.path().join(format!("{}-{}.log", node.name, std::process::id()));
-        let agent = Agent::start(&node.ns, &args, log);
-        let synced = wait_for(Duration::from_secs(10), || agent.log_text().contains("dataplane in sync"));
-        assert!(synced.is_some(), "egressd on {} did not sync:\n{}", node.name, agent.log_text());
-        node.agent = Some(agent);
+        let cidrs = ["198.18.0.0/16", "2001:db8:1::/48"];
+        node.agent = Some(start_manifests_agent(&node.ns, self.dir.path(), &node.name, n, &cidrs, extra));
     }
 
     pub fn start_all(&mut self, extra: &[&str]) {
