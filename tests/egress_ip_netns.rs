@@ -318,8 +318,10 @@ fn drift_is_restored_and_link_changes_are_followed() {
         "drift not restored within 1 s\n{}",
         c.logs()
     );
-    let log_c = c.nodes[2].agent.as_ref().unwrap().log_text();
-    assert!(log_c.contains("changed by someone else; restored"), "{log_c}");
+    // The log line follows the rest of the sync (the address is back first).
+    let log_c = || c.nodes[2].agent.as_ref().unwrap().log_text();
+    let said = wait_for(Duration::from_secs(1), || log_c().contains("changed by someone else; restored"));
+    assert!(said.is_some(), "{}", log_c());
 
     // The address goes together with a link change (one burst of notifications): the
     // recompile the link change causes reads the kernel back and repairs too.

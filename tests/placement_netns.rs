@@ -38,30 +38,16 @@ fn new_cluster() -> Kube {
 
 /// Declare the nodes (b and c labelled), the namespace and the pods.
 fn declare(api: &ApiServer, c: &Cluster) {
-    setup(api);
-    api.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: prod, labels: {team: prod}}\n");
-    for (n, node) in c.nodes.iter().enumerate() {
-        let labels = if n == 0 { String::new() } else { format!("labels: {{\"{LABEL}\": \"\"}}") };
-        api.apply(&format!("apiVersion: v1\nkind: Node\nmetadata: {{name: {}, {labels}}}\n", node.name));
-        set_ready(api, &node.name, n, true);
-        for (i, _) in node.pods.iter().enumerate() {
-            let name = format!("{}-pod{i}", node.name);
-            api.apply(&format!(
-                "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: prod, labels: {{app: web}}}}\nspec:\n  nodeName: {}\n  containers: [{{name: c, image: example.invalid/c}}]\n",
-                node.name
-            ));
-            api.patch_status(
-                "pod",
-                &name,
-                Some("prod"),
-                &format!(
-                    r#"{{"status":{{"phase":"Running","podIP":"{v4}","podIPs":[{{"ip":"{v4}"}},{{"ip":"{v6}"}}]}}}}"#,
-                    v4 = pod_v4(n, i),
-                    v6 = pod_v6(n, i)
-                ),
-            );
-        }
-    }
+    let names: Vec<&str> = c.nodes.iter().map(|n| n.name.as_str()).collect();
+    let pods: Vec<usize> = c.nodes.iter().map(|n| n.pods.len()).collect();
+    declare_egress_cluster(
+        api,
+        &names,
+        &pods,
+        |n| n > 0,
+        |n| vec![node_v4(n), node_v6(n)],
+        |n, i| [pod_v4(n, i), pod_v6(n, i)],
+    );
 }
 
 fn set_ready(api: &ApiServer, name: &str, n: usize, ready: bool) {

@@ -18,33 +18,13 @@ use netns::kube::*;
 use netns::routed::*;
 use netns::{Agent, wait_for};
 
-const LABEL: &str = "k8s.ovn.org/egress-assignable";
 const PODS: [&[(&str, &str)]; 3] = [&[("prod", "{app: web}")], &[("prod", "{app: web}")], &[("prod", "{app: web}")]];
 
+/// node-a and node-b assignable, node-c not (it leads and steers); IPv4 node addresses.
 fn declare(api: &ApiServer, c: &Routed) {
-    setup(api);
-    api.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: prod, labels: {team: prod}}\n");
-    for (n, node) in c.nodes.iter().enumerate() {
-        let labels = if n == 2 { String::new() } else { format!("labels: {{\"{LABEL}\": \"\"}}") };
-        api.apply(&format!("apiVersion: v1\nkind: Node\nmetadata: {{name: {}, {labels}}}\n", node.name));
-        node_status(api, &node.name, &[&node_ip(n)], true);
-        for (i, _) in node.pods.iter().enumerate() {
-            let name = format!("{}-pod{i}", node.name);
-            api.apply(&format!(
-                "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: prod, labels: {{app: web}}}}\nspec:\n  nodeName: {}\n  containers: [{{name: c, image: example.invalid/c}}]\n",
-                node.name
-            ));
-            api.patch_status(
-                "pod",
-                &name,
-                Some("prod"),
-                &format!(
-                    r#"{{"status":{{"phase":"Running","podIP":"{v4}","podIPs":[{{"ip":"{v4}"}}]}}}}"#,
-                    v4 = pod_ip(n, i)
-                ),
-            );
-        }
-    }
+    let names: Vec<&str> = c.nodes.iter().map(|n| n.name.as_str()).collect();
+    let pods: Vec<usize> = c.nodes.iter().map(|n| n.pods.len()).collect();
+    declare_egress_cluster(api, &names, &pods, |n| n < 2, |n| vec![node_ip(n)], |n, i| [pod_ip(n, i), pod_ip6(n, i)]);
 }
 
 fn start(c: &Routed, api: &ApiServer, n: usize) -> Agent {

@@ -101,24 +101,10 @@ impl Cluster {
                 ns.ip(&["route", "add", &format!("198.18.{}.0/24", m + 1), "via", &node_v4(m)]);
                 ns.ip(&["-6", "route", "add", &format!("2001:db8:1:{}0::/60", m + 1), "via", &node_v6(m)]);
             }
-            // The CNI's masquerade of pod traffic leaving the cluster.
-            ns.exec(&[
-                "nft",
-                "add table inet cni; add chain inet cni post { type nat hook postrouting priority srcnat; }; \
-                 add rule inet cni post ip saddr 198.18.0.0/16 ip daddr != 198.18.0.0/16 masquerade; \
-                 add rule inet cni post ip6 saddr 2001:db8:1::/48 ip6 daddr != 2001:db8:1::/48 masquerade",
-            ]);
+            cni_masquerade(&ns);
             let mut node_pods = Vec::new();
             for i in 0..pods[n].len() {
-                let pod = Netns::new(&format!("n{n}p{i}"));
-                let dev = format!("vp{i}");
-                veth(&ns, &dev, &pod, "eth0");
-                addr(&ns, &dev, &format!("198.18.{}.{}/30", n + 1, 4 * i + 1));
-                addr(&ns, &dev, &format!("2001:db8:1:{}{}::1/64", n + 1, i));
-                addr(&pod, "eth0", &format!("{}/30", pod_v4(n, i)));
-                addr(&pod, "eth0", &format!("{}/64", pod_v6(n, i)));
-                pod.ip(&["route", "add", "default", "via", &format!("198.18.{}.{}", n + 1, 4 * i + 1)]);
-                pod.ip(&["-6", "route", "add", "default", "via", &format!("2001:db8:1:{}{}::1", n + 1, i)]);
+                let pod = add_pod(&ns, &format!("n{n}p{i}"), n, i);
                 serve(&pod, &[8080], &[]);
                 node_pods.push(pod);
             }
@@ -245,6 +231,31 @@ impl Cluster {
         let out = self.ext.ip(&["neigh", "show", ip]);
         out.split("lladdr ").nth(1).map(|s| s.split_whitespace().next().unwrap().to_string())
     }
+}
+
+/// The CNI's masquerade of pod traffic leaving the cluster, on a node.
+pub fn cni_masquerade(node: &Netns) {
+    node.exec(&[
+        "nft",
+        "add table inet cni; add chain inet cni post { type nat hook postrouting priority srcnat; }; \
+         add rule inet cni post ip saddr 198.18.0.0/16 ip daddr != 198.18.0.0/16 masquerade; \
+         add rule inet cni post ip6 saddr 2001:db8:1::/48 ip6 daddr != 2001:db8:1::/48 masquerade",
+    ]);
+}
+
+/// Pod `i` of node `n`: a namespace `role` wired to the node by a veth (`vp<i>` on the
+/// node), addressed [`pod_v4`]/[`pod_v6`] with the node's end as its default gateway.
+pub fn add_pod(node: &Netns, role: &str, n: usize, i: usize) -> Netns {
+    let pod = Netns::new(role);
+    let dev = format!("vp{i}");
+    veth(node, &dev, &pod, "eth0");
+    addr(node, &dev, &format!("198.18.{}.{}/30", n + 1, 4 * i + 1));
+    addr(node, &dev, &format!("2001:db8:1:{}{}::1/64", n + 1, i));
+    addr(&pod, "eth0", &format!("{}/30", pod_v4(n, i)));
+    addr(&pod, "eth0", &format!("{}/64", pod_v6(n, i)));
+    pod.ip(&["route", "add", "default", "via", &format!("198.18.{}.{}", n + 1, 4 * i + 1)]);
+    pod.ip(&["-6", "route", "add", "default", "via", &format!("2001:db8:1:{}{}::1", n + 1, i)]);
+    pod
 }
 
 /// The manifests of a cluster of `names`: each Node with its two addresses, its pods

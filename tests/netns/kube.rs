@@ -146,6 +146,42 @@ pub fn pod(api: &ApiServer, ns: &str, name: &str, node: &str, v4: &str, v6: &str
     );
 }
 
+/// The EgressIP clusters' objects: namespace `prod` (`team: prod`); each node (labelled
+/// `k8s.ovn.org/egress-assignable` when `assignable(n)`), Ready with its `addresses(n)`,
+/// and its `pods[n]` pods (`<node>-pod<i>` in `prod`, `app: web`) at `pod_ips(n, i)`.
+pub fn declare_egress_cluster(
+    api: &ApiServer,
+    names: &[&str],
+    pods: &[usize],
+    assignable: impl Fn(usize) -> bool,
+    addresses: impl Fn(usize) -> Vec<String>,
+    pod_ips: impl Fn(usize, usize) -> [String; 2],
+) {
+    setup(api);
+    api.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: prod, labels: {team: prod}}\n");
+    for (n, name) in names.iter().enumerate() {
+        let labels = if assignable(n) { "labels: {\"k8s.ovn.org/egress-assignable\": \"\"}" } else { "" };
+        api.apply(&format!("apiVersion: v1\nkind: Node\nmetadata: {{name: {name}, {labels}}}\n"));
+        let addrs = addresses(n);
+        node_status(api, name, &addrs.iter().map(String::as_str).collect::<Vec<_>>(), true);
+        for i in 0..pods[n] {
+            let pod = format!("{name}-pod{i}");
+            api.apply(&format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: {pod}, namespace: prod, labels: {{app: web}}}}\nspec:\n  nodeName: {name}\n  containers: [{{name: c, image: example.invalid/c}}]\n"
+            ));
+            let [v4, v6] = pod_ips(n, i);
+            api.patch_status(
+                "pod",
+                &pod,
+                Some("prod"),
+                &format!(
+                    r#"{{"status":{{"phase":"Running","podIP":"{v4}","podIPs":[{{"ip":"{v4}"}},{{"ip":"{v6}"}}]}}}}"#
+                ),
+            );
+        }
+    }
+}
+
 pub fn setup(api: &ApiServer) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     for f in ["daemonset/crds/crds.yaml", "daemonset/rbac.yaml"] {

@@ -19,7 +19,9 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
-use super::cluster::{cluster_manifest, egress_ip_manifest, start_manifests_agent, write_manifest};
+use super::cluster::{
+    add_pod, cluster_manifest, cni_masquerade, egress_ip_manifest, start_manifests_agent, write_manifest,
+};
 use super::{Agent, Netns, addr, require_root, serve, veth};
 
 pub const EXT: &str = "192.0.2.10";
@@ -51,13 +53,7 @@ pub fn node_ip6(n: usize) -> String {
     if n < 2 { format!("2001:db8:0:a::{}", n + 1) } else { format!("2001:db8:0:b::{}", n + 1) }
 }
 
-pub fn pod_ip(n: usize, i: usize) -> String {
-    format!("198.18.{}.{}", n + 1, 4 * i + 2)
-}
-
-pub fn pod_ip6(n: usize, i: usize) -> String {
-    format!("2001:db8:1:{}{}::2", n + 1, i)
-}
+pub use super::cluster::{pod_v4 as pod_ip, pod_v6 as pod_ip6};
 
 impl Routed {
     /// Three nodes; `pods[n]` = (namespace, labels) of node n's pods.
@@ -124,25 +120,8 @@ impl Routed {
                 ns.ip(&["route", "add", &format!("198.18.{}.0/24", m + 1), "via", &node_ip(m)]);
                 ns.ip(&["-6", "route", "add", &format!("2001:db8:1:{}0::/60", m + 1), "via", &node_ip6(m)]);
             }
-            ns.exec(&[
-                "nft",
-                "add table inet cni; add chain inet cni post { type nat hook postrouting priority srcnat; }; \
-                 add rule inet cni post ip saddr 198.18.0.0/16 ip daddr != 198.18.0.0/16 masquerade; \
-                 add rule inet cni post ip6 saddr 2001:db8:1::/48 ip6 daddr != 2001:db8:1::/48 masquerade",
-            ]);
-            let mut node_pods = Vec::new();
-            for i in 0..pods[n].len() {
-                let pod = Netns::new(&format!("r{n}p{i}"));
-                let dev = format!("vp{i}");
-                veth(&ns, &dev, &pod, "eth0");
-                addr(&ns, &dev, &format!("198.18.{}.{}/30", n + 1, 4 * i + 1));
-                addr(&ns, &dev, &format!("2001:db8:1:{}{}::1/64", n + 1, i));
-                addr(&pod, "eth0", &format!("{}/30", pod_ip(n, i)));
-                addr(&pod, "eth0", &format!("{}/64", pod_ip6(n, i)));
-                pod.ip(&["route", "add", "default", "via", &format!("198.18.{}.{}", n + 1, 4 * i + 1)]);
-                pod.ip(&["-6", "route", "add", "default", "via", &format!("2001:db8:1:{}{}::1", n + 1, i)]);
-                node_pods.push(pod);
-            }
+            cni_masquerade(&ns);
+            let node_pods = (0..pods[n].len()).map(|i| add_pod(&ns, &format!("r{n}p{i}"), n, i)).collect();
             nodes.push(RNode { ns, name: name.to_string(), pods: node_pods, agent: None });
         }
 
