@@ -8,18 +8,22 @@
 //! uses it: its neighbours and routes go with it), the return routes by table and
 //! protocol as every other route of egressd.
 //!
-//! The device gets `169.254.233.233/32` (scope link) and `rp_filter` 0: Linux's reverse
-//! path filter drops every packet arriving on a device without an IPv4 address when
-//! the filter is on, and the effective filter is the larger of the device's and
-//! `all`'s. With `net.ipv4.conf.all.rp_filter = 1` (strict) replies arriving through
-//! the tunnel are still dropped: a warning says so (loose, 2, works).
+//! The device gets `169.254.233.233/32` (scope link) and `rp_filter` 2, loose (set over
+//! netlink): Linux's reverse path filter drops every packet arriving on a device
+//! without an IPv4 address whenever the filter is on, and a strict filter drops the
+//! replies arriving through the tunnel (their source is routed elsewhere). The kernel
+//! applies the larger of the device's and `all`'s value, so loose holds whatever `all`
+//! is.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use futures::TryStreamExt;
 use netlink_packet_route::AddressFamily;
-use netlink_packet_route::link::{InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
+use netlink_packet_route::link::{
+    AfSpecInet, AfSpecUnspec, InetDevConf, InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo,
+    LinkMessage,
+};
 use netlink_packet_route::neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState};
 use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope};
 use rtnetlink::{Handle, IpVersion, LinkUnspec, LinkVxlan, RouteMessageBuilder};
@@ -100,11 +104,43 @@ async fn underlay_mtu(handle: &Handle, tunnel: Option<u32>) -> Result<u32, NetEr
     Ok(mtu.unwrap_or(1500))
 }
 
-fn write_sysctl(path: &str, value: &str) {
-    if let Err(e) = std::fs::write(path, value) {
-        tracing::warn!(path, error = %e, "cannot set a sysctl of the tunnel device");
-    }
+/// The device's `rp_filter` (`net.ipv4.conf.egressd-vx.rp_filter`), read from the link.
+fn rp_filter(msg: &LinkMessage) -> Option<i32> {
+    msg.attributes.iter().find_map(|a| match a {
+        LinkAttribute::AfSpecUnspec(specs) => specs.iter().find_map(|s| match s {
+            AfSpecUnspec::Inet(inet) => inet.iter().find_map(|i| match i {
+                AfSpecInet::DevConf(conf) => Some(conf.rp_filter),
+                _ => None,
+            }),
+            _ => None,
+        }),
+        _ => None,
+    })
 }
+
+/// `rp_filter` 2 (loose) on the device, over netlink (no /proc/sys write: it works in a
+/// container whose /proc/sys is read-only). The kernel applies the larger of the
+/// device's and `all`'s value, so loose holds even where `all` is strict (1), which
+/// would drop every reply arriving through the tunnel (their source is routed elsewhere).
+async fn loose_rp_filter(handle: &Handle, index: u32) -> Result<usize, NetError> {
+    let mut stream = handle.link().get().match_index(index).execute();
+    let current = stream.try_next().await.map_err(err(format!("reading {TUNNEL_DEVICE}")))?;
+    if current.as_ref().and_then(rp_filter) == Some(LOOSE) {
+        return Ok(0);
+    }
+    let mut conf = InetDevConf::default();
+    conf.rp_filter = LOOSE;
+    let msg = LinkUnspec::new_with_index(index)
+        .append_extra_attribute(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet(vec![
+            AfSpecInet::DevConfRequest(conf),
+        ])]))
+        .build();
+    handle.link().set(msg).execute().await.map_err(err(format!("setting rp_filter on {TUNNEL_DEVICE}")))?;
+    Ok(1)
+}
+
+/// `rp_filter` loose.
+const LOOSE: i32 = 2;
 
 /// Make the tunnel device, its neighbours and return routes match `desired`; `None`
 /// removes the device. Returns how many changes were made.
@@ -157,12 +193,7 @@ pub(crate) async fn sync(
             changes += 1;
         }
     }
-    write_sysctl(&format!("/proc/sys/net/ipv4/conf/{TUNNEL_DEVICE}/rp_filter"), "0");
-    if std::fs::read_to_string("/proc/sys/net/ipv4/conf/all/rp_filter").is_ok_and(|v| v.trim() == "1") {
-        tracing::warn!(
-            "net.ipv4.conf.all.rp_filter is 1 (strict): replies arriving through the EgressIP tunnel are dropped; set it to 2 (loose)"
-        );
-    }
+    changes += loose_rp_filter(handle, index).await?;
     let address = ensure_address(handle, index).await?;
     let neighbours = sync_neighbours(handle, index, &want.peers).await?;
     let routes = sync_return_routes(handle, settings, index, want).await?;

@@ -10,6 +10,7 @@
 //!   pods 198.18.1.x  198.18.2.x                        198.18.3.x
 //!   2001:db8:1:1x::  2001:db8:1:2x::                   2001:db8:1:3x::
 //! ```
+//! Nodes filter reverse paths strictly (`rp_filter` 1, as some distributions do).
 //! Pods are routed host-gw between node-a and node-b (one subnet), never across the
 //! router (it drops them): only EgressIP's tunnel carries pod traffic across subnets. Every node masquerades pod traffic leaving the
 //! cluster, as a CNI does. The external host runs the source-echo server (port 8080)
@@ -97,6 +98,10 @@ impl Routed {
             let ns = Netns::new(&format!("r{}", &name[5..]));
             ns.sysctl("net.ipv4.ip_forward", "1");
             ns.sysctl("net.ipv6.conf.all.forwarding", "1");
+            // Strict reverse-path filtering, as some distributions default to: replies
+            // arriving through the tunnel must pass it.
+            ns.sysctl("net.ipv4.conf.all.rp_filter", "1");
+            ns.sysctl("net.ipv4.conf.default.rp_filter", "1");
             if n < 2 {
                 let port = format!("p{n}");
                 veth(&ns, "eth0", &lan, &port);
