@@ -18,13 +18,23 @@ use netns::kube::*;
 use netns::routed::*;
 use netns::{Agent, wait_for};
 
-const PODS: [&[(&str, &str)]; 3] = [&[("prod", "{app: web}")], &[("prod", "{app: web}")], &[("prod", "{app: web}")]];
+/// node-c also has a pod in namespace `dev`, which no EgressIP selects.
+const PODS: [&[(&str, &str)]; 3] =
+    [&[("prod", "{app: web}")], &[("prod", "{app: web}")], &[("prod", "{app: web}"), ("dev", "{app: web}")]];
 
 /// node-a and node-b assignable, node-c not (it leads and steers); IPv4 node addresses.
 fn declare(api: &ApiServer, c: &Routed) {
     let names: Vec<&str> = c.nodes.iter().map(|n| n.name.as_str()).collect();
-    let pods: Vec<usize> = c.nodes.iter().map(|n| n.pods.len()).collect();
-    declare_egress_cluster(api, &names, &pods, |n| n < 2, |n| vec![node_ip(n)], |n, i| [pod_ip(n, i), pod_ip6(n, i)]);
+    declare_egress_cluster(
+        api,
+        &names,
+        &[1, 1, 1],
+        |n| n < 2,
+        |n| vec![node_ip(n)],
+        |n, i| [pod_ip(n, i), pod_ip6(n, i)],
+    );
+    api.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: dev}\n");
+    pod(api, "dev", "node-c-pod1", "node-c", &pod_ip(2, 1), &pod_ip6(2, 1));
 }
 
 fn start(c: &Routed, api: &ApiServer, n: usize) -> Agent {
@@ -140,6 +150,9 @@ fn the_leader_places_in_the_right_subnet_and_failover_reaches_the_other_subnet_t
     let c_pod = &c.nodes[2].pods[0];
     let through = wait_for(Duration::from_secs(5), || quick_source(c_pod).as_deref() == Some(EIP));
     assert!(through.is_some(), "node-c's pod: {:?}\n{}", quick_source(c_pod), logs(&agents));
+    assert_eq!(quick_source(&c.nodes[host].pods[0]).as_deref(), Some(EIP), "the hosting node's pod");
+    assert_eq!(quick_source(&c.nodes[2].pods[1]), Some(node_ip(2)), "node-c's unselected pod");
+    assert_eq!(upload(c_pod, 2_000_000), Some(2_000_000), "2 MB from node-c's pod through the tunnel");
     let took = measure_failover(&c, &mut agents, host);
     assert!(took.is_some_and(|t| t < Duration::from_secs(5)), "failover took {took:?}\n{}", logs(&agents));
     assert_eq!(host_of(&api), Some(1 - host));
