@@ -165,15 +165,13 @@ pub(super) fn compile(
             ));
         }
     }
-    let tunnel_snat = tunnel::snat_rules(&node.egress, &tunnel_plan);
-    let tunnel_on = tunnel::emit(&node.egress, &tunnel_plan, table, net);
+    let tunnel_snat = tunnel::emit(&node.egress, &tunnel_plan, table, net);
     let tables = Tables {
         steer: assigned.steer,
         snat: assigned.snat,
         snat_chains: &assigned.snat_chains,
         drop_used: assigned.drop_used,
-        tunnel_snat: if tunnel_on { tunnel_snat } else { Vec::new() },
-        tunnel_on,
+        tunnel_snat,
     };
     emit_tables(&ctx, tables, table);
     for plan in &plans {
@@ -667,15 +665,15 @@ struct Tables<'a> {
     snat: [Set; 2],
     snat_chains: &'a BTreeSet<IpAddr>,
     drop_used: bool,
-    /// SNAT rules of the tunnel (before the null SNAT of on-link steering).
-    tunnel_snat: Vec<String>,
-    /// The tunnel is in use: egressd's mark bits are cleared in postrouting.
-    tunnel_on: bool,
+    /// SNAT rules of the tunnel (before the null SNAT of on-link steering), when it is in
+    /// use: then egressd's mark bits are also cleared in postrouting.
+    tunnel_snat: Option<Vec<String>>,
 }
 
 /// The sets and base chains: exempt destinations, steering, SNAT, the guard.
 fn emit_tables(ctx: &Ctx, t: Tables, table: &mut Table) {
-    let Tables { steer, snat, snat_chains, drop_used, tunnel_snat, tunnel_on } = t;
+    let Tables { steer, snat, snat_chains, drop_used, tunnel_snat } = t;
+    let tunnel_on = tunnel_snat.is_some();
     let settings = &ctx.node.egress;
     // Destinations never steered nor SNATed to an egress IP: cluster, services, nodes.
     let mut exempt_nets = ctx.node.exempt_ranges();
@@ -718,7 +716,7 @@ fn emit_tables(ctx: &Ctx, t: Tables, table: &mut Table) {
         ),
     );
     let mut snat_rules = vec![format!("ip daddr @{EXEMPT_V4} return"), format!("ip6 daddr @{EXEMPT_V6} return")];
-    snat_rules.extend(tunnel_snat);
+    snat_rules.extend(tunnel_snat.into_iter().flatten());
     snat_rules.extend([
         format!(
             "meta mark and {m:#010x} != 0 rt ip nexthop @{GATEWAYS_V4} ct mark set ct mark or {m:#010x} counter snat ip to ip saddr",

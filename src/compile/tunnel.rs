@@ -58,9 +58,8 @@ fn family(ip: IpAddr) -> usize {
 }
 
 /// The SNAT rules of the tunnel, which go in `egress-snat` before the null SNAT of
-/// on-link steering; empty when the tunnel is not in use.
-pub(super) fn snat_rules(settings: &EgressSettings, plan: &TunnelPlan) -> Vec<String> {
-    let Some(_) = settings.tunnel_bit() else { return Vec::new() };
+/// on-link steering.
+fn snat_rules(settings: &EgressSettings, plan: &TunnelPlan) -> Vec<String> {
     let m = settings.mark_mask;
     let mut rules = Vec::new();
     for (j, (ip, _)) in numbered(settings, plan) {
@@ -92,12 +91,18 @@ pub(super) fn overflow(settings: &EgressSettings, plan: &TunnelPlan) -> Vec<IpAd
     plan.hosted.iter().skip(used).map(|(ip, _)| *ip).collect()
 }
 
-/// The tunnel's chains, sets, rules and netlink state; nothing when it is not in use.
-pub(super) fn emit(settings: &EgressSettings, plan: &TunnelPlan, table: &mut Table, net: &mut NetDesired) -> bool {
-    let Some(bit) = settings.tunnel_bit() else { return false };
+/// The tunnel's chains, sets, rules and netlink state, and its SNAT rules for
+/// `egress-snat`; `None` (nothing) when it is not in use.
+pub(super) fn emit(
+    settings: &EgressSettings,
+    plan: &TunnelPlan,
+    table: &mut Table,
+    net: &mut NetDesired,
+) -> Option<Vec<String>> {
+    let bit = settings.tunnel_bit()?;
     let steering = plan.steer_gateways.iter().any(|g| !g.is_empty());
     if !steering && plan.hosted.is_empty() {
-        return false;
+        return None;
     }
     let m = settings.mark_mask;
     let keep = !m;
@@ -183,7 +188,7 @@ pub(super) fn emit(settings: &EgressSettings, plan: &TunnelPlan, table: &mut Tab
         peers: plan.peers.clone(),
         return_routes: !plan.hosted.is_empty(),
     });
-    true
+    Some(snat_rules(settings, plan))
 }
 
 /// The postrouting rule that clears egressd's mark bits once the route is chosen (the

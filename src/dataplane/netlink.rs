@@ -37,13 +37,7 @@ pub struct NetError {
     source: rtnetlink::Error,
 }
 
-impl NetError {
-    pub(crate) fn new(action: impl Into<String>, source: rtnetlink::Error) -> Self {
-        Self { action: action.into(), source }
-    }
-}
-
-fn err(action: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetError {
+pub(super) fn err(action: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetError {
     let action = action.into();
     move |source| NetError { action, source }
 }
@@ -221,9 +215,9 @@ impl Netlink {
     }
 
     /// egressd's state in the kernel.
-    pub(crate) async fn owned(&self) -> Result<NetState, NetError> {
+    /// `tunnel`: the tunnel device's index, if it exists (its hops read as the model's).
+    pub(crate) async fn owned(&self, tunnel: Option<u32>) -> Result<NetState, NetError> {
         let mut state = NetState::default();
-        let tunnel = super::tunnel::device_index(&self.handle).await?;
         let mut stream = self.handle.address().get().execute();
         while let Some(msg) = stream.try_next().await.map_err(err("listing addresses"))? {
             if self.owned_address(&msg)
@@ -336,7 +330,9 @@ impl Netlink {
         if let Ok(mut s) = self.synced.lock() {
             *s = None;
         }
-        let current = self.owned().await?;
+        // The tunnel device, read once: its hops are read as the model's, then it is synced.
+        let mut tunnel = super::tunnel::device(&self.handle).await?;
+        let current = self.owned(tunnel.as_ref().map(|d| d.header.index)).await?;
         let mut changes = NetChanges::default();
         let tunnel_wanted = desired.tunnel.is_some();
 
@@ -393,11 +389,13 @@ impl Netlink {
         }
         // The tunnel device (and its neighbours and return routes) before the routes
         // through it; removed once nothing routes through it.
-        if tunnel_wanted {
-            changes.routing += super::tunnel::sync(&self.handle, &self.settings, desired.tunnel.as_ref()).await?;
-        }
+        let (tunnel_changes, index) = if tunnel_wanted {
+            super::tunnel::sync(&self.handle, &self.settings, tunnel.take(), desired.tunnel.as_ref()).await?
+        } else {
+            (0, 0)
+        };
+        changes.routing += tunnel_changes;
         let local = desired.tunnel.as_ref().map(|t| t.local).unwrap_or_default();
-        let index = super::tunnel::device_index(&self.handle).await?.unwrap_or(0);
         for (key, hops) in &desired.routes {
             if current.routes.get(key) == Some(hops) {
                 continue;
@@ -427,7 +425,7 @@ impl Netlink {
             changes.routing += 1;
         }
         if !tunnel_wanted {
-            changes.routing += super::tunnel::sync(&self.handle, &self.settings, None).await?;
+            changes.routing += super::tunnel::sync(&self.handle, &self.settings, tunnel.take(), None).await?.0;
         }
         if changes.conflicts.is_empty()
             && let Ok(mut s) = self.synced.lock()

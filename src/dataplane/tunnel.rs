@@ -20,6 +20,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use futures::TryStreamExt;
 use netlink_packet_route::AddressFamily;
+use netlink_packet_route::address::{AddressAttribute, AddressScope};
 use netlink_packet_route::link::{
     AfSpecInet, AfSpecUnspec, InetDevConf, InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo,
     LinkMessage,
@@ -28,7 +29,7 @@ use netlink_packet_route::neighbour::{NeighbourAddress, NeighbourAttribute, Neig
 use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope};
 use rtnetlink::{Handle, IpVersion, LinkUnspec, LinkVxlan, RouteMessageBuilder};
 
-use super::netlink::NetError;
+use super::netlink::{NetError, err};
 use crate::net::{EgressSettings, REPLY_KEY, TUNNEL_DEVICE, TunnelDesired};
 
 /// The device's IPv4 address (see the module's documentation).
@@ -37,27 +38,18 @@ pub(crate) const DEVICE_ADDRESS: Ipv4Addr = Ipv4Addr::new(169, 254, 233, 233);
 const OVERHEAD_V4: u32 = 50;
 const OVERHEAD_V6: u32 = 70;
 
-fn err(action: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetError {
-    let action = action.into();
-    move |source| NetError::new(action, source)
-}
-
 fn missing(e: &rtnetlink::Error) -> bool {
     matches!(e, rtnetlink::Error::NetlinkError(m) if m.raw_code() == -libc::ENODEV)
 }
 
-async fn device(handle: &Handle) -> Result<Option<LinkMessage>, NetError> {
+/// The tunnel device's link, if it exists.
+pub(crate) async fn device(handle: &Handle) -> Result<Option<LinkMessage>, NetError> {
     let mut stream = handle.link().get().match_name(TUNNEL_DEVICE.to_string()).execute();
     match stream.try_next().await {
         Ok(msg) => Ok(msg),
         Err(e) if missing(&e) => Ok(None),
         Err(e) => Err(err(format!("reading link {TUNNEL_DEVICE}"))(e)),
     }
-}
-
-/// The tunnel device's index, if it exists.
-pub(crate) async fn device_index(handle: &Handle) -> Result<Option<u32>, NetError> {
-    Ok(device(handle).await?.map(|m| m.header.index))
 }
 
 /// Whether an existing device is egressd's tunnel as configured: VXLAN, external, on `port`.
@@ -73,27 +65,35 @@ fn is_ours(msg: &LinkMessage, port: u16) -> bool {
         })
 }
 
-/// The smallest MTU of the node's other up links that carry a global address: what the
-/// outer packets cross.
-async fn underlay_mtu(handle: &Handle, tunnel: Option<u32>) -> Result<u32, NetError> {
+/// One address dump: the links carrying a global, non-host address, and whether the
+/// device (index `tunnel`) has [`DEVICE_ADDRESS`].
+async fn addresses(handle: &Handle, tunnel: u32) -> Result<(BTreeSet<u32>, bool), NetError> {
     let mut with_address = BTreeSet::new();
+    let mut device_has = false;
     let mut stream = handle.address().get().execute();
     while let Some(msg) = stream.try_next().await.map_err(err("listing addresses"))? {
-        let global = msg.header.scope == netlink_packet_route::address::AddressScope::Universe;
+        let global = msg.header.scope == AddressScope::Universe;
         if global && msg.header.prefix_len < if msg.header.family == AddressFamily::Inet { 32 } else { 128 } {
             with_address.insert(msg.header.index);
         }
+        device_has |= msg.header.index == tunnel
+            && msg
+                .attributes
+                .iter()
+                .any(|a| matches!(a, AddressAttribute::Address(IpAddr::V4(v4)) if *v4 == DEVICE_ADDRESS));
     }
+    Ok((with_address, device_has))
+}
+
+/// The smallest MTU of the node's other up links among `with_address`: what the outer
+/// packets cross.
+async fn underlay_mtu(handle: &Handle, tunnel: u32, with_address: &BTreeSet<u32>) -> Result<u32, NetError> {
     let mut mtu: Option<u32> = None;
     let mut stream = handle.link().get().execute();
     while let Some(msg) = stream.try_next().await.map_err(err("listing links"))? {
         let index = msg.header.index;
         let up = msg.header.flags.contains(LinkFlags::Up);
-        if Some(index) == tunnel
-            || !up
-            || msg.header.flags.contains(LinkFlags::Loopback)
-            || !with_address.contains(&index)
-        {
+        if index == tunnel || !up || msg.header.flags.contains(LinkFlags::Loopback) || !with_address.contains(&index) {
             continue;
         }
         if let Some(m) = msg.attributes.iter().find_map(|a| if let LinkAttribute::Mtu(m) = a { Some(*m) } else { None })
@@ -118,105 +118,82 @@ fn rp_filter(msg: &LinkMessage) -> Option<i32> {
     })
 }
 
-/// `rp_filter` 2 (loose) on the device, over netlink (no /proc/sys write: it works in a
-/// container whose /proc/sys is read-only). The kernel applies the larger of the
-/// device's and `all`'s value, so loose holds even where `all` is strict (1), which
-/// would drop every reply arriving through the tunnel (their source is routed elsewhere).
-async fn loose_rp_filter(handle: &Handle, index: u32) -> Result<usize, NetError> {
-    let mut stream = handle.link().get().match_index(index).execute();
-    let current = stream.try_next().await.map_err(err(format!("reading {TUNNEL_DEVICE}")))?;
-    if current.as_ref().and_then(rp_filter) == Some(LOOSE) {
-        return Ok(0);
-    }
-    let mut conf = InetDevConf::default();
-    conf.rp_filter = LOOSE;
-    let msg = LinkUnspec::new_with_index(index)
-        .append_extra_attribute(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet(vec![
-            AfSpecInet::DevConfRequest(conf),
-        ])]))
-        .build();
-    handle.link().set(msg).execute().await.map_err(err(format!("setting rp_filter on {TUNNEL_DEVICE}")))?;
-    Ok(1)
-}
-
-/// `rp_filter` loose.
+/// `rp_filter` loose: the kernel applies the larger of the device's and `all`'s value,
+/// so loose holds even where `all` is strict (1), which would drop every reply arriving
+/// through the tunnel (their source is routed elsewhere). Set over netlink (no /proc/sys
+/// write: it works in a container whose /proc/sys is read-only).
 const LOOSE: i32 = 2;
 
 /// Make the tunnel device, its neighbours and return routes match `desired`; `None`
-/// removes the device. Returns how many changes were made.
+/// removes the device. `existing`: the device as [`device`] read it. Returns how many
+/// changes were made and the device's index (0 without one).
 pub(crate) async fn sync(
     handle: &Handle,
     settings: &EgressSettings,
+    existing: Option<LinkMessage>,
     desired: Option<&TunnelDesired>,
-) -> Result<usize, NetError> {
-    let existing = device(handle).await?;
+) -> Result<(usize, u32), NetError> {
     let Some(want) = desired else {
-        let Some(dev) = existing else { return Ok(0) };
+        let Some(dev) = existing else { return Ok((0, 0)) };
         handle.link().del(dev.header.index).execute().await.map_err(err(format!("removing {TUNNEL_DEVICE}")))?;
-        return Ok(1);
+        return Ok((1, 0));
     };
     let mut changes = 0;
-    let existing = match existing {
-        Some(dev) if !is_ours(&dev, want.port) => {
-            handle.link().del(dev.header.index).execute().await.map_err(err(format!("replacing {TUNNEL_DEVICE}")))?;
-            changes += 1;
-            None
-        }
-        other => other,
-    };
-    let index = match existing {
-        Some(dev) => dev.header.index,
-        None => {
+    let dev = match existing {
+        Some(dev) if is_ours(&dev, want.port) => dev,
+        other => {
+            if let Some(dev) = other {
+                let index = dev.header.index;
+                handle.link().del(index).execute().await.map_err(err(format!("replacing {TUNNEL_DEVICE}")))?;
+            }
             let msg = LinkVxlan::new(TUNNEL_DEVICE, 0).port(want.port).collect_metadata(true).learning(false).build();
             handle.link().add(msg).execute().await.map_err(err(format!("adding {TUNNEL_DEVICE}")))?;
             changes += 1;
-            device_index(handle)
+            device(handle)
                 .await?
-                .ok_or_else(|| NetError::new(format!("adding {TUNNEL_DEVICE}"), rtnetlink::Error::RequestFailed))?
+                .ok_or_else(|| err(format!("adding {TUNNEL_DEVICE}"))(rtnetlink::Error::RequestFailed))?
         }
     };
-    let any_v6 = want.peers.keys().any(IpAddr::is_ipv6);
-    let overhead = if any_v6 { OVERHEAD_V6 } else { OVERHEAD_V4 };
-    let mtu = underlay_mtu(handle, Some(index)).await?.saturating_sub(overhead).max(576);
-    if let Some(dev) = device(handle).await? {
-        let mac =
-            dev.attributes.iter().find_map(|a| if let LinkAttribute::Address(m) = a { Some(m.clone()) } else { None });
-        let cur_mtu = dev.attributes.iter().find_map(|a| if let LinkAttribute::Mtu(m) = a { Some(*m) } else { None });
-        let flags = dev.header.flags;
-        if mac.as_deref() != Some(&want.mac[..])
-            || cur_mtu != Some(mtu)
-            || !flags.contains(LinkFlags::Up)
-            || !flags.contains(LinkFlags::Noarp)
-        {
-            let msg = LinkUnspec::new_with_index(index).address(want.mac.to_vec()).mtu(mtu).arp(false).up().build();
-            handle.link().set(msg).execute().await.map_err(err(format!("setting up {TUNNEL_DEVICE}")))?;
-            changes += 1;
-        }
+    let index = dev.header.index;
+    let (with_address, has_address) = addresses(handle, index).await?;
+    let overhead = if want.peers.keys().any(IpAddr::is_ipv6) { OVERHEAD_V6 } else { OVERHEAD_V4 };
+    let mtu = underlay_mtu(handle, index, &with_address).await?.saturating_sub(overhead).max(576);
+    let mac =
+        dev.attributes.iter().find_map(|a| if let LinkAttribute::Address(m) = a { Some(m.as_slice()) } else { None });
+    let cur_mtu = dev.attributes.iter().find_map(|a| if let LinkAttribute::Mtu(m) = a { Some(*m) } else { None });
+    let flags = dev.header.flags;
+    if mac != Some(&want.mac[..])
+        || cur_mtu != Some(mtu)
+        || !flags.contains(LinkFlags::Up)
+        || !flags.contains(LinkFlags::Noarp)
+        || rp_filter(&dev) != Some(LOOSE)
+    {
+        let mut conf = InetDevConf::default();
+        conf.rp_filter = LOOSE;
+        let msg = LinkUnspec::new_with_index(index)
+            .address(want.mac.to_vec())
+            .mtu(mtu)
+            .arp(false)
+            .up()
+            .append_extra_attribute(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet(vec![
+                AfSpecInet::DevConfRequest(conf),
+            ])]))
+            .build();
+        handle.link().set(msg).execute().await.map_err(err(format!("setting up {TUNNEL_DEVICE}")))?;
+        changes += 1;
     }
-    changes += loose_rp_filter(handle, index).await?;
-    let address = ensure_address(handle, index).await?;
+    if !has_address {
+        let mut req = handle.address().add(index, IpAddr::V4(DEVICE_ADDRESS), 32);
+        req.message_mut().header.scope = AddressScope::Link;
+        req.execute().await.map_err(err(format!("adding {DEVICE_ADDRESS} to {TUNNEL_DEVICE}")))?;
+        changes += 1;
+    }
     let neighbours = sync_neighbours(handle, index, &want.peers).await?;
     let routes = sync_return_routes(handle, settings, index, want).await?;
-    if changes + address + neighbours + routes > 0 {
-        tracing::debug!(device = changes, address, neighbours, routes, "{TUNNEL_DEVICE} updated");
+    if changes + neighbours + routes > 0 {
+        tracing::debug!(device = changes, neighbours, routes, "{TUNNEL_DEVICE} updated");
     }
-    Ok(changes + address + neighbours + routes)
-}
-
-async fn ensure_address(handle: &Handle, index: u32) -> Result<usize, NetError> {
-    let mut stream = handle.address().get().set_link_index_filter(index).execute();
-    while let Some(msg) = stream.try_next().await.map_err(err("listing addresses"))? {
-        let has = msg.attributes.iter().any(|a| {
-            matches!(a, netlink_packet_route::address::AddressAttribute::Address(IpAddr::V4(v4)) if *v4 == DEVICE_ADDRESS)
-        });
-        if has {
-            return Ok(0);
-        }
-    }
-    let mut req = handle.address().add(index, IpAddr::V4(DEVICE_ADDRESS), 32);
-    req.message_mut().header.scope = netlink_packet_route::address::AddressScope::Link;
-    req.execute().await.map_err(err(format!("adding {DEVICE_ADDRESS} to {TUNNEL_DEVICE}")))?;
-    Ok(1)
+    Ok((changes + neighbours + routes, index))
 }
 
 fn neighbour_entry(msg: &NeighbourMessage) -> Option<(IpAddr, Vec<u8>)> {

@@ -226,13 +226,9 @@ pub fn plan_with(
                     continue;
                 }
                 let used: BTreeSet<&str> = mine.values().copied().collect();
-                // Never two IPs with one tunnel key on a node: the key names the IP there.
-                let key_taken = |n: &str| {
-                    placed_keys.contains(&(n, ip.is_ipv6(), tunnel_key(ip)))
-                        || mine
-                            .iter()
-                            .any(|(i, m)| *m == n && i.is_ipv6() == ip.is_ipv6() && tunnel_key(*i) == tunnel_key(ip))
-                };
+                // Never two IPs with one tunnel key on a node: the key names the IP there
+                // (`placed_keys` holds what stays and what this pass placed so far).
+                let key_taken = |n: &str| placed_keys.contains(&(n, ip.is_ipv6(), tunnel_key(ip)));
                 let best = assignable
                     .iter()
                     .filter(|n| !used.contains(**n) && nodes[**n].can_host(ip) && !key_taken(n))
