@@ -30,41 +30,12 @@ fn cluster(t: &Topology) -> (Netns, PathBuf) {
 }
 
 fn start_agent(t: &Topology, api: &ApiServer, node: &str, table: &str) -> Agent {
-    let state = t.dir.path().join(format!("state-{node}"));
     // Agents sharing the namespace need their own health port.
     let health = format!("127.0.0.1:{}", 9780 + node.bytes().last().map_or(0, u16::from) % 16);
-    let agent = Agent::start(
-        &t.node,
-        &[
-            "run",
-            "--kubeconfig",
-            &api.kubeconfig_egressd(),
-            "--node-name",
-            node,
-            "--table",
-            table,
-            "--cluster-cidr",
-            "198.18.0.0/16",
-            "--cluster-cidr",
-            "2001:db8:1::/48",
-            "--lease-duration-secs",
-            "3",
-            "--lease-renew-secs",
-            "1",
-            "--state-dir",
-            state.to_str().unwrap(),
-            "--health-addr",
-            &health,
-            // Agents share one namespace here: no EgressIP health port (placement
-            // counts labelled Ready nodes as reachable); placement_netns.rs covers it.
-            "--egress-ip-health-port",
-            "0",
-        ],
-        t.dir.path().join(format!("{node}.log")),
-    );
-    let synced = wait_for(Duration::from_secs(30), || agent.log_text().contains("dataplane in sync"));
-    assert!(synced.is_some(), "egressd did not sync:\n{}", agent.log_text());
-    agent
+    // Agents share one namespace here: no EgressIP health port (placement counts
+    // labelled Ready nodes as reachable); placement_netns.rs covers it.
+    let extra = ["--table", table, "--egress-ip-health-port", "0"];
+    start_kube_agent(&t.node, api, t.dir.path(), node, &health, &["198.18.0.0/16", "2001:db8:1::/48"], &extra)
 }
 
 #[test]

@@ -9,14 +9,13 @@
 
 mod netns;
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use netns::cluster::*;
 use netns::kube::*;
-use netns::{Agent, tcp, wait_for};
+use netns::{Agent, failover, tcp, wait_for};
 
 const API_HOST: &str = "198.19.0.254";
 const V6_EIP: &str = "2001:db8:0:1::100";
@@ -61,36 +60,8 @@ fn start(k: &Kube, api: &ApiServer, n: usize) -> Agent {
 
 fn start_with(k: &Kube, api: &ApiServer, n: usize, extra: &[&str]) -> Agent {
     let node = &k.c.nodes[n];
-    let state = k.c.dir.path().join(format!("state-{}", node.name));
     let health = format!("127.0.0.1:{}", 9780 + n);
-    static STARTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let run = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let log = k.c.dir.path().join(format!("{}-{run}.log", node.name));
-    let kubeconfig = api.kubeconfig_egressd();
-    let mut args = vec![
-        "run",
-        "--kubeconfig",
-        &kubeconfig,
-        "--node-name",
-        &node.name,
-        "--cluster-cidr",
-        "198.18.0.0/16",
-        "--cluster-cidr",
-        "2001:db8:1::/48",
-        "--lease-duration-secs",
-        "3",
-        "--lease-renew-secs",
-        "1",
-        "--state-dir",
-        state.to_str().unwrap(),
-        "--health-addr",
-        &health,
-    ];
-    args.extend_from_slice(extra);
-    let agent = Agent::start(&node.ns, &args, log);
-    let synced = wait_for(Duration::from_secs(30), || agent.log_text().contains("dataplane in sync"));
-    assert!(synced.is_some(), "egressd on {} did not sync:\n{}", node.name, agent.log_text());
-    agent
+    start_kube_agent(&node.ns, api, k.c.dir.path(), &node.name, &health, &["198.18.0.0/16", "2001:db8:1::/48"], extra)
 }
 
 fn start_all(k: &Kube, api: &ApiServer) -> Vec<Option<Agent>> {
@@ -227,16 +198,7 @@ fn the_leader_places_spreads_and_follows_labels_readiness_and_spec_edits() {
 
 /// One new connection from `pod` to the external echo server: the source it saw.
 fn quick_source(pod: &netns::Netns) -> Option<String> {
-    let target = SocketAddr::new(EXT_V4.parse().unwrap(), ECHO_PORT);
-    pod.run(move || {
-        let s = TcpStream::connect_timeout(&target, Duration::from_millis(150)).ok()?;
-        s.set_read_timeout(Some(Duration::from_millis(150))).ok()?;
-        let mut w = s.try_clone().ok()?;
-        w.write_all(b"x\n").ok()?;
-        let mut line = String::new();
-        BufReader::new(s).read_line(&mut line).ok()?;
-        Some(line.trim().to_string())
-    })
+    failover::quick_source(pod, SocketAddr::new(EXT_V4.parse().unwrap(), ECHO_PORT))
 }
 
 /// The node hosting `EIP_B` per `status.items`.
@@ -246,10 +208,7 @@ fn host_of(api: &ApiServer) -> Option<usize> {
 
 /// Kill node `n`: its uplink down and its agent SIGKILLed (API objects unchanged).
 fn kill_node(k: &Kube, agents: &mut [Option<Agent>], n: usize) {
-    k.c.nodes[n].ns.ip(&["link", "set", "eth0", "down"]);
-    if let Some(mut a) = agents[n].take() {
-        a.kill();
-    }
+    failover::kill_node(&k.c.nodes[n].ns, &mut agents[n]);
 }
 
 /// Bring node `n` back: uplink up, agent restarted.
@@ -264,19 +223,8 @@ fn measure_failover(k: &Kube, agents: &mut [Option<Agent>], host: usize) -> Opti
     let other = if host == 1 { 2 } else { 1 };
     let t0 = Instant::now();
     kill_node(k, agents, host);
-    let mut done = [false, false];
-    while t0.elapsed() < Duration::from_secs(10) {
-        for (slot, n) in [0, other].iter().enumerate() {
-            if !done[slot] {
-                done[slot] = quick_source(&k.c.nodes[*n].pods[0]).as_deref() == Some(EIP_B);
-            }
-        }
-        if done.iter().all(|d| *d) {
-            return Some(t0.elapsed());
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    None
+    let pods = [&k.c.nodes[0].pods[0], &k.c.nodes[other].pods[0]];
+    failover::until_all_leave_as(&pods, SocketAddr::new(EXT_V4.parse().unwrap(), ECHO_PORT), EIP_B, t0)
 }
 
 #[test]
@@ -350,8 +298,7 @@ fn failover_bench() {
     let a_pod = &k.c.nodes[0].pods[0];
     assert!(wait_for(Duration::from_secs(5), || quick_source(a_pod).as_deref() == Some(EIP_B)).is_some());
     let mut times = Vec::new();
-    println!("| run | node killed | new host | failover (ms) |");
-    println!("|---|---|---|---|");
+    failover::print_header();
     for run in 1..=runs {
         let host = host_of(&api).unwrap();
         let took = measure_failover(&k, &mut agents, host).unwrap_or_else(|| panic!("run {run}: no failover"));
@@ -359,21 +306,12 @@ fn failover_bench() {
         println!("| {run} | {} | {} | {} |", k.c.nodes[host].name, k.c.nodes[new].name, took.as_millis());
         times.push(took);
         // Counted before the revival: the leader may see it answer before start() returns.
-        let leader_log = |agents: &[Option<Agent>]| agents[0].as_ref().map(Agent::log_text).unwrap_or_default();
-        let seen = leader_log(&agents).matches("egress node reachable").count();
+        let seen = failover::reachable_count(agents[0].as_ref());
         revive_node(&k, &api, &mut agents, host);
         assert!(wait_for(Duration::from_secs(5), || !k.c.has_addr(host, EIP_B)).is_some());
-        // Until the leader has seen the revived node answer again.
-        let leader_log = || leader_log(&agents);
-        assert!(
-            wait_for(Duration::from_secs(10), || leader_log().matches("egress node reachable").count() > seen)
-                .is_some()
-        );
+        failover::leader_sees_it_again(agents[0].as_ref(), seen);
     }
-    times.sort();
-    let median = times[times.len() / 2];
-    let max = times[times.len() - 1];
-    println!("failover over {runs} runs: median {} ms, max {} ms", median.as_millis(), max.as_millis());
+    failover::print_summary(times);
 }
 
 /// A CloudPrivateIPConfig as `spec.node|status.node|Assigned status|reason|message|finalizers`

@@ -10,13 +10,12 @@
 
 mod netns;
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use netns::kube::*;
 use netns::routed::*;
-use netns::{Agent, wait_for};
+use netns::{Agent, failover, wait_for};
 
 /// node-c also has a pod in namespace `dev`, which no EgressIP selects.
 const PODS: [&[(&str, &str)]; 3] =
@@ -39,33 +38,8 @@ fn declare(api: &ApiServer, c: &Routed) {
 
 fn start(c: &Routed, api: &ApiServer, n: usize) -> Agent {
     let node = &c.nodes[n];
-    let state = c.dir.path().join(format!("state-{}", node.name));
     let health = format!("127.0.0.1:{}", 9780 + n);
-    static STARTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let run = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let log = c.dir.path().join(format!("{}-{run}.log", node.name));
-    let kubeconfig = api.kubeconfig_egressd();
-    let args = [
-        "run",
-        "--kubeconfig",
-        &kubeconfig,
-        "--node-name",
-        &node.name,
-        "--cluster-cidr",
-        "198.18.0.0/16",
-        "--lease-duration-secs",
-        "3",
-        "--lease-renew-secs",
-        "1",
-        "--state-dir",
-        state.to_str().unwrap(),
-        "--health-addr",
-        &health,
-    ];
-    let agent = Agent::start(&node.ns, &args, log);
-    let synced = wait_for(Duration::from_secs(30), || agent.log_text().contains("dataplane in sync"));
-    assert!(synced.is_some(), "egressd on {} did not sync:\n{}", node.name, agent.log_text());
-    agent
+    start_kube_agent(&node.ns, api, c.dir.path(), &node.name, &health, &["198.18.0.0/16"], &[])
 }
 
 /// node-c first (it leads), then node-a and node-b.
@@ -87,21 +61,7 @@ fn logs(agents: &[Option<Agent>]) -> String {
 
 /// One new connection from `pod` to the echo server: the source it saw.
 fn quick_source(pod: &netns::Netns) -> Option<String> {
-    let target = SocketAddr::new(EXT.parse().unwrap(), 8080);
-    pod.run(move || {
-        let s = TcpStream::connect_timeout(&target, Duration::from_millis(150)).ok()?;
-        s.set_read_timeout(Some(Duration::from_millis(150))).ok()?;
-        let mut line = String::new();
-        BufReader::new(s).read_line(&mut line).ok()?;
-        Some(line.trim().to_string())
-    })
-}
-
-fn kill_node(c: &Routed, agents: &mut [Option<Agent>], n: usize) {
-    c.nodes[n].ns.ip(&["link", "set", "eth0", "down"]);
-    if let Some(mut a) = agents[n].take() {
-        a.kill();
-    }
+    failover::quick_source(pod, SocketAddr::new(EXT.parse().unwrap(), 8080))
 }
 
 /// From the kill of hosting node `host` to the first new connections of node-c's pod
@@ -110,20 +70,9 @@ fn kill_node(c: &Routed, agents: &mut [Option<Agent>], n: usize) {
 fn measure_failover(c: &Routed, agents: &mut [Option<Agent>], host: usize) -> Option<Duration> {
     let other = 1 - host;
     let t0 = Instant::now();
-    kill_node(c, agents, host);
-    let mut done = [false, false];
-    while t0.elapsed() < Duration::from_secs(10) {
-        for (slot, n) in [2, other].iter().enumerate() {
-            if !done[slot] {
-                done[slot] = quick_source(&c.nodes[*n].pods[0]).as_deref() == Some(EIP);
-            }
-        }
-        if done.iter().all(|d| *d) {
-            return Some(t0.elapsed());
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    None
+    failover::kill_node(&c.nodes[host].ns, &mut agents[host]);
+    let pods = [&c.nodes[2].pods[0], &c.nodes[other].pods[0]];
+    failover::until_all_leave_as(&pods, SocketAddr::new(EXT.parse().unwrap(), 8080), EIP, t0)
 }
 
 fn egress_ip(api: &ApiServer) {
@@ -175,8 +124,7 @@ fn tunnel_failover_bench() {
     let c_pod = &c.nodes[2].pods[0];
     assert!(wait_for(Duration::from_secs(5), || quick_source(c_pod).as_deref() == Some(EIP)).is_some());
     let mut times = Vec::new();
-    println!("| run | node killed | new host | failover (ms) |");
-    println!("|---|---|---|---|");
+    failover::print_header();
     for run in 1..=runs {
         let host = host_of(&api).unwrap();
         let took = measure_failover(&c, &mut agents, host).unwrap_or_else(|| panic!("run {run}: no failover"));
@@ -184,20 +132,11 @@ fn tunnel_failover_bench() {
         println!("| {run} | {} | {} | {} |", c.nodes[host].name, c.nodes[new].name, took.as_millis());
         times.push(took);
         // Counted before the revival: the leader may see it answer before start() returns.
-        let leader_log = |agents: &[Option<Agent>]| agents[2].as_ref().map(Agent::log_text).unwrap_or_default();
-        let seen = leader_log(&agents).matches("egress node reachable").count();
+        let seen = failover::reachable_count(agents[2].as_ref());
         c.uplink_up(host);
         agents[host] = Some(start(&c, &api, host));
         assert!(wait_for(Duration::from_secs(5), || !c.has_addr(host, EIP)).is_some());
-        let leader_log = || leader_log(&agents);
-        assert!(
-            wait_for(Duration::from_secs(10), || leader_log().matches("egress node reachable").count() > seen)
-                .is_some()
-        );
+        failover::leader_sees_it_again(agents[2].as_ref(), seen);
     }
-    times.sort();
-    let median = times[times.len() / 2];
-    let max = times[times.len() - 1];
-    println!("failover over {runs} runs: median {} ms, max {} ms", median.as_millis(), max.as_millis());
-    let _ = std::io::stdout().flush();
+    failover::print_summary(times);
 }

@@ -96,6 +96,35 @@ impl Drop for ApiServer<'_> {
     }
 }
 
+/// egressd in Kubernetes mode on `ns` as node `name`: leases of 3 s renewed every
+/// second, its state in `dir/state-<name>`, health on `health`, a log per start in
+/// `dir`; returns once it synced.
+pub fn start_kube_agent(
+    ns: &Netns,
+    api: &ApiServer,
+    dir: &Path,
+    name: &str,
+    health: &str,
+    cluster_cidrs: &[&str],
+    extra: &[&str],
+) -> Agent {
+    static STARTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let run = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let kubeconfig = api.kubeconfig_egressd();
+    let state = dir.join(format!("state-{name}")).to_str().unwrap().to_string();
+    let mut args = vec!["run", "--kubeconfig", &kubeconfig, "--node-name", name];
+    for cidr in cluster_cidrs {
+        args.extend(["--cluster-cidr", cidr]);
+    }
+    args.extend(["--lease-duration-secs", "3", "--lease-renew-secs", "1", "--state-dir", &state]);
+    args.extend(["--health-addr", health]);
+    args.extend_from_slice(extra);
+    let agent = Agent::start(ns, &args, dir.join(format!("{name}-{run}.log")));
+    let synced = wait_for(Duration::from_secs(30), || agent.log_text().contains("dataplane in sync"));
+    assert!(synced.is_some(), "egressd on {name} did not sync:\n{}", agent.log_text());
+    agent
+}
+
 /// A node object for `name` with `ip`, Ready.
 pub fn node(api: &ApiServer, name: &str, ip: &str, ready: bool) {
     api.apply(&format!("apiVersion: v1\nkind: Node\nmetadata: {{name: {name}}}\n"));

@@ -13,6 +13,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod failover;
 pub mod kube;
 pub mod routed;
 

@@ -21,7 +21,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
 use super::cluster::{
-    add_pod, cluster_manifest, cni_masquerade, egress_ip_manifest, start_manifests_agent, write_manifest,
+    Node, add_pod, cluster_manifest, cni_masquerade, egress_ip_manifest, start_manifests_agent, write_manifest,
 };
 use super::{Agent, Netns, addr, require_root, serve, veth};
 
@@ -31,17 +31,10 @@ pub const EIP: &str = "198.19.1.100";
 pub const EIP6: &str = "2001:db8:0:a::100";
 pub const SINK_PORT: u16 = 9000;
 
-pub struct RNode {
-    pub ns: Netns,
-    pub name: String,
-    pub pods: Vec<Netns>,
-    pub agent: Option<Agent>,
-}
-
 pub struct Routed {
     pub lan: Netns,
     pub router: Netns,
-    pub nodes: Vec<RNode>,
+    pub nodes: Vec<Node>,
     pub ext: Netns,
     pub dir: tempfile::TempDir,
 }
@@ -127,7 +120,7 @@ impl Routed {
             }
             cni_masquerade(&ns);
             let node_pods = (0..pods[n].len()).map(|i| add_pod(&ns, &format!("r{n}p{i}"), n, i)).collect();
-            nodes.push(RNode { ns, name: name.to_string(), pods: node_pods, agent: None });
+            nodes.push(Node { ns, name: name.to_string(), pods: node_pods, agent: None });
         }
 
         let dir = tempfile::tempdir().unwrap();
