@@ -621,3 +621,35 @@ fn address_message(ip: IpAddr, link: u32, prefix: u8, protocol: u8) -> AddressMe
     msg.attributes.push(AddressAttribute::Protocol(AddressProtocol::from(protocol)));
     msg
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn hop() -> impl Strategy<Value = NextHop> {
+        (any::<bool>(), 1u8..250, 1u32..8, prop::option::of(1u32..0x00ff_ffff)).prop_map(|(v6, last, link, key)| {
+            let gateway: IpAddr =
+                if v6 { format!("2001:db8::{last:x}").parse().unwrap() } else { IpAddr::from([198, 19, 0, last]) };
+            // A hop through the tunnel is modelled with link 0.
+            NextHop { gateway, link: if key.is_some() { 0 } else { link }, key }
+        })
+    }
+
+    proptest! {
+        /// What a sync writes reads back as the model it was written from — one hop or
+        /// several, on links or through the tunnel — so a correct route is never
+        /// replaced (no flap on restart, no needless write in the periodic check).
+        #[test]
+        fn routes_read_back_as_written(v6 in any::<bool>(), hops in prop::collection::btree_set(hop(), 1..4)) {
+            let hops: Vec<NextHop> =
+                hops.into_iter().filter(|h| h.gateway.is_ipv6() == v6).collect();
+            prop_assume!(!hops.is_empty());
+            let tunnel = TunnelEnd { index: 42, local: [Some(IpAddr::from([198, 19, 0, 1])), None] };
+            let msg = route_message(7471, v6, &hops, 0xe9, tunnel);
+            let mut read = next_hops(&msg, Some(42));
+            read.sort();
+            prop_assert_eq!(read, hops);
+        }
+    }
+}
