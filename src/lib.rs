@@ -14,6 +14,7 @@
 
 pub mod agent;
 pub mod api;
+pub mod aws;
 pub mod compile;
 pub mod dataplane;
 pub mod dns;

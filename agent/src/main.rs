@@ -564,6 +564,25 @@ struct PlacementArgs {
     #[arg(long, env = "EGRESSD_EGRESS_IP_PROBE_MISSES", default_value_t = 3,
           value_parser = clap::value_parser!(u32).range(1..=100))]
     egress_ip_probe_misses: u32,
+    /// With --egress-ip-mode cloud: egressd is the CloudPrivateIPConfig controller for
+    /// this cloud (the leader assigns each IP to the node instance's primary interface
+    /// through the cloud's API and publishes each node's capacity). `aws`: EC2, the
+    /// instance from spec.providerID, credentials from the standard chain (environment,
+    /// web identity / IRSA, the instance role), the region from AWS_REGION or the
+    /// nodes' zone; docs/aws.md. Without it, another controller (OpenShift's
+    /// cloud-network-config-controller) does this.
+    #[arg(long, env = "EGRESSD_CLOUD_PROVIDER", value_enum)]
+    cloud_provider: Option<CloudProvider>,
+    /// The cloud API's endpoint instead of the region's (a VPC endpoint, a test server),
+    /// e.g. https://ec2.eu-west-1.amazonaws.com/.
+    #[arg(long, env = "EGRESSD_CLOUD_ENDPOINT", requires = "cloud_provider")]
+    cloud_endpoint: Option<String>,
+}
+
+/// `--cloud-provider`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum CloudProvider {
+    Aws,
 }
 
 #[derive(Debug, Args)]
@@ -936,7 +955,14 @@ fn run(args: RunArgs) -> ExitCode {
             probe_misses: p.egress_ip_probe_misses,
             cluster_cidrs: args.node.cluster_cidrs.clone(),
             mode: args.node.egress.settings().mode,
+            aws: p.cloud_provider.map(|CloudProvider::Aws| egressd::aws::controller::AwsSettings {
+                endpoint: p.cloud_endpoint.clone(),
+                region: None,
+            }),
         };
+        if settings.aws.is_some() && settings.mode != egressd::net::EgressIpMode::Cloud {
+            return Err(AgentError::Config("--cloud-provider needs --egress-ip-mode cloud".into()));
+        }
         let placement = PlacementSink::start(client.clone(), settings, leadership.clone());
         let writer = KubeStatusWriter::start(client, args.node.node_name.clone(), leadership, view.status_board());
         egressd::agent::run(config, view, syncer, (writer, placement), shutdown).instrument(info_span!("agent")).await

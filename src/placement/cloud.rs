@@ -34,9 +34,9 @@ use crate::api::Kind;
 use crate::view::policy::{CLOUD_FINALIZER, CLOUD_OWNER_ANNOTATION, CloudPrivateIp, cloud_private_ip_name};
 
 /// The reasons of the reference's controller.
-const PENDING: &str = "CloudResponsePending";
-const SUCCESS: &str = "CloudResponseSuccess";
-const ERROR: &str = "CloudResponseError";
+pub(crate) const PENDING: &str = "CloudResponsePending";
+pub(crate) const SUCCESS: &str = "CloudResponseSuccess";
+pub(crate) const ERROR: &str = "CloudResponseError";
 
 /// The planner's input items in the cloud modes: an IP whose config asks for a node
 /// counts as placed there (first, before `status.items`: it is the latest decision),
@@ -114,7 +114,8 @@ pub(crate) struct ConfigStatus {
 }
 
 impl ConfigStatus {
-    fn matches(&self, c: &CloudPrivateIp) -> bool {
+    /// Whether the config says this already.
+    pub(crate) fn matches(&self, c: &CloudPrivateIp) -> bool {
         c.status_node == self.node
             && c.assigned.as_ref().is_some_and(|(s, r, m)| s == self.status && r == self.reason && *m == self.message)
     }

@@ -63,6 +63,8 @@ pub struct PlacementSettings {
     pub cluster_cidrs: Vec<IpNet>,
     /// `--egress-ip-mode`.
     pub mode: EgressIpMode,
+    /// `--cloud-provider aws`: the leader is the CloudPrivateIPConfig controller.
+    pub aws: Option<crate::aws::controller::AwsSettings>,
 }
 
 /// What the task needs of each applied state.
@@ -84,15 +86,17 @@ struct Snapshot {
 /// Feeds the placement task (a [`StatusSink`]).
 pub struct PlacementSink {
     tx: watch::Sender<Option<Arc<Snapshot>>>,
+    aws: Option<watch::Sender<Option<Arc<crate::aws::controller::Input>>>>,
 }
 
 impl PlacementSink {
     /// Start the task.
     pub fn start(client: Client, settings: PlacementSettings, leadership: Leadership) -> Self {
         let (tx, rx) = watch::channel(None);
+        let aws = settings.aws.clone().map(|s| crate::aws::controller::start(client.clone(), s, leadership.clone()));
         let span = tracing::info_span!("placement", node = %settings.node);
         tokio::spawn(tracing::Instrument::instrument(run(client, settings, leadership, rx), span));
-        Self { tx }
+        Self { tx, aws }
     }
 }
 
@@ -130,6 +134,16 @@ impl StatusSink for PlacementSink {
             hosted,
             cloud_problems,
         };
+        if let Some(aws) = &self.aws {
+            let input = crate::aws::controller::Input { nodes: snap.nodes.clone(), configs: snap.cloud_ips.clone() };
+            aws.send_if_modified(|now| {
+                let changed = now.as_deref() != Some(&input);
+                if changed {
+                    *now = Some(Arc::new(input));
+                }
+                changed
+            });
+        }
         let _ = self.tx.send(Some(Arc::new(snap)));
     }
 }

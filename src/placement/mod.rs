@@ -32,6 +32,28 @@ pub struct Candidate {
     pub labelled_ready: bool,
     /// What the leader's probe says.
     pub reach: Reach,
+    /// How many egress IPs the cloud lets it hold (its cloud controller's
+    /// `cloud.network.openshift.io/egress-ipconfig`; `None`: no limit).
+    pub capacity: Option<Capacity>,
+}
+
+/// A node's slots for egress IPs, as its cloud controller publishes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Capacity {
+    /// IPv4 egress IPs.
+    pub ipv4: Option<u32>,
+    /// IPv6 egress IPs.
+    pub ipv6: Option<u32>,
+    /// Both families together.
+    pub any: Option<u32>,
+}
+
+impl Capacity {
+    /// Room for one more of `ip`'s family, holding `v4` and `v6` now.
+    fn room(&self, ip: IpAddr, v4: u32, v6: u32) -> bool {
+        let family = if ip.is_ipv6() { self.ipv6.is_none_or(|c| v6 < c) } else { self.ipv4.is_none_or(|c| v4 < c) };
+        family && self.any.is_none_or(|c| v4 + v6 < c)
+    }
 }
 
 /// The leader's probe verdict on a node.
@@ -47,12 +69,20 @@ pub enum Reach {
 
 impl Candidate {
     /// From the view's node and the probe verdict.
+    /// A cloud controller's annotation, where there is one, gives the subnets (the
+    /// cloud's rule: an egress IP lies in the subnet of the node's interface) and the
+    /// capacity.
     pub fn new(node: &NodeInfo, reach: Reach) -> Self {
+        let (subnets, capacity) = match &node.cloud_ipconfig {
+            Some(c) => (c.subnets.clone(), Some(Capacity { ipv4: c.ipv4, ipv6: c.ipv6, any: c.any })),
+            None => (node.egress_subnets.clone(), None),
+        };
         Self {
             addresses: node.addresses.clone(),
-            subnets: node.egress_subnets.clone(),
+            subnets,
             labelled_ready: node.ready && node.labels.contains_key(EGRESS_ASSIGNABLE_LABEL),
             reach,
+            capacity,
         }
     }
 
@@ -123,7 +153,9 @@ fn event(name: &str, reason: &'static str, message: String) -> PlacementEvent {
 /// * at most one IP of an EgressIP per node (across families);
 /// * a new IP goes to the least loaded assignable node (fewest egress IPs in all, then
 ///   by name) whose subnets contain it and that hosts no IP of its family with the same
-///   tunnel key ([`crate::net::tunnel_key`]: the key names the IP on its node);
+///   tunnel key ([`crate::net::tunnel_key`]: the key names the IP on its node), and that
+///   has room for one more of its family (the cloud's [`Capacity`], where a cloud
+///   controller publishes one; IPs kept count, and stay even above it);
 /// * an IP equal to a node address is never placed (`EgressIPConflict`), nor an IP an
 ///   older EgressIP lists (`UnsupportedRequest`).
 pub fn plan(requests: &[Request], nodes: &BTreeMap<String, Candidate>) -> Placement {
@@ -169,6 +201,14 @@ pub fn plan_with(
     // Every placed IP's tunnel key per node (see `crate::net::tunnel_key`).
     let mut placed_keys: BTreeSet<(&str, bool, u32)> =
         placed.values().flat_map(|m| m.iter().map(|(ip, n)| (*n, ip.is_ipv6(), tunnel_key(*ip)))).collect();
+    // Egress IPs per node and family (against the cloud's capacity; kept ones count,
+    // and are kept even above it).
+    let mut held_by: BTreeMap<(&str, bool), u32> = BTreeMap::new();
+    for m in placed.values() {
+        for (ip, n) in m {
+            *held_by.entry((*n, ip.is_ipv6())).or_default() += 1;
+        }
+    }
     // Pass 2: the IPs without a node.
     let assignable: Vec<&str> = nodes.iter().filter(|(_, c)| c.assignable()).map(|(n, _)| n.as_str()).collect();
     let mut events = Vec::new();
@@ -229,13 +269,18 @@ pub fn plan_with(
                 // Never two IPs with one tunnel key on a node: the key names the IP there
                 // (`placed_keys` holds what stays and what this pass placed so far).
                 let key_taken = |n: &str| placed_keys.contains(&(n, ip.is_ipv6(), tunnel_key(ip)));
+                let room = |n: &str| {
+                    let count = |v6: bool| held_by.get(&(n, v6)).copied().unwrap_or(0);
+                    nodes[n].capacity.is_none_or(|c| c.room(ip, count(false), count(true)))
+                };
                 let best = assignable
                     .iter()
-                    .filter(|n| !used.contains(**n) && nodes[**n].can_host(ip) && !key_taken(n))
+                    .filter(|n| !used.contains(**n) && nodes[**n].can_host(ip) && !key_taken(n) && room(n))
                     .min_by_key(|n| (load.get(**n).copied().unwrap_or(0), **n));
                 if let Some(n) = best {
                     mine.insert(ip, n);
                     placed_keys.insert((n, ip.is_ipv6(), tunnel_key(ip)));
+                    *held_by.entry((n, ip.is_ipv6())).or_default() += 1;
                     *load.entry(n).or_default() += 1;
                 }
             }
@@ -278,6 +323,7 @@ mod tests {
             subnets: subnets.iter().map(|s| s.parse().unwrap()).collect(),
             labelled_ready,
             reach,
+            capacity: None,
         }
     }
 
@@ -459,6 +505,57 @@ mod tests {
             plan(&[req("e1", &["198.19.0.100"], &[("198.19.0.100", "a")]), req("e2", &["199.19.0.100"], &[])], &only_a);
         assert!(items(&p, "e2").is_empty());
         assert_eq!(reasons(&p), vec!["NoMatchingNodeFound"]);
+    }
+
+    #[test]
+    fn a_cloud_nodes_capacity_and_subnet_bound_what_it_gets_and_kept_ips_stay_above_it() {
+        let mut nodes = three();
+        let cap = |ipv4, ipv6, any| Some(Capacity { ipv4, ipv6, any });
+        nodes.get_mut("a").unwrap().capacity = cap(Some(1), Some(0), None);
+        nodes.get_mut("b").unwrap().capacity = cap(Some(1), Some(1), None);
+        nodes.get_mut("c").unwrap().capacity = cap(None, None, Some(1));
+        // e1 keeps .100 on a; e2's two IPv4 go to b and c (a is full), its IPv6 nowhere:
+        // a has no IPv6 slot and b and c have one of e2's IPs each.
+        let r = [
+            req("e1", &["198.19.0.100"], &[("198.19.0.100", "a")]),
+            req("e2", &["198.19.0.101", "198.19.0.102", "2001:db8::100"], &[]),
+        ];
+        let p = plan(&r, &nodes);
+        assert_eq!(items(&p, "e1"), vec![("198.19.0.100".into(), "a".into())]);
+        let e2 = items(&p, "e2");
+        assert_eq!(e2.len(), 2, "{e2:?}");
+        assert!(e2.iter().all(|(_, n)| n != "a"), "a is full: {e2:?}");
+        assert_eq!(reasons(&p), vec!["UnassignedRequest"]);
+        // Every node full: nothing placed, NoMatchingNodeFound; a kept IP stays above the
+        // capacity (a limit lowered later does not move it).
+        for c in nodes.values_mut() {
+            c.capacity = cap(Some(0), Some(0), None);
+        }
+        let r = [req("e1", &["198.19.0.100"], &[("198.19.0.100", "a")]), req("e3", &["198.19.0.103"], &[])];
+        let p = plan(&r, &nodes);
+        assert_eq!(items(&p, "e1"), vec![("198.19.0.100".into(), "a".into())]);
+        assert!(items(&p, "e3").is_empty());
+        assert_eq!(reasons(&p), vec!["NoMatchingNodeFound"]);
+    }
+
+    #[test]
+    fn the_cloud_annotation_gives_subnets_and_capacity() {
+        let mut info = NodeInfo { ready: true, ..Default::default() };
+        info.labels.insert(EGRESS_ASSIGNABLE_LABEL.into(), String::new());
+        info.egress_subnets = vec!["198.51.100.0/24".parse().unwrap()];
+        info.cloud_ipconfig = crate::view::CloudIpConfig::parse(
+            r#"[{"interface":"eni-1","ifaddr":{"ipv4":"198.19.0.0/24","ipv6":"2001:db8::/64"},"capacity":{"ipv4":14,"ipv6":15}}]"#,
+        );
+        let c = Candidate::new(&info, Reach::Up);
+        assert_eq!(c.subnets, vec!["198.19.0.0/24".parse::<IpNet>().unwrap(), "2001:db8::/64".parse().unwrap()]);
+        assert_eq!(c.capacity, Some(Capacity { ipv4: Some(14), ipv6: Some(15), any: None }));
+        // GCP and Azure count both families together.
+        info.cloud_ipconfig = crate::view::CloudIpConfig::parse(
+            r#"[{"interface":"nic0","ifaddr":{"ipv4":"198.19.0.0/24"},"capacity":{"ip":9}}]"#,
+        );
+        assert_eq!(Candidate::new(&info, Reach::Up).capacity, Some(Capacity { ipv4: None, ipv6: None, any: Some(9) }));
+        info.cloud_ipconfig = crate::view::CloudIpConfig::parse("not json");
+        assert_eq!(Candidate::new(&info, Reach::Up).subnets, vec!["198.51.100.0/24".parse::<IpNet>().unwrap()]);
     }
 
     #[test]

@@ -163,6 +163,50 @@ pub struct NodeInfo {
     /// not the instance's (AWS, GCP, Azure): steering to or from it is encapsulated.
     #[serde(default)]
     pub cloud: bool,
+    /// `spec.providerID` (the AWS provider finds the node's instance by it).
+    #[serde(default)]
+    pub provider_id: Option<String>,
+    /// The cloud controller's [`CLOUD_IPCONFIG_ANNOTATION`], read: where and how many
+    /// egress IPs the cloud lets this node hold.
+    #[serde(default)]
+    pub cloud_ipconfig: Option<CloudIpConfig>,
+    /// The same annotation's text (the controller writes it only when it differs).
+    #[serde(default)]
+    pub cloud_ipconfig_raw: Option<String>,
+}
+
+/// The Node annotation a cloud network controller publishes (OpenShift's
+/// cloud-network-config-controller, egressd's AWS provider): the node's interface, its
+/// subnets and its free slots for egress IPs, e.g.
+/// `[{"interface":"eni-1","ifaddr":{"ipv4":"198.19.0.0/24"},"capacity":{"ipv4":14,"ipv6":15}}]`
+/// (`"capacity":{"ip":N}` on clouds that count both families together).
+pub const CLOUD_IPCONFIG_ANNOTATION: &str = "cloud.network.openshift.io/egress-ipconfig";
+
+/// [`CLOUD_IPCONFIG_ANNOTATION`], read.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct CloudIpConfig {
+    /// `ifaddr`: the subnets an egress IP of this node must lie in.
+    pub subnets: Vec<ipnet::IpNet>,
+    /// `capacity.ipv4`.
+    pub ipv4: Option<u32>,
+    /// `capacity.ipv6`.
+    pub ipv6: Option<u32>,
+    /// `capacity.ip` (both families).
+    pub any: Option<u32>,
+}
+
+impl CloudIpConfig {
+    /// Read the annotation (its first interface); `None` when unreadable.
+    pub fn parse(text: &str) -> Option<Self> {
+        let v: serde_json::Value = serde_json::from_str(text).ok()?;
+        let first = v.as_array()?.first()?;
+        let subnets = ["ipv4", "ipv6"]
+            .iter()
+            .filter_map(|f| first["ifaddr"][f].as_str()?.parse::<ipnet::IpNet>().ok().map(|n| n.trunc()))
+            .collect();
+        let cap = |f: &str| first["capacity"][f].as_u64().map(|n| u32::try_from(n).unwrap_or(u32::MAX));
+        Some(Self { subnets, ipv4: cap("ipv4"), ipv6: cap("ipv6"), any: cap("ip") })
+    }
 }
 
 /// `spec.providerID` prefixes of clouds whose networks check source addresses.
@@ -204,12 +248,21 @@ impl NodeInfo {
             .and_then(|v| serde_json::from_str::<Vec<ipnet::IpNet>>(v).ok())
             .map(|v| v.into_iter().map(|n| n.trunc()).collect())
             .unwrap_or_default();
-        let cloud = node
-            .spec
-            .as_ref()
-            .and_then(|s| s.provider_id.as_deref())
-            .is_some_and(|p| FILTERING_CLOUDS.iter().any(|c| p.starts_with(c)));
-        Self { labels: node.metadata.labels.clone().unwrap_or_default(), addresses, ready, egress_subnets, cloud }
+        let provider_id = node.spec.as_ref().and_then(|s| s.provider_id.clone()).filter(|p| !p.is_empty());
+        let cloud = provider_id.as_deref().is_some_and(|p| FILTERING_CLOUDS.iter().any(|c| p.starts_with(c)));
+        let cloud_ipconfig_raw =
+            node.metadata.annotations.as_ref().and_then(|a| a.get(CLOUD_IPCONFIG_ANNOTATION)).cloned();
+        let cloud_ipconfig = cloud_ipconfig_raw.as_deref().and_then(CloudIpConfig::parse);
+        Self {
+            labels: node.metadata.labels.clone().unwrap_or_default(),
+            addresses,
+            ready,
+            egress_subnets,
+            cloud,
+            provider_id,
+            cloud_ipconfig,
+            cloud_ipconfig_raw,
+        }
     }
 }
 
