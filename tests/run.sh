@@ -16,10 +16,19 @@ command -v nft >/dev/null || missing+=(nftables)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v dnsmasq >/dev/null || missing+=(dnsmasq-base)
 command -v systemd-analyze >/dev/null || missing+=(systemd)
+command -v curl >/dev/null || missing+=(curl)
+command -v python3 >/dev/null || missing+=(python3 python3-pip)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "tests/run.sh: installing ${missing[*]}"
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# The EC2 API server of tests/aws_netns.rs (moto, with boto3 for the test's own calls).
+if ! python3 -c 'import moto.server, boto3' 2>/dev/null; then
+  echo "tests/run.sh: installing moto[server] (pip)"
+  python3 -m pip install -q 'moto[server]==5.2.1' 2>/dev/null ||
+    python3 -m pip install -q --break-system-packages 'moto[server]==5.2.1'
 fi
 
 command -v kubectl >/dev/null || { echo "tests/run.sh: kubectl is required (the machine image ships it)" >&2; exit 1; }

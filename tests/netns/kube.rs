@@ -108,6 +108,21 @@ pub fn start_kube_agent(
     cluster_cidrs: &[&str],
     extra: &[&str],
 ) -> Agent {
+    start_kube_agent_env(ns, api, dir, name, health, cluster_cidrs, extra, &[])
+}
+
+/// [`start_kube_agent`] with extra environment variables.
+#[allow(clippy::too_many_arguments, dead_code)]
+pub fn start_kube_agent_env(
+    ns: &Netns,
+    api: &ApiServer,
+    dir: &Path,
+    name: &str,
+    health: &str,
+    cluster_cidrs: &[&str],
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Agent {
     static STARTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let run = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let kubeconfig = api.kubeconfig_egressd();
@@ -119,7 +134,7 @@ pub fn start_kube_agent(
     args.extend(["--lease-duration-secs", "3", "--lease-renew-secs", "1", "--state-dir", &state]);
     args.extend(["--health-addr", health]);
     args.extend_from_slice(extra);
-    let agent = Agent::start(ns, &args, dir.join(format!("{name}-{run}.log")));
+    let agent = Agent::start_env(ns, &args, env, dir.join(format!("{name}-{run}.log")));
     let synced = wait_for(Duration::from_secs(30), || agent.log_text().contains("dataplane in sync"));
     assert!(synced.is_some(), "egressd on {name} did not sync:\n{}", agent.log_text());
     agent
