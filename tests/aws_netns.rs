@@ -6,7 +6,8 @@
 //! spec.providerID, and the agents take their credentials from the instance metadata
 //! service (moto serves IMDSv2 too). Root and moto required.
 //!
-//! node-b is a t2.nano (2 IPv4 addresses per interface: its primary and one egress IP),
+//! The instances' subnet is 198.19.0.0/25, narrower than the nodes' link (/24), so the
+//! cloud's subnet rule is visible. node-b is a t2.nano (2 IPv4 addresses per interface: its primary and one egress IP),
 //! node-a and node-c m5.large (10).
 
 mod netns;
@@ -184,7 +185,7 @@ fn aws_assigns_moves_caps_survives_an_ec2_outage_and_releases() {
         api.get(&["node", n, "-o", r#"jsonpath={.metadata.annotations.cloud\.network\.openshift\.io/egress-ipconfig}"#])
     };
     let want_b = format!(
-        r#"[{{"capacity":{{"ipv4":1,"ipv6":2}},"ifaddr":{{"ipv4":"198.19.0.0/24"}},"interface":"{}"}}]"#,
+        r#"[{{"capacity":{{"ipv4":1,"ipv6":2}},"ifaddr":{{"ipv4":"198.19.0.0/25"}},"interface":"{}"}}]"#,
         eni("node-b")
     );
     assert!(
@@ -218,6 +219,19 @@ fn aws_assigns_moves_caps_survives_an_ec2_outage_and_releases() {
     );
     // b's one slot is taken: its capacity stays 1 (egress IPs count against it in placement).
     assert!(wait_for(Duration::from_secs(5), || annotation("node-b") == want_b).is_some(), "{}", annotation("node-b"));
+
+    // The cloud's rule: an IP outside the instances' subnet (198.19.0.0/25), though on
+    // the nodes' link (198.19.0.0/24), is placed nowhere: an Event, no config.
+    egress_ip(&api, "e4", &["198.19.0.200"]);
+    let event = wait_for(Duration::from_secs(15), || {
+        api.get(&["events", "-n", "default"]).contains(
+            "No matching nodes found, which can host any of the egress IPs: [198.19.0.200] for object EgressIP: e4",
+        )
+    });
+    assert!(event.is_some(), "{}", dump("no NoMatchingNodeFound for an IP outside the subnet", &agents));
+    assert!(config(&api, "198.19.0.200").is_empty() && items(&api, "e4").is_empty());
+    let (ok, out) = api.kubectl(&["delete", "egressip", "e4"], "");
+    assert!(ok, "{out}");
 
     // Capacity exhausted: only node-b assignable, and it is full: nothing placed, no
     // config, NoMatchingNodeFound.

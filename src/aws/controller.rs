@@ -176,12 +176,7 @@ async fn round(
                     let b = Backoff::next(st.call_backoff.get(&c.ip).copied(), Duration::from_secs(30));
                     st.call_backoff.insert(c.ip, b);
                     tracing::warn!(call = ?call, error = %e, retry_in = ?b.delay, "EC2 call failed");
-                    let s = ConfigStatus {
-                        node: None,
-                        status: "False",
-                        reason: cloud::ERROR,
-                        message: format!("{}: {e}", call_name(call)),
-                    };
+                    let s = call_failed(call, &e);
                     status = (!s.matches(c)).then_some(s);
                 }
             }
@@ -202,6 +197,12 @@ async fn round(
     }
     st.call_backoff.retain(|ip, _| config_ips.contains(ip));
     if unsettled { Duration::from_secs(1) } else { Duration::from_secs(30) }
+}
+
+/// The status of a config whose call failed: `CloudResponseError`, the call and EC2's
+/// code and message.
+fn call_failed(call: &Call, e: &Ec2Error) -> ConfigStatus {
+    ConfigStatus { node: None, status: "False", reason: cloud::ERROR, message: format!("{}: {e}", call_name(call)) }
 }
 
 fn call_name(call: &Call) -> &'static str {
@@ -332,5 +333,49 @@ async fn publish_capacity(
             }
             Err(e) => tracing::warn!(node = %name, error = %e, "capacity annotation not written; will retry"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_call_is_an_error_status_with_ec2s_reason() {
+        let call = Call::Assign {
+            node: "b".into(),
+            interface: "eni-1".into(),
+            ip: "198.19.0.100".parse().unwrap(),
+            reassign: true,
+        };
+        let e = super::super::ec2::parse_error(
+            400,
+            "<Response><Errors><Error><Code>PrivateIpAddressLimitExceeded</Code><Message>Number of private addresses will exceed limit.</Message></Error></Errors></Response>",
+        );
+        let s = call_failed(&call, &e);
+        assert_eq!((s.node, s.status, s.reason), (None, "False", "CloudResponseError"));
+        assert_eq!(
+            s.message,
+            "AssignPrivateIpAddresses: PrivateIpAddressLimitExceeded: Number of private addresses will exceed limit."
+        );
+        let v6 = Call::Unassign { node: "b".into(), interface: "eni-1".into(), ip: "2001:db8::1".parse().unwrap() };
+        assert!(
+            call_failed(&v6, &Ec2Error::new("Timeout", "no answer"))
+                .message
+                .starts_with("UnassignIpv6Addresses: Timeout")
+        );
+    }
+
+    #[test]
+    fn backoff_doubles_from_a_second_up_to_its_cap() {
+        let mut b = None;
+        let mut delays = Vec::new();
+        for _ in 0..7 {
+            let next = Backoff::next(b, Duration::from_secs(30));
+            delays.push(next.delay.as_secs());
+            b = Some(next);
+        }
+        assert_eq!(delays, vec![1, 2, 4, 8, 16, 30, 30]);
+        assert!(b.unwrap().until > Instant::now() + Duration::from_secs(29));
     }
 }

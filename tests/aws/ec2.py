@@ -24,7 +24,7 @@ def client(endpoint):
 def setup(endpoint, nodes):
     ec2 = client(endpoint)
     vpc = ec2.create_vpc(CidrBlock="198.19.0.0/16")["Vpc"]["VpcId"]
-    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="198.19.0.0/24", AvailabilityZone="us-east-1a")["Subnet"]["SubnetId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="198.19.0.0/25", AvailabilityZone="us-east-1a")["Subnet"]["SubnetId"]
     out = {}
     for spec in nodes:
         name, ip, itype = spec.split("=")
