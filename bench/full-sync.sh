@@ -16,11 +16,15 @@
 #   EDIT_TO=100.0.207.0/24 bench/full-sync.sh   # the edited rule's new destination (default
 #     100.0.7.128/25: a prefix length its run lacks, so a set and a rule are added; a /24
 #     not in the run is an element change)
+#   SHAPE=interleaved bench/full-sync.sh   # the rules' shape: friendly (default: 99 Allow
+#     rules, a third ported, then Deny all), interleaved (Allow and Deny at random, every
+#     rule ported, /8–/32 and IPv6 /32–/128 mixed), worst (strictly alternating actions,
+#     every rule its own port)
 #   STEPS="edit" PERF_OUT=/tmp/perf.data bench/full-sync.sh   # only these change steps
 #     (of: edit pod replace label; the others print "—"), e.g. to profile one of them
 set -euo pipefail
 cd "$(dirname "$0")/.."
-NSN=${NS:-1000} RULES=${RULES:-100} PODS=${PODS:-10000} REPEAT=${REPEAT:-11}
+NSN=${NS:-1000} RULES=${RULES:-100} PODS=${PODS:-10000} REPEAT=${REPEAT:-11} SHAPE=${SHAPE:-friendly}
 # Root is needed (network namespaces, nftables): as root it runs as is; otherwise it
 # re-runs itself with sudo (keeping PATH, so cargo is found).
 if [ "$(id -u)" != 0 ]; then
@@ -40,11 +44,12 @@ cleanup() {
 trap cleanup EXIT
 ip netns add "$NET"; ip -n "$NET" link set lo up
 mkdir "$WORK/m"
-python3 - "$NSN" "$RULES" "$PODS" "$WORK/m" "${EDIT_TO:-100.0.7.128/25}" <<'PY'
-import sys
-ns, rules, pods, out, edit_to = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
-def firewall(n, variant=0):
-    lines = [f"apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {{name: default, namespace: ns{n}}}\nspec:\n  egress:"]
+python3 - "$NSN" "$RULES" "$PODS" "$WORK/m" "${EDIT_TO:-100.0.7.128/25}" "$SHAPE" <<'PY'
+import ipaddress, random, sys
+ns, rules, pods, out, edit_to, shape = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6]
+def friendly(n, variant):
+    # 99 Allow rules (a third with port 443), then one Deny of everything.
+    lines = []
     for r in range(rules - 1):
         a, b = 100 + (r + variant) % 100, (r // 100) % 256
         ports = "\n    ports: [{protocol: TCP, port: 443}]" if r % 3 == 0 else ""
@@ -52,8 +57,32 @@ def firewall(n, variant=0):
             lines.append("  - type: Allow\n    to: {nodeSelector: {matchLabels: {role: egress}}}")
             continue
         lines.append(f"  - type: Allow\n    to: {{cidrSelector: {a}.{b}.{n % 256}.0/24}}{ports}")
-    lines.append("  - type: Deny\n    to: {cidrSelector: 0.0.0.0/0}")
-    return "\n".join(lines) + "\n"
+    return lines
+def mixed(n, variant, alternate):
+    # Allow and Deny interleaved (at random, or strictly alternating), every rule with a
+    # port (TCP or UDP, random), prefixes /8../32 (IPv4) and /32../128 (IPv6, one rule in
+    # five): no two neighbours merge.
+    rnd = random.Random(n * 1000 + variant)
+    lines = []
+    for r in range(rules - 1):
+        if n % 100 == 0 and r == rules // 2:
+            lines.append("  - type: Allow\n    to: {nodeSelector: {matchLabels: {role: egress}}}")
+            continue
+        action = ("Allow", "Deny")[r % 2] if alternate else rnd.choice(("Allow", "Deny"))
+        if rnd.random() < 0.2:
+            base = ipaddress.IPv6Address((0x20010DB8 << 96) | rnd.getrandbits(96))
+            cidr = str(ipaddress.ip_network((base, rnd.randint(32, 128)), strict=False))
+        else:
+            cidr = str(ipaddress.ip_network((rnd.getrandbits(32), rnd.randint(8, 32)), strict=False))
+        proto = rnd.choice(("TCP", "UDP"))
+        port = rnd.randint(1, 65535) if not alternate else 1000 + r
+        lines.append(f"  - type: {action}\n    to: {{cidrSelector: {cidr}}}\n    ports: [{{protocol: {proto}, port: {port}}}]")
+    return lines
+def firewall(n, variant=0):
+    head = f"apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {{name: default, namespace: ns{n}}}\nspec:\n  egress:"
+    body = {"friendly": lambda: friendly(n, variant), "interleaved": lambda: mixed(n, variant, False),
+            "worst": lambda: mixed(n, variant, True)}[shape]()
+    return "\n".join([head] + body + ["  - type: Deny\n    to: {cidrSelector: 0.0.0.0/0}"]) + "\n"
 for n in range(ns):
     open(f"{out}/fw-{n}.yaml", "w").write(firewall(n))
 with open(f"{out}/pods.yaml", "w") as f:
@@ -65,7 +94,15 @@ def nodes(egress):
                    f"status: {{addresses: [{{type: InternalIP, address: 203.0.113.{i + 1}}}]}}\n" for i in range(10))
 open(f"{out}/nodes.yaml", "w").write(nodes({0, 2, 4, 6, 8}))
 open(f"{out}/../label-node.yaml", "w").write(nodes({0, 1, 2, 4, 6, 8}))
-open(f"{out}/../edit-rule.yaml", "w").write(firewall(7).replace("100.0.7.0/24", edit_to, 1))
+if shape == "friendly":
+    edited = firewall(7).replace("100.0.7.0/24", edit_to, 1)
+else:
+    # One rule's destination changes (a new prefix length in its namespace).
+    text = firewall(7)
+    i = text.index("cidrSelector: ", text.index("cidrSelector: ") + 1) + len("cidrSelector: ")
+    j = text.index("}", i)
+    edited = text[:i] + ("198.51.100.128/25" if ":" not in text[i:j] else "2001:db8:ffff::/49") + text[j:]
+open(f"{out}/../edit-rule.yaml", "w").write(edited)
 open(f"{out}/../replace-ns.yaml", "w").write(firewall(8, variant=50))
 PY
 NO_COLOR=1 ip netns exec "$NET" "$BIN" run --manifests "$WORK/m" --node-name bench --cluster-cidr 198.18.0.0/15 \
