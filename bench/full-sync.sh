@@ -18,8 +18,8 @@
 #     not in the run is an element change)
 #   SHAPE=interleaved bench/full-sync.sh   # the rules' shape: friendly (default: 99 Allow
 #     rules, a third ported, then Deny all), interleaved (Allow and Deny at random, every
-#     rule ported, /8–/32 and IPv6 /32–/128 mixed), worst (strictly alternating actions,
-#     every rule its own port)
+#     rule ported from five common ports, /8–/32 and IPv6 /32–/128 mixed), worst
+#     (strictly alternating actions, every rule its own port: nothing merges)
 #   STEPS="edit" PERF_OUT=/tmp/perf.data bench/full-sync.sh   # only these change steps
 #     (of: edit pod replace label; the others print "—"), e.g. to profile one of them
 set -euo pipefail
@@ -59,9 +59,10 @@ def friendly(n, variant):
         lines.append(f"  - type: Allow\n    to: {{cidrSelector: {a}.{b}.{n % 256}.0/24}}{ports}")
     return lines
 def mixed(n, variant, alternate):
-    # Allow and Deny interleaved (at random, or strictly alternating), every rule with a
-    # port (TCP or UDP, random), prefixes /8../32 (IPv4) and /32../128 (IPv6, one rule in
-    # five): no two neighbours merge.
+    # Allow and Deny interleaved, every rule with a port, prefixes /8../32 (IPv4) and
+    # /32../128 (IPv6, one rule in five). interleaved: actions at random, ports from five
+    # common ones (short runs that still merge: many small sets); worst: actions
+    # alternating, every rule its own port (nothing merges).
     rnd = random.Random(n * 1000 + variant)
     lines = []
     for r in range(rules - 1):
@@ -74,8 +75,10 @@ def mixed(n, variant, alternate):
             cidr = str(ipaddress.ip_network((base, rnd.randint(32, 128)), strict=False))
         else:
             cidr = str(ipaddress.ip_network((rnd.getrandbits(32), rnd.randint(8, 32)), strict=False))
-        proto = rnd.choice(("TCP", "UDP"))
-        port = rnd.randint(1, 65535) if not alternate else 1000 + r
+        if alternate:
+            proto, port = rnd.choice(("TCP", "UDP")), 1000 + r
+        else:
+            proto, port = rnd.choice((("TCP", 443), ("TCP", 80), ("TCP", 8080), ("UDP", 53), ("TCP", 22)))
         lines.append(f"  - type: {action}\n    to: {{cidrSelector: {cidr}}}\n    ports: [{{protocol: {proto}, port: {port}}}]")
     return lines
 def firewall(n, variant=0):
@@ -105,6 +108,7 @@ else:
 open(f"{out}/../edit-rule.yaml", "w").write(edited)
 open(f"{out}/../replace-ns.yaml", "w").write(firewall(8, variant=50))
 PY
+started_ns=$(date +%s%N)
 NO_COLOR=1 ip netns exec "$NET" "$BIN" run --manifests "$WORK/m" --node-name bench --cluster-cidr 198.18.0.0/15 \
   --state-dir "$WORK/state" --health-addr 127.0.0.1:9798 2>"$WORK/log" &
 AGENT=$!
@@ -136,9 +140,11 @@ step() { # LABEL CHANGE: run CHANGE I for I in 1..REPEAT, one sync each; RESULT:
   echo >&2
 }
 wait_sync 1
+ready_ms=$(( ($(date +%s%N) - started_ns) / 1000000 ))
 full=$(value 1 elapsed_ms)
 grep "dataplane in sync" "$WORK/log" | head -n 1 | grep -o 'elapsed_ms=.*nft_ms=[0-9.]*' >&2 || true
 rss=$(awk '/VmRSS/ { print $2 }' "/proc/$AGENT/status")
+hwm_start=$(awk '/VmHWM/ { print $2 }' "/proc/$AGENT/status")
 anon=$(awk '/RssAnon/ { print $2 }' "/proc/$AGENT/status")
 rules_applied=$(ip netns exec "$NET" nft -a list table inet egressd | grep -c 'comment "egress\[' || true)
 sleep 1
@@ -172,5 +178,6 @@ if [ -n "$PERF" ]; then kill -INT "$PERF"; wait "$PERF" || true; fi
 ticks() { awk '{ print $14 + $15 + $16 + $17 }' "/proc/$AGENT/stat"; }
 sleep 1
 t0=$(ticks); sleep "${IDLE:-20}"; t1=$(ticks)
+hwm=$(awk '/VmHWM/ { print $2 }' "/proc/$AGENT/status")
 idle=$(awk -v a="$t0" -v b="$t1" -v hz="$(getconf CLK_TCK)" -v s="${IDLE:-20}" 'BEGIN { printf "%.2f", (b - a) / hz / s * 100 }')
-echo "| $((NSN * RULES)) rules, $NSN namespaces, $PODS local pods ($rules_applied nft rules) | full sync ${full} ms | ${edit} | ${pod} | ${replace} | ${label} | RSS $((rss / 1024)) MiB (heap $((anon / 1024)) MiB, the rest mapped code) | idle CPU ${idle} % |"
+echo "| $((NSN * RULES)) rules ($SHAPE), $NSN namespaces, $PODS local pods ($rules_applied nft rules) | full sync ${full} ms, start → ready ${ready_ms} ms | ${edit} | ${pod} | ${replace} | ${label} | RSS $((rss / 1024)) MiB after the first sync (heap $((anon / 1024)) MiB, the rest mapped code), peak $((hwm_start / 1024)) MiB at start, $((hwm / 1024)) MiB over the run | idle CPU ${idle} % |"
