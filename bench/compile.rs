@@ -16,6 +16,7 @@ use egressd::api::types::{
 use egressd::compile::{CompileCache, DEFAULT_DNS_GRACE, NodeConfig, compile, compile_cached};
 use egressd::dns::DnsAnswers;
 use egressd::net::HostLinks;
+use egressd::nft::Comparison;
 use egressd::nft::delta::ElementDelta;
 use egressd::view::ClusterView;
 use k8s_openapi::api::core::v1::{Pod, PodIP, PodSpec, PodStatus};
@@ -127,7 +128,7 @@ fn bench_compile(c: &mut Criterion) {
     group.finish();
 
     // One rule edited, and one namespace's rules replaced, at 100k rules: compile with
-    // the warm cache and find the delta, alternating between the two versions.
+    // the warm cache and compare the tables, alternating between the two versions.
     let mut group = c.benchmark_group("one_change");
     group.sample_size(10);
     for (name, changed) in [("rule_edited", edited(&v, 7, 1)), ("namespace_replaced", edited(&v, 8, 99))] {
@@ -139,10 +140,16 @@ fn bench_compile(c: &mut Criterion) {
                 flip = !flip;
                 let view = if flip { &changed } else { &v };
                 let after = compile_cached(view, &node(), &DnsAnswers::new(), &links, &mut cache).table;
-                let delta = ElementDelta::between(&previous, &after);
-                assert!(delta.is_some(), "the change is element changes");
+                // What a sync decides from: the one-pass comparison of the two tables
+                // (element changes, a delta or a full replace). Either edit adds or
+                // removes a set (a new prefix length in its run): a delta, never a
+                // full replace. (This asserted element changes only, and panicked.)
+                let comparison = Comparison::of(&previous, &after);
+                assert!(!comparison.is_empty() && !comparison.needs_replace(), "the change is a delta");
+                let elements_only = black_box(comparison.elements_only());
+                drop(comparison);
                 previous = after;
-                black_box(delta)
+                elements_only
             })
         });
     }

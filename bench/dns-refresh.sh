@@ -17,8 +17,10 @@ if [ "$(id -u)" != 0 ]; then
   exec sudo env "PATH=$PATH" "$(realpath "$0")" "$@"
 fi
 bench/prereqs.sh base
-cargo build --release --locked -q --bin egressd
-BIN="${CARGO_TARGET_DIR:-target}/release/egressd"
+# QUICK=1 (bench/quick.sh, CI): the debug build, so a broken benchmark fails fast.
+PROFILE=release; [ -n "${QUICK:-}" ] && PROFILE=debug
+cargo build --locked -q --bin egressd $([ "$PROFILE" = release ] && echo --release)
+BIN="${CARGO_TARGET_DIR:-target}/$PROFILE/egressd"
 
 P="egdb$$" WORK=$(mktemp -d) AGENT="" DNSPID=""
 cleanup() {

@@ -31,5 +31,6 @@ case "${TOPOLOGY:-l2}" in
   routed) TEST=tunnel_kube_netns BENCH=tunnel_failover_bench ;;
   *) echo "$0: TOPOLOGY must be l2 or routed" >&2; exit 2 ;;
 esac
-RUNS=${RUNS:-10} cargo test --release --locked -q --test "$TEST" "$BENCH" -- --ignored --nocapture 2>"$LOG" \
+# QUICK=1 (bench/quick.sh, CI): the debug build.
+RUNS=${RUNS:-10} cargo test $([ -n "${QUICK:-}" ] || echo --release) --locked -q --test "$TEST" "$BENCH" -- --ignored --nocapture 2>"$LOG" \
   | grep -E '^\||^failover over' || { echo "$0: the failover bench failed; its output is in $LOG" >&2; exit 1; }

@@ -33,8 +33,10 @@ if [ "$(id -u)" != 0 ]; then
   exec sudo env "PATH=$PATH" "$(realpath "$0")" "$@"
 fi
 bench/prereqs.sh base
-cargo build --release --locked -q --bin egressd
-BIN="$(cd "${CARGO_TARGET_DIR:-target}" && pwd)/release/egressd"
+# QUICK=1 (bench/quick.sh, CI): the debug build, so a broken benchmark fails fast.
+PROFILE=release; [ -n "${QUICK:-}" ] && PROFILE=debug
+cargo build --locked -q --bin egressd $([ "$PROFILE" = release ] && echo --release)
+BIN="$(cd "${CARGO_TARGET_DIR:-target}" && pwd)/$PROFILE/egressd"
 P="egfw$$" WORK=$(mktemp -d) AGENT="" SERVER=""
 NODE="$P-node" POD="$P-pod" EXT="$P-ext"
 cleanup() {

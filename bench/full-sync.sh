@@ -19,7 +19,8 @@
 #   SHAPE=interleaved bench/full-sync.sh   # the rules' shape: friendly (default: 99 Allow
 #     rules, a third ported, then Deny all), interleaved (Allow and Deny at random, every
 #     rule ported from five common ports, /8–/32 and IPv6 /32–/128 mixed), worst
-#     (strictly alternating actions, every rule its own port: nothing merges)
+#     (strictly alternating actions, every rule its own port: nothing merges), sets (runs
+#     of five same-port rules of mixed lengths, actions alternating: a set per run)
 #   STEPS="edit" PERF_OUT=/tmp/perf.data bench/full-sync.sh   # only these change steps
 #     (of: edit pod replace label; the others print "—"), e.g. to profile one of them
 set -euo pipefail
@@ -32,8 +33,10 @@ if [ "$(id -u)" != 0 ]; then
   exec sudo env "PATH=$PATH" "$(realpath "$0")" "$@"
 fi
 bench/prereqs.sh base
-cargo build --release --locked -q --bin egressd
-BIN="${CARGO_TARGET_DIR:-target}/release/egressd"
+# QUICK=1 (bench/quick.sh, CI): the debug build, so a broken benchmark fails fast.
+PROFILE=release; [ -n "${QUICK:-}" ] && PROFILE=debug
+cargo build --locked -q --bin egressd $([ "$PROFILE" = release ] && echo --release)
+BIN="${CARGO_TARGET_DIR:-target}/$PROFILE/egressd"
 NET="egfs$$" WORK=$(mktemp -d) AGENT=""
 cleanup() {
   set +e
@@ -57,6 +60,17 @@ def friendly(n, variant):
             lines.append("  - type: Allow\n    to: {nodeSelector: {matchLabels: {role: egress}}}")
             continue
         lines.append(f"  - type: Allow\n    to: {{cidrSelector: {a}.{b}.{n % 256}.0/24}}{ports}")
+    return lines
+def runs_of_five(n, variant):
+    # Runs of five same-action, same-port IPv4 rules of mixed lengths, actions
+    # alternating between runs: every run needs a set of its own (the most sets a rule
+    # list can make: one per five rules).
+    rnd = random.Random(n * 1000 + variant)
+    lines = []
+    for r in range(rules - 1):
+        action = ("Allow", "Deny")[(r // 5) % 2]
+        cidr = str(ipaddress.ip_network((rnd.getrandbits(32), rnd.randint(8, 32)), strict=False))
+        lines.append(f"  - type: {action}\n    to: {{cidrSelector: {cidr}}}\n    ports: [{{protocol: TCP, port: {1000 + r // 5}}}]")
     return lines
 def mixed(n, variant, alternate):
     # Allow and Deny interleaved, every rule with a port, prefixes /8../32 (IPv4) and
@@ -84,7 +98,7 @@ def mixed(n, variant, alternate):
 def firewall(n, variant=0):
     head = f"apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {{name: default, namespace: ns{n}}}\nspec:\n  egress:"
     body = {"friendly": lambda: friendly(n, variant), "interleaved": lambda: mixed(n, variant, False),
-            "worst": lambda: mixed(n, variant, True)}[shape]()
+            "worst": lambda: mixed(n, variant, True), "sets": lambda: runs_of_five(n, variant)}[shape]()
     return "\n".join([head] + body + ["  - type: Deny\n    to: {cidrSelector: 0.0.0.0/0}"]) + "\n"
 for n in range(ns):
     open(f"{out}/fw-{n}.yaml", "w").write(firewall(n))

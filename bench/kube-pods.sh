@@ -17,8 +17,10 @@ if [ "$(id -u)" != 0 ]; then
   exec sudo env "PATH=$PATH" "$(realpath "$0")" "$@"
 fi
 bench/prereqs.sh kube
-cargo build --release --locked -q --bin egressd
-BIN="$(pwd)/${CARGO_TARGET_DIR:-target}/release/egressd"
+# QUICK=1 (bench/quick.sh, CI): the debug build, so a broken benchmark fails fast.
+PROFILE=release; [ -n "${QUICK:-}" ] && PROFILE=debug
+cargo build --locked -q --bin egressd $([ "$PROFILE" = release ] && echo --release)
+BIN="$(cd "${CARGO_TARGET_DIR:-target}" && pwd)/$PROFILE/egressd"
 NS="egkb$$" WORK=$(mktemp -d) AGENT=""
 cleanup() {
   set +e

@@ -43,3 +43,5 @@ if git rev-parse --git-dir >/dev/null 2>&1; then
 fi
 cargo test --locked "$@"
 tests/packaging.sh
+# Every benchmark once, small (bench/quick.sh): a benchmark that breaks fails here.
+[ $# -gt 0 ] || bench/quick.sh

@@ -16,8 +16,9 @@
 //!   drops; no match returns to the base chain, whose policy is accept. Consecutive
 //!   CIDR/nodeSelector rules with the same action are one nft rule per family and port
 //!   set ([`super::runs`]; not in chains that log), commented `egress[i..j]`, its
-//!   destinations (when more than one) in the named interval set `fw-<namespace>-r<k>`:
-//!   a changed destination is an element change, sent without re-validating the table.
+//!   destinations (more than [`INLINE_MAX`]) in named sets of the namespace
+//!   (`fw-<namespace>-h4-<k>`, ... [`set_name`]): a changed destination is an element
+//!   change, sent without re-validating the table.
 //!   With verified connections an allow returns to the base chain, which has the
 //!   connection marked verified and accepts it, except for `dnsName` destinations and in
 //!   namespaces with a Deny by name that DNS snooping feeds (their sets change without
@@ -437,12 +438,28 @@ fn static_targets(rule: &FirewallRule, ctx: &Ctx) -> Option<BTreeSet<IpNet>> {
     }
 }
 
+/// The name of a chain's next run set of this kind: `<chain>-h4-<k>` (hash, IPv4),
+/// `-h6-`, `-r4-`, `-r6-` (interval), numbered per kind. A name always has the same
+/// declaration, so an edit that changes the kinds a chain uses creates and deletes sets
+/// and changes elements; a set changing its declaration under one name would make the
+/// change a full replace (12.7 s at 100k interleaved rules, bench/FINDINGS.md).
+fn set_name(chain: &str, sets: &[(Text, Set)], key: KeyType, interval: bool) -> String {
+    let k = sets.iter().filter(|(_, s)| s.key == key && s.interval == interval).count();
+    let family = if key.is_v6() { 6 } else { 4 };
+    format!("{chain}-{}{family}-{k}", if interval { "r" } else { "h" })
+}
+
+/// Most destinations of a merged match compared in rules (one rule each) rather than
+/// looked up in a set.
+const INLINE_MAX: usize = 4;
+
 /// The nft rules of merged runs ([`super::runs`]): one per family and port set, with
 /// the run's counter and comment, its destinations (more than one) in named sets of the
-/// namespace (numbered in chain order, added to `sets`): of one or two prefix lengths, a
-/// hash set of networks per length (`<chain>-h<k>`) and a rule looking up the masked
-/// destination in it (`ip daddr and 255.255.255.0 @fw-ns-h0`); of more, one interval
-/// set (`<chain>-r<k>`). The chain's shape then depends on the actions, port sets and prefix lengths:
+/// namespace ([`set_name`], added to `sets`) when there are more than [`INLINE_MAX`]
+/// (else one rule each): of one or two prefix lengths, a hash set of networks per
+/// length (`<chain>-h4-<k>`) and a rule looking up the masked destination in it
+/// (`ip daddr and 255.255.255.0 @fw-ns-h4-0`); of more, one interval set
+/// (`<chain>-r4-<k>`). The chain's shape then depends on the actions, port sets and prefix lengths:
 /// editing a destination of a merged run (same length), or a node's addresses, changes
 /// elements, not rules, and the kernel re-validates nothing.
 fn run_statements(
@@ -461,19 +478,17 @@ fn run_statements(
             let family = if m.v4 { "ip" } else { "ip6" };
             let key = if m.v4 { KeyType::Ipv4 } else { KeyType::Ipv6 };
             let mut matched = Vec::new();
-            if m.addrs.len() == 1 {
-                // One destination is compared in the rule: a set per rule would make the
-                // kernel, which finds sets by name in a list, quadratic in the rules
-                // when actions alternate (100k sets: minutes to load).
-                matched.push(addr_match(family, &m.addrs));
+            if m.listed.len() <= INLINE_MAX {
+                // A few destinations are compared in rules, one each: a set per match
+                // would make the kernel, which finds sets by name in a list, quadratic
+                // in the rules when actions interleave (25k sets: 13 s to load 100k
+                // rules, bench/FINDINGS.md).
+                matched.extend(m.listed.iter().map(|n| addr_match(family, [n])));
             } else if let Some(groups) = super::runs::by_length(&m.listed) {
                 // Destinations of one or two prefix lengths: per length, the destination
                 // masked to it looked up among the networks (a hash set).
                 for (len, nets) in groups {
-                    // Named apart from the interval sets (`h`, not `r`): a run switching
-                    // between the two kinds then creates and deletes sets, where a set
-                    // changing its declaration would make the change a full replace.
-                    let name = format!("{chain}-h{}", sets.len());
+                    let name = set_name(chain, sets, key, false);
                     let elements = nets.iter().map(|n| (n.network().to_compact_string(), Text::default())).collect();
                     sets.push((name.as_str().into(), Set { elements, ..Set::new(key, false) }));
                     let full = if m.v4 { 32 } else { 128 };
@@ -483,7 +498,7 @@ fn run_statements(
                     });
                 }
             } else {
-                let name = format!("{chain}-r{}", sets.len());
+                let name = set_name(chain, sets, key, true);
                 // Collected, not inserted one by one: built from sorted keys, the map's
                 // nodes are full (a third less memory at 100k ranges).
                 let elements = m.addrs.iter().map(|n| (n.to_compact_string(), Text::default())).collect();

@@ -381,22 +381,33 @@ mod tests {
 
     #[test]
     fn a_run_edited_within_its_prefix_lengths_is_element_changes_and_never_a_full_replace() {
-        let two = firewall(&["192.0.2.0/24", "198.51.100.0/24"]);
+        let five = ["192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "198.18.7.0/24", "198.18.8.0/24"];
+        let two = firewall(&five);
         // Same length: elements of the run's hash set.
+        let mut edited = five;
+        edited[1] = "198.18.9.0/24";
         assert_eq!(
-            script(&two, &firewall(&["192.0.2.0/24", "203.0.113.0/24"])),
-            "delete element inet egressd fw-a-h0 { 198.51.100.0 }\nadd element inet egressd fw-a-h0 { 203.0.113.0 }\n"
+            script(&two, &firewall(&edited)),
+            "delete element inet egressd fw-a-h4-0 { 198.51.100.0 }\nadd element inet egressd fw-a-h4-0 { 198.18.9.0 }\n"
         );
         // A second length: a set and a rule more; a third: the run becomes one interval
         // set, named apart, so no set changes its declaration (which only a full
-        // replace could do).
-        let mixed = firewall(&["192.0.2.0/24", "198.51.100.0/25"]);
-        let three = firewall(&["192.0.2.0/24", "198.51.100.0/25", "203.0.113.7/32"]);
-        for (before, after) in [(&two, &mixed), (&mixed, &three), (&three, &two)] {
+        // replace could do); IPv6 sets are named apart from IPv4 ones.
+        let mut two_lengths = five;
+        two_lengths[1] = "198.51.100.0/25";
+        let mut three_lengths = two_lengths;
+        three_lengths[2] = "203.0.113.7/32";
+        let v6 = ["2001:db8::/64", "2001:db8:1::/64", "2001:db8:2::/64", "2001:db8:3::/64", "2001:db8:4::/64"];
+        let (mixed, three, v6) = (firewall(&two_lengths), firewall(&three_lengths), firewall(&v6));
+        for (before, after) in [(&two, &mixed), (&mixed, &three), (&three, &two), (&two, &v6), (&v6, &three)] {
             let s = script(before, after);
             assert!(!s.is_empty() && !s.contains("delete table"), "{s}");
         }
-        assert!(script(&mixed, &three).contains("add set inet egressd fw-a-r0 "), "{}", script(&mixed, &three));
+        assert!(script(&mixed, &three).contains("add set inet egressd fw-a-r4-0 "), "{}", script(&mixed, &three));
+        // A small run keeps its destinations in rules: an edit changes rules, no set.
+        let small = firewall(&five[..2]);
+        let s = script(&small, &firewall(&edited[..2]));
+        assert!(!s.contains("set") && !s.contains("delete table") && s.contains("198.18.9.0/24"), "{s}");
     }
 
     #[test]
