@@ -12,8 +12,12 @@
 #   egressd-alt  the same with Allow and Deny alternating (nothing merges: rule POS is
 #             reached after POS-1 rules, the worst case)
 #   ipt-1k    the same decision as linear iptables-nft rules in FORWARD: 1 000 rules
-#             (other pods' rules first), the approach older agents take
+#             (other pods' rules first), the approach older agents take, walked by
+#             every packet (no ESTABLISHED accept first: the per-packet cost)
 #   ipt-10k   the same with 10 000 rules
+#   ipt-1k-est, ipt-10k-est  the same after `-m conntrack --ctstate ESTABLISHED,RELATED
+#             -j ACCEPT`, as such rule sets are usually written: the fair comparison
+#             with egressd's verified connections
 # Needs root, iperf3, iptables (nft backend), nftables: bench/prereqs.sh installs them.
 #
 #   bench/forwarding.sh     # RUNS=5 SECS=5 NS=1000 RULES=100 POS=50
@@ -81,12 +85,13 @@ for out in (f"{work}/m", f"{work}/m-alt"):
               f"status: {{phase: Running, podIP: 198.18.{1 + p // 250}.{p % 250 + 1}}}\n")
 PY
 # iptables-nft baselines: N rules, the matching one last (other pods' rules first).
-ipt_rules() { # N
+ipt_rules() { # N [est]: with "est", an ESTABLISHED,RELATED accept first
   { echo "*filter"; echo ":FORWARD ACCEPT [0:0]"
+    [ "${2:-}" = est ] && echo "-A FORWARD -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT"
     for ((i = 1; i < $1; i++)); do echo "-A FORWARD -s 198.19.$((i / 250)).$((i % 250 + 1))/32 -d 100.$((i % 256)).0.0/24 -j ACCEPT"; done
-    echo "-A FORWARD -s 198.18.0.2/32 -d 203.0.113.0/24 -j ACCEPT"; echo "COMMIT"; } >"$WORK/ipt-$1"
+    echo "-A FORWARD -s 198.18.0.2/32 -d 203.0.113.0/24 -j ACCEPT"; echo "COMMIT"; } >"$WORK/ipt-$1${2:+-$2}"
 }
-ipt_rules 1000; ipt_rules 10000
+ipt_rules 1000; ipt_rules 10000; ipt_rules 1000 est; ipt_rules 10000 est
 
 ip netns exec "$EXT" taskset -c 1 iperf3 -s -p 5201 >/dev/null 2>&1 &
 SERVER=$!
@@ -128,10 +133,12 @@ setup() { # config
       ;;
     ipt-1k) ip netns exec "$NODE" iptables-nft-restore <"$WORK/ipt-1000" ;;
     ipt-10k) ip netns exec "$NODE" iptables-nft-restore <"$WORK/ipt-10000" ;;
+    ipt-1k-est) ip netns exec "$NODE" iptables-nft-restore <"$WORK/ipt-1000-est" ;;
+    ipt-10k-est) ip netns exec "$NODE" iptables-nft-restore <"$WORK/ipt-10000-est" ;;
   esac
 }
 declare -A results
-read -r -a configs <<<"${CONFIGS:-none none-ct egressd egressd-alt ipt-1k ipt-10k}"
+read -r -a configs <<<"${CONFIGS:-none none-ct egressd egressd-alt ipt-1k ipt-10k ipt-1k-est ipt-10k-est}"
 for ((run = 1; run <= RUNS; run++)); do
   for c in "${configs[@]}"; do
     setup "$c"

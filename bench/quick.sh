@@ -13,7 +13,7 @@ for shape in friendly interleaved worst sets; do
   SHAPE=$shape NS=10 RULES=10 PODS=10 REPEAT=1 IDLE=1 bench/full-sync.sh | tail -n 1
 done
 echo "== quick: forwarding.sh" >&2
-RUNS=1 SECS=1 NS=10 RULES=10 POS=5 bench/forwarding.sh | tail -n 8
+RUNS=1 SECS=1 NS=10 RULES=10 POS=5 bench/forwarding.sh | tail -n 10
 echo "== quick: dns-refresh.sh" >&2
 N=20 TTL=5 DURATION=2 bench/dns-refresh.sh | tail -n 1
 echo "== quick: kube-pods.sh" >&2

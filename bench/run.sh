@@ -75,12 +75,12 @@ field() { sed -n "s/.*$1 \([0-9.]* ms\( ([0-9.]*–[0-9.]*)\)\?\).*/\1/p" "$2"; 
   echo
   echo "Rule position 50 (5 runs × 4 s):"
   echo
-  tail -n 8 "$tmp/fwd"
+  tail -n 10 "$tmp/fwd"
   echo
   for pos in 1 99; do
     echo "Rule position $pos (3 runs × 3 s):"
     echo
-    tail -n 8 "$tmp/fwd$pos"
+    tail -n 10 "$tmp/fwd$pos"
     echo
   done
   echo "![packets per second](forwarding.svg)"

@@ -20,6 +20,16 @@ fn allow_ext_then(extra: &str) -> String {
     )
 }
 
+/// The external host's /26 allowed with four more /26s (`second` and three fixed), then
+/// Deny all: five destinations of one length are one rule and a hash set of networks
+/// (more than `INLINE_MAX`), so an edit of `second` changes elements only and the rule
+/// keeps its counter.
+fn allow_five(second: &str) -> String {
+    let nets = ["203.0.113.0/26", second, "198.51.100.64/26", "198.51.100.128/26", "198.51.100.192/26"];
+    let allows: String = nets.iter().map(|n| format!("  - type: Allow\n    to: {{cidrSelector: {n}}}\n")).collect();
+    format!("{allows}  - type: Deny\n    to: {{cidrSelector: 0.0.0.0/0}}\n")
+}
+
 fn flow(t: &Topology) -> UdpSocket {
     t.pods[0].run(|| {
         let s = UdpSocket::bind("0.0.0.0:0").unwrap();
@@ -58,9 +68,7 @@ fn edit(t: &Topology, rules: &str, marker: &str) {
 fn an_allowed_connection_walks_the_rules_once_per_policy() {
     for (mask, verified) in [(None, true), (Some("0"), false)] {
         let t = Topology::new(&["team-a"]);
-        // Two /24s allowed: one rule and a set of two networks, so an edit of the
-        // second changes elements only and the rule keeps its counter.
-        t.set_firewall("team-a", &allow_ext_then("  - type: Allow\n    to: {cidrSelector: 198.51.100.0/24}\n"));
+        t.set_firewall("team-a", &allow_five("198.51.100.0/26"));
         let extra: Vec<&str> = mask.map(|m| vec!["--firewall-verified-mark-mask", m]).unwrap_or_default();
         let agent = t.start_agent_with("agent", &extra);
         let f = flow(&t);
@@ -73,7 +81,7 @@ fn an_allowed_connection_walks_the_rules_once_per_policy() {
 
         // A change sends the connection through the rules again (one packet more
         // counted), and a Deny of it reaches it.
-        edit(&t, &allow_ext_then("  - type: Allow\n    to: {cidrSelector: 192.0.2.0/24}\n"), "192.0.2.0");
+        edit(&t, &allow_five("192.0.2.0/26"), "192.0.2.0");
         for _ in 0..5 {
             assert!(answers(&f));
         }
