@@ -101,7 +101,11 @@ fn measure(mode: &str, n: u32, connects: u32) -> String {
         mode,
         &["--dns-server", DNS, "--cluster-dns", DNS, "--dns-mode", mode, "--dns-grace-secs", "1"],
     );
-    assert!(agent.log_text().contains("EgressFirewall Rules applied"), "{}", agent.log_text());
+    // The status line follows the first sync's line: waited for, not read at once (a
+    // loaded CI machine wrote it a moment later).
+    let applied =
+        netns::wait_for(Duration::from_secs(10), || agent.log_text().contains("EgressFirewall Rules applied"));
+    assert!(applied.is_some(), "{}", agent.log_text());
     // The proxy's guard element is written within 250 ms of the first sync.
     std::thread::sleep(Duration::from_millis(500));
     let pod = &t.pods[0];
