@@ -4,7 +4,9 @@
 # edited, one pod added, one namespace's firewall replaced, one node's label changed —
 # each made REPEAT=11 times (toggled back and forth; a new pod each time) and timed by
 # egressd's own "dataplane in sync" log line: from the change being seen (the directory
-# watch's event) to the kernel's ack (seen_ms; the full sync: compile + nft, elapsed_ms).
+# watch's event) to the kernel's ack (seen_ms; the full sync: compile + nft, elapsed_ms),
+# and as a user waits: from the file's rename to that line (the debounce included; median
+# and p99 of the REPEAT changes).
 # A step reports the median and the range (one change on this 2-core VM varies by 2x);
 # the medians of its compile, diff and nft parts go to stderr. Also the
 # agent's RSS. Every hundredth namespace allows ten cluster nodes by label (a nodeSelector
@@ -134,19 +136,29 @@ value() { # N KEY: KEY's value in the N-th sync line
   grep "dataplane in sync" "$WORK/log" | sed -n "${1}p" | grep -o "$2=[0-9.]*" | cut -d= -f2
 }
 median() { sort -g | awk '{ v[NR] = $1 } END { printf "%.1f", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-put() { # FILE NAME: replace m/NAME with FILE at once (as kubectl-less users and ConfigMaps do)
-  cp "$1" "$WORK/m/.tmp" && mv "$WORK/m/.tmp" "$WORK/m/$2"
+put() { # FILE NAME: replace m/NAME with FILE at once (as kubectl-less users and ConfigMaps do),
+  # noting the rename's time (what a user's change waits from)
+  cp "$1" "$WORK/m/.tmp" && date +%s%N >>"$WORK/puts" && mv "$WORK/m/.tmp" "$WORK/m/$2"
 }
+at_ns() { # N: the time of the N-th sync line (its log timestamp: the kernel has acked)
+  date -d "$(grep "dataplane in sync" "$WORK/log" | sed -n "${1}p" | cut -d' ' -f1)" +%s%N
+}
+p99() { sort -g | awk '{ v[NR] = $1 } END { i = int(NR * 0.99); if (i < NR * 0.99) i++; printf "%.1f", v[i] }'; }
 n=1
 step() { # LABEL CHANGE: run CHANGE I for I in 1..REPEAT, one sync each; RESULT: the
   # median seen_ms and its range (not printed: a subshell would lose the count n); the
   # medians of the parts to stderr
   local first=$((n + 1)) i
+  : >"$WORK/puts"
   for i in $(seq "$REPEAT"); do
     "$2" "$i"; n=$((n + 1)); wait_sync "$n"; sleep 0.2
   done
   local seen; seen=$(for i in $(seq "$first" "$n"); do value "$i" seen_ms; done)
-  RESULT=$(printf '%s %s ms (%s–%s)' "$1" "$(echo "$seen" | median)" "$(echo "$seen" | sort -g | head -n1)" "$(echo "$seen" | sort -g | tail -n1)")
+  # From the rename to the kernel's ack: the debounce and the directory watch included.
+  local e2e; e2e=$(for i in $(seq "$first" "$n"); do
+    echo "$(at_ns "$i") $(sed -n "$((i - first + 1))p" "$WORK/puts")"; done | awk '{ printf "%.1f\n", ($1 - $2) / 1e6 }')
+  RESULT=$(printf '%s %s ms (%s–%s) [rename → ack: median %s ms, p99 %s ms of %s]' "$1" "$(echo "$seen" | median)" \
+    "$(echo "$seen" | sort -g | head -n1)" "$(echo "$seen" | sort -g | tail -n1)" "$(echo "$e2e" | median)" "$(echo "$e2e" | p99)" "$REPEAT")
   printf '%s: median seen_ms=%s' "$1" "$(echo "$seen" | median)" >&2
   for k in compile_ms diff_ms nft_ms; do
     printf ' %s=%s' "$k" "$(for i in $(seq "$first" "$n"); do value "$i" "$k"; done | median)" >&2

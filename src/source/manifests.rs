@@ -760,9 +760,37 @@ pub struct DirChange {
     pub rescan: bool,
 }
 
-/// Watch `dir` and send what changed on `tx` after each burst of changes, once `quiet`
-/// has passed without further events (at most `max_delay` after the first). The
-/// returned watcher must be kept alive.
+/// Where an event leaves the files it names: being written (created, written to: more
+/// may follow), or complete (closed after writing, renamed into or out of place,
+/// removed, their metadata changed: nothing more of this write follows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Progress {
+    Writing,
+    Complete,
+}
+
+fn progress(kind: &notify::EventKind) -> Progress {
+    use notify::event::{AccessKind, AccessMode, ModifyKind};
+    match kind {
+        notify::EventKind::Access(AccessKind::Close(AccessMode::Write))
+        | notify::EventKind::Modify(ModifyKind::Name(_) | ModifyKind::Metadata(_))
+        | notify::EventKind::Remove(_) => Progress::Complete,
+        _ => Progress::Writing,
+    }
+}
+
+/// How long a burst whose files are all complete waits for more events before it is
+/// sent: the rest of one action (a rename's two events, the next file of a copy).
+pub const SETTLE: Duration = Duration::from_millis(5);
+
+/// Watch `dir` and send what changed on `tx` after each burst of changes: once every
+/// manifest file the burst touched is complete ([`Progress`]: an atomic rename, a
+/// closed write) and [`SETTLE`] passed without further events, else once `quiet` has
+/// passed without further events (a file still open for writing, a symlink swap, an
+/// event that names no file); at most `max_delay` after the first. So a rename into
+/// place (`kubectl cp`, ConfigMap-less deploys, editors' rename-on-save) is applied
+/// within milliseconds, and a file written in several steps is never read half-written
+/// while its writer keeps writing. The returned watcher must be kept alive.
 pub fn watch(
     dir: &Path,
     quiet: Duration,
@@ -771,12 +799,12 @@ pub fn watch(
 ) -> Result<notify::RecommendedWatcher, SourceError> {
     use notify::Watcher;
     // `None`: an event that names no file.
-    let (raw_tx, mut raw_rx) = mpsc::unbounded_channel::<Option<Vec<PathBuf>>>();
+    let (raw_tx, mut raw_rx) = mpsc::unbounded_channel::<Option<(Progress, Vec<PathBuf>)>>();
     let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
         let paths = match res {
             Ok(e) if !changes_content(&e.kind) => return,
             Ok(e) if e.need_rescan() || e.paths.is_empty() => None,
-            Ok(e) => Some(e.paths),
+            Ok(e) => Some((progress(&e.kind), e.paths)),
             Err(_) => None,
         };
         let _ = raw_tx.send(paths);
@@ -785,18 +813,35 @@ pub fn watch(
     watcher
         .watch(dir, notify::RecursiveMode::NonRecursive)
         .map_err(|source| SourceError::Watch { path: dir.to_path_buf(), source })?;
+    let settle = quiet.min(SETTLE);
     tokio::spawn(async move {
         while let Some(first) = raw_rx.recv().await {
             let mut change = DirChange::default();
-            let mut add = |paths: Option<Vec<PathBuf>>| match paths {
-                Some(paths) => change.files.extend(paths),
-                None => change.rescan = true,
+            // Manifest files of the burst still being written.
+            let mut writing: BTreeSet<PathBuf> = BTreeSet::new();
+            let mut add = |event: Option<(Progress, Vec<PathBuf>)>, change: &mut DirChange| match event {
+                Some((p, paths)) => {
+                    for path in paths {
+                        if p == Progress::Writing && is_manifest(&path) {
+                            writing.insert(path.clone());
+                        } else {
+                            writing.remove(&path);
+                        }
+                        change.files.insert(path);
+                    }
+                    writing.is_empty()
+                }
+                None => {
+                    change.rescan = true;
+                    false
+                }
             };
-            add(first);
+            let mut complete = add(first, &mut change);
             let deadline = tokio::time::Instant::now() + max_delay;
             loop {
-                match tokio::time::timeout_at(deadline.min(tokio::time::Instant::now() + quiet), raw_rx.recv()).await {
-                    Ok(Some(paths)) => add(paths),
+                let wait = if complete && !change.rescan { settle } else { quiet };
+                match tokio::time::timeout_at(deadline.min(tokio::time::Instant::now() + wait), raw_rx.recv()).await {
+                    Ok(Some(event)) => complete = add(event, &mut change),
                     Ok(None) => return,
                     Err(_) => break,
                 }
@@ -1047,6 +1092,36 @@ mod tests {
         let got = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
         let change = got.unwrap().unwrap();
         assert!(change.files.contains(&dir.path().join("a.yaml")), "a write does, naming the file: {change:?}");
+    }
+
+    #[tokio::test]
+    async fn a_rename_into_place_is_sent_at_once_and_an_open_file_waits_for_quiet() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, mut rx) = mpsc::channel(1);
+        let quiet = Duration::from_millis(400);
+        let _w = watch(dir.path(), quiet, quiet * 5, tx).unwrap();
+        // Written beside, renamed into place: complete, sent well before `quiet`.
+        std::fs::write(dir.path().join(".a.yaml.tmp"), GOOD).unwrap();
+        let start = std::time::Instant::now();
+        std::fs::rename(dir.path().join(".a.yaml.tmp"), dir.path().join("a.yaml")).unwrap();
+        // (The hidden file's own write may come as a burst of its own first.)
+        loop {
+            let change = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
+            if change.files.contains(&dir.path().join("a.yaml")) {
+                break;
+            }
+        }
+        assert!(start.elapsed() < quiet / 2, "a rename waited {:?}", start.elapsed());
+        // A file still open after a write: not sent before `quiet` has passed.
+        let mut f = std::fs::File::create(dir.path().join("b.yaml")).unwrap();
+        f.write_all(b"apiVersion: v1\n").unwrap();
+        f.flush().unwrap();
+        let start = std::time::Instant::now();
+        let change = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
+        assert!(change.files.contains(&dir.path().join("b.yaml")), "{change:?}");
+        assert!(start.elapsed() >= quiet - Duration::from_millis(50), "sent while open after {:?}", start.elapsed());
+        drop(f);
     }
 
     #[tokio::test]
