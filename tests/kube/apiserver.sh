@@ -17,7 +17,25 @@ set -euo pipefail
 cmd=$1 dir=$2 port=${3:-}
 here=$(cd "$(dirname "$0")" && pwd)
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# A free port below the kernel's ephemeral range (32768-60999): a port the kernel hands
+# out (port 0) may be taken again by an outgoing connection (kube-apiserver's to etcd)
+# before the server binds it ("bind: address already in use", seen once in CI).
+free_port() {
+  python3 -c '
+import random, socket
+for _ in range(500):
+    p = random.randrange(20000, 32000)
+    s = socket.socket()
+    try:
+        s.bind(("0.0.0.0", p))
+    except OSError:
+        continue
+    print(p)
+    break
+else:
+    raise SystemExit("no free port in 20000-32000")
+'
+}
 
 start_apiserver() { # DIR: start kube-apiserver with the saved arguments, record its PID
   mapfile -t args <"$1/apiserver.args"
