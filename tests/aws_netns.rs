@@ -75,33 +75,6 @@ fn ec2_py(ns: &netns::Netns, args: &[&str]) -> String {
     ns.exec(&all).trim().to_string()
 }
 
-fn config(api: &ApiServer, name: &str) -> String {
-    let (ok, out) = api.kubectl(
-        &[
-            "get",
-            "cloudprivateipconfig",
-            name,
-            "-o",
-            r#"jsonpath={.spec.node}|{.status.node}|{.status.conditions[0].status}|{.status.conditions[0].reason}|{.status.conditions[0].message}|{.metadata.finalizers}"#,
-        ],
-        "",
-    );
-    if ok { out } else { String::new() }
-}
-
-fn items(api: &ApiServer, name: &str) -> Vec<(String, String)> {
-    let out = api.get(&["egressip", name, "-o", r#"jsonpath={range .status.items[*]}{.egressIP}={.node}{" "}{end}"#]);
-    out.split_whitespace().filter_map(|p| p.split_once('=').map(|(a, b)| (a.to_string(), b.to_string()))).collect()
-}
-
-fn egress_ip(api: &ApiServer, name: &str, ips: &[&str]) {
-    let list: Vec<String> = ips.iter().map(|i| format!("\"{i}\"")).collect();
-    api.apply(&format!(
-        "apiVersion: k8s.ovn.org/v1\nkind: EgressIP\nmetadata: {{name: {name}}}\nspec:\n  egressIPs: [{}]\n  namespaceSelector: {{matchLabels: {{team: prod}}}}\n",
-        list.join(", ")
-    ));
-}
-
 fn label(api: &ApiServer, node: &str, on: bool) {
     let arg = if on { format!("{LABEL}=") } else { format!("{LABEL}-") };
     let (ok, out) = api.kubectl(&["label", "node", node, &arg, "--overwrite"], "");
@@ -180,6 +153,20 @@ fn aws_assigns_moves_caps_survives_an_ec2_outage_and_releases() {
         )
     };
 
+    // An EgressIP with one IP no node may host: NoMatchingNodeFound, no config, no item;
+    // then deleted.
+    let placed_nowhere = |name: &str, ip: &str, why: &str| {
+        egress_ip(&api, name, &[ip]);
+        let message = format!(
+            "No matching nodes found, which can host any of the egress IPs: [{ip}] for object EgressIP: {name}"
+        );
+        let event = wait_for(Duration::from_secs(15), || api.get(&["events", "-n", "default"]).contains(&message));
+        assert!(event.is_some(), "{}", dump(&format!("{why}: no NoMatchingNodeFound"), &agents));
+        assert!(config(&api, ip).is_empty() && items(&api, name).is_empty(), "{why}");
+        let (ok, out) = api.kubectl(&["delete", "egressip", name], "");
+        assert!(ok, "{out}");
+    };
+
     // Capacity: every node's annotation, in the reference's shape.
     let annotation = |n: &str| {
         api.get(&["node", n, "-o", r#"jsonpath={.metadata.annotations.cloud\.network\.openshift\.io/egress-ipconfig}"#])
@@ -222,30 +209,12 @@ fn aws_assigns_moves_caps_survives_an_ec2_outage_and_releases() {
 
     // The cloud's rule: an IP outside the instances' subnet (198.19.0.0/25), though on
     // the nodes' link (198.19.0.0/24), is placed nowhere: an Event, no config.
-    egress_ip(&api, "e4", &["198.19.0.200"]);
-    let event = wait_for(Duration::from_secs(15), || {
-        api.get(&["events", "-n", "default"]).contains(
-            "No matching nodes found, which can host any of the egress IPs: [198.19.0.200] for object EgressIP: e4",
-        )
-    });
-    assert!(event.is_some(), "{}", dump("no NoMatchingNodeFound for an IP outside the subnet", &agents));
-    assert!(config(&api, "198.19.0.200").is_empty() && items(&api, "e4").is_empty());
-    let (ok, out) = api.kubectl(&["delete", "egressip", "e4"], "");
-    assert!(ok, "{out}");
+    placed_nowhere("e4", "198.19.0.200", "an IP outside the subnet");
 
     // Capacity exhausted: only node-b assignable, and it is full: nothing placed, no
     // config, NoMatchingNodeFound.
     label(&api, "node-c", false);
-    egress_ip(&api, "e2", &["198.19.0.101"]);
-    let event = wait_for(Duration::from_secs(15), || {
-        api.get(&["events", "-n", "default"]).contains(
-            "No matching nodes found, which can host any of the egress IPs: [198.19.0.101] for object EgressIP: e2",
-        )
-    });
-    assert!(event.is_some(), "{}", dump("no NoMatchingNodeFound", &agents));
-    assert!(config(&api, "198.19.0.101").is_empty() && items(&api, "e2").is_empty());
-    let (ok, out) = api.kubectl(&["delete", "egressip", "e2"], "");
-    assert!(ok, "{out}");
+    placed_nowhere("e2", "198.19.0.101", "capacity exhausted");
 
     // Move: node-b loses its label, node-c gets it back: one reassigning call puts the
     // address on c's interface (EC2 takes it from b's).

@@ -75,23 +75,6 @@ fn start_all_with(k: &Kube, api: &ApiServer, extra: &[&str]) -> Vec<Option<Agent
     vec![Some(a), Some(start_with(k, api, 1, extra)), Some(start_with(k, api, 2, extra))]
 }
 
-fn egress_ip(api: &ApiServer, name: &str, ips: &[&str]) {
-    let list: Vec<String> = ips.iter().map(|i| format!("\"{i}\"")).collect();
-    api.apply(&format!(
-        "apiVersion: k8s.ovn.org/v1\nkind: EgressIP\nmetadata: {{name: {name}}}\nspec:\n  egressIPs: [{}]\n  namespaceSelector: {{matchLabels: {{team: prod}}}}\n",
-        list.join(", ")
-    ));
-}
-
-/// `status.items` of `name`, sorted: (ip, node).
-fn items(api: &ApiServer, name: &str) -> Vec<(String, String)> {
-    let out = api.get(&["egressip", name, "-o", r#"jsonpath={range .status.items[*]}{.egressIP}={.node}{" "}{end}"#]);
-    let mut v: Vec<(String, String)> =
-        out.split_whitespace().filter_map(|p| p.split_once('=').map(|(a, b)| (a.to_string(), b.to_string()))).collect();
-    v.sort();
-    v
-}
-
 fn node_index(name: &str) -> usize {
     ["node-a", "node-b", "node-c"].iter().position(|n| *n == name).unwrap()
 }
@@ -312,22 +295,6 @@ fn failover_bench() {
         failover::leader_sees_it_again(agents[0].as_ref(), seen);
     }
     failover::print_summary(times);
-}
-
-/// A CloudPrivateIPConfig as `spec.node|status.node|Assigned status|reason|message|finalizers`
-/// (empty when it does not exist).
-fn config(api: &ApiServer, name: &str) -> String {
-    let (ok, out) = api.kubectl(
-        &[
-            "get",
-            "cloudprivateipconfig",
-            name,
-            "-o",
-            r#"jsonpath={.spec.node}|{.status.node}|{.status.conditions[0].status}|{.status.conditions[0].reason}|{.status.conditions[0].message}|{.metadata.finalizers}"#,
-        ],
-        "",
-    );
-    if ok { out } else { String::new() }
 }
 
 fn apply_mode_rbac(api: &ApiServer, files: &[&str]) {

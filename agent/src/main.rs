@@ -956,10 +956,9 @@ fn run(args: RunArgs) -> ExitCode {
             probe_misses: p.egress_ip_probe_misses,
             cluster_cidrs: args.node.cluster_cidrs.clone(),
             mode: args.node.egress.settings().mode,
-            aws: p.cloud_provider.map(|CloudProvider::Aws| egressd::aws::controller::AwsSettings {
-                endpoint: p.cloud_endpoint.clone(),
-                region: None,
-            }),
+            aws: p
+                .cloud_provider
+                .map(|CloudProvider::Aws| egressd::aws::controller::AwsSettings { endpoint: p.cloud_endpoint.clone() }),
         };
         if settings.aws.is_some() && settings.mode != egressd::net::EgressIpMode::Cloud {
             return Err(AgentError::Config("--cloud-provider needs --egress-ip-mode cloud".into()));

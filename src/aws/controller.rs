@@ -34,10 +34,9 @@ use crate::view::policy::CloudPrivateIp;
 /// Settings of `--cloud-provider aws`.
 #[derive(Debug, Clone, Default)]
 pub struct AwsSettings {
-    /// `--cloud-endpoint`: the EC2 endpoint (default `https://ec2.<region>.amazonaws.com/`).
+    /// `--cloud-endpoint`: the EC2 endpoint (default `https://ec2.<region>.amazonaws.com/`;
+    /// the region: `AWS_REGION`, `AWS_DEFAULT_REGION`, else the nodes' zone).
     pub endpoint: Option<String>,
-    /// The region (default: `AWS_REGION`, `AWS_DEFAULT_REGION`, else the nodes' zone).
-    pub region: Option<String>,
 }
 
 /// What the task needs of each view.
@@ -244,10 +243,7 @@ async fn inventory(settings: &AwsSettings, input: &Input, st: &mut State) -> Res
     }
     if st.ec2.is_none() {
         let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-        let region = settings
-            .region
-            .clone()
-            .or_else(|| env("AWS_REGION"))
+        let region = env("AWS_REGION")
             .or_else(|| env("AWS_DEFAULT_REGION"))
             .or_else(|| zone.as_deref().and_then(region_of_zone))
             .ok_or_else(|| {

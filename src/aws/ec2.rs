@@ -383,10 +383,7 @@ impl Ec2 {
             form.finish()
         };
         let creds = self.credentials.get().await?;
-        let host = match self.endpoint.port_u16() {
-            Some(p) => format!("{}:{p}", self.endpoint.host().unwrap_or_default()),
-            None => self.endpoint.host().unwrap_or_default().to_string(),
-        };
+        let host = self.endpoint.authority().map_or("", |a| a.as_str());
         let content_type = "application/x-www-form-urlencoded; charset=utf-8";
         let mut req = http::Request::builder()
             .method("POST")

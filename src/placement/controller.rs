@@ -135,13 +135,15 @@ impl StatusSink for PlacementSink {
             cloud_problems,
         };
         if let Some(aws) = &self.aws {
-            let input = crate::aws::controller::Input { nodes: snap.nodes.clone(), configs: snap.cloud_ips.clone() };
+            // Copied only when the nodes or configs changed.
             aws.send_if_modified(|now| {
-                let changed = now.as_deref() != Some(&input);
-                if changed {
+                let same = now.as_deref().is_some_and(|i| i.nodes == snap.nodes && i.configs == snap.cloud_ips);
+                if !same {
+                    let input =
+                        crate::aws::controller::Input { nodes: snap.nodes.clone(), configs: snap.cloud_ips.clone() };
                     *now = Some(Arc::new(input));
                 }
-                changed
+                !same
             });
         }
         let _ = self.tx.send(Some(Arc::new(snap)));

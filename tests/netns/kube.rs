@@ -112,7 +112,7 @@ pub fn start_kube_agent(
 }
 
 /// [`start_kube_agent`] with extra environment variables.
-#[allow(clippy::too_many_arguments, dead_code)]
+#[allow(clippy::too_many_arguments)]
 pub fn start_kube_agent_env(
     ns: &Netns,
     api: &ApiServer,
@@ -239,4 +239,38 @@ pub fn setup(api: &ApiServer) {
 
 pub fn signal(agent: &Agent, sig: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(agent.pid() as i32), sig).unwrap();
+}
+
+/// An EgressIP `name` of `ips` for the namespaces labelled `team: prod`.
+pub fn egress_ip(api: &ApiServer, name: &str, ips: &[&str]) {
+    let list: Vec<String> = ips.iter().map(|i| format!("\"{i}\"")).collect();
+    api.apply(&format!(
+        "apiVersion: k8s.ovn.org/v1\nkind: EgressIP\nmetadata: {{name: {name}}}\nspec:\n  egressIPs: [{}]\n  namespaceSelector: {{matchLabels: {{team: prod}}}}\n",
+        list.join(", ")
+    ));
+}
+
+/// `status.items` of EgressIP `name`, sorted: (ip, node).
+pub fn items(api: &ApiServer, name: &str) -> Vec<(String, String)> {
+    let out = api.get(&["egressip", name, "-o", r#"jsonpath={range .status.items[*]}{.egressIP}={.node}{" "}{end}"#]);
+    let mut v: Vec<(String, String)> =
+        out.split_whitespace().filter_map(|p| p.split_once('=').map(|(a, b)| (a.to_string(), b.to_string()))).collect();
+    v.sort();
+    v
+}
+
+/// CloudPrivateIPConfig `name` as `spec.node|status.node|Assigned status|reason|message|finalizers`
+/// (empty when it does not exist).
+pub fn config(api: &ApiServer, name: &str) -> String {
+    let (ok, out) = api.kubectl(
+        &[
+            "get",
+            "cloudprivateipconfig",
+            name,
+            "-o",
+            r#"jsonpath={.spec.node}|{.status.node}|{.status.conditions[0].status}|{.status.conditions[0].reason}|{.status.conditions[0].message}|{.metadata.finalizers}"#,
+        ],
+        "",
+    );
+    if ok { out } else { String::new() }
 }
