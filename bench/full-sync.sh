@@ -137,8 +137,11 @@ value() { # N KEY: KEY's value in the N-th sync line
 }
 median() { sort -g | awk '{ v[NR] = $1 } END { printf "%.1f", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 put() { # FILE NAME: replace m/NAME with FILE at once (as kubectl-less users and ConfigMaps do),
-  # noting the rename's time (what a user's change waits from)
-  cp "$1" "$WORK/m/.tmp" && date +%s%N >>"$WORK/puts" && mv "$WORK/m/.tmp" "$WORK/m/$2"
+  # noting the rename's time (what a user's change waits from), taken right before the
+  # rename itself (a `date` before an `mv` would count mv's start-up too)
+  cp "$1" "$WORK/m/.tmp"
+  python3 -c 'import os, sys, time; t = time.time_ns(); os.rename(sys.argv[1], sys.argv[2]); print(t)' \
+    "$WORK/m/.tmp" "$WORK/m/$2" >>"$WORK/puts"
 }
 at_ns() { # N: the time of the N-th sync line (its log timestamp: the kernel has acked)
   date -d "$(grep "dataplane in sync" "$WORK/log" | sed -n "${1}p" | cut -d' ' -f1)" +%s%N

@@ -761,17 +761,22 @@ pub struct DirChange {
 }
 
 /// Where an event leaves the files it names: being written (created, written to: more
-/// may follow), or complete (closed after writing, renamed into or out of place,
-/// removed, their metadata changed: nothing more of this write follows).
+/// may follow), complete (closed after writing, renamed out of place, removed, their
+/// metadata changed: nothing more of this write follows), or renamed into place: the
+/// last event of a rename within the directory (the pair of source and destination,
+/// which the watch reports after both halves), after which nothing of the action is
+/// left to come.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Progress {
     Writing,
     Complete,
+    Renamed,
 }
 
 fn progress(kind: &notify::EventKind) -> Progress {
-    use notify::event::{AccessKind, AccessMode, ModifyKind};
+    use notify::event::{AccessKind, AccessMode, ModifyKind, RenameMode};
     match kind {
+        notify::EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => Progress::Renamed,
         notify::EventKind::Access(AccessKind::Close(AccessMode::Write))
         | notify::EventKind::Modify(ModifyKind::Name(_) | ModifyKind::Metadata(_))
         | notify::EventKind::Remove(_) => Progress::Complete,
@@ -780,7 +785,9 @@ fn progress(kind: &notify::EventKind) -> Progress {
 }
 
 /// How long a burst whose files are all complete waits for more events before it is
-/// sent: the rest of one action (a rename's two events, the next file of a copy).
+/// sent: the rest of one action (a rename's pairing event, the next file of a copy).
+/// A rename within the directory that leaves every file of its burst complete is sent
+/// at once: its pairing event is the action's last.
 pub const SETTLE: Duration = Duration::from_millis(5);
 
 /// Watch `dir` and send what changed on `tx` after each burst of changes: once every
@@ -794,6 +801,18 @@ pub const SETTLE: Duration = Duration::from_millis(5);
 pub fn watch(
     dir: &Path,
     quiet: Duration,
+    max_delay: Duration,
+    tx: mpsc::Sender<DirChange>,
+) -> Result<notify::RecommendedWatcher, SourceError> {
+    watch_settling(dir, quiet, quiet.min(SETTLE), max_delay, tx)
+}
+
+/// [`watch`] with the settle window as a parameter (tests make it long enough to tell
+/// a burst sent at once from one sent after it).
+fn watch_settling(
+    dir: &Path,
+    quiet: Duration,
+    settle: Duration,
     max_delay: Duration,
     tx: mpsc::Sender<DirChange>,
 ) -> Result<notify::RecommendedWatcher, SourceError> {
@@ -813,12 +832,13 @@ pub fn watch(
     watcher
         .watch(dir, notify::RecursiveMode::NonRecursive)
         .map_err(|source| SourceError::Watch { path: dir.to_path_buf(), source })?;
-    let settle = quiet.min(SETTLE);
     tokio::spawn(async move {
         while let Some(first) = raw_rx.recv().await {
             let mut change = DirChange::default();
             // Manifest files of the burst still being written.
             let mut writing: BTreeSet<PathBuf> = BTreeSet::new();
+            // Whether every manifest file of the burst is complete, and whether the
+            // event was a rename's last.
             let mut add = |event: Option<(Progress, Vec<PathBuf>)>, change: &mut DirChange| match event {
                 Some((p, paths)) => {
                     for path in paths {
@@ -829,19 +849,22 @@ pub fn watch(
                         }
                         change.files.insert(path);
                     }
-                    writing.is_empty()
+                    (writing.is_empty(), p == Progress::Renamed)
                 }
                 None => {
                     change.rescan = true;
-                    false
+                    (false, false)
                 }
             };
-            let mut complete = add(first, &mut change);
+            let (mut complete, mut renamed) = add(first, &mut change);
             let deadline = tokio::time::Instant::now() + max_delay;
             loop {
+                if complete && renamed && !change.rescan {
+                    break;
+                }
                 let wait = if complete && !change.rescan { settle } else { quiet };
                 match tokio::time::timeout_at(deadline.min(tokio::time::Instant::now() + wait), raw_rx.recv()).await {
-                    Ok(Some(event)) => complete = add(event, &mut change),
+                    Ok(Some(event)) => (complete, renamed) = add(event, &mut change),
                     Ok(None) => return,
                     Err(_) => break,
                 }
@@ -1122,6 +1145,34 @@ mod tests {
         assert!(change.files.contains(&dir.path().join("b.yaml")), "{change:?}");
         assert!(start.elapsed() >= quiet - Duration::from_millis(50), "sent while open after {:?}", start.elapsed());
         drop(f);
+    }
+
+    #[tokio::test]
+    async fn a_rename_within_the_directory_is_sent_without_the_settle_window_and_a_closed_write_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, mut rx) = mpsc::channel(1);
+        let (quiet, settle) = (Duration::from_secs(2), Duration::from_millis(400));
+        let _w = watch_settling(dir.path(), quiet, settle, quiet * 5, tx).unwrap();
+        std::fs::write(dir.path().join(".a.yaml.tmp"), GOOD).unwrap();
+        // The hidden file's write: complete (closed), sent after the settle window.
+        let start = std::time::Instant::now();
+        let change = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
+        assert!(change.files.contains(&dir.path().join(".a.yaml.tmp")), "{change:?}");
+        assert!(
+            start.elapsed() >= settle - Duration::from_millis(50),
+            "a closed write sent after {:?}",
+            start.elapsed()
+        );
+        // Renamed into place: the pairing event ends the action, sent at once.
+        let start = std::time::Instant::now();
+        std::fs::rename(dir.path().join(".a.yaml.tmp"), dir.path().join("a.yaml")).unwrap();
+        let change = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
+        assert!(change.files.contains(&dir.path().join("a.yaml")), "{change:?}");
+        assert!(change.files.contains(&dir.path().join(".a.yaml.tmp")), "one burst holds both halves: {change:?}");
+        assert!(start.elapsed() < settle / 2, "a rename waited {:?}", start.elapsed());
+        // Nothing of the rename is left to come as a burst of its own.
+        let late = tokio::time::timeout(settle * 2, rx.recv()).await;
+        assert!(late.is_err(), "a second burst for one rename: {late:?}");
     }
 
     #[tokio::test]
