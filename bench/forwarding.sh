@@ -18,14 +18,32 @@
 #   ipt-1k-est, ipt-10k-est  the same after `-m conntrack --ctstate ESTABLISHED,RELATED
 #             -j ACCEPT`, as such rule sets are usually written: the fair comparison
 #             with egressd's verified connections
+#   egressd-nofast, egressd-alt-nofast  the same with verified connections off
+#             (`--firewall-verified-mark-mask 0`): every packet walks the rules
+# What a run measures (LOAD=):
+#   pps       (default) the UDP flood above: one long-lived flow, so with verified
+#             connections only its first packet walks the rules
+#   tcp       new TCP connections per second: connect, then close with a reset, one at
+#             a time from many source ports (bench/connload.rs): every connection's SYN
+#             walks the rules (its ACK and reset too with verified connections off)
+#   udp       new UDP flows per second: a new socket (source port) per datagram, its
+#             echo awaited: every flow's first packet walks the rules
+# REWALK=N (with LOAD=tcp): afterwards, N connections are held open through egressd-alt
+# (running, fast path on, then off); a round writes one byte on each and reads every
+# echo. Reported: the round's time steady, and right after a policy change (another
+# namespace's rule edited: every change moves the verified generation, so each open
+# connection's next packet walks its rules again), median of ROUNDS changes.
 # Needs root, iperf3, iptables (nft backend), nftables: bench/prereqs.sh installs them.
 #
-#   bench/forwarding.sh     # RUNS=5 SECS=5 NS=1000 RULES=100 POS=50
+#   bench/forwarding.sh     # RUNS=5 SECS=5 NS=1000 RULES=100 POS=50 LOAD=pps
 #   CONFIGS="none none-ct egressd" bench/forwarding.sh   # a subset of the set-ups (with
 #                                                        # none and none-ct: the ratios)
+#   LOAD=tcp REWALK=10000 CONFIGS="none-ct egressd-alt egressd-alt-nofast" bench/forwarding.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-5} SECS=${SECS:-5} NSN=${NS:-1000} RULES=${RULES:-100} POS=${POS:-50}
+LOAD=${LOAD:-pps} REWALK=${REWALK:-0} ROUNDS=${ROUNDS:-11}
+case "$LOAD" in pps|tcp|udp) ;; *) echo "$0: LOAD must be pps, tcp or udp" >&2; exit 1 ;; esac
 # Rule RULES is the final Deny of every namespace: the pod's Allow is one of 1 .. RULES-1.
 if [ "$POS" -lt 1 ] || [ "$POS" -ge "$RULES" ]; then
   echo "$0: POS must be 1 .. $((RULES - 1)) (rule $RULES is the final Deny)" >&2; exit 1
@@ -39,14 +57,17 @@ fi
 bench/prereqs.sh base
 # QUICK=1 (bench/quick.sh, CI): the debug build, so a broken benchmark fails fast.
 PROFILE=release; [ -n "${QUICK:-}" ] && PROFILE=debug
-cargo build --locked -q --bin egressd $([ "$PROFILE" = release ] && echo --release)
+cargo build --locked -q --bin egressd --example connload $([ "$PROFILE" = release ] && echo --release)
 BIN="$(cd "${CARGO_TARGET_DIR:-target}" && pwd)/$PROFILE/egressd"
-P="egfw$$" WORK=$(mktemp -d) AGENT="" SERVER=""
+LOADGEN="$(cd "${CARGO_TARGET_DIR:-target}" && pwd)/$PROFILE/examples/connload"
+P="egfw$$" WORK=$(mktemp -d) AGENT="" SERVER="" CONNSERVER="" HOLDER=""
 NODE="$P-node" POD="$P-pod" EXT="$P-ext"
 cleanup() {
   set +e
   [ -n "$AGENT" ] && kill -TERM "$AGENT" && wait "$AGENT"
   [ -n "$SERVER" ] && kill "$SERVER" && wait "$SERVER"
+  [ -n "$CONNSERVER" ] && kill "$CONNSERVER" && wait "$CONNSERVER"
+  [ -n "$HOLDER" ] && kill "$HOLDER" && wait "$HOLDER"
   for ns in "$NODE" "$POD" "$EXT"; do ip netns del "$ns"; done
   rm -rf "$WORK"
 } 2>/dev/null
@@ -95,8 +116,24 @@ ipt_rules 1000; ipt_rules 10000; ipt_rules 1000 est; ipt_rules 10000 est
 
 ip netns exec "$EXT" taskset -c 1 iperf3 -s -p 5201 >/dev/null 2>&1 &
 SERVER=$!
+# Held connections need a descriptor each, on both ends.
+ulimit -n $((REWALK + 4096))
+ip netns exec "$EXT" taskset -c 1 "$LOADGEN" serve 203.0.113.2:5301 &
+CONNSERVER=$!
+# New flows: source ports from the whole range, and conntrack entries of closed ones
+# (TCP after a reset: 10 s; UDP unreplied 30 s) gone soon enough not to fill the table.
+ip netns exec "$POD" sysctl -qw net.ipv4.ip_local_port_range="1024 65535"
+ip netns exec "$NODE" sysctl -qw net.netfilter.nf_conntrack_udp_timeout=2 net.netfilter.nf_conntrack_udp_timeout_stream=2 \
+  net.netfilter.nf_conntrack_tcp_timeout_close=1
 sleep 0.5
-measure() { # received packets per second; a run iperf3 reports as failed (the server
+measure() { # LOAD's figure: per second
+  case "$LOAD" in
+    tcp|udp) local out failed
+      read -r out failed < <(ip netns exec "$POD" taskset -c 0 "$LOADGEN" "$LOAD" 203.0.113.2:5301 "$SECS")
+      [ "${failed:-1}" -gt "$((out * SECS / 100))" ] && echo "$LOAD: $failed of $((out * SECS)) failed" >&2
+      echo "$out"; return 0 ;;
+  esac
+  # received packets per second; a run iperf3 reports as failed (the server
   # still busy with the previous one) is repeated, at most 3 times
   local out
   for _ in 1 2 3; do
@@ -112,25 +149,28 @@ e = r["end"]["sum"]; print(int((e["packets"] - e["lost_packets"]) / e["seconds"]
   done
   echo "iperf3 failed 3 times" >&2; return 1
 }
+start_agent() { # config: egressd running with its table in sync
+  local dir="$WORK/m" extra=()
+  case "$1" in *-alt*) dir="$WORK/m-alt" ;; esac
+  case "$1" in *-nofast) extra=(--firewall-verified-mark-mask 0) ;; esac
+  NO_COLOR=1 ip netns exec "$NODE" "$BIN" run --manifests "$dir" --node-name bench --cluster-cidr 198.18.0.0/15 \
+    --state-dir "$WORK/state" --health-addr 127.0.0.1:9797 "${extra[@]}" 2>"$WORK/log" &
+  AGENT=$!
+  for _ in $(seq 600); do grep -q "dataplane in sync" "$WORK/log" && break; sleep 0.1; done
+  if ! kill -0 "$AGENT" 2>/dev/null; then echo "egressd exited:" >&2; tail -5 "$WORK/log" >&2; exit 1; fi
+  # Measuring before the table is in place would measure no policy at all.
+  if ! grep -q "dataplane in sync" "$WORK/log"; then
+    echo "$1: egressd did not sync within 60 s:" >&2; tail -5 "$WORK/log" >&2; exit 1
+  fi
+}
+stop_agent() { kill -TERM "$AGENT"; wait "$AGENT" || true; AGENT=""; }
 setup() { # config
   ip netns exec "$NODE" nft flush ruleset
   case "$1" in
     none) ;;
     none-ct) printf 'table inet kp {\n chain forward {\n  type filter hook forward priority 0; policy accept;\n  ct state invalid drop\n }\n}\n' \
       | ip netns exec "$NODE" nft -f - ;;
-    egressd|egressd-alt)
-      dir="$WORK/m"; [ "$1" = egressd-alt ] && dir="$WORK/m-alt"
-      NO_COLOR=1 ip netns exec "$NODE" "$BIN" run --manifests "$dir" --node-name bench --cluster-cidr 198.18.0.0/15 \
-        --state-dir "$WORK/state" --health-addr 127.0.0.1:9797 2>"$WORK/log" &
-      AGENT=$!
-      for _ in $(seq 600); do grep -q "dataplane in sync" "$WORK/log" && break; sleep 0.1; done
-      if ! kill -0 "$AGENT" 2>/dev/null; then echo "egressd exited:" >&2; tail -5 "$WORK/log" >&2; exit 1; fi
-      # Measuring before the table is in place would measure no policy at all.
-      if ! grep -q "dataplane in sync" "$WORK/log"; then
-        echo "$1: egressd did not sync within 60 s:" >&2; tail -5 "$WORK/log" >&2; exit 1
-      fi
-      kill -TERM "$AGENT"; wait "$AGENT" || true; AGENT=""   # the table stays after SIGTERM
-      ;;
+    egressd*) start_agent "$1"; stop_agent ;;   # the table stays after SIGTERM
     ipt-1k) ip netns exec "$NODE" iptables-nft-restore <"$WORK/ipt-1000" ;;
     ipt-10k) ip netns exec "$NODE" iptables-nft-restore <"$WORK/ipt-10000" ;;
     ipt-1k-est) ip netns exec "$NODE" iptables-nft-restore <"$WORK/ipt-1000-est" ;;
@@ -146,11 +186,54 @@ for ((run = 1; run <= RUNS; run++)); do
   done
 done
 stats() { echo "$1" | tr ' ' '\n' | grep . | sort -n | awk '{ a[NR] = $1 } END { m = (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2; printf "%d %d %d", m, a[1], a[NR] }'; }
-read -r base _ _ <<<"$(stats "${results[none]}")"
-read -r base_ct _ _ <<<"$(stats "${results[none-ct]}")"
-echo "| setup | median pps | min–max | ratio to none | ratio to none-ct |"
+base=0 base_ct=0
+[ -n "${results[none]:-}" ] && read -r base _ _ <<<"$(stats "${results[none]}")"
+[ -n "${results[none-ct]:-}" ] && read -r base_ct _ _ <<<"$(stats "${results[none-ct]}")"
+ratio() { [ "$2" = 0 ] && echo "—" || printf '%.2f' "$(echo "$1 / $2" | bc -l)"; }
+unit=$(case "$LOAD" in pps) echo "pps" ;; tcp) echo "connections/s" ;; udp) echo "flows/s" ;; esac)
+echo "| setup | median $unit | min–max | ratio to none | ratio to none-ct |"
 echo "|---|---|---|---|---|"
 for c in "${configs[@]}"; do
   read -r med lo hi <<<"$(stats "${results[$c]}")"
-  printf '| %s | %d | %d–%d | %.2f | %.2f |\n' "$c" "$med" "$lo" "$hi" "$(echo "$med / $base" | bc -l)" "$(echo "$med / $base_ct" | bc -l)"
+  printf '| %s | %d | %d–%d | %s | %s |\n' "$c" "$med" "$lo" "$hi" "$(ratio "$med" "$base")" "$(ratio "$med" "$base_ct")"
 done
+if [ "$REWALK" -gt 0 ]; then
+  # Held connections: a round before any change is steady (each connection verified),
+  # a round right after a change pays each connection's walk of its rules again.
+  sed 's#100\.0\.1\.0/24#100.0.1.0/25#' "$WORK/m-alt/fw-1.yaml" >"$WORK/fw-1-edited.yaml"
+  cp "$WORK/m-alt/fw-1.yaml" "$WORK/fw-1-orig.yaml"
+  syncs() { grep -c "dataplane in sync" "$WORK/log" || true; }
+  # (coproc descriptors exist only in this shell, not in a $(...) or a pipeline)
+  round() { echo >&"${COPROC[1]}"; read -r ROUND <&"${COPROC[0]}"; }
+  median() { sort -g | awk '{ v[NR] = $1 } END { print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+  echo
+  echo "Re-walk: $REWALK open TCP connections of the pod, its rule at position $POS of ns0 (Allow and Deny alternating); a round writes one byte on each and reads every echo; median of $ROUNDS rounds, and of $ROUNDS changes (ns1's first rule edited)."
+  echo
+  echo "| set-up | round, steady | round right after a change | a change's cost per open connection |"
+  echo "|---|---|---|---|"
+  for c in egressd-alt egressd-alt-nofast; do
+    ip netns exec "$NODE" nft flush ruleset
+    start_agent "$c"
+    coproc ip netns exec "$POD" taskset -c 0 "$LOADGEN" hold 203.0.113.2:5301 "$REWALK"
+    HOLDER=$COPROC_PID
+    read -r ready <&"${COPROC[0]}"
+    [ "$ready" = ready ] || { echo "connload hold: $ready" >&2; exit 1; }
+    for _ in 1 2 3; do round; done
+    : >"$WORK/steady"; : >"$WORK/after"
+    for _ in $(seq "$ROUNDS"); do round; echo "$ROUND" >>"$WORK/steady"; done
+    for _ in $(seq "$ROUNDS"); do
+      n=$(syncs)
+      src="$WORK/fw-1-edited.yaml"; cmp -s "$src" "$WORK/m-alt/fw-1.yaml" && src="$WORK/fw-1-orig.yaml"
+      cp "$src" "$WORK/m-alt/.tmp" && mv "$WORK/m-alt/.tmp" "$WORK/m-alt/fw-1.yaml"
+      for _ in $(seq 400); do [ "$(syncs)" -gt "$n" ] && break; sleep 0.01; done
+      [ "$(syncs)" -gt "$n" ] || { echo "$c: the change was not applied within 4 s" >&2; exit 1; }
+      sleep 0.2   # egressd idle again: the round pays the re-walk, not its CPU
+      round; echo "$ROUND" >>"$WORK/after"
+    done
+    steady=$(median <"$WORK/steady") after=$(median <"$WORK/after")
+    exec {COPROC[1]}>&-
+    wait "$HOLDER" || true; HOLDER=""
+    stop_agent
+    printf '| %s | %d µs | %d µs | %.0f ns |\n' "$c" "$steady" "$after" "$(echo "($after - $steady) * 1000 / $REWALK" | bc -l)"
+  done
+fi

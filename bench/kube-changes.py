@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""What a user of Kubernetes mode waits for (bench/kube-pods.sh): CHANGES writes of each
+kind against the API server, each timed from its acknowledgement (the response read)
+to the next "dataplane in sync" line of egressd's LOG (logged after the kernel's ack).
+
+    bench/kube-changes.py ENV LOG CHANGES   # ENV: tests/kube/apiserver.sh's env file
+
+Egressd must be node-0 with ns0 holding local pods and an EgressFirewall."""
+import datetime, ipaddress, json, ssl, sys, time, urllib.request
+env = dict(l.strip().split("=", 1) for l in open(sys.argv[1]) if "=" in l)
+log, changes = sys.argv[2], int(sys.argv[3])
+ctx = ssl._create_unverified_context()
+def call(method, path, body, kind="application/merge-patch+json"):
+    req = urllib.request.Request(f"{env['KUBE_URL']}{path}", data=json.dumps(body).encode(), method=method,
+        headers={"Authorization": f"Bearer {env['ADMIN_TOKEN']}", "Content-Type": kind})
+    urllib.request.urlopen(req, context=ctx, timeout=30).read()
+    return time.time_ns()  # the response read: the API server's acknowledgement
+def syncs():
+    with open(log) as f:
+        return [l for l in f if "dataplane in sync" in l]
+def after(count, acked):
+    # The first sync line past `count`; its timestamp is taken after the kernel's ack.
+    for _ in range(2000):
+        lines = syncs()
+        if len(lines) > count:
+            stamp = datetime.datetime.fromisoformat(lines[count].split()[0].replace("Z", "+00:00"))
+            return (stamp.timestamp() * 1e9 - acked) / 1e6
+        time.sleep(0.005)
+    sys.exit("no sync within 10 s of a change")
+def stats(values):
+    v = sorted(values)
+    median = v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+    p99 = v[min(len(v) - 1, -(-len(v) * 99 // 100) - 1)]
+    return f"median {median:.1f} ms, p99 {p99:.1f} ms of {len(v)}"
+edit = []
+for i in range(changes):
+    count = len(syncs())
+    cidr = "198.51.100.0/24" if i % 2 == 0 else "100.0.0.0/24"
+    # A JSON patch replaces one rule's destination, the rest unchanged.
+    acked = call("PATCH", "/apis/k8s.ovn.org/v1/namespaces/ns0/egressfirewalls/default",
+                 [{"op": "replace", "path": "/spec/egress/0/to/cidrSelector", "value": cidr}], "application/json-patch+json")
+    edit.append(after(count, acked))
+    time.sleep(0.2)
+pod = []
+for i in range(changes):
+    name = f"extra{i}"
+    call("POST", "/api/v1/namespaces/ns0/pods", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+         "spec": {"nodeName": "node-0", "containers": [{"name": "c", "image": "example.invalid/c"}]}}, "application/json")
+    time.sleep(0.2)
+    count = len(syncs())
+    v4 = str(ipaddress.ip_address("198.19.255.0") + i + 1)
+    acked = call("PATCH", f"/api/v1/namespaces/ns0/pods/{name}/status",
+                 {"status": {"phase": "Running", "podIP": v4, "podIPs": [{"ip": v4}]}})
+    pod.append(after(count, acked))
+    time.sleep(0.2)
+print(f"rule edited: {stats(edit)}; pod added: {stats(pod)}")
