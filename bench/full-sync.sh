@@ -11,8 +11,11 @@
 # the medians of its compile, diff and nft parts go to stderr. Also the
 # agent's RSS. Every hundredth namespace allows ten cluster nodes by label (a nodeSelector
 # rule in the middle of its list), so the label change moves a node's address in or out
-# of ten namespaces' rules. Then the idle CPU (the agent and the nft runs it waited for)
-# over IDLE=20 seconds without changes. Needs root.
+# of ten namespaces' rules. Then drift: another process flushes one namespace's chain
+# (`nft flush chain`), 5 times, timed from just before that nft command starts to the
+# sync line of egressd's repair (a full replace; the promise is "within a second").
+# Then the idle CPU (the agent and the nft runs it waited for) over IDLE=20 seconds
+# without changes. Needs root.
 #
 #   bench/full-sync.sh        # NS=1000 RULES=100 (100k rules) PODS=10000
 #   EDIT_TO=100.0.207.0/24 bench/full-sync.sh   # the edited rule's new destination (default
@@ -24,7 +27,7 @@
 #     (strictly alternating actions, every rule its own port: nothing merges), sets (runs
 #     of five same-port rules of mixed lengths, actions alternating: a set per run)
 #   STEPS="edit" PERF_OUT=/tmp/perf.data bench/full-sync.sh   # only these change steps
-#     (of: edit pod replace label; the others print "—"), e.g. to profile one of them
+#     (of: edit pod replace label drift; the others print "—"), e.g. to profile one of them
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NSN=${NS:-1000} RULES=${RULES:-100} PODS=${PODS:-10000} REPEAT=${REPEAT:-11} SHAPE=${SHAPE:-friendly}
@@ -195,12 +198,28 @@ add_pod() {
 }
 replace_ns() { toggle replace-ns.yaml "$1" fw-8.yaml; }
 label_node() { toggle label-node.yaml "$1" nodes.yaml; }
-wanted() { case " ${STEPS:-edit pod replace label} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+wanted() { case " ${STEPS:-edit pod replace label drift} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 edit="—" pod="—" replace="—" label="—"
 if wanted edit; then step "one rule edited" edit_rule; edit=$RESULT; fi
 if wanted pod; then step "one pod added" add_pod; pod=$RESULT; fi
 if wanted replace; then step "one namespace replaced" replace_ns; replace=$RESULT; fi
 if wanted label; then step "one node label changed" label_node; label=$RESULT; fi
+drift="—"
+if wanted drift; then
+  # Another process flushes a chain: egressd replaces its table. Timed from just before
+  # the nft command to the repair's sync line.
+  d=()
+  for i in 1 2 3 4 5; do
+    before=$(syncs); t=$(date +%s%N)
+    ip netns exec "$NET" nft flush chain inet egressd fw-ns7
+    wait_sync $((before + 1))
+    [ "$(syncs)" -gt "$before" ] || { echo "drift not repaired within 60 s" >&2; exit 1; }
+    n=$(syncs)
+    d+=("$(( ($(at_ns "$n") - t) / 1000000 ))")
+    sleep 0.5
+  done
+  drift="drift repaired $(printf '%s\n' "${d[@]}" | median) ms ($(printf '%s\n' "${d[@]}" | sort -g | head -n1)–$(printf '%s\n' "${d[@]}" | sort -g | tail -n1))"
+fi
 if [ -n "$PERF" ]; then kill -INT "$PERF"; wait "$PERF" || true; fi
 # Idle CPU: the agent and the processes it ran (waited-for children: its nft runs) over
 # IDLE seconds with nothing changing, in % of one core.
@@ -209,4 +228,4 @@ sleep 1
 t0=$(ticks); sleep "${IDLE:-20}"; t1=$(ticks)
 hwm=$(awk '/VmHWM/ { print $2 }' "/proc/$AGENT/status")
 idle=$(awk -v a="$t0" -v b="$t1" -v hz="$(getconf CLK_TCK)" -v s="${IDLE:-20}" 'BEGIN { printf "%.2f", (b - a) / hz / s * 100 }')
-echo "| $((NSN * RULES)) rules ($SHAPE), $NSN namespaces, $PODS local pods ($rules_applied nft rules) | full sync ${full} ms, start → ready ${ready_ms} ms | ${edit} | ${pod} | ${replace} | ${label} | RSS $((rss / 1024)) MiB after the first sync (heap $((anon / 1024)) MiB, the rest mapped code), peak $((hwm_start / 1024)) MiB at start, $((hwm / 1024)) MiB over the run | idle CPU ${idle} % |"
+echo "| $((NSN * RULES)) rules ($SHAPE), $NSN namespaces, $PODS local pods ($rules_applied nft rules) | full sync ${full} ms, start → ready ${ready_ms} ms | ${edit} | ${pod} | ${replace} | ${label} | ${drift} | RSS $((rss / 1024)) MiB after the first sync (heap $((anon / 1024)) MiB, the rest mapped code), peak $((hwm_start / 1024)) MiB at start, $((hwm / 1024)) MiB over the run | idle CPU ${idle} % |"

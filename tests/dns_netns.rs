@@ -92,20 +92,22 @@ fn node_selector_rules_follow_node_labels_and_addresses() {
     assert_eq!(tcp(p0, "198.51.100.10", 8080), None);
 
     node("{role: web}", &["192.0.2.10"]);
-    assert!(wait_for(Duration::from_secs(1), || tcp(p0, "192.0.2.10", 8080).is_none()).is_some(), "label change");
+    assert!(wait_for(Duration::from_secs(5), || tcp(p0, "192.0.2.10", 8080).is_none()).is_some(), "label change");
 
     node("{role: db}", &["198.51.100.10", "2001:db8:ff:1::10"]);
-    assert!(wait_for(Duration::from_secs(1), || tcp(p0, "198.51.100.10", 8080).is_some()).is_some(), "address change");
+    assert!(wait_for(Duration::from_secs(5), || tcp(p0, "198.51.100.10", 8080).is_some()).is_some(), "address change");
     assert_eq!(tcp(p0, "192.0.2.10", 8080), None, "old address removed");
     assert!(tcp(p0, "2001:db8:ff:1::10", 8080).is_some(), "IPv6 node address");
 
     t.remove_manifest("node-db.yaml");
-    assert!(wait_for(Duration::from_secs(1), || tcp(p0, "198.51.100.10", 8080).is_none()).is_some(), "node deleted");
+    assert!(wait_for(Duration::from_secs(5), || tcp(p0, "198.51.100.10", 8080).is_none()).is_some(), "node deleted");
 }
 
 /// With the DNS server blackholed (packets dropped, so every query runs into its
-/// timeout), a new pod and an edited firewall still reach the kernel within 1 s:
-/// resolution runs beside the agent loop, never in front of it.
+/// timeout, 8 s here), a new pod and an edited firewall still reach the kernel well
+/// within half that: resolution runs beside the agent loop, never in front of it. (The
+/// bound is generous for a loaded machine; a change waiting behind a query would take
+/// up to the whole timeout.)
 #[test]
 fn a_dns_outage_never_delays_other_changes() {
     let t = Topology::new(&["team-a"]);
@@ -113,14 +115,16 @@ fn a_dns_outage_never_delays_other_changes() {
     std::fs::write(&hosts, "192.0.2.10 api.example.com\n2001:db8:ff:1::10 api.example.com\n").unwrap();
     let _dns = Dnsmasq::start(&t.ext, DNS, hosts, 1);
     t.set_firewall("team-a", &firewall());
-    let agent = t.start_agent_with("agent", &["--dns-server", DNS]);
+    let query_timeout = Duration::from_secs(8);
+    let timeout_ms = query_timeout.as_millis().to_string();
+    let agent = t.start_agent_with("agent", &["--dns-server", DNS, "--dns-timeout-ms", &timeout_ms]);
     assert!(tcp(&t.pods[0], "192.0.2.10", 8080).is_some(), "resolved at start:\n{}", agent.log_text());
 
     // Blackhole the server: queries are dropped, not refused.
     t.ext.exec(&["nft", "add", "table", "inet", "blackhole"]);
     t.ext.exec(&["nft", "add", "chain", "inet", "blackhole", "in", "{ type filter hook input priority -300 ; }"]);
     t.ext.exec(&["nft", "add", "rule", "inet", "blackhole", "in", "meta l4proto { tcp, udp } th dport 53 drop"]);
-    let failing = wait_for(Duration::from_secs(30), || agent.log_text().contains("DNS resolution failed"));
+    let failing = wait_for(query_timeout * 4, || agent.log_text().contains("DNS resolution failed"));
     assert!(failing.is_some(), "{}", agent.log_text());
 
     // Changes every 0.7 s for ~9 s: some land while a query hangs in its timeout.
@@ -135,17 +139,17 @@ fn a_dns_outage_never_delays_other_changes() {
         );
         let rule = format!("198.51.100.{}", k + 20);
         t.set_firewall("team-a", &format!("  - {{type: Deny, to: {{cidrSelector: {rule}/32}}}}\n{}", firewall()));
-        let took = wait_for(Duration::from_secs(5), || {
+        let took = wait_for(query_timeout + Duration::from_secs(2), || {
             let ruleset = t.node.nft_list();
             // The rule's address is an element of the namespace's run set.
             let element = [format!("{rule},"), format!("{rule} ")].iter().any(|e| ruleset.contains(e.as_str()));
             ruleset.contains(&format!("{ip} : jump fw-team-a")) && element
         });
-        let took = took.unwrap_or_else(|| panic!("change {k} not applied within 5 s:\n{}", agent.log_text()));
+        let took = took.unwrap_or_else(|| panic!("change {k} not applied within 10 s:\n{}", agent.log_text()));
         slowest = slowest.max(took);
         std::thread::sleep(Duration::from_millis(700));
     }
-    assert!(slowest < Duration::from_secs(1), "a change waited {slowest:?} behind DNS:\n{}", agent.log_text());
+    assert!(slowest < query_timeout / 2, "a change waited {slowest:?} behind DNS:\n{}", agent.log_text());
     // The last good addresses are still allowed.
     assert!(tcp(&t.pods[0], "192.0.2.10", 8080).is_some(), "last good address kept");
 }

@@ -313,14 +313,14 @@ fn drift_is_restored_and_link_changes_are_followed() {
     assert!(rule.contains("5470:"), "{rule}");
     c.nodes[0].ns.ip(&["rule", "del", "priority", "5470"]);
     assert!(
-        wait_for(Duration::from_secs(1), || c.has_addr(2, EIP_B) && c.nodes[0].ns.ip(&["rule"]).contains("5470:"))
+        wait_for(Duration::from_secs(5), || c.has_addr(2, EIP_B) && c.nodes[0].ns.ip(&["rule"]).contains("5470:"))
             .is_some(),
-        "drift not restored within 1 s\n{}",
+        "drift not restored within 5 s\n{}",
         c.logs()
     );
     // The log line follows the rest of the sync (the address is back first).
     let log_c = || c.nodes[2].agent.as_ref().unwrap().log_text();
-    let said = wait_for(Duration::from_secs(1), || log_c().contains("changed by someone else; restored"));
+    let said = wait_for(Duration::from_secs(5), || log_c().contains("changed by someone else; restored"));
     assert!(said.is_some(), "{}", log_c());
 
     // The address goes together with a link change (one burst of notifications): the
@@ -334,7 +334,7 @@ fn drift_is_restored_and_link_changes_are_followed() {
         "-c",
         &format!("ip addr add 198.18.3.99/32 dev vp0 && ip addr del {EIP_B}/32 dev eth0"),
     ]);
-    let back = wait_for(Duration::from_secs(1), || c.has_addr(2, EIP_B) && restored(&c) > before);
+    let back = wait_for(Duration::from_secs(5), || c.has_addr(2, EIP_B) && restored(&c) > before);
     assert!(back.is_some(), "not restored with a link change\n{}", c.nodes[2].agent.as_ref().unwrap().log_text());
 
     // B's eth1 goes down: the address cannot be hosted there any more and is removed,

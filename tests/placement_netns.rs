@@ -234,7 +234,8 @@ fn a_dead_node_loses_its_egress_ip_a_recovered_one_does_not_take_it_back_and_a_n
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(host_of(&api), Some(2), "no move back on recovery");
     assert_eq!(k.c.ext_neighbour(EIP_B), Some(k.c.mac(2)));
-    assert_eq!(quick_source(a_pod).as_deref(), Some(EIP_B));
+    let target = SocketAddr::new(EXT_V4.parse().unwrap(), ECHO_PORT);
+    assert_eq!(failover::source_within(a_pod, target, Duration::from_secs(3)).as_deref(), Some(EIP_B));
 
     // The leader dies (SIGKILL, link up): another agent takes the lease and adopts the
     // placement as it is.

@@ -10,11 +10,18 @@ use std::time::{Duration, Instant};
 use super::{Agent, Netns, wait_for};
 
 /// One new connection from `pod` to a source-echoing server at `target` (a line is sent
-/// first, for servers that answer lines): the source it saw. 150 ms bounds each step.
+/// first, for servers that answer lines): the source it saw. 150 ms bounds each step:
+/// the failover loops retry at once, so a lost SYN costs a retry, not a second.
 pub fn quick_source(pod: &Netns, target: SocketAddr) -> Option<String> {
+    source_within(pod, target, Duration::from_millis(150))
+}
+
+/// [`quick_source`] with `bound` for each step: a single check (not a retrying loop)
+/// gives a loaded machine its time.
+pub fn source_within(pod: &Netns, target: SocketAddr, bound: Duration) -> Option<String> {
     pod.run(move || {
-        let s = TcpStream::connect_timeout(&target, Duration::from_millis(150)).ok()?;
-        s.set_read_timeout(Some(Duration::from_millis(150))).ok()?;
+        let s = TcpStream::connect_timeout(&target, bound).ok()?;
+        s.set_read_timeout(Some(bound)).ok()?;
         let mut w = s.try_clone().ok()?;
         w.write_all(b"x\n").ok()?;
         let mut line = String::new();
