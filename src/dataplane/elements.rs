@@ -143,7 +143,7 @@ impl ElementWriter {
                 None => put_str(&mut body, 2, &list.set),
             }
             nest(&mut body, 3, |o| o.extend_from_slice(&elements));
-            batch.extend(self.raw_message(kind, flags, &body));
+            self.raw_message_into(batch, kind, flags, &body);
             if !quiet {
                 waiting.push(self.seq);
             }
@@ -175,12 +175,19 @@ impl ElementWriter {
     /// batch within the `send`, and reports every refused message whatever its flags,
     /// so thousands of acknowledgements do not overflow the receive buffer.
     pub fn replace(&mut self, table: &crate::nft::Table, kept: &[Element]) -> io::Result<()> {
-        let messages = crate::nft::wire::replace_messages(table).map_err(unsupported)?;
         let empty = crate::nft::Table::new(table.name.as_str());
         let mut elements = crate::nft::delta::ElementDelta::of_sets(&crate::nft::Comparison::of(&empty, table))
             .ok_or_else(|| unsupported("an element the netlink path does not write".into()))?;
         elements.add.extend(by_slot(kept));
-        self.send_described(&table.name, &messages, &elements, &[])
+        // Every set is created by this transaction: its elements follow its NEWSET.
+        let (fresh, rest) = fresh_and_rest(&elements, |name| table.sets.contains_key(name));
+        // The messages go into the transaction's buffer as they are made: a replace of
+        // 100k rules never holds them all beside it.
+        let mut tx = self.begin();
+        let mut sink = |m: crate::nft::wire::Message| self.push(&mut tx, &fresh, &m);
+        crate::nft::wire::replace_messages(table, &mut sink).map_err(unsupported)?;
+        self.push_elements(&mut tx, &elements.delete, &rest);
+        self.commit(&table.name, tx)
     }
 
     /// Change the kernel's table from `c.old` (what it holds) into `c.new` in one
@@ -200,10 +207,6 @@ impl ElementWriter {
     /// Send `before`, the element deletions and additions of `elements`, then `after`,
     /// as one transaction (of table `table`) and wait for its outcome; a refusal names
     /// the message the kernel refused.
-    ///
-    /// Only the last message asks for an acknowledgement: the kernel handles the whole
-    /// batch within the `send`, and reports every refused message whatever its flags,
-    /// so thousands of acknowledgements do not overflow the receive buffer.
     fn send_described(
         &mut self,
         table: &str,
@@ -211,71 +214,88 @@ impl ElementWriter {
         elements: &ElementDelta,
         after: &[crate::nft::wire::Message],
     ) -> io::Result<()> {
-        use crate::nft::wire;
-        let mut batch: Vec<u8> = Vec::new();
-        let mut what: Vec<(u32, String)> = Vec::new();
         // Elements added to sets this transaction creates follow their `NEWSET`, by id.
-        let mut fresh: std::collections::BTreeMap<&str, Vec<&crate::nft::delta::SetElements>> = Default::default();
-        for m in before.iter().chain(after) {
-            if let Some((name, _)) = &m.new_set {
-                fresh.insert(name.as_str(), Vec::new());
+        let created: std::collections::BTreeSet<&str> =
+            before.iter().chain(after).filter_map(|m| m.new_set.as_ref().map(|(name, _)| name.as_str())).collect();
+        let (fresh, rest) = fresh_and_rest(elements, |name| created.contains(name));
+        let mut tx = self.begin();
+        for m in before {
+            self.push(&mut tx, &fresh, m);
+        }
+        self.push_elements(&mut tx, &elements.delete, &rest);
+        for m in after {
+            self.push(&mut tx, &fresh, m);
+        }
+        self.commit(table, tx)
+    }
+
+    /// A transaction's buffer, opened with its `BatchBegin`.
+    fn begin(&mut self) -> Transaction {
+        let buf = self.message(NLM_F_REQUEST, ControlMessage::BatchBegin, NFNL_SUBSYS_NFTABLES);
+        Transaction { buf, begin_seq: self.seq, what: Vec::new() }
+    }
+
+    /// Append `m` to `tx` (a set's `NEWSET` followed by its elements from `fresh`).
+    fn push(&mut self, tx: &mut Transaction, fresh: &Fresh<'_>, m: &crate::nft::wire::Message) {
+        let mut flags = NLM_F_REQUEST;
+        if m.create {
+            flags |= NLM_F_CREATE;
+        }
+        if m.append {
+            flags |= netlink_packet_core::NLM_F_APPEND;
+        }
+        self.raw_message_into(&mut tx.buf, m.kind, flags, &m.body);
+        tx.what.push((self.seq, m.what.clone()));
+        let Some((name, id)) = &m.new_set else { return };
+        for list in fresh.get(name.as_str()).into_iter().flatten() {
+            let first = self.seq.wrapping_add(1);
+            self.set_element_messages(list, Some(*id), false, true, &mut tx.buf, &mut Vec::new());
+            for seq in first..=self.seq {
+                tx.what.push((seq, format!("adding elements to set {name}").into()));
             }
         }
-        let mut rest: Vec<&crate::nft::delta::SetElements> = Vec::new();
-        for list in &elements.add {
-            match fresh.get_mut(list.set.as_str()) {
-                Some(lists) => lists.push(list),
-                None => rest.push(list),
-            }
-        }
-        let described =
-            |this: &mut Self, batch: &mut Vec<u8>, what: &mut Vec<(u32, String)>, messages: &[wire::Message]| {
-                for m in messages {
-                    let mut flags = NLM_F_REQUEST;
-                    if m.create {
-                        flags |= NLM_F_CREATE;
-                    }
-                    if m.append {
-                        flags |= netlink_packet_core::NLM_F_APPEND;
-                    }
-                    batch.extend(this.raw_message(m.kind, flags, &m.body));
-                    what.push((this.seq, m.what.clone()));
-                    let Some((name, id)) = &m.new_set else { continue };
-                    for list in fresh.get(name.as_str()).into_iter().flatten() {
-                        let first = this.seq.wrapping_add(1);
-                        this.set_element_messages(list, Some(*id), false, true, batch, &mut Vec::new());
-                        for seq in first..=this.seq {
-                            what.push((seq, format!("adding elements to set {name}")));
-                        }
-                    }
-                }
-            };
-        described(self, &mut batch, &mut what, before);
-        for (delete, lists) in [(true, elements.delete.iter().collect::<Vec<_>>()), (false, rest)] {
+    }
+
+    /// Append the element deletions `delete`, then the additions `add` (to sets that
+    /// exist before the transaction).
+    fn push_elements(
+        &mut self,
+        tx: &mut Transaction,
+        delete: &[crate::nft::delta::SetElements],
+        add: &[&crate::nft::delta::SetElements],
+    ) {
+        for (delete, lists) in [(true, delete.iter().collect::<Vec<_>>()), (false, add.to_vec())] {
             let first = self.seq.wrapping_add(1);
             for list in lists {
-                self.set_element_messages(list, None, delete, true, &mut batch, &mut Vec::new());
+                self.set_element_messages(list, None, delete, true, &mut tx.buf, &mut Vec::new());
             }
             for seq in first..=self.seq {
                 let verb = if delete { "deleting" } else { "adding" };
-                what.push((seq, format!("{verb} elements")));
+                tx.what.push((seq, format!("{verb} elements").into()));
             }
         }
-        described(self, &mut batch, &mut what, after);
+    }
+
+    /// Close `tx` (of table `table`), send it and wait for its outcome; a refusal names
+    /// the message the kernel refused.
+    ///
+    /// Only the last message asks for an acknowledgement: the kernel handles the whole
+    /// batch within the `send`, and reports every refused message whatever its flags,
+    /// so thousands of acknowledgements do not overflow the receive buffer.
+    fn commit(&mut self, table: &str, tx: Transaction) -> io::Result<()> {
+        use crate::nft::wire;
+        let Transaction { mut buf, begin_seq, what } = tx;
         // The last message asks for the acknowledgement that ends the wait (a table
         // update that changes nothing).
         let mut body = Vec::new();
         wire::put_str(&mut body, 1, table);
         wire::put_u32(&mut body, 2, 0);
-        let ack = self.raw_message(wire::MSG_NEWTABLE, NLM_F_REQUEST | NLM_F_ACK, &body);
-        batch.extend(ack);
+        self.raw_message_into(&mut buf, wire::MSG_NEWTABLE, NLM_F_REQUEST | NLM_F_ACK, &body);
         let last = self.seq;
-        self.send_buffer_for(batch.len())?;
-        let mut begin = self.message(NLM_F_REQUEST, ControlMessage::BatchBegin, NFNL_SUBSYS_NFTABLES);
-        let begin_seq = self.seq;
-        begin.extend(batch);
-        begin.extend(self.message(NLM_F_REQUEST, ControlMessage::BatchEnd, NFNL_SUBSYS_NFTABLES));
-        self.socket.send(&begin, 0)?;
+        buf.extend(self.message(NLM_F_REQUEST, ControlMessage::BatchEnd, NFNL_SUBSYS_NFTABLES));
+        self.send_buffer_for(buf.len())?;
+        self.socket.send(&buf, 0)?;
+        drop(buf);
         let mut error: Option<io::Error> = None;
         super::recv_until(&self.socket, &mut self.buf, |msg| {
             let NetlinkPayload::Error(e) = msg.payload else { return None };
@@ -284,7 +304,7 @@ impl ElementWriter {
                 && error.is_none()
             {
                 let os = io::Error::from_raw_os_error(-code.get());
-                let name = what.iter().find(|(s, _)| *s == seq).map_or("the batch", |(_, w)| w.as_str());
+                let name = what.iter().find(|(s, _)| *s == seq).map_or("the batch".to_string(), |(_, w)| w.to_string());
                 error = Some(io::Error::new(os.kind(), format!("{name}: {os}")));
             }
             // The kernel answers the batch's first message instead when it could not
@@ -297,11 +317,11 @@ impl ElementWriter {
         error.map_or(Ok(()), Err)
     }
 
-    /// A message of nf_tables type `kind` (family `inet`) with the attributes `body`.
-    fn raw_message(&mut self, kind: u16, flags: u16, body: &[u8]) -> Vec<u8> {
+    /// A message of nf_tables type `kind` (family `inet`) with the attributes `body`,
+    /// appended to `out`.
+    fn raw_message_into(&mut self, out: &mut Vec<u8>, kind: u16, flags: u16, body: &[u8]) {
         self.seq = self.seq.wrapping_add(1);
         let len = 16 + 4 + body.len();
-        let mut out = Vec::with_capacity(len);
         out.extend((len as u32).to_ne_bytes());
         out.extend(((NFNL_SUBSYS_NFTABLES << 8) | kind).to_ne_bytes());
         out.extend(flags.to_ne_bytes());
@@ -310,7 +330,6 @@ impl ElementWriter {
         // nfgenmsg: family NFPROTO_INET, version 0, resource id 0.
         out.extend([1u8, 0, 0, 0]);
         out.extend(body);
-        out
     }
 
     fn message(
@@ -524,6 +543,36 @@ impl ElementWriter {
         }
         error.map_or(Ok(()), Err)
     }
+}
+
+/// A transaction being built: its messages in one buffer behind its `BatchBegin`, and
+/// what each is (by sequence number, for the error that names a refused one).
+struct Transaction {
+    buf: Vec<u8>,
+    begin_seq: u32,
+    what: Vec<(u32, crate::nft::wire::What)>,
+}
+
+/// The element lists of sets a transaction creates, by set name: they follow the set's
+/// `NEWSET` (by its id).
+type Fresh<'e> = std::collections::BTreeMap<&'e str, Vec<&'e crate::nft::delta::SetElements>>;
+
+/// `elements`' additions split into those of sets the transaction creates (`created`)
+/// and the rest, in order.
+fn fresh_and_rest<'e>(
+    elements: &'e ElementDelta,
+    created: impl Fn(&str) -> bool,
+) -> (Fresh<'e>, Vec<&'e crate::nft::delta::SetElements>) {
+    let mut fresh = Fresh::new();
+    let mut rest = Vec::new();
+    for list in &elements.add {
+        if created(list.set.as_str()) {
+            fresh.entry(list.set.as_str()).or_default().push(list);
+        } else {
+            rest.push(list);
+        }
+    }
+    (fresh, rest)
 }
 
 /// `elements` as element lists, one per slot (its set and tag), in slot order.

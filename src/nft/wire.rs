@@ -1175,10 +1175,38 @@ pub(crate) struct Message {
     pub create: bool,
     pub append: bool,
     pub body: Vec<u8>,
-    pub what: String,
+    pub what: What,
     /// For a named set's `NEWSET`: its name and transaction id (its elements may then
     /// follow by id, see [`crate::dataplane::elements`]).
     pub new_set: Option<(String, u32)>,
+}
+
+/// What a message is, for the error that names a message the kernel refused. A rule's
+/// is its chain's rule list and index, written out only when an error names it: a
+/// replace of 100k rules kept a 250-byte description per rule alive until the kernel
+/// answered (bench/FINDINGS.md, "peak RSS").
+#[derive(Debug, Clone)]
+pub(crate) enum What {
+    Text(String),
+    Rule { chain: super::Text, rules: std::sync::Arc<Vec<String>>, index: usize },
+}
+
+impl std::fmt::Display for What {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            What::Text(t) => f.write_str(t),
+            What::Rule { chain, rules, index } => {
+                let text = rules.get(*index).map_or("", String::as_str);
+                write!(f, "chain {chain} rule {index} ({text})")
+            }
+        }
+    }
+}
+
+impl From<String> for What {
+    fn from(text: String) -> Self {
+        What::Text(text)
+    }
 }
 
 /// The userdata nft 1.0.6 attaches to a set of each kind (key byte order; for maps the
@@ -1277,16 +1305,18 @@ fn hook_numbers(hook: &Hook) -> Result<(u32, i32), String> {
 /// again, the named counters, the sets, the regular and then the base chains, the
 /// rules. The caller adds the elements after these (map elements jump to the chains).
 /// An error names what the netlink path cannot write (then `nft` must).
-pub(crate) fn replace_messages(table: &Table) -> Result<Vec<Message>, String> {
+///
+/// Each message goes to `emit` as soon as it is made (a replace of 100k rules builds
+/// them into the transaction's buffer one at a time, never all at once).
+pub(crate) fn replace_messages(table: &Table, emit: &mut dyn FnMut(Message)) -> Result<(), String> {
     let name = table.name.as_str();
-    let mut out = Vec::new();
     let mut tbl = Vec::new();
     put_str(&mut tbl, 1, name);
     let mut created = tbl.clone();
     put_u32(&mut created, 2, 0);
-    out.push(message(MSG_NEWTABLE, false, created.clone(), format!("table {name}")));
-    out.push(message(MSG_DELTABLE, false, tbl, format!("table {name}")));
-    out.push(message(MSG_NEWTABLE, false, created, format!("table {name}")));
+    emit(message(MSG_NEWTABLE, false, created.clone(), format!("table {name}")));
+    emit(message(MSG_DELTABLE, false, tbl, format!("table {name}")));
+    emit(message(MSG_NEWTABLE, false, created, format!("table {name}")));
     for counter in super::COUNTERS {
         let mut b = Vec::new();
         put_str(&mut b, 1, name);
@@ -1296,36 +1326,36 @@ pub(crate) fn replace_messages(table: &Table) -> Result<Vec<Message>, String> {
             put(o, 1, &0u64.to_be_bytes());
             put(o, 2, &0u64.to_be_bytes());
         });
-        out.push(message(MSG_NEWOBJ, true, b, format!("counter {counter}")));
+        emit(message(MSG_NEWOBJ, true, b, format!("counter {counter}")));
     }
     // In `nft`'s order (the rendered block's): plain sets, regular chains, maps (their
     // elements jump to those chains), base chains; `nft list` shows them in it.
     let mut id = 0u32;
-    let mut sets = |out: &mut Vec<Message>, maps: bool| -> Result<(), String> {
+    let mut sets = |emit: &mut dyn FnMut(Message), maps: bool| -> Result<(), String> {
         for (set_name, set) in table.sets.iter().filter(|(_, s)| s.verdict_map == maps) {
             id += 1;
-            out.push(set_message(name, set_name, set, id)?);
+            emit(set_message(name, set_name, set, id)?);
         }
         Ok(())
     };
     let regular = table.chains.iter().filter(|(_, c)| c.hook.is_none());
     let base = table.chains.iter().filter(|(_, c)| c.hook.is_some());
-    sets(&mut out, false)?;
+    sets(emit, false)?;
     for (chain_name, chain) in regular.clone() {
-        out.push(chain_message(name, chain_name, chain)?);
+        emit(chain_message(name, chain_name, chain)?);
     }
-    sets(&mut out, true)?;
+    sets(emit, true)?;
     for (chain_name, chain) in base.clone() {
-        out.push(chain_message(name, chain_name, chain)?);
+        emit(chain_message(name, chain_name, chain)?);
     }
     for (chain_name, chain) in regular.chain(base) {
-        rule_messages(&mut out, name, chain_name, chain, &mut id)?;
+        rule_messages(emit, name, chain_name, chain, &mut id)?;
     }
-    Ok(out)
+    Ok(())
 }
 
-fn message(kind: u16, create: bool, body: Vec<u8>, what: String) -> Message {
-    Message { kind, create, append: false, body, what, new_set: None }
+fn message(kind: u16, create: bool, body: Vec<u8>, what: impl Into<What>) -> Message {
+    Message { kind, create, append: false, body, what: what.into(), new_set: None }
 }
 
 /// `NEWSET` of `set` (created empty) with transaction id `id`.
@@ -1364,23 +1394,23 @@ fn named(kind: u16, table: &str, name_attr: u16, name: &str, what: String) -> Me
 /// Append `chain`'s rules (each after its anonymous sets, whose transaction ids count
 /// on from `id`).
 fn rule_messages(
-    out: &mut Vec<Message>,
+    emit: &mut dyn FnMut(Message),
     table: &str,
-    chain_name: &str,
+    chain_name: &super::Text,
     chain: &super::Chain,
     id: &mut u32,
 ) -> Result<(), String> {
     for (i, text) in chain.rules.iter().enumerate() {
         let rule = parse(text).map_err(|e| format!("chain {chain_name} rule {i} ({text}): {e}"))?;
-        let what = format!("chain {chain_name} rule {i} ({text})");
+        let what = What::Rule { chain: chain_name.clone(), rules: chain.rules.clone(), index: i };
         let mut ids = Vec::new();
         for set in &rule.anon {
             *id += 1;
             ids.push(*id);
-            out.push(message(MSG_NEWSET, true, anon_set_body(table, set, *id), what.clone()));
-            out.push(message(MSG_NEWSETELEM, true, anon_elements_body(table, set, *id), what.clone()));
+            emit(message(MSG_NEWSET, true, anon_set_body(table, set, *id), what.clone()));
+            emit(message(MSG_NEWSETELEM, true, anon_elements_body(table, set, *id), what.clone()));
         }
-        out.push(Message {
+        emit(Message {
             kind: MSG_NEWRULE,
             create: true,
             append: true,
@@ -1434,7 +1464,7 @@ pub(crate) fn delta_messages(c: &super::Comparison<'_>) -> Result<Option<BeforeA
             if existed {
                 out.push(named(MSG_DELRULE, t, 2, name, format!("chain {name} (flush)")));
             }
-            rule_messages(out, t, name, chain, &mut id)?;
+            rule_messages(&mut |m| out.push(m), t, name, chain, &mut id)?;
         }
     }
     let gone_chains: Vec<&super::Text> =
