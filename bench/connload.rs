@@ -12,6 +12,7 @@
 //! connload hold ADDR:PORT N    opens N connections and prints "ready"; then each line on
 //!                              stdin is a round: one byte written on every connection
 //!                              and every echo read back; prints the round's microseconds
+//!                              and those of its writes alone
 //! ```
 //!
 //! One request at a time, each waiting for its answer, so a rate is the inverse of the
@@ -148,11 +149,15 @@ fn hold(addr: SocketAddr, count: usize) -> Result<(), String> {
         for c in &mut conns {
             c.write_all(&[1]).map_err(|e| format!("write: {e}"))?;
         }
+        let written = start.elapsed();
         let mut byte = [0u8; 1];
         for c in &mut conns {
             c.read_exact(&mut byte).map_err(|e| format!("echo: {e}"))?;
         }
-        writeln!(out, "{}", start.elapsed().as_micros()).and_then(|()| out.flush()).map_err(|e| e.to_string())?;
+        let done = start.elapsed();
+        writeln!(out, "{} {}", done.as_micros(), written.as_micros())
+            .and_then(|()| out.flush())
+            .map_err(|e| e.to_string())?;
     }
     Ok(())
 }

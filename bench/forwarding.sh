@@ -29,10 +29,12 @@
 #   udp       new UDP flows per second: a new socket (source port) per datagram, its
 #             echo awaited: every flow's first packet walks the rules
 # REWALK=N (with LOAD=tcp): afterwards, N connections are held open through egressd-alt
-# (running, fast path on, then off); a round writes one byte on each and reads every
-# echo. Reported: the round's time steady, and right after a policy change (another
-# namespace's rule edited: every change moves the verified generation, so each open
-# connection's next packet walks its rules again), median of ROUNDS changes.
+# (running, fast path on, then off); a round writes one byte on each, then reads every
+# echo. The writes' time is what the path costs the pod's CPU (each packet crosses the
+# node in the sender's softirq); the whole round is bound by the echo server on the
+# other CPU. Reported, median of ROUNDS: the writes steady, and right after a policy
+# change (another namespace's rule edited: every change moves the verified generation,
+# so each open connection's next packet walks its rules again).
 # Needs root, iperf3, iptables (nft backend), nftables: bench/prereqs.sh installs them.
 #
 #   bench/forwarding.sh     # RUNS=5 SECS=5 NS=1000 RULES=100 POS=50 LOAD=pps
@@ -204,13 +206,13 @@ if [ "$REWALK" -gt 0 ]; then
   cp "$WORK/m-alt/fw-1.yaml" "$WORK/fw-1-orig.yaml"
   syncs() { grep -c "dataplane in sync" "$WORK/log" || true; }
   # (coproc descriptors exist only in this shell, not in a $(...) or a pipeline)
-  round() { echo >&"${COPROC[1]}"; read -r ROUND <&"${COPROC[0]}"; }
+  round() { echo >&"${COPROC[1]}"; read -r ROUND WRITES <&"${COPROC[0]}"; }
   median() { sort -g | awk '{ v[NR] = $1 } END { print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
   echo
-  echo "Re-walk: $REWALK open TCP connections of the pod, its rule at position $POS of ns0 (Allow and Deny alternating); a round writes one byte on each and reads every echo; median of $ROUNDS rounds, and of $ROUNDS changes (ns1's first rule edited)."
+  echo "Re-walk: $REWALK open TCP connections of the pod, its rule at position $POS of ns0 (Allow and Deny alternating); one byte written on each (the writes' time: the path's cost on the pod's CPU), then every echo read (the round); median of $ROUNDS rounds, and of $ROUNDS changes (ns1's first rule edited)."
   echo
-  echo "| set-up | round, steady | round right after a change | a change's cost per open connection |"
-  echo "|---|---|---|---|"
+  echo "| set-up | writes, steady | writes right after a change | a change's cost per open connection | round, steady | round after a change |"
+  echo "|---|---|---|---|---|---|"
   for c in egressd-alt egressd-alt-nofast; do
     ip netns exec "$NODE" nft flush ruleset
     start_agent "$c"
@@ -219,8 +221,8 @@ if [ "$REWALK" -gt 0 ]; then
     read -r ready <&"${COPROC[0]}"
     [ "$ready" = ready ] || { echo "connload hold: $ready" >&2; exit 1; }
     for _ in 1 2 3; do round; done
-    : >"$WORK/steady"; : >"$WORK/after"
-    for _ in $(seq "$ROUNDS"); do round; echo "$ROUND" >>"$WORK/steady"; done
+    : >"$WORK/steady"; : >"$WORK/after"; : >"$WORK/steady-round"; : >"$WORK/after-round"
+    for _ in $(seq "$ROUNDS"); do round; echo "$WRITES" >>"$WORK/steady"; echo "$ROUND" >>"$WORK/steady-round"; done
     for _ in $(seq "$ROUNDS"); do
       n=$(syncs)
       src="$WORK/fw-1-edited.yaml"; cmp -s "$src" "$WORK/m-alt/fw-1.yaml" && src="$WORK/fw-1-orig.yaml"
@@ -228,12 +230,13 @@ if [ "$REWALK" -gt 0 ]; then
       for _ in $(seq 400); do [ "$(syncs)" -gt "$n" ] && break; sleep 0.01; done
       [ "$(syncs)" -gt "$n" ] || { echo "$c: the change was not applied within 4 s" >&2; exit 1; }
       sleep 0.2   # egressd idle again: the round pays the re-walk, not its CPU
-      round; echo "$ROUND" >>"$WORK/after"
+      round; echo "$WRITES" >>"$WORK/after"; echo "$ROUND" >>"$WORK/after-round"
     done
     steady=$(median <"$WORK/steady") after=$(median <"$WORK/after")
     exec {COPROC[1]}>&-
     wait "$HOLDER" || true; HOLDER=""
     stop_agent
-    printf '| %s | %d µs | %d µs | %.0f ns |\n' "$c" "$steady" "$after" "$(echo "($after - $steady) * 1000 / $REWALK" | bc -l)"
+    printf '| %s | %d µs | %d µs | %.0f ns | %d µs | %d µs |\n' "$c" "$steady" "$after" \
+      "$(echo "($after - $steady) * 1000 / $REWALK" | bc -l)" "$(median <"$WORK/steady-round")" "$(median <"$WORK/after-round")"
   done
 fi

@@ -139,12 +139,24 @@ value() { # N KEY: KEY's value in the N-th sync line
   grep "dataplane in sync" "$WORK/log" | sed -n "${1}p" | grep -o "$2=[0-9.]*" | cut -d= -f2
 }
 median() { sort -g | awk '{ v[NR] = $1 } END { printf "%.1f", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-put() { # FILE NAME: replace m/NAME with FILE at once (as kubectl-less users and ConfigMaps do),
-  # noting the rename's time (what a user's change waits from), taken right before the
-  # rename itself (a `date` before an `mv` would count mv's start-up too)
+# One long-lived process renames, noting the time right before each rename (a `date`
+# before an `mv` counted mv's start-up, and a process per change competed with egressd
+# for the CPU while it exited).
+coproc RENAMER { python3 -u -c '
+import os, sys, time
+for line in sys.stdin:
+    src, dst = line.rstrip("\n").split("\t")
+    t = time.time_ns()
+    os.rename(src, dst)
+    print(t, flush=True)
+'; }
+put() { # FILE NAME: replace m/NAME with FILE at once (as kubectl-less users and ConfigMaps
+  # do), noting the rename's time (what a user's change waits from)
+  local t
   cp "$1" "$WORK/m/.tmp"
-  python3 -c 'import os, sys, time; t = time.time_ns(); os.rename(sys.argv[1], sys.argv[2]); print(t)' \
-    "$WORK/m/.tmp" "$WORK/m/$2" >>"$WORK/puts"
+  printf '%s\t%s\n' "$WORK/m/.tmp" "$WORK/m/$2" >&"${RENAMER[1]}"
+  read -r t <&"${RENAMER[0]}"
+  echo "$t" >>"$WORK/puts"
 }
 at_ns() { # N: the time of the N-th sync line (its log timestamp: the kernel has acked)
   date -d "$(grep "dataplane in sync" "$WORK/log" | sed -n "${1}p" | cut -d' ' -f1)" +%s%N
