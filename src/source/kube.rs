@@ -151,6 +151,12 @@ fn custom(kind: Kind, obj: DynamicObject) -> KubeMsg {
     KubeMsg::Apply { key, object, observed: Some(observed) }
 }
 
+/// Objects per page of a custom resource's list. A page is held whole while its objects
+/// are handed on, each as a JSON tree (`DynamicObject`): 500 (kube-runtime's default)
+/// EgressFirewalls of 100 rules made the agent's peak ~100 MiB of JSON trees at start
+/// (heaptrack, bench/FINDINGS.md "peak RSS").
+const CUSTOM_PAGE: u32 = 25;
+
 /// Run [`forward`] as a task of its own, its logs in a `watch{kind}` span.
 fn spawn_watch<K, F>(kind: Kind, api: Api<K>, tx: mpsc::Sender<KubeMsg>, convert: F)
 where
@@ -166,7 +172,9 @@ where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
     F: Fn(K) -> KubeMsg,
 {
-    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    let config = watcher::Config::default();
+    let config = if kind.is_custom() { config.page_size(CUSTOM_PAGE) } else { config };
+    let stream = watcher::watcher(api, config).default_backoff();
     futures::pin_mut!(stream);
     while let Some(event) = stream.next().await {
         let msg = match event {
