@@ -508,9 +508,9 @@ struct RunArgs {
     #[arg(long = "nft-elements-env", hide = true, env = "EGRESSD_NFT_ELEMENTS", value_enum)]
     nft_elements_env: Option<NftElements>,
     /// Quiet time after a change in the directory before it is applied while a file is
-    /// still being written (milliseconds, 1 ..= 60000). A file renamed into place within
-    /// the directory is applied at once; files closed after writing, removed or moved in
-    /// from elsewhere ~5 ms after their last event.
+    /// still being written (milliseconds, 1 ..= 60000). A file written beside under
+    /// another name and renamed onto its manifest name is applied at once; files closed
+    /// after writing, removed, renamed otherwise or moved in ~5 ms after their last event.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     debounce_ms: u64,
     /// Re-read the directory this often even without change events (seconds, 1 ..= 86400).

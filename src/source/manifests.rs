@@ -761,11 +761,13 @@ pub struct DirChange {
 }
 
 /// Where an event leaves the files it names: being written (created, written to: more
-/// may follow), complete (closed after writing, renamed out of place, removed, their
-/// metadata changed: nothing more of this write follows), or renamed into place: the
-/// last event of a rename within the directory (the pair of source and destination,
-/// which the watch reports after both halves), after which nothing of the action is
-/// left to come.
+/// may follow), complete (closed after writing, renamed, removed, their metadata
+/// changed: nothing more of this write follows), or renamed into place: a file written
+/// beside (a name that is not a manifest's) renamed onto a manifest's name within the
+/// directory — the event pairing the two halves, which the watch reports after both, is
+/// the last of that action. A manifest renamed away is only complete: an editor that
+/// saves by moving the old file aside writes the new one next, and reading the
+/// directory between the two would drop the file's objects for a moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Progress {
     Writing,
@@ -773,10 +775,12 @@ enum Progress {
     Renamed,
 }
 
-fn progress(kind: &notify::EventKind) -> Progress {
+fn progress(kind: &notify::EventKind, paths: &[PathBuf]) -> Progress {
     use notify::event::{AccessKind, AccessMode, ModifyKind, RenameMode};
     match kind {
-        notify::EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => Progress::Renamed,
+        notify::EventKind::Modify(ModifyKind::Name(RenameMode::Both)) if matches!(paths, [from, to] if !is_manifest(from) && is_manifest(to)) => {
+            Progress::Renamed
+        }
         notify::EventKind::Access(AccessKind::Close(AccessMode::Write))
         | notify::EventKind::Modify(ModifyKind::Name(_) | ModifyKind::Metadata(_))
         | notify::EventKind::Remove(_) => Progress::Complete,
@@ -823,7 +827,7 @@ fn watch_settling(
         let paths = match res {
             Ok(e) if !changes_content(&e.kind) => return,
             Ok(e) if e.need_rescan() || e.paths.is_empty() => None,
-            Ok(e) => Some((progress(&e.kind), e.paths)),
+            Ok(e) => Some((progress(&e.kind, &e.paths), e.paths)),
             Err(_) => None,
         };
         let _ = raw_tx.send(paths);
@@ -1173,6 +1177,16 @@ mod tests {
         // Nothing of the rename is left to come as a burst of its own.
         let late = tokio::time::timeout(settle * 2, rx.recv()).await;
         assert!(late.is_err(), "a second burst for one rename: {late:?}");
+        // An editor's save that moves the manifest aside and then writes the new one:
+        // never sent between the two (the file's objects would be gone for a moment).
+        let start = std::time::Instant::now();
+        std::fs::rename(dir.path().join("a.yaml"), dir.path().join("a.yaml~")).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        std::fs::write(dir.path().join("a.yaml"), GOOD).unwrap();
+        let change = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
+        assert!(start.elapsed() >= settle, "sent after {:?}, before the settle window", start.elapsed());
+        assert!(change.files.contains(&dir.path().join("a.yaml~")), "{change:?}");
+        assert!(change.files.contains(&dir.path().join("a.yaml")), "one burst with the new file: {change:?}");
     }
 
     #[tokio::test]
