@@ -18,12 +18,20 @@ def call(method, path, body, kind="application/merge-patch+json"):
 def syncs():
     with open(log) as f:
         return [l for l in f if "dataplane in sync" in l]
-def after(count, acked):
+KEYS = ("seen_ms", "compile_ms", "diff_ms", "nft_ms")
+seen = {kind: {k: [] for k in KEYS} for kind in ("rule edited", "pod added")}
+def after(count, acked, kind):
     # The first sync line past `count`; its timestamp is taken after the kernel's ack.
+    # Its seen_ms (from the watch event's arrival in egressd to that ack) is kept too:
+    # the rest of the time is the API server's and the watch's delivery.
     for _ in range(2000):
         lines = syncs()
         if len(lines) > count:
             stamp = datetime.datetime.fromisoformat(lines[count].split()[0].replace("Z", "+00:00"))
+            for word in lines[count].split():
+                key, _, value = word.partition("=")
+                if key in KEYS:
+                    seen[kind][key].append(float(value))
             return (stamp.timestamp() * 1e9 - acked) / 1e6
         time.sleep(0.005)
     sys.exit("no sync within 10 s of a change")
@@ -39,7 +47,7 @@ for i in range(changes):
     # A JSON patch replaces one rule's destination, the rest unchanged.
     acked = call("PATCH", "/apis/k8s.ovn.org/v1/namespaces/ns0/egressfirewalls/default",
                  [{"op": "replace", "path": "/spec/egress/0/to/cidrSelector", "value": cidr}], "application/json-patch+json")
-    edit.append(after(count, acked))
+    edit.append(after(count, acked, "rule edited"))
     time.sleep(0.2)
 pod = []
 for i in range(changes):
@@ -51,6 +59,12 @@ for i in range(changes):
     v4 = str(ipaddress.ip_address("198.19.255.0") + i + 1)
     acked = call("PATCH", f"/api/v1/namespaces/ns0/pods/{name}/status",
                  {"status": {"phase": "Running", "podIP": v4, "podIPs": [{"ip": v4}]}})
-    pod.append(after(count, acked))
+    pod.append(after(count, acked, "pod added"))
     time.sleep(0.2)
-print(f"rule edited: {stats(edit)}; pod added: {stats(pod)}")
+def median(values):
+    v = sorted(values)
+    return "—" if not v else f"{(v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2):.1f} ms"
+def inside(kind):
+    parts = ", ".join(f"{k[:-3]} {median(seen[kind][k])}" for k in KEYS[1:])
+    return f"in egressd: median {median(seen[kind]['seen_ms'])} ({parts})"
+print(f"rule edited: {stats(edit)} ({inside('rule edited')}); pod added: {stats(pod)} ({inside('pod added')})")
