@@ -207,7 +207,6 @@ if [ "$REWALK" -gt 0 ]; then
   syncs() { grep -c "dataplane in sync" "$WORK/log" || true; }
   # (coproc descriptors exist only in this shell, not in a $(...) or a pipeline)
   round() { echo >&"${COPROC[1]}"; read -r ROUND WRITES <&"${COPROC[0]}"; }
-  median() { sort -g | awk '{ v[NR] = $1 } END { print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
   echo
   echo "Re-walk: $REWALK open TCP connections of the pod, its rule at position $POS of ns0 (Allow and Deny alternating); one byte written on each (the writes' time: the path's cost on the pod's CPU), then every echo read (the round); median of $ROUNDS rounds, and of $ROUNDS changes (ns1's first rule edited)."
   echo
@@ -232,11 +231,12 @@ if [ "$REWALK" -gt 0 ]; then
       sleep 0.2   # egressd idle again: the round pays the re-walk, not its CPU
       round; echo "$WRITES" >>"$WORK/after"; echo "$ROUND" >>"$WORK/after-round"
     done
-    steady=$(median <"$WORK/steady") after=$(median <"$WORK/after")
+    median() { local m; read -r m _ _ <<<"$(stats "$(cat "$1")")"; echo "$m"; }   # of a file's numbers
+    steady=$(median "$WORK/steady") after=$(median "$WORK/after")
     exec {COPROC[1]}>&-
     wait "$HOLDER" || true; HOLDER=""
     stop_agent
     printf '| %s | %d µs | %d µs | %.0f ns | %d µs | %d µs |\n' "$c" "$steady" "$after" \
-      "$(echo "($after - $steady) * 1000 / $REWALK" | bc -l)" "$(median <"$WORK/steady-round")" "$(median <"$WORK/after-round")"
+      "$(echo "($after - $steady) * 1000 / $REWALK" | bc -l)" "$(median "$WORK/steady-round")" "$(median "$WORK/after-round")"
   done
 fi

@@ -6,7 +6,7 @@ to the next "dataplane in sync" line of egressd's LOG (logged after the kernel's
     bench/kube-changes.py ENV LOG CHANGES   # ENV: tests/kube/apiserver.sh's env file
 
 Egressd must be node-0 with ns0 holding local pods and an EgressFirewall."""
-import datetime, ipaddress, json, ssl, sys, time, urllib.request
+import datetime, ipaddress, json, ssl, statistics, sys, time, urllib.request
 env = dict(l.strip().split("=", 1) for l in open(sys.argv[1]) if "=" in l)
 log, changes = sys.argv[2], int(sys.argv[3])
 ctx = ssl._create_unverified_context()
@@ -15,9 +15,17 @@ def call(method, path, body, kind="application/merge-patch+json"):
         headers={"Authorization": f"Bearer {env['ADMIN_TOKEN']}", "Content-Type": kind})
     urllib.request.urlopen(req, context=ctx, timeout=30).read()
     return time.time_ns()  # the response read: the API server's acknowledgement
+sync_lines, read_to = [], 0
 def syncs():
+    # The log's sync lines so far (read on from where the last call stopped).
+    global read_to
     with open(log) as f:
-        return [l for l in f if "dataplane in sync" in l]
+        f.seek(read_to)
+        text = f.read()
+    done = text.rfind("\n") + 1  # a line still being written is read next time
+    read_to += len(text[:done].encode())
+    sync_lines.extend(l for l in text[:done].splitlines() if "dataplane in sync" in l)
+    return sync_lines
 KEYS = ("seen_ms", "compile_ms", "diff_ms", "nft_ms")
 seen = {kind: {k: [] for k in KEYS} for kind in ("rule edited", "pod added")}
 def after(count, acked, kind):
@@ -37,9 +45,8 @@ def after(count, acked, kind):
     sys.exit("no sync within 10 s of a change")
 def stats(values):
     v = sorted(values)
-    median = v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
     p99 = v[min(len(v) - 1, -(-len(v) * 99 // 100) - 1)]
-    return f"median {median:.1f} ms, p99 {p99:.1f} ms of {len(v)}"
+    return f"median {statistics.median(v):.1f} ms, p99 {p99:.1f} ms of {len(v)}"
 edit = []
 for i in range(changes):
     count = len(syncs())
@@ -62,8 +69,7 @@ for i in range(changes):
     pod.append(after(count, acked, "pod added"))
     time.sleep(0.2)
 def median(values):
-    v = sorted(values)
-    return "—" if not v else f"{(v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2):.1f} ms"
+    return f"{statistics.median(values):.1f} ms" if values else "—"
 def inside(kind):
     parts = ", ".join(f"{k[:-3]} {median(seen[kind][k])}" for k in KEYS[1:])
     return f"in egressd: median {median(seen[kind]['seen_ms'])} ({parts})"

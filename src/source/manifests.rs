@@ -777,10 +777,10 @@ enum Progress {
 
 fn progress(kind: &notify::EventKind, paths: &[PathBuf]) -> Progress {
     use notify::event::{AccessKind, AccessMode, ModifyKind, RenameMode};
+    // A file that is not a manifest renamed onto a manifest's name.
+    let into_place = matches!(paths, [from, to] if !is_manifest(from) && is_manifest(to));
     match kind {
-        notify::EventKind::Modify(ModifyKind::Name(RenameMode::Both)) if matches!(paths, [from, to] if !is_manifest(from) && is_manifest(to)) => {
-            Progress::Renamed
-        }
+        notify::EventKind::Modify(ModifyKind::Name(RenameMode::Both)) if into_place => Progress::Renamed,
         notify::EventKind::Access(AccessKind::Close(AccessMode::Write))
         | notify::EventKind::Modify(ModifyKind::Name(_) | ModifyKind::Metadata(_))
         | notify::EventKind::Remove(_) => Progress::Complete,
@@ -790,8 +790,8 @@ fn progress(kind: &notify::EventKind, paths: &[PathBuf]) -> Progress {
 
 /// How long a burst whose files are all complete waits for more events before it is
 /// sent: the rest of one action (a rename's pairing event, the next file of a copy).
-/// A rename within the directory that leaves every file of its burst complete is sent
-/// at once: its pairing event is the action's last.
+/// A burst that ends with a file renamed into place ([`Progress::Renamed`]) is sent at
+/// once.
 pub const SETTLE: Duration = Duration::from_millis(5);
 
 /// Watch `dir` and send what changed on `tx` after each burst of changes: once every
