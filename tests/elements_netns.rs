@@ -31,6 +31,16 @@ fn set(key: KeyType, verdict_map: bool, timeout: bool, elements: BTreeMap<String
 const RANGES4: [&str; 6] =
     ["0.0.0.0/1", "192.0.2.0/25", "192.0.2.128/26", "198.51.100.7/32", "203.0.113.0/24", "240.0.0.0/4"];
 const RANGES6: [&str; 4] = ["2001:db8::/32", "2001:db9::/48", "fe80::/10", "ff00::/8"];
+/// Pieces of ported sets (`meta l4proto . th dport . ip daddr`, flattened rules): of
+/// one protocol and port touching, the whole space, one address.
+const PORTED4: [&str; 5] = [
+    "tcp . 443 . 192.0.2.0/25",
+    "tcp . 443 . 192.0.2.128/26",
+    "udp . 53 . 198.51.100.7/32",
+    "sctp . 9 . 0.0.0.0/0",
+    "tcp . 80 . 192.0.2.0/25",
+];
+const PORTED6: [&str; 3] = ["tcp . 443 . 2001:db8::/32", "udp . 53 . ::/0", "tcp . 443 . 2001:db9::1/128"];
 
 fn ranges(key: KeyType, ranges: &[&str]) -> Set {
     Set { interval: true, ..set(key, false, false, ranges.iter().map(|r| (r.to_string(), String::new())).collect()) }
@@ -50,9 +60,26 @@ fn with_ranges(
     ranges4: &[&str],
     ranges6: &[&str],
 ) -> Table {
+    with_ported(pods4, pods6, dns, plain, ranges4, ranges6, &[], &[])
+}
+
+/// The fixed shape with the given elements, ported pieces included.
+#[allow(clippy::too_many_arguments)]
+fn with_ported(
+    pods4: &BTreeMap<u8, usize>,
+    pods6: &BTreeMap<u8, usize>,
+    dns: &BTreeMap<u8, u32>,
+    plain: &[u8],
+    ranges4: &[&str],
+    ranges6: &[&str],
+    ported4: &[&str],
+    ported6: &[&str],
+) -> Table {
     let mut t = Table::new("egressd");
     t.sets.insert("ranges-v4".into(), ranges(KeyType::Ipv4, ranges4));
     t.sets.insert("ranges-v6".into(), ranges(KeyType::Ipv6, ranges6));
+    t.sets.insert("ported-v4".into(), ranges(KeyType::PortIpv4, ported4));
+    t.sets.insert("ported-v6".into(), ranges(KeyType::PortIpv6, ported6));
     let jump = |c: &usize| format!("jump {}", CHAINS[*c % CHAINS.len()]);
     t.sets.insert(
         "fw-pods-v4".into(),
@@ -97,6 +124,8 @@ fn with_ranges(
             format!("{} counter accept", DNS_SLOTS[1].matches("ip")),
             "ip daddr @ranges-v4 counter accept".to_string(),
             "ip6 daddr @ranges-v6 counter accept".to_string(),
+            "meta l4proto . th dport . ip daddr @ported-v4 counter accept".to_string(),
+            "meta l4proto . th dport . ip6 daddr @ported-v6 counter accept".to_string(),
             "counter drop".to_string(),
         ];
         t.chains.insert(c.into(), Chain { hook: None, rules: Arc::new(rules) });
@@ -129,8 +158,10 @@ fn step() -> impl Strategy<Value = Table> {
             1 => Just(vec!["::/0"]),
             4 => proptest::sample::subsequence(RANGES6.to_vec(), 0..=RANGES6.len()),
         ],
+        proptest::sample::subsequence(PORTED4.to_vec(), 0..=PORTED4.len()),
+        proptest::sample::subsequence(PORTED6.to_vec(), 0..=PORTED6.len()),
     )
-        .prop_map(|(p4, p6, dns, plain, r4, r6)| with_ranges(&p4, &p6, &dns, &plain, &r4, &r6))
+        .prop_map(|(p4, p6, dns, plain, r4, r6, o4, o6)| with_ported(&p4, &p6, &dns, &plain, &r4, &r6, &o4, &o6))
 }
 
 /// An `nft` that logs each run to `log` (to see whether a delta used it).

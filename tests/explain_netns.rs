@@ -80,12 +80,21 @@ fn random_cidr(rng: &mut Rng) -> ipnet::IpNet {
     ipnet::IpNet::new(addr, len).unwrap().trunc()
 }
 
-/// A random rule list (YAML lines) and the CIDRs it names.
-fn random_rules(rng: &mut Rng) -> (String, Vec<ipnet::IpNet>) {
+/// A random rule list (YAML lines) and the CIDRs it names: 3–10 rules, or with `many`
+/// 16–23 (more than merged runs take: the chain's rules are flattened into pieces looked
+/// up in sets, `compile/boxes.rs`).
+fn random_rules(rng: &mut Rng, many: bool) -> (String, Vec<ipnet::IpNet>) {
     let mut yaml = String::new();
     let mut cidrs = Vec::new();
-    for _ in 0..3 + rng.below(8) {
-        let action = if rng.below(5) < 3 { "Allow" } else { "Deny" };
+    let count = if many { 16 + rng.below(8) } else { 3 + rng.below(8) };
+    for i in 0..count {
+        // Long lists alternate (every rule its own run: more than merged runs take).
+        let action = match (many, i % 2) {
+            (true, 0) => "Allow",
+            (true, _) => "Deny",
+            _ if rng.below(5) < 3 => "Allow",
+            _ => "Deny",
+        };
         let to = match rng.below(20) {
             0 | 1 => "nodeSelector: {matchLabels: {role: gw}}".to_string(),
             2 => "cidrSelector: 0.0.0.0/0".to_string(),
@@ -201,9 +210,10 @@ fn explained_verdicts_are_what_packets_get() {
     let mut mismatches = Vec::new();
     let mut checked = 0;
     let (mut allowed, mut dropped) = (0, 0);
-    for round in 0..2 {
-        let (rules_a, cidrs_a) = random_rules(&mut rng);
-        let (rules_b, cidrs_b) = random_rules(&mut rng);
+    // Round 2 (last: the `--kernel` checks below read its chain) has long rule lists.
+    for round in 0..3 {
+        let (rules_a, cidrs_a) = random_rules(&mut rng, round == 2);
+        let (rules_b, cidrs_b) = random_rules(&mut rng, round == 2);
         let before = syncs(&agent);
         // team-b audits in the second round only.
         let audit = if round == 1 { ", annotations: {egressd.io/audit: \"true\"}" } else { "" };
@@ -219,6 +229,10 @@ fn explained_verdicts_are_what_packets_get() {
             "round {round}: the new rules were not applied:\n{}",
             agent.log_text()
         );
+        if round == 2 {
+            let table = t.node.nft_list();
+            assert!(table.contains("meta l4proto . th dport . ip daddr @fw-team-a-s0-"), "not flattened:\n{table}");
+        }
         let cidrs = [cidrs_a.clone(), cidrs_a, cidrs_b, Vec::new()];
         let triples = random_triples(&mut rng, 160, &cidrs);
         // Probe 16 at a time (a dropped probe waits for its timeout).
@@ -304,10 +318,15 @@ fn explained_verdicts_are_what_packets_get() {
         Some((a, b)) => (a.parse::<u64>().unwrap()..=b.parse::<u64>().unwrap()).contains(&index),
         None => rules.parse::<u64>().unwrap() == index,
     };
+    // The line of the lookup of the rule's verdict (flattened, the allowed and the denied
+    // pieces' lookups may both span the index).
+    let verdict = if first["firewall"]["verdict"] == "allowed" { "accept" } else { "drop" };
     let line = text
         .lines()
         .find(|l| {
-            l.strip_prefix("fw-team-a\tegress[").and_then(|r| r.split_once(']')).is_some_and(|(rules, _)| holds(rules))
+            l.strip_prefix("fw-team-a\tegress[").and_then(|r| r.split_once(']')).is_some_and(|(rules, rest)| {
+                holds(rules) && rest.strip_prefix('\t').is_some_and(|r| r.starts_with(verdict))
+            })
         })
         .unwrap_or_else(|| panic!("rule {index} missing:\n{text}"));
     let packets: u64 = line.split('\t').nth(3).unwrap().parse().unwrap();

@@ -517,6 +517,110 @@ fn run_statements(
     out
 }
 
+/// Most nft rules a segment of static rules may take as merged runs ([`run_statements`]);
+/// beyond, its rules are flattened into disjoint pieces looked up in at most four sets
+/// per family ([`box_statements`]).
+const RUN_RULES_MAX: usize = 8;
+
+/// How many nft rules [`run_statements`] makes of `rules`.
+fn run_rule_count(rules: &[super::runs::StaticRule]) -> usize {
+    super::runs::merge(rules)
+        .iter()
+        .flat_map(|run| &run.matches)
+        .map(|m| {
+            if m.listed.len() <= INLINE_MAX {
+                m.listed.len()
+            } else {
+                super::runs::by_length(&m.listed).map_or(1, |g| g.len())
+            }
+        })
+        .sum()
+}
+
+/// The nft rules of a segment of static rules (the rules between two `dnsName` rules,
+/// `segment` counting them in the chain): merged runs ([`run_statements`]) when they
+/// take at most [`RUN_RULES_MAX`] rules, else flattened ([`box_statements`]).
+fn segment_statements(
+    rules: &[super::runs::StaticRule],
+    chain: &str,
+    segment: usize,
+    sets: &mut Vec<(Text, Set)>,
+    verified: bool,
+) -> Vec<String> {
+    if run_rule_count(rules) <= RUN_RULES_MAX {
+        run_statements(rules, chain, sets, verified)
+    } else {
+        box_statements(rules, chain, segment, sets, verified)
+    }
+}
+
+/// A segment's rules flattened into disjoint pieces ([`super::boxes`]): per family, the
+/// ported pieces of allowed and of denied destinations looked up by protocol, port and
+/// destination (`meta l4proto . th dport . ip daddr @<chain>-s<segment>-pa4`, then
+/// `-pd4`), then the portless ones by destination (`ip daddr @<chain>-s<segment>-a4`,
+/// `-d4`). A packet meets at most four lookups whatever the number of rules, the
+/// kernel loads elements (linear in them, no rule per policy rule to validate) and an
+/// edit is element changes. Each lookup's rule counts for the rules it holds pieces of
+/// (`egress[first..last]`, as a merged run).
+fn box_statements(
+    rules: &[super::runs::StaticRule],
+    chain: &str,
+    segment: usize,
+    sets: &mut Vec<(Text, Set)>,
+    verified: bool,
+) -> Vec<String> {
+    use super::boxes::Piece;
+    let mut out = Vec::new();
+    for v4 in [true, false] {
+        let boxes = super::boxes::flatten(rules, v4);
+        let (family, f) = if v4 { ("ip", 4) } else { ("ip6", 6) };
+        for (ported, action) in
+            [(true, Action::Allow), (true, Action::Deny), (false, Action::Allow), (false, Action::Deny)]
+        {
+            let pieces: Vec<(Text, &Piece)> = if ported {
+                boxes
+                    .ported
+                    .iter()
+                    .filter(|(_, _, p)| p.action == action)
+                    .map(|(proto, port, p)| (format_compact!("{} . {port} . {}", proto.nft(), p.net), p))
+                    .collect()
+            } else {
+                boxes.portless.iter().filter(|p| p.action == action).map(|p| (p.net.to_compact_string(), p)).collect()
+            };
+            let (Some(first), Some(last)) =
+                (pieces.iter().map(|(_, p)| p.index).min(), pieces.iter().map(|(_, p)| p.index).max())
+            else {
+                continue;
+            };
+            let kind = match action {
+                Action::Allow => 'a',
+                Action::Deny => 'd',
+            };
+            let name = format!("{chain}-s{segment}-{}{kind}{f}", if ported { "p" } else { "" });
+            let key = match (ported, v4) {
+                (true, true) => KeyType::PortIpv4,
+                (true, false) => KeyType::PortIpv6,
+                (false, true) => KeyType::Ipv4,
+                (false, false) => KeyType::Ipv6,
+            };
+            let elements = pieces.into_iter().map(|(k, _)| (k, Text::default())).collect();
+            sets.push((name.as_str().into(), Set { elements, ..Set::new(key, true) }));
+            let (verdict, total) = match action {
+                Action::Allow => (allow_verdict(verified), "fw-allow"),
+                Action::Deny => ("drop", "fw-deny"),
+            };
+            let lookup = if ported {
+                format!("meta l4proto . th dport . {family} daddr @{name}")
+            } else {
+                format!("{family} daddr @{name}")
+            };
+            let comment = if first == last { format!("egress[{first}]") } else { format!("egress[{first}..{last}]") };
+            out.push(format!("{lookup} counter name \"{total}\" counter {verdict} comment \"{comment}\""));
+        }
+    }
+    out
+}
+
 /// The rules of one match: `tail` holds one or more rule tails, lines after the first
 /// starting with `{MATCH}`.
 fn with_match(matched: &str, tail: &str) -> Vec<String> {
@@ -735,6 +839,7 @@ fn namespace_chain(policy: &std::sync::Arc<FirewallPolicy>, ctx: &Ctx, cache: &m
     // lines name the rule).
     let merged = log.allow.is_none() && log.deny.is_none() && !log.audit;
     let mut pending = Vec::new();
+    let mut segment = 0;
     let verified = may_verify(policy, ctx.node);
     for (i, rule) in policy.rules.iter().enumerate() {
         if merged && let Some(targets) = static_targets(rule, ctx) {
@@ -742,14 +847,15 @@ fn namespace_chain(policy: &std::sync::Arc<FirewallPolicy>, ctx: &Ctx, cache: &m
             pending.push(super::runs::StaticRule { index: i, action: rule.action, targets, ports });
             continue;
         }
-        rules.extend(run_statements(&pending, &name, &mut sets, verified));
+        rules.extend(segment_statements(&pending, &name, segment, &mut sets, verified));
+        segment += 1;
         pending.clear();
         match rule_statements(i, rule, &log, ctx, verified) {
             Ok(stmts) => rules.extend(stmts),
             Err(e) => errors.push(e),
         }
     }
-    rules.extend(run_statements(&pending, &name, &mut sets, verified));
+    rules.extend(segment_statements(&pending, &name, segment, &mut sets, verified));
     if ctx.node.verified_mark_mask != 0 && !verified {
         // What falls through would be marked verified by the base chain.
         rules.push("accept".into());

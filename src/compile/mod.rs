@@ -4,6 +4,7 @@
 //! tests under `tests/golden/` pin down. Invalid objects compile to a status error and
 //! nothing else; their last good version (kept by the view) is what gets compiled.
 
+mod boxes;
 mod egress_ip;
 mod firewall;
 mod pod_maps;

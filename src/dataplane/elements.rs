@@ -711,6 +711,16 @@ pub(crate) const BATCH_BYTES: usize = 128 * 1024;
 fn encode_element(out: &mut Vec<u8>, tag: Option<u64>, key: ElementKey, value: &ElementValue, with_value: bool) {
     use crate::nft::wire::{nest, put, put_str, put_u32};
     const INTERVAL_END: u32 = 1;
+    // A ported piece (an interval concatenation): one element, its first key and its
+    // last (`NFTA_SET_ELEM_KEY_END`), each field in its own 4-byte register.
+    if let (ElementKey::Port(..), ElementValue::Prefix(len)) = (key, value) {
+        const KEY_END: u16 = 10;
+        nest(out, 1, |o| {
+            nest(o, 1, |o| put(o, 1, &key_bytes(tag, key)));
+            nest(o, KEY_END, |o| put(o, 1, &port_key_last(key, *len)));
+        });
+        return;
+    }
     let one = |out: &mut Vec<u8>, key: ElementKey, end: bool| {
         nest(out, 1, |o| {
             nest(o, 1, |o| put(o, 1, &key_bytes(tag, key)));
@@ -746,6 +756,20 @@ fn encode_element(out: &mut Vec<u8>, tag: Option<u64>, key: ElementKey, value: &
     }
 }
 
+/// The last key of a ported piece: its prefix's last address.
+fn port_key_last(key: ElementKey, len: u8) -> Vec<u8> {
+    let ElementKey::Port(proto, port, ip) = key else { return key_bytes(None, key) };
+    let last = match ip {
+        IpAddr::V4(v4) => {
+            IpAddr::from(std::net::Ipv4Addr::from(u32::from(v4) | u32::MAX.checked_shr(u32::from(len)).unwrap_or(0)))
+        }
+        IpAddr::V6(v6) => {
+            IpAddr::from(std::net::Ipv6Addr::from(u128::from(v6) | u128::MAX.checked_shr(u32::from(len)).unwrap_or(0)))
+        }
+    };
+    key_bytes(None, ElementKey::Port(proto, port, last))
+}
+
 /// The address right after the prefix `ip/len`, or `None` when it ends the family's
 /// address space.
 fn after_prefix(ip: IpAddr, len: u8) -> Option<IpAddr> {
@@ -766,6 +790,18 @@ fn after_prefix(ip: IpAddr, len: u8) -> Option<IpAddr> {
 fn key_bytes(tag: Option<u64>, key: ElementKey) -> Vec<u8> {
     match (tag, key) {
         (_, ElementKey::Mark(m)) => m.to_ne_bytes().to_vec(),
+        (_, ElementKey::Port(proto, port, ip)) => {
+            // Each field in a 4-byte register: the protocol byte, the port (network
+            // order), the address.
+            let mut out = vec![proto, 0, 0, 0];
+            out.extend(port.to_be_bytes());
+            out.extend([0, 0]);
+            match ip {
+                IpAddr::V4(v4) => out.extend(v4.octets()),
+                IpAddr::V6(v6) => out.extend(v6.octets()),
+            }
+            out
+        }
         (Some(tag), ElementKey::Ip(ip)) => Slot::key_bytes(tag, ip),
         (None, ElementKey::Ip(IpAddr::V4(v4))) => v4.octets().to_vec(),
         (None, ElementKey::Ip(IpAddr::V6(v6))) => v6.octets().to_vec(),

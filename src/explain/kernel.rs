@@ -9,8 +9,9 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::Explanation;
+use super::{Explanation, Verdict};
 use crate::dataplane::elements::ElementWriter;
+use crate::dataplane::rule_counters::RuleCounter;
 
 /// What the kernel shows for one explanation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,7 +85,10 @@ pub fn check(e: &Explanation, nft: &Path) -> KernelCheck {
     }
     if let Some(rule) = &e.firewall.rule {
         match crate::dataplane::rule_counters::read(nft, &e.table, Some(chain)) {
-            Ok(counters) => match counters.iter().find(|c| c.index <= rule.index && rule.index <= c.last) {
+            // The counter of the lookup holding the rule: where a chain's rules are
+            // flattened (`compile/boxes.rs`), the allowed and the denied pieces' lookups
+            // may both span the rule's index; the one of its verdict holds it.
+            Ok(counters) => match holding(&counters, rule.index, e.firewall.verdict) {
                 Some(c) => {
                     k.rule_counter = Some((c.packets, c.bytes));
                     if c.last != c.index {
@@ -97,6 +101,13 @@ pub fn check(e: &Explanation, nft: &Path) -> KernelCheck {
         }
     }
     k
+}
+
+/// The counter that holds rule `index` with the explained verdict (else any holding it).
+fn holding(counters: &[RuleCounter], index: usize, verdict: Verdict) -> Option<&RuleCounter> {
+    let verdict = if verdict == Verdict::Allowed { "accept" } else { "drop" };
+    let holds = || counters.iter().filter(move |c| c.index <= index && index <= c.last);
+    holds().find(|c| c.verdict == verdict).or_else(|| holds().next())
 }
 
 impl std::fmt::Display for KernelCheck {

@@ -35,6 +35,10 @@ pub enum ElementKey {
     Ip(IpAddr),
     /// A mark value (`0x01000000`).
     Mark(u32),
+    /// A transport protocol number, a destination port and a prefix's first address
+    /// (its length is the element's [`ElementValue::Prefix`]), in a ported set
+    /// ([`super::KeyType::PortIpv4`]).
+    Port(u8, u16, IpAddr),
 }
 
 impl From<IpAddr> for ElementKey {
@@ -50,6 +54,7 @@ impl ElementKey {
             (ElementKey::Ip(ip), Some(tag)) => Slot::tagged_key(tag, ip),
             (ElementKey::Ip(ip), None) => ip.to_compact_string(),
             (ElementKey::Mark(m), _) => compact_str::format_compact!("{m:#010x}"),
+            (ElementKey::Port(proto, port, ip), _) => compact_str::format_compact!("{proto} . {port} . {ip}"),
         }
     }
 }
@@ -259,6 +264,29 @@ fn typed(set: &Set, key: &str, value: &str) -> Option<(Option<u64>, ElementKey, 
         let mark = u32::from_str_radix(key.strip_prefix("0x")?, 16).ok()?;
         let plain = !set.interval && !set.timeout && !set.verdict_map && value.is_empty();
         return (plain && format!("{mark:#010x}") == key).then_some((None, ElementKey::Mark(mark), ElementValue::None));
+    }
+    if set.key.is_ported() {
+        // `<protocol> . <port> . addr/len`, as the compiler writes it.
+        let mut parts = key.split(" . ");
+        let (proto, port, net) = (parts.next()?, parts.next()?, parts.next()?);
+        let proto = crate::view::policy::Protocol::from_nft(proto)?;
+        let port: u16 = port.parse().ok()?;
+        let net: ipnet::IpNet = net.parse().ok()?;
+        if parts.next().is_some()
+            || !set.interval
+            || set.verdict_map
+            || set.timeout
+            || !value.is_empty()
+            || net.trunc() != net
+            || net.addr().is_ipv6() != set.key.is_v6()
+        {
+            return None;
+        }
+        return Some((
+            None,
+            ElementKey::Port(proto.number(), port, net.addr()),
+            ElementValue::Prefix(net.prefix_len()),
+        ));
     }
     if set.interval {
         // `addr/len`, host bits clear, as `IpNet` writes it.

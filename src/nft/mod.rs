@@ -70,6 +70,12 @@ pub enum KeyType {
     TaggedIpv6,
     /// `mark` (a conntrack or packet mark).
     Mark,
+    /// A transport protocol, a destination port and an IPv4 prefix (interval:
+    /// `tcp . 443 . 192.0.2.0/24`), for the ported pieces of flattened rules
+    /// (`compile/boxes.rs`).
+    PortIpv4,
+    /// The same with an IPv6 prefix.
+    PortIpv6,
 }
 
 impl KeyType {
@@ -80,12 +86,19 @@ impl KeyType {
             KeyType::TaggedIpv4 => "typeof numgen random mod 1 . numgen random mod 1 . ip daddr",
             KeyType::TaggedIpv6 => "typeof numgen random mod 1 . numgen random mod 1 . ip6 daddr",
             KeyType::Mark => "type mark",
+            KeyType::PortIpv4 => "typeof meta l4proto . th dport . ip daddr",
+            KeyType::PortIpv6 => "typeof meta l4proto . th dport . ip6 daddr",
         }
     }
 
     /// Whether the key's address is IPv6.
     pub(crate) fn is_v6(self) -> bool {
-        matches!(self, KeyType::Ipv6 | KeyType::TaggedIpv6)
+        matches!(self, KeyType::Ipv6 | KeyType::TaggedIpv6 | KeyType::PortIpv6)
+    }
+
+    /// Whether keys are a protocol, a port and a prefix ([`KeyType::PortIpv4`]).
+    pub(crate) fn is_ported(self) -> bool {
+        matches!(self, KeyType::PortIpv4 | KeyType::PortIpv6)
     }
 
     /// Whether keys carry a [`Slot`] tag before the address.

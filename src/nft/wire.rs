@@ -130,8 +130,10 @@ pub(crate) enum Expr {
     Notrack,
     /// `rt load tcpmss => reg` (the route's MTU less the IP and TCP headers).
     RtMss { dreg: u32 },
-    /// `byteorder reg = hton(reg, 2, 2)`: a 16-bit value to network order.
-    Hton16 { reg: u32 },
+    /// `byteorder reg = hton(reg, 2, len)`: a 16-bit value to network order (`len` 2),
+    /// or, as nft writes it before an interval concatenation, a `meta l4proto` byte
+    /// (`len` 1: no 16-bit unit to swap, a no-op kept to match nft).
+    Hton16 { reg: u32, len: u32 },
     /// `exthdr write tcpopt reg => 2b @ 2 + 2`: the MSS option's value.
     MssWrite { sreg: u32 },
     /// `bitwise reg = (reg & mask) ^ xor`.
@@ -501,7 +503,7 @@ pub(crate) fn parse(rule: &str) -> Result<Rule, String> {
                     return Err("`tcp option maxseg size set rt mtu` without a TCP match before it".into());
                 }
                 exprs.push(Expr::RtMss { dreg: REG_1 });
-                exprs.push(Expr::Hton16 { reg: REG_1 });
+                exprs.push(Expr::Hton16 { reg: REG_1, len: 2 });
                 exprs.push(Expr::MssWrite { sreg: REG_1 });
                 i += 7;
             }
@@ -553,6 +555,32 @@ pub(crate) fn parse(rule: &str) -> Result<Rule, String> {
                 let set = AnonSet { key_type: 29, key_len: 1, udata: UDATA_ICMPV6_TYPE, elements };
                 anon_lookup(&mut exprs, &mut anon, set);
                 i = next;
+            }
+            // `meta l4proto . th dport . ip|ip6 daddr @set`: a flattened rule's ported
+            // pieces (`KeyType::PortIpv4`), looked up in an interval concatenation.
+            "meta"
+                if w.get(i + 1..i + 6) == Some(&["l4proto", ".", "th", "dport", "."][..])
+                    && w.get(i + 7) == Some(&"daddr") =>
+            {
+                let v6 = match w.get(i + 6) {
+                    Some(&"ip") => false,
+                    Some(&"ip6") => true,
+                    _ => return Err("`meta l4proto . th dport . ip|ip6 daddr @set` expected".into()),
+                };
+                let set = set_name(w.get(i + 8))?;
+                require_family(&mut exprs, &mut family, if v6 { NFPROTO_IPV6 } else { NFPROTO_IPV4 })?;
+                set_l4(&mut l4, 0)?;
+                exprs.push(Expr::Meta { key: META_L4PROTO, dreg: REG_1 });
+                exprs.push(Expr::Hton16 { reg: REG_1, len: 1 });
+                exprs.push(Expr::Payload { base: PAYLOAD_TRANSPORT, offset: 2, len: 2, dreg: REG32_01 });
+                exprs.push(Expr::Payload {
+                    base: PAYLOAD_NETWORK,
+                    offset: if v6 { 24 } else { 16 },
+                    len: if v6 { 16 } else { 4 },
+                    dreg: REG32_02,
+                });
+                exprs.push(Expr::Lookup { set, sreg: REG_1, verdict: false, invert: false, anon: None });
+                i += 9;
             }
             "meta" if w.get(i + 1..i + 5) == Some(&["l4proto", ".", "th", "dport"][..]) => {
                 let (items, next) = braced(&w, i + 5)?;
@@ -1037,11 +1065,11 @@ impl Expr {
                 put_u32(out, 2, RT_TCPMSS);
                 put_u32(out, 1, *dreg);
             }
-            Expr::Hton16 { reg } => {
+            Expr::Hton16 { reg, len } => {
                 put_u32(out, 1, *reg);
                 put_u32(out, 2, *reg);
                 put_u32(out, 3, BYTEORDER_HTON);
-                put_u32(out, 4, 2);
+                put_u32(out, 4, *len);
                 put_u32(out, 5, 2);
             }
             Expr::MssWrite { sreg } => {
@@ -1227,6 +1255,19 @@ const UDATA_TAGGED_V6: &[u8] = &[
     20, 0, 4, 7, 0, 0, 0, 1, 12, 0, 4, 13, 0, 0, 0, 1, 4, 9, 0, 0, 0,
 ];
 
+/// Userdata of `typeof meta l4proto . th dport . ip daddr` sets, as nft 1.0.6 sends it.
+const UDATA_PORT_V4: &[u8] = &[
+    0, 4, 0, 0, 0, 0, 3, 68, 0, 4, 13, 0, 0, 0, 1, 60, 0, 14, 0, 4, 9, 0, 0, 0, 1, 6, 0, 4, 16, 0, 0, 0, 1, 20, 0, 4,
+    7, 0, 0, 0, 1, 12, 0, 4, 11, 0, 0, 0, 1, 4, 2, 0, 0, 0, 2, 20, 0, 4, 7, 0, 0, 0, 1, 12, 0, 4, 12, 0, 0, 0, 1, 4,
+    12, 0, 0, 0,
+];
+/// The same with `ip6 daddr`.
+const UDATA_PORT_V6: &[u8] = &[
+    0, 4, 0, 0, 0, 0, 3, 68, 0, 4, 13, 0, 0, 0, 1, 60, 0, 14, 0, 4, 9, 0, 0, 0, 1, 6, 0, 4, 16, 0, 0, 0, 1, 20, 0, 4,
+    7, 0, 0, 0, 1, 12, 0, 4, 11, 0, 0, 0, 1, 4, 2, 0, 0, 0, 2, 20, 0, 4, 7, 0, 0, 0, 1, 12, 0, 4, 13, 0, 0, 0, 1, 4, 9,
+    0, 0, 0,
+];
+
 /// `NEWSET` attributes of `set` (created empty; its elements are sent after).
 fn set_body(table: &str, name: &str, set: &Set, id: u32) -> Result<Vec<u8>, String> {
     const INTERVAL: u32 = 0x4;
@@ -1240,9 +1281,14 @@ fn set_body(table: &str, name: &str, set: &Set, id: u32) -> Result<Vec<u8>, Stri
         (KeyType::TaggedIpv4, false) => (0x4107, 12, UDATA_TAGGED_V4),
         (KeyType::TaggedIpv6, false) => (0x4108, 24, UDATA_TAGGED_V6),
         (KeyType::Mark, false) => (19, 4, UDATA_MARK),
+        (KeyType::PortIpv4, false) => (0xc347, 12, UDATA_PORT_V4),
+        (KeyType::PortIpv6, false) => (0xc348, 24, UDATA_PORT_V6),
         (_, true) => return Err(format!("set {name}: a verdict map keyed by a tag or a mark")),
     };
+    const CONCAT: u32 = 0x80;
     let flags = match (set.interval, set.timeout, set.verdict_map, set.key.is_tagged()) {
+        _ if set.key.is_ported() && set.interval && !set.timeout && !set.verdict_map => INTERVAL | CONCAT,
+        _ if set.key.is_ported() => return Err(format!("set {name}: a ported set is a plain interval set")),
         (false, false, false, false) => 0,
         (true, false, false, false) => INTERVAL,
         (false, true, false, _) => TIMEOUT,
@@ -1260,6 +1306,17 @@ fn set_body(table: &str, name: &str, set: &Set, id: u32) -> Result<Vec<u8>, Stri
         put_u32(&mut b, 7, 0);
     }
     put_u32(&mut b, 10, id);
+    if set.key.is_ported() {
+        // The concatenation's fields: protocol, port, address (bytes).
+        let address = if set.key.is_v6() { 16 } else { 4 };
+        nest(&mut b, 9, |o| {
+            nest(o, 2, |o| {
+                for len in [1, 2, address] {
+                    nest(o, 1, |o| put_u32(o, 1, len));
+                }
+            })
+        });
+    }
     if set.timeout {
         let size = if set.key.is_tagged() { super::SHARED_SET_SIZE } else { super::TIMEOUT_SET_SIZE };
         nest(&mut b, 9, |o| put_u32(o, 1, size as u32));
@@ -1589,7 +1646,7 @@ impl fmt::Display for Expr {
             Expr::Snat { v6, sreg } => write!(f, "[ nat snat ip{} addr_min reg {sreg} ]", if *v6 { "6" } else { "" }),
             Expr::Notrack => write!(f, "[ notrack ]"),
             Expr::RtMss { dreg } => write!(f, "[ rt load tcpmss => reg {dreg} ]"),
-            Expr::Hton16 { reg } => write!(f, "[ byteorder reg {reg} = hton(reg {reg}, 2, 2) ]"),
+            Expr::Hton16 { reg, len } => write!(f, "[ byteorder reg {reg} = hton(reg {reg}, 2, {len}) ]"),
             Expr::MssWrite { sreg } => write!(f, "[ exthdr write tcpopt reg {sreg} => 2b @ 2 + 2 ]"),
             Expr::Tproxy { v6, port_reg } => {
                 write!(f, "[ tproxy ip{} port reg {port_reg} ]", if *v6 { "6" } else { "" })
@@ -1692,6 +1749,32 @@ mod tests {
             "[ bitwise reg 1 = ( reg 1 & 0xffffffff 0xffffffff 0x00000000 0x00000000 ) ^ 0x00000000 0x00000000 0x00000000 0x00000000 ]"
         );
         assert!(parse("ip daddr and ffff:: @a accept").is_err(), "a mask of the other family");
+    }
+
+    #[test]
+    fn a_ported_lookup_is_the_concatenation_nft_generates() {
+        // `nft --debug=netlink` 1.0.6 for `meta l4proto . th dport . ip daddr @s4 counter accept`
+        // (and ip6), with `@s4` an interval concatenation.
+        for (rule, nfproto, daddr) in [
+            ("meta l4proto . th dport . ip daddr @s counter accept", "0x00000002", "4b @ network header + 16"),
+            ("meta l4proto . th dport . ip6 daddr @s counter accept", "0x0000000a", "16b @ network header + 24"),
+        ] {
+            assert_eq!(
+                debug(rule),
+                [
+                    "[ meta load nfproto => reg 1 ]".to_string(),
+                    format!("[ cmp eq reg 1 {nfproto} ]"),
+                    "[ meta load l4proto => reg 1 ]".to_string(),
+                    "[ byteorder reg 1 = hton(reg 1, 2, 1) ]".to_string(),
+                    "[ payload load 2b @ transport header + 2 => reg 9 ]".to_string(),
+                    format!("[ payload load {daddr} => reg 10 ]"),
+                    "[ lookup reg 1 set s ]".to_string(),
+                    "[ counter pkts 0 bytes 0 ]".to_string(),
+                    "[ immediate reg 0 accept ]".to_string(),
+                ]
+            );
+        }
+        assert!(parse("meta l4proto . th dport . ip saddr @s accept").is_err());
     }
 
     #[test]

@@ -53,6 +53,20 @@ impl Protocol {
             Protocol::Sctp => "sctp",
         }
     }
+
+    /// The protocol of an nft keyword ([`Protocol::nft`]).
+    pub fn from_nft(word: &str) -> Option<Self> {
+        [Protocol::Tcp, Protocol::Udp, Protocol::Sctp].into_iter().find(|p| p.nft() == word)
+    }
+
+    /// The IP protocol number.
+    pub fn number(self) -> u8 {
+        match self {
+            Protocol::Tcp => 6,
+            Protocol::Udp => 17,
+            Protocol::Sctp => 132,
+        }
+    }
 }
 
 /// A rule's protocol/port pairs: a set (sorted, each pair once), kept inline up to four
