@@ -517,29 +517,56 @@ fn run_statements(
     out
 }
 
-/// Most nft rules a segment of static rules may take as merged runs ([`run_statements`]);
-/// beyond, its rules are flattened into disjoint pieces looked up in at most four sets
-/// per family ([`box_statements`]).
-const RUN_RULES_MAX: usize = 8;
+/// What the kernel keeps per object, in bytes, measured on this project's test kernel
+/// (6.18, bench/FINDINGS.md "2026-11-27 (fourth)"): a rule; a plain (hash or rbtree)
+/// named set with its handful of elements; and, per 8-bit group of its key, a
+/// concatenated interval set (pipapo keeps a 256-bucket lookup table per group however
+/// few its elements are: ~120 KB for `meta l4proto . th dport . ip daddr`, ~320 KB with
+/// `ip6 daddr`).
+const RULE_BYTES: usize = 1_000;
+const SET_BYTES: usize = 15_000;
+const PIPAPO_GROUP_BYTES: usize = 17_000;
 
-/// How many nft rules [`run_statements`] makes of `rules`.
-fn run_rule_count(rules: &[super::runs::StaticRule]) -> usize {
+/// The kernel memory [`run_statements`] would take for `rules`.
+fn run_cost(rules: &[super::runs::StaticRule]) -> usize {
     super::runs::merge(rules)
         .iter()
         .flat_map(|run| &run.matches)
         .map(|m| {
             if m.listed.len() <= INLINE_MAX {
-                m.listed.len()
+                m.listed.len() * RULE_BYTES
             } else {
-                super::runs::by_length(&m.listed).map_or(1, |g| g.len())
+                super::runs::by_length(&m.listed).map_or(1, |g| g.len()) * (RULE_BYTES + SET_BYTES)
             }
         })
         .sum()
 }
 
+/// The kernel memory [`box_statements`] would take for `boxes` (IPv4, IPv6).
+fn box_cost(boxes: &[super::boxes::Boxes; 2]) -> usize {
+    let mut cost = 0;
+    for (b, address_bytes) in boxes.iter().zip([4, 16]) {
+        for action in [Action::Allow, Action::Deny] {
+            if b.ported.iter().any(|(_, _, p)| p.action == action) {
+                // Protocol (1 byte), port (2), address.
+                cost += RULE_BYTES + PIPAPO_GROUP_BYTES * (3 + address_bytes);
+            }
+            if b.portless.iter().any(|p| p.action == action) {
+                cost += RULE_BYTES + SET_BYTES;
+            }
+        }
+    }
+    cost
+}
+
 /// The nft rules of a segment of static rules (the rules between two `dnsName` rules,
-/// `segment` counting them in the chain): merged runs ([`run_statements`]) when they
-/// take at most [`RUN_RULES_MAX`] rules, else flattened ([`box_statements`]).
+/// `segment` counting them in the chain): merged runs ([`run_statements`]) or, where
+/// the kernel keeps less of it, flattened ([`box_statements`]) — a segment whose runs
+/// need many named sets (each run of more than [`INLINE_MAX`] destinations has its own).
+/// Flattened, an edit of the segment is element changes and a packet meets at most four
+/// lookups per family; but each concatenated interval set costs the kernel ~120 KB
+/// however few its elements are, so rule lists that merged runs keep in rules stay so
+/// (a namespace of 100 rules that do not merge: ~100 KB as rules, ~700 KB flattened).
 fn segment_statements(
     rules: &[super::runs::StaticRule],
     chain: &str,
@@ -547,10 +574,16 @@ fn segment_statements(
     sets: &mut Vec<(Text, Set)>,
     verified: bool,
 ) -> Vec<String> {
-    if run_rule_count(rules) <= RUN_RULES_MAX {
-        run_statements(rules, chain, sets, verified)
+    let runs = run_cost(rules);
+    // Cheaper than any flattened segment with a ported piece: not worth flattening.
+    if runs <= PIPAPO_GROUP_BYTES * 7 {
+        return run_statements(rules, chain, sets, verified);
+    }
+    let boxes = [super::boxes::flatten(rules, true), super::boxes::flatten(rules, false)];
+    if box_cost(&boxes) < runs {
+        box_statements(&boxes, chain, segment, sets, verified)
     } else {
-        box_statements(rules, chain, segment, sets, verified)
+        run_statements(rules, chain, sets, verified)
     }
 }
 
@@ -563,7 +596,7 @@ fn segment_statements(
 /// edit is element changes. Each lookup's rule counts for the rules it holds pieces of
 /// (`egress[first..last]`, as a merged run).
 fn box_statements(
-    rules: &[super::runs::StaticRule],
+    boxes: &[super::boxes::Boxes; 2],
     chain: &str,
     segment: usize,
     sets: &mut Vec<(Text, Set)>,
@@ -571,8 +604,7 @@ fn box_statements(
 ) -> Vec<String> {
     use super::boxes::Piece;
     let mut out = Vec::new();
-    for v4 in [true, false] {
-        let boxes = super::boxes::flatten(rules, v4);
+    for (boxes, v4) in boxes.iter().zip([true, false]) {
         let (family, f) = if v4 { ("ip", 4) } else { ("ip6", 6) };
         for (ported, action) in
             [(true, Action::Allow), (true, Action::Deny), (false, Action::Allow), (false, Action::Deny)]

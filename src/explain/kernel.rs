@@ -85,14 +85,14 @@ pub fn check(e: &Explanation, nft: &Path) -> KernelCheck {
     }
     if let Some(rule) = &e.firewall.rule {
         match crate::dataplane::rule_counters::read(nft, &e.table, Some(chain)) {
-            // The counter of the lookup holding the rule: where a chain's rules are
-            // flattened (`compile/boxes.rs`), the allowed and the denied pieces' lookups
-            // may both span the rule's index; the one of its verdict holds it.
+            // The counters holding the rule: one, or where a chain's rules are flattened
+            // (`compile/boxes.rs`) the lookups of its verdict that span its index (its
+            // ported and its portless pieces), summed.
             Ok(counters) => match holding(&counters, rule.index, e.firewall.verdict) {
-                Some(c) => {
-                    k.rule_counter = Some((c.packets, c.bytes));
-                    if c.last != c.index {
-                        k.shared = Some((c.index, c.last));
+                Some((packets, bytes, first, last)) => {
+                    k.rule_counter = Some((packets, bytes));
+                    if last != first {
+                        k.shared = Some((first, last));
                     }
                 }
                 None => k.problems.push(format!("rule {} is not in chain {chain}", rule.index)),
@@ -103,11 +103,17 @@ pub fn check(e: &Explanation, nft: &Path) -> KernelCheck {
     k
 }
 
-/// The counter that holds rule `index` with the explained verdict (else any holding it).
-fn holding(counters: &[RuleCounter], index: usize, verdict: Verdict) -> Option<&RuleCounter> {
+/// The counters that hold rule `index` with the explained verdict (else any one holding
+/// it), summed: packets, bytes and the rules they count for (first, last).
+fn holding(counters: &[RuleCounter], index: usize, verdict: Verdict) -> Option<(u64, u64, usize, usize)> {
     let verdict = if verdict == Verdict::Allowed { "accept" } else { "drop" };
     let holds = || counters.iter().filter(move |c| c.index <= index && index <= c.last);
-    holds().find(|c| c.verdict == verdict).or_else(|| holds().next())
+    let mut sum: Option<(u64, u64, usize, usize)> = None;
+    for c in holds().filter(|c| c.verdict == verdict) {
+        let (p, b, first, last) = sum.unwrap_or((0, 0, c.index, c.last));
+        sum = Some((p + c.packets, b + c.bytes, first.min(c.index), last.max(c.last)));
+    }
+    sum.or_else(|| holds().next().map(|c| (c.packets, c.bytes, c.index, c.last)))
 }
 
 impl std::fmt::Display for KernelCheck {
