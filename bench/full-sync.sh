@@ -14,7 +14,8 @@
 # of ten namespaces' rules. Then drift: another process flushes one namespace's chain
 # (`nft flush chain`), 5 times, timed from just before that nft command starts to the
 # sync line of egressd's repair (a full replace; the promise is "within a second").
-# Then the idle CPU (the agent and the nft runs it waited for) over IDLE=20 seconds
+# The kernel memory the table takes (charged to the agent's memory cgroup) after the first
+# sync. Then the idle CPU (the agent and the nft runs it waited for) over IDLE=20 seconds
 # without changes. Needs root.
 #
 #   bench/full-sync.sh        # NS=1000 RULES=100 (100k rules) PODS=10000
@@ -48,6 +49,7 @@ cleanup() {
   [ -n "$AGENT" ] && kill -TERM "$AGENT" && wait "$AGENT"
   cp "$WORK/log" "${BENCH_LOG:-/tmp/egressd-full-sync.log}"
   ip netns del "$NET"; rm -rf "$WORK"
+  [ -n "$CG" ] && sleep 1 && rmdir "$CG"
 } 2>/dev/null
 trap cleanup EXIT
 ip netns add "$NET"; ip -n "$NET" link set lo up
@@ -127,8 +129,22 @@ else:
 open(f"{out}/../edit-rule.yaml", "w").write(edited)
 open(f"{out}/../replace-ns.yaml", "w").write(firewall(8, variant=50))
 PY
+# The agent runs in a memory cgroup of its own: what the kernel keeps for the table
+# (nf_tables allocations are charged to the process that makes them) is read from it.
+CG=""
+for base in /sys/fs/cgroup/memory /sys/fs/cgroup; do
+  if [ -w "$base" ] && { [ -e "$base/memory.kmem.usage_in_bytes" ] || [ -e "$base/cgroup.subtree_control" ]; }; then
+    CG="$base/egressd-bench-$$"; mkdir -p "$CG" 2>/dev/null || CG=""; break
+  fi
+done
+kernel_mib() { # what the kernel keeps charged to the agent's cgroup, MiB (— without one)
+  if [ -z "$CG" ]; then echo "—"
+  elif [ -e "$CG/memory.kmem.usage_in_bytes" ]; then echo $(( $(cat "$CG/memory.kmem.usage_in_bytes") / 1048576 ))
+  else awk '$1 == "kernel" || ($1 == "slab" && !k) { k = $2 } END { printf "%d", k / 1048576 }' "$CG/memory.stat"; fi
+}
 started_ns=$(date +%s%N)
-NO_COLOR=1 ip netns exec "$NET" "$BIN" run --manifests "$WORK/m" --node-name bench --cluster-cidr 198.18.0.0/15 \
+NO_COLOR=1 CG="$CG" sh -c '[ -n "$CG" ] && echo $$ >"$CG/cgroup.procs"; exec "$@"' sh \
+  ip netns exec "$NET" "$BIN" run --manifests "$WORK/m" --node-name bench --cluster-cidr 198.18.0.0/15 \
   --state-dir "$WORK/state" --health-addr 127.0.0.1:9798 2>"$WORK/log" &
 AGENT=$!
 syncs() { grep -c "dataplane in sync" "$WORK/log" || true; }
@@ -190,6 +206,7 @@ grep "dataplane in sync" "$WORK/log" | head -n 1 | grep -o 'elapsed_ms=.*nft_ms=
 rss=$(awk '/VmRSS/ { print $2 }' "/proc/$AGENT/status")
 hwm_start=$(awk '/VmHWM/ { print $2 }' "/proc/$AGENT/status")
 anon=$(awk '/RssAnon/ { print $2 }' "/proc/$AGENT/status")
+kernel_first=$(kernel_mib)
 rules_applied=$(ip netns exec "$NET" nft -a list table inet egressd | grep -c 'comment "egress\[' || true)
 sleep 1
 # PERF_OUT=file: the change steps recorded with perf (call graphs) into that file.
@@ -240,4 +257,4 @@ sleep 1
 t0=$(ticks); sleep "${IDLE:-20}"; t1=$(ticks)
 hwm=$(awk '/VmHWM/ { print $2 }' "/proc/$AGENT/status")
 idle=$(awk -v a="$t0" -v b="$t1" -v hz="$(getconf CLK_TCK)" -v s="${IDLE:-20}" 'BEGIN { printf "%.2f", (b - a) / hz / s * 100 }')
-echo "| $((NSN * RULES)) rules ($SHAPE), $NSN namespaces, $PODS local pods ($rules_applied nft rules) | full sync ${full} ms, start → ready ${ready_ms} ms | ${edit} | ${pod} | ${replace} | ${label} | ${drift} | RSS $((rss / 1024)) MiB after the first sync (heap $((anon / 1024)) MiB, the rest mapped code), peak $((hwm_start / 1024)) MiB at start, $((hwm / 1024)) MiB over the run | idle CPU ${idle} % |"
+echo "| $((NSN * RULES)) rules ($SHAPE), $NSN namespaces, $PODS local pods ($rules_applied nft rules) | full sync ${full} ms, start → ready ${ready_ms} ms | ${edit} | ${pod} | ${replace} | ${label} | ${drift} | RSS $((rss / 1024)) MiB after the first sync (heap $((anon / 1024)) MiB, the rest mapped code), peak $((hwm_start / 1024)) MiB at start, $((hwm / 1024)) MiB over the run; kernel ${kernel_first} MiB | idle CPU ${idle} % |"

@@ -4,9 +4,12 @@
 //! result belongs to one rule — the first that matches each packet falling in it — and
 //! no two prefixes of one lookup overlap, so the order of the rules is no longer needed
 //! and a chain can look the packet up in two sets per family (one of allowed, one of
-//! denied prefixes) instead of walking one rule per policy rule. Lookups of elements are
-//! what nf_tables loads linearly and changes without re-validating the table
-//! (bench/FINDINGS.md, "2026-11-27 (later)", finding 3).
+//! denied prefixes) instead of walking one rule per policy rule. Elements are what
+//! nf_tables loads linearly and changes without re-validating the table
+//! (bench/FINDINGS.md, "2026-11-27 (later)", finding 3); but a concatenated interval
+//! set costs the kernel ~120 KB however few its elements, so the firewall compile
+//! flattens a segment only where that costs the kernel less than its merged runs
+//! (`firewall::segment_statements`; "2026-11-27 (fourth)").
 //!
 //! Two kinds of prefixes:
 //!

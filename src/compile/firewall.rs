@@ -18,7 +18,9 @@
 //!   set ([`super::runs`]; not in chains that log), commented `egress[i..j]`, its
 //!   destinations (more than [`INLINE_MAX`]) in named sets of the namespace
 //!   (`fw-<namespace>-h4-<k>`, ... [`set_name`]): a changed destination is an element
-//!   change, sent without re-validating the table.
+//!   change, sent without re-validating the table. A segment whose runs would need
+//!   many named sets is flattened instead ([`super::boxes`], [`segment_statements`]):
+//!   its rules as disjoint pieces in at most four lookups per family.
 //!   With verified connections an allow returns to the base chain, which has the
 //!   connection marked verified and accepts it, except for `dnsName` destinations and in
 //!   namespaces with a Deny by name that DNS snooping feeds (their sets change without
