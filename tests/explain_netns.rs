@@ -89,7 +89,7 @@ fn many_rules(rng: &mut Rng) -> (String, Vec<ipnet::IpNet>) {
     let mut cidrs = Vec::new();
     // One /24 of sixteen blocks and two ports: runs overlap often.
     let pools = ["192.0.2.0"];
-    for run in 0..18 + rng.below(4) {
+    for run in 0..20 + rng.below(4) {
         let action = if run % 2 == 0 { "Allow" } else { "Deny" };
         let ports = match rng.below(3) {
             0 => String::new(),
@@ -109,7 +109,8 @@ fn many_rules(rng: &mut Rng) -> (String, Vec<ipnet::IpNet>) {
             yaml.push_str(&format!("  - {{type: {action}, to: {{cidrSelector: \"{c}\"}}{ports}}}\n"));
         }
     }
-    yaml.push_str("  - {type: Deny, to: {cidrSelector: 0.0.0.0/0}}\n");
+    // No deny-all after them: what matches nothing is allowed (a deny-all would be
+    // flattened into the pieces the runs leave, which costs more than the runs).
     (yaml, cidrs)
 }
 

@@ -520,14 +520,18 @@ fn run_statements(
 }
 
 /// What the kernel keeps per object, in bytes, measured on this project's test kernel
-/// (6.18, bench/FINDINGS.md "2026-11-27 (fourth)"): a rule; a plain (hash or rbtree)
-/// named set with its handful of elements; and, per 8-bit group of its key, a
-/// concatenated interval set (pipapo keeps a 256-bucket lookup table per group however
-/// few its elements are: ~120 KB for `meta l4proto . th dport . ip daddr`, ~320 KB with
-/// `ip6 daddr`).
+/// (6.18: tables loaded in a memory cgroup, bench/FINDINGS.md "2026-11-27 (fourth)"): a
+/// rule; a named hash set and each element; an interval (rbtree) set and each prefix;
+/// and a concatenated interval set (pipapo), which for a small set keeps a 256-bucket
+/// lookup table per byte of its key however few its elements (~113 KB for `meta
+/// l4proto . th dport . ip daddr`, ~300 KB with `ip6 daddr`), and each element.
 const RULE_BYTES: usize = 1_000;
-const SET_BYTES: usize = 15_000;
-const PIPAPO_GROUP_BYTES: usize = 17_000;
+const HASH_SET_BYTES: usize = 700;
+const HASH_ELEMENT_BYTES: usize = 70;
+const INTERVAL_SET_BYTES: usize = 16_500;
+const INTERVAL_ELEMENT_BYTES: usize = 140;
+const PIPAPO_KEY_BYTE_BYTES: usize = 16_000;
+const PIPAPO_ELEMENT_BYTES: usize = 100;
 
 /// The kernel memory [`run_statements`] would take for `rules`.
 fn run_cost(rules: &[super::runs::StaticRule]) -> usize {
@@ -537,8 +541,10 @@ fn run_cost(rules: &[super::runs::StaticRule]) -> usize {
         .map(|m| {
             if m.listed.len() <= INLINE_MAX {
                 m.listed.len() * RULE_BYTES
+            } else if let Some(groups) = super::runs::by_length(&m.listed) {
+                groups.len() * (RULE_BYTES + HASH_SET_BYTES) + m.listed.len() * HASH_ELEMENT_BYTES
             } else {
-                super::runs::by_length(&m.listed).map_or(1, |g| g.len()) * (RULE_BYTES + SET_BYTES)
+                RULE_BYTES + INTERVAL_SET_BYTES + m.addrs.len() * INTERVAL_ELEMENT_BYTES
             }
         })
         .sum()
@@ -549,12 +555,14 @@ fn box_cost(boxes: &[super::boxes::Boxes; 2]) -> usize {
     let mut cost = 0;
     for (b, address_bytes) in boxes.iter().zip([4, 16]) {
         for action in [Action::Allow, Action::Deny] {
-            if b.ported.iter().any(|(_, _, p)| p.action == action) {
+            let ported = b.ported.iter().filter(|(_, _, p)| p.action == action).count();
+            if ported > 0 {
                 // Protocol (1 byte), port (2), address.
-                cost += RULE_BYTES + PIPAPO_GROUP_BYTES * (3 + address_bytes);
+                cost += RULE_BYTES + PIPAPO_KEY_BYTE_BYTES * (3 + address_bytes) + ported * PIPAPO_ELEMENT_BYTES;
             }
-            if b.portless.iter().any(|p| p.action == action) {
-                cost += RULE_BYTES + SET_BYTES;
+            let portless = b.portless.iter().filter(|p| p.action == action).count();
+            if portless > 0 {
+                cost += RULE_BYTES + INTERVAL_SET_BYTES + portless * INTERVAL_ELEMENT_BYTES;
             }
         }
     }
@@ -564,11 +572,12 @@ fn box_cost(boxes: &[super::boxes::Boxes; 2]) -> usize {
 /// The nft rules of a segment of static rules (the rules between two `dnsName` rules,
 /// `segment` counting them in the chain): merged runs ([`run_statements`]) or, where
 /// the kernel keeps less of it, flattened ([`box_statements`]) — a segment whose runs
-/// need many named sets (each run of more than [`INLINE_MAX`] destinations has its own).
-/// Flattened, an edit of the segment is element changes and a packet meets at most four
-/// lookups per family; but each concatenated interval set costs the kernel ~120 KB
-/// however few its elements are, so rule lists that merged runs keep in rules stay so
-/// (a namespace of 100 rules that do not merge: ~100 KB as rules, ~700 KB flattened).
+/// need many interval sets (a run of more than [`INLINE_MAX`] destinations of more than
+/// two prefix lengths has its own), or a long portless one. Flattened, an edit of the
+/// segment is element changes and a packet meets at most four lookups per family; but
+/// each concatenated interval set costs the kernel ~113 KB however few its elements
+/// are, so rule lists that merged runs keep in rules stay so (a namespace of 100 ported
+/// rules that do not merge: ~100 KB as rules, ~800 KB flattened).
 fn segment_statements(
     rules: &[super::runs::StaticRule],
     chain: &str,
@@ -577,8 +586,8 @@ fn segment_statements(
     verified: bool,
 ) -> Vec<String> {
     let runs = run_cost(rules);
-    // Cheaper than any flattened segment with a ported piece: not worth flattening.
-    if runs <= PIPAPO_GROUP_BYTES * 7 {
+    // No flattened segment is cheaper than one lookup in one interval set.
+    if runs <= RULE_BYTES + INTERVAL_SET_BYTES {
         return run_statements(rules, chain, sets, verified);
     }
     let boxes = [super::boxes::flatten(rules, true), super::boxes::flatten(rules, false)];
