@@ -11,6 +11,10 @@
 #             runs merge: one set lookup whatever POS is)
 #   egressd-alt  the same with Allow and Deny alternating (nothing merges: rule POS is
 #             reached after POS-1 rules, the worst case)
+#   egressd-runs  runs of five same-action rules of five prefix lengths, actions
+#             alternating between runs: merged, each run would need an interval set,
+#             so the compile flattens the namespace into disjoint pieces (at most two
+#             lookups here whatever POS is: compile/boxes.rs)
 #   ipt-1k    the same decision as linear iptables-nft rules in FORWARD: 1 000 rules
 #             (other pods' rules first), the approach older agents take, walked by
 #             every packet (no ESTABLISHED accept first: the per-packet cost)
@@ -18,7 +22,8 @@
 #   ipt-1k-est, ipt-10k-est  the same after `-m conntrack --ctstate ESTABLISHED,RELATED
 #             -j ACCEPT`, as such rule sets are usually written: the fair comparison
 #             with egressd's verified connections
-#   egressd-nofast, egressd-alt-nofast  the same with verified connections off
+#   egressd-nofast, egressd-alt-nofast, egressd-runs-nofast  the same with verified
+#             connections off
 #             (`--firewall-verified-mark-mask 0`): every packet walks the rules
 # What a run measures (LOAD=):
 #   pps       (default) the UDP flood above: one long-lived flow, so with verified
@@ -87,20 +92,24 @@ ip netns exec "$NODE" sysctl -qw net.ipv4.ip_forward=1
 # egressd manifests: NS namespaces x RULES rules; the pod is in ns0, whose rule POS
 # allows 203.0.113.0/24 (rules before it are CIDRs that do not match).
 mkdir "$WORK/m"
-mkdir "$WORK/m-alt"
+mkdir "$WORK/m-alt" "$WORK/m-runs"
 python3 - "$NSN" "$RULES" "$POS" "$WORK" <<'PY'
 import sys
 ns, rules, pos, work = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-for out, alternate in ((f"{work}/m", False), (f"{work}/m-alt", True)):
+for out, shape in ((f"{work}/m", "allow"), (f"{work}/m-alt", "alt"), (f"{work}/m-runs", "runs")):
   for n in range(ns):
     lines = [f"apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {{name: default, namespace: ns{n}}}\nspec:\n  egress:"]
     for r in range(rules - 1):
-        cidr = "203.0.113.0/24" if (n == 0 and r == pos - 1) else f"{100 + r % 100}.{(r // 100) % 256}.{n % 256}.0/24"
-        action = "Allow" if (not alternate or cidr.startswith("203.") or r % 2 == 0) else "Deny"
+        length = 22 + r % 5 if shape == "runs" else 24
+        cidr = "203.0.113.0/24" if (n == 0 and r == pos - 1) else f"{100 + r % 100}.{(r // 100) % 256}.{n % 256}.0/{length}"
+        if length < 24:
+            cidr = f"{100 + r % 100}.{(r // 100) % 256}.0.0/{length}"
+        deny = {"allow": False, "alt": r % 2 == 1, "runs": (r // 5) % 2 == 1}[shape]
+        action = "Allow" if (cidr.startswith("203.") or not deny) else "Deny"
         lines.append(f"  - {{type: {action}, to: {{cidrSelector: {cidr}}}}}")
     lines.append("  - {type: Deny, to: {cidrSelector: 0.0.0.0/0}}")
     open(f"{out}/fw-{n}.yaml", "w").write("\n".join(lines) + "\n")
-for out in (f"{work}/m", f"{work}/m-alt"):
+for out in (f"{work}/m", f"{work}/m-alt", f"{work}/m-runs"):
   with open(f"{out}/pods.yaml", "w") as f:
     f.write("apiVersion: v1\nkind: Pod\nmetadata: {name: bench, namespace: ns0}\nspec: {nodeName: bench}\nstatus: {phase: Running, podIP: 198.18.0.2}\n")
     for p in range(1, 10000):
@@ -153,7 +162,7 @@ e = r["end"]["sum"]; print(int((e["packets"] - e["lost_packets"]) / e["seconds"]
 }
 start_agent() { # config: egressd running with its table in sync
   local dir="$WORK/m" extra=()
-  case "$1" in *-alt*) dir="$WORK/m-alt" ;; esac
+  case "$1" in *-alt*) dir="$WORK/m-alt" ;; *-runs*) dir="$WORK/m-runs" ;; esac
   case "$1" in *-nofast) extra=(--firewall-verified-mark-mask 0) ;; esac
   NO_COLOR=1 ip netns exec "$NODE" "$BIN" run --manifests "$dir" --node-name bench --cluster-cidr 198.18.0.0/15 \
     --state-dir "$WORK/state" --health-addr 127.0.0.1:9797 "${extra[@]}" 2>"$WORK/log" &
