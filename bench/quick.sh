@@ -17,7 +17,7 @@ RUNS=1 SECS=1 NS=10 RULES=10 POS=5 bench/forwarding.sh | tail -n 10
 echo "== quick: forwarding.sh LOAD=tcp REWALK, LOAD=udp" >&2
 RUNS=1 SECS=1 NS=10 RULES=10 POS=5 LOAD=tcp REWALK=100 ROUNDS=3 CONFIGS="none-ct egressd-alt egressd-alt-nofast" \
   bench/forwarding.sh | tail -n 10
-RUNS=1 SECS=1 NS=10 RULES=10 POS=5 LOAD=udp CONFIGS="none-ct egressd-alt" bench/forwarding.sh | tail -n 4
+RUNS=1 SECS=1 NS=10 RULES=10 POS=5 LOAD=udp CONFIGS="none-ct egressd-alt egressd-runs" bench/forwarding.sh | tail -n 4
 echo "== quick: dns-refresh.sh" >&2
 N=20 TTL=5 DURATION=2 bench/dns-refresh.sh | tail -n 1
 echo "== quick: kube-pods.sh" >&2
