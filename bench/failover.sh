@@ -32,5 +32,5 @@ case "${TOPOLOGY:-l2}" in
   *) echo "$0: TOPOLOGY must be l2 or routed" >&2; exit 2 ;;
 esac
 # QUICK=1 (bench/quick.sh, CI): the debug build.
-RUNS=${RUNS:-10} cargo test $([ -n "${QUICK:-}" ] || echo --release) --locked -q --test "$TEST" "$BENCH" -- --ignored --nocapture 2>"$LOG" \
+RUNS=${RUNS:-10} cargo test $([ -n "${QUICK:-}" ] || echo --release) --locked -q --features system --test "$TEST" "$BENCH" -- --ignored --nocapture 2>"$LOG" \
   | grep -E '^\||^failover over' || { echo "$0: the failover bench failed; its output is in $LOG" >&2; exit 1; }

@@ -41,7 +41,7 @@ tests/kube/build-apiserver.sh >/dev/null
 if git rev-parse --git-dir >/dev/null 2>&1; then
   git ls-files -z | xargs -0 grep -lZ '^#!/usr/bin/env bash' | xargs -0 -r -n1 bash -n
 fi
-cargo test --locked "$@"
+cargo test --locked --features system "$@"
 tests/packaging.sh
 # Every benchmark once, small (bench/quick.sh): a benchmark that breaks fails here.
 [ $# -gt 0 ] || bench/quick.sh

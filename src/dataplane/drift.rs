@@ -406,6 +406,7 @@ mod tests {
     /// window — not egressd's own (the replace, netlink element batches) — and listens
     /// through the next replace.
     #[test]
+    #[cfg_attr(not(feature = "system"), ignore = "needs root (a network namespace): `--features system`, tests/run.sh")]
     fn a_quiet_replace_still_catches_a_foreign_commit() {
         use crate::dataplane::nft_sync::QuietReplace;
         assert!(nix::unistd::geteuid().is_root(), "needs root (network namespaces)");
