@@ -48,19 +48,7 @@ fn ranges(key: KeyType, ranges: &[&str]) -> Set {
 
 /// The fixed shape (chains, sets, rules) with the given elements, and no ranges.
 fn table(pods4: &BTreeMap<u8, usize>, pods6: &BTreeMap<u8, usize>, dns: &BTreeMap<u8, u32>, plain: &[u8]) -> Table {
-    with_ranges(pods4, pods6, dns, plain, &[], &[])
-}
-
-/// The fixed shape (chains, sets, rules) with the given elements.
-fn with_ranges(
-    pods4: &BTreeMap<u8, usize>,
-    pods6: &BTreeMap<u8, usize>,
-    dns: &BTreeMap<u8, u32>,
-    plain: &[u8],
-    ranges4: &[&str],
-    ranges6: &[&str],
-) -> Table {
-    with_ported(pods4, pods6, dns, plain, ranges4, ranges6, &[], &[])
+    with_ported(pods4, pods6, dns, plain, &[], &[], &[], &[])
 }
 
 /// The fixed shape with the given elements, ported pieces included.

@@ -9,6 +9,8 @@ mod egress_ip;
 mod firewall;
 mod pod_maps;
 mod qos;
+#[cfg(test)]
+mod rule_strategies;
 mod runs;
 mod snoop_copies;
 mod status;

@@ -573,12 +573,7 @@ pub(crate) fn parse(rule: &str) -> Result<Rule, String> {
                 exprs.push(Expr::Meta { key: META_L4PROTO, dreg: REG_1 });
                 exprs.push(Expr::Hton16 { reg: REG_1, len: 1 });
                 exprs.push(Expr::Payload { base: PAYLOAD_TRANSPORT, offset: 2, len: 2, dreg: REG32_01 });
-                exprs.push(Expr::Payload {
-                    base: PAYLOAD_NETWORK,
-                    offset: if v6 { 24 } else { 16 },
-                    len: if v6 { 16 } else { 4 },
-                    dreg: REG32_02,
-                });
+                exprs.push(daddr_load(v6, REG32_02));
                 exprs.push(Expr::Lookup { set, sreg: REG_1, verdict: false, invert: false, anon: None });
                 i += 9;
             }
@@ -884,12 +879,7 @@ pub(crate) fn parse(rule: &str) -> Result<Rule, String> {
                 require_family(&mut exprs, &mut family, if v6 { NFPROTO_IPV6 } else { NFPROTO_IPV4 })?;
                 exprs.push(Expr::Numgen { dreg: REG_1, offset: hi });
                 exprs.push(Expr::Numgen { dreg: REG32_01, offset: lo });
-                exprs.push(Expr::Payload {
-                    base: PAYLOAD_NETWORK,
-                    offset: if v6 { 24 } else { 16 },
-                    len: if v6 { 16 } else { 4 },
-                    dreg: REG32_02,
-                });
+                exprs.push(daddr_load(v6, REG32_02));
                 exprs.push(Expr::Lookup { set, sreg: REG_1, verdict: false, invert: false, anon: None });
                 i += 17;
             }
@@ -1267,6 +1257,11 @@ const UDATA_PORT_V6: &[u8] = &[
     7, 0, 0, 0, 1, 12, 0, 4, 11, 0, 0, 0, 1, 4, 2, 0, 0, 0, 2, 20, 0, 4, 7, 0, 0, 0, 1, 12, 0, 4, 13, 0, 0, 0, 1, 4, 9,
     0, 0, 0,
 ];
+
+/// `payload load` of the destination address (IPv4 or IPv6) into `dreg`.
+fn daddr_load(v6: bool, dreg: u32) -> Expr {
+    Expr::Payload { base: PAYLOAD_NETWORK, offset: if v6 { 24 } else { 16 }, len: if v6 { 16 } else { 4 }, dreg }
+}
 
 /// `NEWSET` attributes of `set` (created empty; its elements are sent after).
 fn set_body(table: &str, name: &str, set: &Set, id: u32) -> Result<Vec<u8>, String> {
