@@ -464,14 +464,9 @@ const INLINE_MAX: usize = 4;
 /// (`<chain>-r4-<k>`). The chain's shape then depends on the actions, port sets and prefix lengths:
 /// editing a destination of a merged run (same length), or a node's addresses, changes
 /// elements, not rules, and the kernel re-validates nothing.
-fn run_statements(
-    rules: &[super::runs::StaticRule],
-    chain: &str,
-    sets: &mut Vec<(Text, Set)>,
-    verified: bool,
-) -> Vec<String> {
+fn run_statements(runs: &[super::runs::Run], chain: &str, sets: &mut Vec<(Text, Set)>, verified: bool) -> Vec<String> {
     let mut out = Vec::new();
-    for run in super::runs::merge(rules) {
+    for run in runs {
         let (verdict, total) = match run.action {
             Action::Allow => (allow_verdict(verified), "fw-allow"),
             Action::Deny => ("drop", "fw-deny"),
@@ -533,10 +528,9 @@ const INTERVAL_ELEMENT_BYTES: usize = 140;
 const PIPAPO_KEY_BYTE_BYTES: usize = 16_000;
 const PIPAPO_ELEMENT_BYTES: usize = 100;
 
-/// The kernel memory [`run_statements`] would take for `rules`.
-fn run_cost(rules: &[super::runs::StaticRule]) -> usize {
-    super::runs::merge(rules)
-        .iter()
+/// The kernel memory [`run_statements`] would take for `runs`.
+fn run_cost(runs: &[super::runs::Run]) -> usize {
+    runs.iter()
         .flat_map(|run| &run.matches)
         .map(|m| {
             if m.listed.len() <= INLINE_MAX {
@@ -585,16 +579,17 @@ fn segment_statements(
     sets: &mut Vec<(Text, Set)>,
     verified: bool,
 ) -> Vec<String> {
-    let runs = run_cost(rules);
+    let runs = super::runs::merge(rules);
+    let cost = run_cost(&runs);
     // No flattened segment is cheaper than one lookup in one interval set.
-    if runs <= RULE_BYTES + INTERVAL_SET_BYTES {
-        return run_statements(rules, chain, sets, verified);
+    if cost <= RULE_BYTES + INTERVAL_SET_BYTES {
+        return run_statements(&runs, chain, sets, verified);
     }
     let boxes = [super::boxes::flatten(rules, true), super::boxes::flatten(rules, false)];
-    if box_cost(&boxes) < runs {
+    if box_cost(&boxes) < cost {
         box_statements(&boxes, chain, segment, sets, verified)
     } else {
-        run_statements(rules, chain, sets, verified)
+        run_statements(&runs, chain, sets, verified)
     }
 }
 

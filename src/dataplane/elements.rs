@@ -758,16 +758,13 @@ fn encode_element(out: &mut Vec<u8>, tag: Option<u64>, key: ElementKey, value: &
 
 /// The last key of a ported piece: its prefix's last address.
 fn port_key_last(key: ElementKey, len: u8) -> Vec<u8> {
-    let ElementKey::Port(proto, port, ip) = key else { return key_bytes(None, key) };
-    let last = match ip {
-        IpAddr::V4(v4) => {
-            IpAddr::from(std::net::Ipv4Addr::from(u32::from(v4) | u32::MAX.checked_shr(u32::from(len)).unwrap_or(0)))
+    let last = match key {
+        ElementKey::Port(proto, port, ip) => {
+            ElementKey::Port(proto, port, ipnet::IpNet::new(ip, len).map_or(ip, |n| n.broadcast()))
         }
-        IpAddr::V6(v6) => {
-            IpAddr::from(std::net::Ipv6Addr::from(u128::from(v6) | u128::MAX.checked_shr(u32::from(len)).unwrap_or(0)))
-        }
+        other => other,
     };
-    key_bytes(None, ElementKey::Port(proto, port, last))
+    key_bytes(None, last)
 }
 
 /// The address right after the prefix `ip/len`, or `None` when it ends the family's
