@@ -99,11 +99,33 @@ fn firewall_rule() -> impl Strategy<Value = String> {
     (pick(&["Allow", "Deny", "Allowed"]), to, ports).prop_map(|(t, to, p)| format!("  - {{type: {t}, to: {to}{p}}}\n"))
 }
 
+/// A long list the compile flattens (`compile/boxes.rs`): six runs of five destinations
+/// of three prefix lengths (each run would need an interval set), actions alternating,
+/// optionally a nodeSelector rule in the middle (its addresses follow the nodes).
+fn long_rules() -> impl Strategy<Value = Vec<String>> {
+    (0u8..8, any::<bool>(), any::<bool>()).prop_map(|(offset, deny_first, nodes)| {
+        let mut rules = Vec::new();
+        for run in 0..6u32 {
+            let action = if (run % 2 == 0) == deny_first { "Deny" } else { "Allow" };
+            for (j, len) in [29u32, 30, 31, 32, 29].into_iter().enumerate() {
+                let base = (run * 5 + j as u32) * 8 + u32::from(offset % 2);
+                let net =
+                    ipnet::Ipv4Net::new(std::net::Ipv4Addr::new(192, 0, 2, base as u8), len as u8).unwrap().trunc();
+                rules.push(format!("  - {{type: {action}, to: {{cidrSelector: \"{net}\"}}}}\n"));
+            }
+            if nodes && run == 2 {
+                rules.push("  - {type: Allow, to: {nodeSelector: {matchLabels: {role: web}}}}\n".to_string());
+            }
+        }
+        rules
+    })
+}
+
 fn firewall() -> impl Strategy<Value = String> {
     (
         pick(&["a", "b"]),
         pick(&["default", "default", "other"]),
-        proptest::collection::vec(firewall_rule(), 0..4),
+        prop_oneof![4 => proptest::collection::vec(firewall_rule(), 0..4), 1 => long_rules()],
         pick(&["", ", annotations: {egressd.io/audit: \"true\"}"]),
     )
         .prop_map(|(ns, name, rules, audit)| {
