@@ -17,24 +17,34 @@ set -euo pipefail
 cmd=$1 dir=$2 port=${3:-}
 here=$(cd "$(dirname "$0")" && pwd)
 
-# A free port below the kernel's ephemeral range (32768-60999): a port the kernel hands
+# Free ports below the kernel's ephemeral range (32768-60999): a port the kernel hands
 # out (port 0) may be taken again by an outgoing connection (kube-apiserver's to etcd)
 # before the server binds it ("bind: address already in use", seen once in CI).
-free_port() {
-  python3 -c '
-import random, socket
-for _ in range(500):
+# free_ports N [TAKEN...]: N distinct free ports, none of TAKEN (picked one call at a
+# time, two could be the same port: etcd then held kube-apiserver's, seen once in CI).
+free_ports() {
+  python3 - "$@" <<'PY'
+import random, socket, sys
+n, taken = int(sys.argv[1]), {int(p) for p in sys.argv[2:]}
+for _ in range(500 * max(n, 1)):
+    if n == 0:
+        break
     p = random.randrange(20000, 32000)
+    if p in taken:
+        continue
     s = socket.socket()
     try:
         s.bind(("0.0.0.0", p))
     except OSError:
         continue
+    finally:
+        s.close()
     print(p)
-    break
+    taken.add(p)
+    n -= 1
 else:
     raise SystemExit("no free port in 20000-32000")
-'
+PY
 }
 
 start_apiserver() { # DIR: start kube-apiserver with the saved arguments, record its PID
@@ -56,8 +66,8 @@ case "$cmd" in
 start)
   bin=$("$here/build-apiserver.sh")
   mkdir -p "$dir"
-  [ -n "$port" ] || port=$(free_port)
-  etcd_port=$(free_port); peer_port=$(free_port)
+  [ -n "$port" ] || port=$(free_ports 1)
+  read -r etcd_port peer_port <<<"$(free_ports 2 "$port" | tr '\n' ' ')"
   admin=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
   agent=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
   printf '%s,admin,admin,system:masters\n%s,system:serviceaccount:egressd:egressd,sa-egressd,"system:serviceaccounts,system:serviceaccounts:egressd,system:authenticated"\n' "$admin" "$agent" >"$dir/tokens.csv"
