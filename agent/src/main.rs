@@ -13,7 +13,7 @@ use egressd::compile::NodeConfig;
 use egressd::dataplane::nft_sync::{NftCli, NftSyncer};
 use egressd::leader::{Leadership, LeaseConfig};
 use egressd::placement::controller::PlacementSink;
-use egressd::source::kube::KubeWatch;
+use egressd::source::kube::{KubeWatch, PodScope};
 use egressd::source::manifests::ManifestsWatch;
 use egressd::status::writer::KubeStatusWriter;
 use egressd::telemetry::Telemetry;
@@ -717,9 +717,12 @@ fn explain(args: &ExplainArgs) -> ExitCode {
                     rt.block_on(async {
                         let client = egressd::source::kube::client(Some(path)).await.map_err(|e| e.to_string())?;
                         let telemetry = std::sync::Arc::new(Telemetry::default());
-                        let watch = tokio::time::timeout(Duration::from_secs(30), KubeWatch::start(&client, telemetry))
-                            .await
-                            .map_err(|_| "the cluster did not answer within 30 s".to_string())?;
+                        let watch = tokio::time::timeout(
+                            Duration::from_secs(30),
+                            KubeWatch::start(&client, PodScope::Cluster, telemetry),
+                        )
+                        .await
+                        .map_err(|_| "the cluster did not answer within 30 s".to_string())?;
                         local(egressd::source::ViewSource::view(&watch), &node.config())
                     })
                 },
@@ -929,7 +932,7 @@ fn run(args: RunArgs) -> ExitCode {
             egressd::leader::run(client.clone(), lease, leadership.clone()).instrument(info_span!("leader_lease")),
         );
         let view = tokio::select! {
-            v = KubeWatch::start(&client, telemetry.clone()) => v,
+            v = KubeWatch::start(&client, PodScope::Node(args.node.node_name.clone()), telemetry.clone()) => v,
             _ = &mut shutdown => return Ok(()),
         };
         let p = &args.placement;

@@ -222,7 +222,7 @@ pub struct CompileCache {
     node: Option<NodeConfig>,
     firewall: firewall::FirewallCache,
     snoop_names: snoop_copies::NamesCache,
-    /// Pod addresses outside the cluster ranges (warnings), as of the pods' stamp.
+    /// This node's pods' addresses outside the cluster ranges (warnings), as of the pods' stamp.
     outside: Option<(u64, std::collections::BTreeMap<std::net::IpAddr, String>)>,
 }
 
@@ -250,7 +250,14 @@ pub fn compile_cached(
     let mut warnings = Vec::new();
 
     let (owners, clashes) = view.pod_ip_owners();
-    for c in &clashes {
+    // Each node reports the clashes of its own pods (other nodes' pods may not be in
+    // its view).
+    let local = |name: &String| {
+        name.split_once('/')
+            .and_then(|(ns, n)| view.pods.get(&(ns.to_string(), n.to_string())))
+            .is_some_and(|p| node.is_local(p))
+    };
+    for c in clashes.iter().filter(|c| std::iter::once(&c.winner).chain(&c.losers).any(local)) {
         warnings.push(format!(
             "pod IP {} is claimed by {} and {}; {} keeps it",
             c.ip,
@@ -287,7 +294,8 @@ pub fn compile_cached(
     Desired { table: std::sync::Arc::new(table), net, snoop, statuses, warnings }
 }
 
-/// The warnings for pod addresses outside the cluster ranges, by address: patched for
+/// The warnings for this node's pods' addresses outside the cluster ranges (each node
+/// reports its own pods; other nodes' pods may not be in its view), by address: patched for
 /// the addresses the pods' journal lists since the stamp `kept` was made at (each
 /// address's warning depends on its owner only), made anew when it does not reach back.
 fn outside_ranges<'a>(
@@ -297,7 +305,7 @@ fn outside_ranges<'a>(
     kept: &'a mut Option<(u64, std::collections::BTreeMap<std::net::IpAddr, String>)>,
 ) -> &'a std::collections::BTreeMap<std::net::IpAddr, String> {
     let warning = |ip: &std::net::IpAddr| {
-        let pod = owners.get(ip)?;
+        let pod = owners.get(ip).filter(|p| node.is_local(p))?;
         (!node.cluster_cidrs.iter().any(|n| n.contains(ip))).then(|| {
             format!("pod IP {ip} of {}/{} is outside the cluster ranges (--cluster-cidr)", pod.namespace, pod.name)
         })

@@ -12,6 +12,12 @@
 //!   objects: what was deleted meanwhile disappears at the end of the re-list. While the
 //!   API is unreachable the view, and so the dataplane, stays as it is.
 //! * Pods are reduced to the fields egressd uses as they arrive.
+//! * An agent follows only its own node's pods (field selector `spec.nodeName=<node>`),
+//!   unless the node hosts an egress IP, or may be given one, while an EgressIP exists
+//!   ([`ClusterView::needs_cluster_pods`]): then every scheduled pod (`spec.nodeName!=`), because the
+//!   SNAT of pods steered to it over a shared link names them by address. A change of
+//!   scope is a new watch whose list replaces the pods (as a re-list does); messages of
+//!   the watch it replaced are dropped by their generation, so none arrives late.
 //!
 //! The observed `status` of EgressFirewall and EgressQoS objects is kept too, so the status
 //! writer only writes what differs from what the API already has.
@@ -52,6 +58,16 @@ pub(crate) enum KubeMsg {
     InitDone(Kind),
     /// The watch failed (it retries with backoff).
     Error(Kind, WatchProblem, String),
+}
+
+impl KubeMsg {
+    /// The kind the message is about.
+    fn kind(&self) -> Kind {
+        match self {
+            Self::Init(k) | Self::InitDone(k) | Self::Error(k, ..) => *k,
+            Self::Apply { key, .. } | Self::Delete(key) => key.kind,
+        }
+    }
 }
 
 /// Why a watch failed, as far as it matters to the agent.
@@ -157,22 +173,32 @@ fn custom(kind: Kind, obj: DynamicObject) -> KubeMsg {
 /// (heaptrack, bench/FINDINGS.md "peak RSS").
 const CUSTOM_PAGE: u32 = 25;
 
+/// A message with the generation of the watch that sent it (0 for every kind but Pod,
+/// whose watch is replaced when its scope changes).
+type Tagged = (u64, KubeMsg);
+
 /// Run [`forward`] as a task of its own, its logs in a `watch{kind}` span.
-fn spawn_watch<K, F>(kind: Kind, api: Api<K>, tx: mpsc::Sender<KubeMsg>, convert: F)
+fn spawn_watch<K, F>(
+    kind: Kind,
+    api: Api<K>,
+    config: watcher::Config,
+    tx: (u64, mpsc::Sender<Tagged>),
+    convert: F,
+) -> tokio::task::JoinHandle<()>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     F: Fn(K) -> KubeMsg + Send + 'static,
 {
     let span = tracing::info_span!("watch", kind = %kind);
-    tokio::spawn(tracing::Instrument::instrument(forward(kind, api, tx, convert), span));
+    tokio::spawn(tracing::Instrument::instrument(forward(kind, api, config, tx, convert), span))
 }
 
-async fn forward<K, F>(kind: Kind, api: Api<K>, tx: mpsc::Sender<KubeMsg>, convert: F)
+async fn forward<K, F>(kind: Kind, api: Api<K>, config: watcher::Config, tx: (u64, mpsc::Sender<Tagged>), convert: F)
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
     F: Fn(K) -> KubeMsg,
 {
-    let config = watcher::Config::default();
+    let (generation, tx) = tx;
     let config = if kind.is_custom() { config.page_size(CUSTOM_PAGE) } else { config };
     let stream = watcher::watcher(api, config).default_backoff();
     futures::pin_mut!(stream);
@@ -184,35 +210,111 @@ where
             Ok(Event::Delete(o)) => KubeMsg::Delete(key_of(kind, o.meta())),
             Err(e) => KubeMsg::Error(kind, WatchProblem::of(&e), e.to_string()),
         };
-        if tx.send(msg).await.is_err() {
+        if tx.send((generation, msg)).await.is_err() {
             return;
         }
     }
 }
 
-/// Start one watcher task per kind; messages arrive on the returned channel.
-pub(crate) fn start_watches(client: &Client) -> mpsc::Receiver<KubeMsg> {
-    let (tx, rx) = mpsc::channel(1024);
-    spawn_watch(Kind::Namespace, Api::<Namespace>::all(client.clone()), tx.clone(), |o| KubeMsg::Apply {
-        key: key_of(Kind::Namespace, &o.metadata),
-        object: Ok(Box::new(Object::Namespace(o))),
-        observed: None,
+/// Start one watcher task per kind but Pod; messages arrive on the returned channel.
+fn start_watches(client: &Client, tx: &mpsc::Sender<Tagged>) {
+    let config = watcher::Config::default;
+    spawn_watch(Kind::Namespace, Api::<Namespace>::all(client.clone()), config(), (0, tx.clone()), |o| {
+        KubeMsg::Apply {
+            key: key_of(Kind::Namespace, &o.metadata),
+            object: Ok(Box::new(Object::Namespace(o))),
+            observed: None,
+        }
     });
-    spawn_watch(Kind::Node, Api::<Node>::all(client.clone()), tx.clone(), |o| KubeMsg::Apply {
+    spawn_watch(Kind::Node, Api::<Node>::all(client.clone()), config(), (0, tx.clone()), |o| KubeMsg::Apply {
         key: key_of(Kind::Node, &o.metadata),
         object: Ok(Box::new(Object::Node(o))),
         observed: None,
     });
-    spawn_watch(Kind::Pod, Api::<Pod>::all(client.clone()), tx.clone(), |o| KubeMsg::Apply {
-        key: key_of(Kind::Pod, &o.metadata),
-        object: Ok(Box::new(Object::Pod(o))),
-        observed: None,
-    });
     for kind in [Kind::EgressFirewall, Kind::EgressQoS, Kind::EgressIP, Kind::CloudPrivateIPConfig] {
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &kind.api_resource());
-        spawn_watch(kind, api, tx.clone(), move |o| custom(kind, o));
+        spawn_watch(kind, api, config(), (0, tx.clone()), move |o| custom(kind, o));
     }
-    rx
+}
+
+/// Which pods an agent's view holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodScope {
+    /// Every scheduled pod of the cluster (`egressd explain --kubeconfig`, which answers
+    /// for any pod).
+    Cluster,
+    /// This node's pods, and every scheduled pod only while [`ClusterView::needs_cluster_pods`].
+    Node(String),
+}
+
+/// The field selector of the pod watch: the node's own pods, or every scheduled one.
+/// Unscheduled pods have no address and matter to no node.
+fn pod_selector(node: Option<&str>) -> String {
+    match node {
+        Some(n) => format!("spec.nodeName={n}"),
+        None => "spec.nodeName!=".into(),
+    }
+}
+
+/// The pod watch, replaced when its scope changes.
+struct PodWatch {
+    /// Whose pods (`None`: every pod, always).
+    node: Option<String>,
+    /// The running watch covers every scheduled pod.
+    wide: bool,
+    /// The running watch's generation: messages of older ones are dropped.
+    generation: u64,
+    /// The running watch's list is complete.
+    listed: bool,
+    task: Option<tokio::task::JoinHandle<()>>,
+    /// What starts a watch (none in unit tests).
+    start: Option<(Client, mpsc::Sender<Tagged>)>,
+}
+
+impl PodWatch {
+    /// Replace the running watch by one covering every pod (`wide`) or the node's own.
+    fn restart(&mut self, wide: bool) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+        self.generation += 1;
+        self.wide = wide;
+        self.listed = false;
+        let Some((client, tx)) = &self.start else { return };
+        let selector = pod_selector(if wide { None } else { self.node.as_deref() });
+        tracing::info!(selector = %selector, "watching pods");
+        let config = watcher::Config::default().fields(&selector);
+        self.task =
+            Some(spawn_watch(Kind::Pod, Api::<Pod>::all(client.clone()), config, (self.generation, tx.clone()), |o| {
+                KubeMsg::Apply {
+                    key: key_of(Kind::Pod, &o.metadata),
+                    object: Ok(Box::new(Object::Pod(o))),
+                    observed: None,
+                }
+            }));
+    }
+
+    /// Whether `msg` comes from the running pod watch (or is not about pods).
+    fn current(&mut self, generation: u64, msg: &KubeMsg) -> bool {
+        if msg.kind() != Kind::Pod {
+            return true;
+        }
+        if generation != self.generation {
+            return false;
+        }
+        if matches!(msg, KubeMsg::InitDone(_)) {
+            self.listed = true;
+        }
+        true
+    }
+}
+
+impl Drop for PodWatch {
+    fn drop(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
 }
 
 /// The view built from the watches.
@@ -238,7 +340,8 @@ pub(crate) struct KubeObjects {
 /// The Kubernetes watches as a [`super::ViewSource`].
 pub struct KubeWatch {
     source: KubeObjects,
-    rx: mpsc::Receiver<KubeMsg>,
+    rx: mpsc::Receiver<Tagged>,
+    pods: PodWatch,
     telemetry: std::sync::Arc<crate::telemetry::Telemetry>,
     reported: BTreeMap<Kind, WatchProblem>,
     /// When the first message of the last reported change arrived.
@@ -280,19 +383,37 @@ impl KubeWatch {
     }
 
     /// Start the watches and wait until every kind is listed (the agent applies nothing
-    /// before that). Logs progress while the API server is unreachable.
-    pub async fn start(client: &Client, telemetry: std::sync::Arc<crate::telemetry::Telemetry>) -> Self {
-        let mut view = Self {
-            source: KubeObjects::new(),
-            rx: start_watches(client),
-            telemetry,
-            reported: BTreeMap::new(),
-            seen: None,
+    /// before that), pods in the scope the node needs. Logs progress while the API server
+    /// is unreachable.
+    pub async fn start(
+        client: &Client,
+        scope: PodScope,
+        telemetry: std::sync::Arc<crate::telemetry::Telemetry>,
+    ) -> Self {
+        let (tx, rx) = mpsc::channel(1024);
+        start_watches(client, &tx);
+        let node = match scope {
+            PodScope::Cluster => None,
+            PodScope::Node(n) => Some(n),
         };
-        while !view.source.synced() {
+        let mut pods =
+            PodWatch { node, wide: false, generation: 0, listed: false, task: None, start: Some((client.clone(), tx)) };
+        pods.restart(pods.node.is_none());
+        let mut view = Self { source: KubeObjects::new(), rx, pods, telemetry, reported: BTreeMap::new(), seen: None };
+        loop {
+            if view.source.synced() {
+                // The node's scope is known once EgressIPs and Nodes are listed; a node
+                // that needs every pod waits for their list too.
+                view.rescope();
+                if view.pods.listed || view.source.unavailable().contains_key(&Kind::Pod) {
+                    break;
+                }
+            }
             match view.rx.recv().await {
-                Some(msg) => {
-                    view.source.handle(msg);
+                Some((generation, msg)) => {
+                    if view.pods.current(generation, &msg) {
+                        view.source.handle(msg);
+                    }
                 }
                 None => break,
             }
@@ -300,10 +421,25 @@ impl KubeWatch {
         view.report_kinds();
         tracing::info!(
             pods = view.source.view().pods.len(),
+            cluster_pods = view.pods.wide,
             nodes = view.source.view().nodes.len(),
             "initial lists complete"
         );
         view
+    }
+
+    /// Whether the pod watch covers every pod of the cluster.
+    pub fn follows_cluster_pods(&self) -> bool {
+        self.pods.wide
+    }
+
+    /// Replace the pod watch when the node's need for other nodes' pods changed.
+    fn rescope(&mut self) {
+        let Some(node) = &self.pods.node else { return };
+        let wide = self.source.view().needs_cluster_pods(node);
+        if wide != self.pods.wide {
+            self.pods.restart(wide);
+        }
     }
 }
 
@@ -323,16 +459,21 @@ impl super::ViewSource for KubeWatch {
     /// Cancellation-safe: `recv` is, and nothing is awaited once a message is taken (a
     /// message handled is always reported by the same call).
     async fn next_change(&mut self) -> bool {
-        let Some(first) = self.rx.recv().await else {
+        let Some((generation, first)) = self.rx.recv().await else {
             return std::future::pending().await;
         };
         self.seen = Some(std::time::Instant::now());
-        let mut changed = self.source.handle(first);
+        let mut changed = self.pods.current(generation, &first) && self.source.handle(first);
         // Coalesce what is queued already (a re-list, a rollout arrive as a burst) into
         // one recompile, without waiting for more: what arrives during that recompile
         // and sync is queued, and coalesced at the next call.
-        while let Ok(msg) = self.rx.try_recv() {
-            changed |= self.source.handle(msg);
+        while let Ok((generation, msg)) = self.rx.try_recv() {
+            if self.pods.current(generation, &msg) {
+                changed |= self.source.handle(msg);
+            }
+        }
+        if changed {
+            self.rescope();
         }
         self.report_kinds();
         changed
@@ -564,25 +705,141 @@ mod tests {
         let mut w = KubeWatch {
             source: KubeObjects::new(),
             rx,
+            pods: PodWatch { node: None, wide: true, generation: 0, listed: false, task: None, start: None },
             telemetry: std::sync::Arc::new(crate::telemetry::Telemetry::default()),
             reported: BTreeMap::new(),
             seen: None,
         };
-        tx.send(KubeMsg::Init(Kind::Namespace)).await.unwrap();
-        tx.send(ns("a")).await.unwrap();
-        tx.send(ns("b")).await.unwrap();
-        tx.send(KubeMsg::InitDone(Kind::Namespace)).await.unwrap();
+        tx.send((0, KubeMsg::Init(Kind::Namespace))).await.unwrap();
+        tx.send((0, ns("a"))).await.unwrap();
+        tx.send((0, ns("b"))).await.unwrap();
+        tx.send((0, KubeMsg::InitDone(Kind::Namespace))).await.unwrap();
         let first = tokio::time::timeout(std::time::Duration::from_secs(1), w.next_change()).await;
         assert_eq!(first, Ok(true));
         assert_eq!(w.view().namespaces.len(), 2, "the queued messages are in the same report");
         let seen = w.seen_at().expect("seen");
         let idle = tokio::time::timeout(std::time::Duration::from_millis(20), w.next_change()).await;
         assert!(idle.is_err(), "reported a change while nothing arrived");
-        tx.send(KubeMsg::Delete(ObjectKey::new(Kind::Namespace, "", "a"))).await.unwrap();
+        tx.send((0, KubeMsg::Delete(ObjectKey::new(Kind::Namespace, "", "a")))).await.unwrap();
         let again = tokio::time::timeout(std::time::Duration::from_secs(1), w.next_change()).await;
         assert_eq!(again, Ok(true), "the change after a dropped wait was lost");
         assert_eq!(w.view().namespaces.keys().collect::<Vec<_>>(), vec!["b"]);
         assert!(w.seen_at().is_some_and(|s| s > seen), "seen_at is the new change's arrival");
+    }
+
+    fn pod(name: &str, node: &str, ip: &str) -> KubeMsg {
+        let p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "a"},
+            "spec": {"nodeName": node, "containers": []},
+            "status": {"podIP": ip, "phase": "Running"}
+        }))
+        .unwrap();
+        KubeMsg::Apply {
+            key: ObjectKey::new(Kind::Pod, "a", name),
+            object: Ok(Box::new(Object::Pod(p))),
+            observed: None,
+        }
+    }
+
+    fn egress_ip(host: Option<&str>) -> KubeMsg {
+        let items: Vec<_> = host.iter().map(|h| serde_json::json!({"node": h, "egressIP": "192.0.2.50"})).collect();
+        let o: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "k8s.ovn.org/v1", "kind": "EgressIP",
+            "metadata": {"name": "e1", "uid": "u1"},
+            "spec": {"egressIPs": ["192.0.2.50"], "namespaceSelector": {"matchLabels": {"t": "a"}}},
+            "status": {"items": items}
+        }))
+        .unwrap();
+        custom(Kind::EgressIP, o)
+    }
+
+    fn node_msg(name: &str, assignable: bool) -> KubeMsg {
+        let mut n = Node::default();
+        n.metadata.name = Some(name.into());
+        if assignable {
+            n.metadata.labels = Some([(crate::view::EGRESS_ASSIGNABLE_LABEL.to_string(), String::new())].into());
+        }
+        KubeMsg::Apply {
+            key: ObjectKey::new(Kind::Node, "", name),
+            object: Ok(Box::new(Object::Node(n))),
+            observed: None,
+        }
+    }
+
+    fn pod_names(view: &ClusterView) -> Vec<&str> {
+        view.pods.keys().map(|(_, n)| n.as_str()).collect()
+    }
+
+    #[test]
+    fn only_a_node_that_hosts_or_may_host_an_egress_ip_needs_other_nodes_pods() {
+        let mut s = KubeObjects::new();
+        s.handle(node_msg("a", true));
+        s.handle(node_msg("b", false));
+        s.handle(node_msg("c", false));
+        for n in ["a", "b", "c"] {
+            assert!(!s.view().needs_cluster_pods(n), "{n}: no EgressIP, no need");
+        }
+        s.handle(egress_ip(None));
+        assert!(s.view().needs_cluster_pods("a"), "assignable, an EgressIP exists: ready for a failover");
+        assert!(!s.view().needs_cluster_pods("b"));
+        s.handle(egress_ip(Some("b")));
+        assert!(s.view().needs_cluster_pods("b"), "hosts the egress IP");
+        assert!(!s.view().needs_cluster_pods("c"));
+    }
+
+    /// The pod watch follows the node's need; the list of a new scope replaces the pods,
+    /// and a message of a replaced watch that arrives late changes nothing.
+    #[tokio::test]
+    async fn the_pod_scope_follows_hosting_and_a_replaced_watch_is_ignored() {
+        use super::super::ViewSource;
+        let (tx, rx) = mpsc::channel(64);
+        let mut w = KubeWatch {
+            source: KubeObjects::new(),
+            rx,
+            pods: PodWatch {
+                node: Some("a".into()),
+                wide: false,
+                generation: 1,
+                listed: false,
+                task: None,
+                start: None,
+            },
+            telemetry: std::sync::Arc::new(crate::telemetry::Telemetry::default()),
+            reported: BTreeMap::new(),
+            seen: None,
+        };
+        async fn next(w: &mut KubeWatch) {
+            let f = w.next_change();
+            tokio::time::timeout(std::time::Duration::from_secs(1), f).await.expect("a change");
+        }
+        for m in [KubeMsg::Init(Kind::Pod), pod("local", "a", "198.18.1.2"), KubeMsg::InitDone(Kind::Pod)] {
+            tx.send((1, m)).await.unwrap();
+        }
+        next(&mut w).await;
+        assert_eq!(pod_names(w.view()), ["local"]);
+        assert!(!w.follows_cluster_pods());
+        // This node becomes the host: a new watch (generation 2) of every pod.
+        tx.send((0, egress_ip(Some("a")))).await.unwrap();
+        next(&mut w).await;
+        assert!(w.follows_cluster_pods());
+        assert_eq!(w.pods.generation, 2);
+        for m in [KubeMsg::Init(Kind::Pod), pod("local", "a", "198.18.1.2"), pod("remote", "b", "198.18.2.2")] {
+            tx.send((2, m)).await.unwrap();
+        }
+        tx.send((1, pod("late", "a", "198.18.1.9"))).await.unwrap();
+        tx.send((2, KubeMsg::InitDone(Kind::Pod))).await.unwrap();
+        next(&mut w).await;
+        assert_eq!(pod_names(w.view()), ["local", "remote"], "a message of the replaced watch was taken");
+        // Not the host any more: back to the node's own pods; the list removes the rest.
+        tx.send((0, egress_ip(None))).await.unwrap();
+        next(&mut w).await;
+        assert!(!w.follows_cluster_pods());
+        tx.send((2, pod("stale", "b", "198.18.2.9"))).await.unwrap();
+        for m in [KubeMsg::Init(Kind::Pod), pod("local", "a", "198.18.1.2"), KubeMsg::InitDone(Kind::Pod)] {
+            tx.send((3, m)).await.unwrap();
+        }
+        next(&mut w).await;
+        assert_eq!(pod_names(w.view()), ["local"], "other nodes' pods kept after the scope narrowed");
     }
 
     #[test]

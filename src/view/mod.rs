@@ -389,6 +389,20 @@ impl Update {
 }
 
 impl ClusterView {
+    /// Whether `node` needs the pods of other nodes: it hosts an egress IP (pods of
+    /// other nodes steered to it over a shared link arrive with their own addresses, and
+    /// its SNAT map names them), or it may be given one — labelled
+    /// [`EGRESS_ASSIGNABLE_LABEL`] while an EgressIP exists —, so that a failover to it
+    /// does not wait for a list of the cluster's pods. Every other node's compile reads
+    /// only its own pods (firewall, QoS, DNS snooping and steering act on local pods
+    /// alone; tests/incremental.rs checks that it gives what the whole cluster gives).
+    pub fn needs_cluster_pods(&self, node: &str) -> bool {
+        let policies = || self.egress_ips.values().filter_map(|e| e.policy.as_deref());
+        let hosts = policies().any(|p| p.placement.iter().any(|(_, n)| n == node));
+        let assignable = self.nodes.get(node).is_some_and(|n| n.labels.contains_key(EGRESS_ASSIGNABLE_LABEL));
+        hosts || (assignable && policies().next().is_some())
+    }
+
     /// Add or replace an object; returns whether the view changed. A policy object that
     /// fails validation keeps its last good version and records the error.
     pub fn upsert(&mut self, object: &Object) -> bool {
