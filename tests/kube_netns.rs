@@ -47,12 +47,28 @@ fn follows_the_cluster_writes_statuses_and_survives_restarts_and_410() {
     setup(&api);
     node(&api, "node-a", "198.18.254.1", true);
     pod(&api, "team-a", "pod0", "node-a", "198.18.1.2", "2001:db8:1:1::2");
+    // Pods of another node: not in this agent's view (it watches its own node's pods;
+    // no EgressIP exists, so it needs no other).
+    node(&api, "node-b", "198.18.254.3", false);
+    for i in 0..3 {
+        pod(
+            &api,
+            "team-a",
+            &format!("b{i}"),
+            "node-b",
+            &format!("198.18.2.{}", i + 2),
+            &format!("2001:db8:1:2::{}", i + 2),
+        );
+    }
     firewall(&api, "team-a", "  - {type: Deny, to: {cidrSelector: 203.0.113.0/24}}\n");
 
     let agent = start_agent(&t, &api, "node-a", "egressd");
     let p0 = &t.pods[0];
     assert_eq!(tcp(p0, "203.0.113.2", 8080), None, "policy from the API applied:\n{}", agent.log_text());
     assert!(tcp(p0, "192.0.2.10", 8080).is_some());
+    let health = format!("127.0.0.1:{}", 9780 + u16::from(b'a') % 16);
+    let (_, metrics) = netns::http_get(&t.node, &health, "/metrics").unwrap();
+    assert!(metrics.contains("egressd_objects{kind=\"Pod\",valid=\"true\"} 1\n"), "only node-a's pod: {metrics}");
 
     // Per-node message (server-side apply as egressd-node-a) and the leader's aggregate.
     let status = wait_for(Duration::from_secs(15), || {

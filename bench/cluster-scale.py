@@ -1,0 +1,278 @@
+#!/usr/bin/env python3
+"""The API side of bench/cluster-scale.sh (workload described there).
+
+    cluster-scale.py populate ENV PODS LOCAL NAMESPACES
+    cluster-scale.py measure ENV WORK N CHANGES "PIDS" APISERVER_PID PODS NAMESPACES LOCAL
+
+ENV is tests/kube/apiserver.sh's env file; WORK holds the agents' logs (log-<i>)."""
+import datetime, http.client, ipaddress, json, re, ssl, statistics, sys, threading, time
+from concurrent.futures import ThreadPoolExecutor
+
+env = dict(l.strip().split("=", 1) for l in open(sys.argv[2]) if "=" in l)
+URL = env["KUBE_URL"].removeprefix("https://")
+CTX = ssl._create_unverified_context()
+local = threading.local()
+
+
+def call(method, path, body=None, kind="application/json"):
+    """One request on this thread's kept-alive connection; returns (status, body, the
+    time the response was read: the API server's acknowledgement)."""
+    for attempt in range(5):
+        conn = getattr(local, "conn", None)
+        if conn is None:
+            conn = local.conn = http.client.HTTPSConnection(URL, context=CTX, timeout=60)
+        headers = {"Authorization": f"Bearer {env['ADMIN_TOKEN']}", "Content-Type": kind}
+        try:
+            conn.request(method, path, json.dumps(body).encode() if body is not None else None, headers)
+            r = conn.getresponse()
+            data = r.read()
+            acked = time.time_ns()
+        except (OSError, http.client.HTTPException):
+            local.conn = None
+            time.sleep(0.2 * (attempt + 1))
+            continue
+        if r.status == 429 or r.status >= 500:
+            time.sleep(0.2 * (attempt + 1))
+            continue
+        if r.status >= 300 and not (method == "POST" and r.status == 409):
+            sys.exit(f"{method} {path}: {r.status} {data[:300]!r}")
+        return r.status, data, acked
+    sys.exit(f"{method} {path}: failed 5 times")
+
+
+def node_ip(i):
+    return f"198.19.{i // 250}.{i % 250 + 1}"
+
+
+def pod_ips(g):
+    # Every pod an IPv6 address; the first 65,000 an IPv4 one too (198.18.0.0/16).
+    v6 = str(ipaddress.ip_address("2001:db8:1::1") + g)
+    return [str(ipaddress.ip_address("198.18.0.1") + g), v6] if g < 65000 else [v6]
+
+
+def populate(pods, per_node, nsn):
+    nodes = pods // per_node
+    t = time.time()
+    par = ThreadPoolExecutor(16)
+    def namespace(k):
+        labels = {"team": f"t{k % 10}", "kubernetes.io/metadata.name": f"ns{k}"}
+        call("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+             "metadata": {"name": f"ns{k}", "labels": labels}})
+        egress = [{"type": "Allow", "to": {"cidrSelector": f"{100 + r}.{k // 256}.{k % 256}.0/24"},
+                   **({"ports": [{"protocol": "TCP", "port": 443}]} if r % 3 == 0 else {})} for r in range(9)]
+        if k == 0:
+            egress.insert(0, {"type": "Allow", "to": {"nodeSelector": {"matchLabels": {"bench/role": "edge"}}}})
+        egress.append({"type": "Deny", "to": {"cidrSelector": "0.0.0.0/0"}})
+        call("POST", f"/apis/k8s.ovn.org/v1/namespaces/ns{k}/egressfirewalls",
+             {"apiVersion": "k8s.ovn.org/v1", "kind": "EgressFirewall",
+              "metadata": {"name": "default", "namespace": f"ns{k}"}, "spec": {"egress": egress}})
+    list(par.map(namespace, range(nsn)))
+    def node(i):
+        labels = {"kubernetes.io/hostname": f"node-{i}"}
+        if i == 1:
+            labels["k8s.ovn.org/egress-assignable"] = ""
+        call("POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"node-{i}", "labels": labels}})
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        call("PATCH", f"/api/v1/nodes/node-{i}/status", {"status": {
+            "addresses": [{"type": "InternalIP", "address": node_ip(i)}],
+            "conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": now, "lastTransitionTime": now,
+                            "reason": "KubeletReady", "message": "bench"}]}}, "application/merge-patch+json")
+    list(par.map(node, range(nodes)))
+    print(f"  namespaces and nodes: {time.time() - t:.0f} s", file=sys.stderr)
+    def pod(g):
+        k, j = divmod(g, per_node)
+        ns = "ns0" if j == 0 else f"ns{g % nsn}"
+        labels = {"app": f"a{g % 50}", **({"eip": "yes"} if j == 0 else {})}
+        call("POST", f"/api/v1/namespaces/{ns}/pods", {"apiVersion": "v1", "kind": "Pod",
+             "metadata": {"name": f"p{g}", "labels": labels},
+             "spec": {"nodeName": f"node-{k}", "containers": [{"name": "c", "image": "example.invalid/c"}]}})
+        ips = pod_ips(g)
+        call("PATCH", f"/api/v1/namespaces/{ns}/pods/p{g}/status",
+             {"status": {"phase": "Running", "podIP": ips[0], "podIPs": [{"ip": ip} for ip in ips]}},
+             "application/merge-patch+json")
+        if g % 10000 == 9999:
+            print(f"  {g + 1} pods: {time.time() - t:.0f} s", file=sys.stderr)
+    list(par.map(pod, range(pods)))
+
+
+class Logs:
+    """The agents' "dataplane in sync" lines, read on as they are written."""
+
+    def __init__(self, work, n):
+        self.paths = [f"{work}/log-{i}" for i in range(n)]
+        self.offsets = [0] * n
+        self.stamps = [[] for _ in range(n)]
+
+    def read(self, i):
+        with open(self.paths[i], "rb") as f:
+            f.seek(self.offsets[i])
+            data = f.read()
+        done = data.rfind(b"\n") + 1
+        self.offsets[i] += done
+        for line in data[:done].decode(errors="replace").splitlines():
+            if "dataplane in sync" in line:
+                stamp = datetime.datetime.fromisoformat(line.split()[0].replace("Z", "+00:00"))
+                self.stamps[i].append(stamp.timestamp() * 1e9)
+        return self.stamps[i]
+
+    def after(self, i, t_ns, timeout=60):
+        """Milliseconds from t_ns to agent i's first sync line stamped after it."""
+        end = time.time() + timeout
+        while time.time() < end:
+            later = [s for s in self.read(i) if s > t_ns]
+            if later:
+                return (later[0] - t_ns) / 1e6
+            time.sleep(0.01)
+        return None
+
+
+def metrics():
+    """(watch events, Pod watch events, watch bytes, writes but Leases) of the API server."""
+    _, body, _ = call("GET", "/metrics")
+    events = pod_events = size = writes = 0.0
+    for line in body.decode().splitlines():
+        if line.startswith("apiserver_watch_events_total{"):
+            v = float(line.rsplit(" ", 1)[1])
+            events += v
+            if 'kind="Pod"' in line:
+                pod_events += v
+        elif line.startswith("apiserver_watch_events_sizes_sum{"):
+            size += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("apiserver_request_total{"):
+            verb = re.search(r'verb="([A-Z]+)"', line)
+            if verb and verb.group(1) in ("POST", "PUT", "PATCH", "DELETE", "APPLY") and 'resource="leases"' not in line:
+                writes += float(line.rsplit(" ", 1)[1])
+    return events, pod_events, size, writes
+
+
+def proc(pid, field):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def cpu_seconds(pid):
+    parts = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(parts[11]) + int(parts[12])) / 100.0
+
+
+def pct(values, q):
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, -(-len(v) * q // 100) - 1))]
+
+
+def measure(work, n, changes, pids, api_pid, pods, nsn, per_node):
+    logs = Logs(work, n)
+    t0 = time.time()
+    while True:
+        ready = sum(1 for i in range(n) if logs.read(i))
+        if ready == n:
+            break
+        if time.time() - t0 > 900:
+            sys.exit(f"only {ready} of {n} agents in sync after 900 s")
+        time.sleep(0.5)
+    started = time.time() - t0
+    # The start's status writes (each node's entry of each EgressFirewall) settle.
+    _, _, _, w0 = metrics()
+    last, quiet = w0, 0
+    while quiet < 3 and time.time() - t0 < 1800:
+        time.sleep(2)
+        _, _, _, w = metrics()
+        quiet = quiet + 1 if w - last < 5 else 0
+        last = w
+    settled = time.time() - t0
+    start_writes = last - w0
+    cpu0 = [cpu_seconds(p) for p in pids]
+    time.sleep(10)
+    idle = [100 * (cpu_seconds(p) - c) / 10 for p, c in zip(pids, cpu0)]
+    results = {}
+
+    def run(kind, write, reset=None):
+        lat, per = [], []
+        for c in range(changes):
+            before = metrics()
+            acked, nodes = write(c)
+            for i in nodes:
+                ms = logs.after(i, acked)
+                if ms is None:
+                    sys.exit(f"{kind}: node-{i} did not sync within 60 s ({work}/log-{i})")
+                lat.append(ms)
+            time.sleep(1.5)  # the change's status writes and Events
+            after = metrics()
+            per.append([a - b for a, b in zip(after, before)])
+            if reset:
+                reset(c)
+        results[kind] = (lat, [statistics.median(x) for x in zip(*per)])
+
+    def edit(c):
+        cidr = "198.51.100.0/24" if c % 2 == 0 else "100.0.0.0/24"
+        _, _, acked = call("PATCH", "/apis/k8s.ovn.org/v1/namespaces/ns0/egressfirewalls/default",
+                           [{"op": "replace", "path": "/spec/egress/1/to/cidrSelector", "value": cidr}],
+                           "application/json-patch+json")
+        return acked, range(n)
+    run("firewall edit", edit)
+
+    def pod_added(c):
+        i, name = c % n, f"bench-{n}-{c}"
+        call("POST", "/api/v1/namespaces/ns0/pods", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+             "spec": {"nodeName": f"node-{i}", "containers": [{"name": "c", "image": "example.invalid/c"}]}})
+        time.sleep(0.3)
+        ip = str(ipaddress.ip_address("198.18.255.0") + c + 1)
+        _, _, acked = call("PATCH", f"/api/v1/namespaces/ns0/pods/{name}/status",
+                           {"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}},
+                           "application/merge-patch+json")
+        return acked, [i]
+    run("pod added", pod_added)
+
+    last = pods // per_node - 1
+    def label(c):
+        value = "edge" if c % 2 == 0 else None
+        _, _, acked = call("PATCH", f"/api/v1/nodes/node-{last}", {"metadata": {"labels": {"bench/role": value}}},
+                           "application/merge-patch+json")
+        return acked, range(n)
+    run("node label", label)
+
+    def egress_ip(c):
+        name = f"bench-{n}-{c}"
+        call("POST", "/apis/k8s.ovn.org/v1/egressips", {"apiVersion": "k8s.ovn.org/v1", "kind": "EgressIP",
+             "metadata": {"name": name}, "spec": {"egressIPs": [f"198.19.250.{c % 250 + 1}"],
+             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ns0"}},
+             "podSelector": {"matchLabels": {"eip": "yes"}}}})
+        # The leader's placement: its status write, seen here (the timing starts there).
+        end = time.time() + 60
+        while time.time() < end:
+            _, body, seen = call("GET", f"/apis/k8s.ovn.org/v1/egressips/{name}")
+            if json.loads(body).get("status", {}).get("items"):
+                return seen, range(n)
+            time.sleep(0.005)
+        sys.exit(f"egress IP {name} not placed within 60 s")
+    def delete_ip(c):
+        call("DELETE", f"/apis/k8s.ovn.org/v1/egressips/bench-{n}-{c}")
+        time.sleep(2)
+    run("egress IP placed", egress_ip, delete_ip)
+
+    host = 1 if n > 1 else None
+    others = [i for i in range(n) if i != host]
+    rss = [proc(pids[i], "VmRSS") for i in others]
+    hwm = [proc(pids[i], "VmHWM") for i in others]
+    api_rss = proc(api_pid, "VmRSS")
+    cells = [f"{n} agents, {pods} pods, {nsn} EgressFirewalls",
+             f"all in sync {started:.0f} s; start writes {start_writes:.0f} (settled {settled:.0f} s)"]
+    for kind, (lat, per) in results.items():
+        cells.append(f"{kind}: p50 {pct(lat, 50):.0f} ms, p99 {pct(lat, 99):.0f} ms ({len(lat)}); "
+                     f"per change: {per[0]:.0f} watch events ({per[1]:.0f} Pod, {per[2] / 1024:.0f} KiB), {per[3]:.0f} writes")
+    cells.append(f"agent RSS median {statistics.median(rss):.0f} MiB, max {max(rss):.0f} MiB; "
+                 f"peak median {statistics.median(hwm):.0f} MiB, max {max(hwm):.0f} MiB")
+    if host is not None:
+        cells.append(f"host node-1 (every pod) RSS {proc(pids[host], 'VmRSS'):.0f} MiB, peak {proc(pids[host], 'VmHWM'):.0f} MiB")
+    cells.append(f"idle CPU median {statistics.median(idle):.2f} %, max {max(idle):.2f} %")
+    cells.append(f"API server RSS {api_rss:.0f} MiB")
+    print("| " + " | ".join(cells) + " |", flush=True)
+
+
+if sys.argv[1] == "populate":
+    populate(int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+else:
+    measure(sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), [int(p) for p in sys.argv[6].split()],
+            int(sys.argv[7]), int(sys.argv[8]), int(sys.argv[9]), int(sys.argv[10]))
