@@ -2,6 +2,7 @@
 """The API side of bench/cluster-scale.sh (workload described there).
 
     cluster-scale.py populate ENV PODS LOCAL NAMESPACES
+    cluster-scale.py writes ENV           # the API server's writes so far (but Leases)
     cluster-scale.py measure ENV WORK N CHANGES "PIDS" APISERVER_PID PODS NAMESPACES LOCAL
 
 ENV is tests/kube/apiserver.sh's env file; WORK holds the agents' logs (log-<i>)."""
@@ -115,6 +116,11 @@ class Logs:
                 self.stamps[i].append(stamp.timestamp() * 1e9)
         return self.stamps[i]
 
+    def last(self, i, t_ns, until_ns):
+        """Milliseconds from t_ns to agent i's last sync line stamped up to until_ns."""
+        within = [s for s in self.read(i) if t_ns < s <= until_ns]
+        return (within[-1] - t_ns) / 1e6 if within else None
+
     def after(self, i, t_ns, timeout=60):
         """Milliseconds from t_ns to agent i's first sync line stamped after it."""
         end = time.time() + timeout
@@ -173,9 +179,10 @@ def measure(work, n, changes, pids, api_pid, pods, nsn, per_node):
             sys.exit(f"only {ready} of {n} agents in sync after 900 s")
         time.sleep(0.5)
     started = time.time() - t0
-    # The start's status writes (each node's entry of each EgressFirewall) settle.
-    _, _, _, w0 = metrics()
-    last, quiet = w0, 0
+    # The start's status writes (each node's entry of each EgressFirewall) settle; they
+    # are counted from before the agents started (WORK/writes).
+    w0 = float(open(f"{work}/writes").read())
+    last, quiet = metrics()[3], 0
     while quiet < 3 and time.time() - t0 < 1800:
         time.sleep(2)
         _, _, _, w = metrics()
@@ -188,19 +195,23 @@ def measure(work, n, changes, pids, api_pid, pods, nsn, per_node):
     idle = [100 * (cpu_seconds(p) - c) / 10 for p, c in zip(pids, cpu0)]
     results = {}
 
-    def run(kind, write, reset=None):
+    def run(kind, write, own, reset=None, settle=None):
+        """`own`: the writes the change itself makes (not counted). With `settle`, a
+        change makes several syncs: each node's last one before `settle` returns."""
         lat, per = [], []
         for c in range(changes):
             before = metrics()
             acked, nodes = write(c)
+            until = settle(c) if settle else None
             for i in nodes:
-                ms = logs.after(i, acked)
+                ms = logs.last(i, acked, until) if settle else logs.after(i, acked)
                 if ms is None:
                     sys.exit(f"{kind}: node-{i} did not sync within 60 s ({work}/log-{i})")
                 lat.append(ms)
             time.sleep(1.5)  # the change's status writes and Events
             after = metrics()
             per.append([a - b for a, b in zip(after, before)])
+            per[-1][3] -= own
             if reset:
                 reset(c)
         results[kind] = (lat, [statistics.median(x) for x in zip(*per)])
@@ -211,7 +222,7 @@ def measure(work, n, changes, pids, api_pid, pods, nsn, per_node):
                            [{"op": "replace", "path": "/spec/egress/1/to/cidrSelector", "value": cidr}],
                            "application/json-patch+json")
         return acked, range(n)
-    run("firewall edit", edit)
+    run("firewall edit", edit, 1)
 
     def pod_added(c):
         i, name = c % n, f"bench-{n}-{c}"
@@ -223,7 +234,7 @@ def measure(work, n, changes, pids, api_pid, pods, nsn, per_node):
                            {"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}},
                            "application/merge-patch+json")
         return acked, [i]
-    run("pod added", pod_added)
+    run("pod added", pod_added, 2)
 
     last = pods // per_node - 1
     def label(c):
@@ -231,26 +242,30 @@ def measure(work, n, changes, pids, api_pid, pods, nsn, per_node):
         _, _, acked = call("PATCH", f"/api/v1/nodes/node-{last}", {"metadata": {"labels": {"bench/role": value}}},
                            "application/merge-patch+json")
         return acked, range(n)
-    run("node label", label)
+    run("node label", label, 1)
 
     def egress_ip(c):
-        name = f"bench-{n}-{c}"
-        call("POST", "/apis/k8s.ovn.org/v1/egressips", {"apiVersion": "k8s.ovn.org/v1", "kind": "EgressIP",
-             "metadata": {"name": name}, "spec": {"egressIPs": [f"198.19.250.{c % 250 + 1}"],
+        _, _, acked = call("POST", "/apis/k8s.ovn.org/v1/egressips", {"apiVersion": "k8s.ovn.org/v1",
+             "kind": "EgressIP", "metadata": {"name": f"bench-{n}-{c}"},
+             "spec": {"egressIPs": [f"198.19.250.{c % 250 + 1}"],
              "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ns0"}},
              "podSelector": {"matchLabels": {"eip": "yes"}}}})
-        # The leader's placement: its status write, seen here (the timing starts there).
+        return acked, range(n)
+    def placed(c):
+        # The leader's placement (status.items), then 2 s for every node to follow: each
+        # node's last sync by then is the one that applied it.
         end = time.time() + 60
         while time.time() < end:
-            _, body, seen = call("GET", f"/apis/k8s.ovn.org/v1/egressips/{name}")
+            _, body, _ = call("GET", f"/apis/k8s.ovn.org/v1/egressips/bench-{n}-{c}")
             if json.loads(body).get("status", {}).get("items"):
-                return seen, range(n)
+                time.sleep(2)
+                return time.time_ns()
             time.sleep(0.005)
-        sys.exit(f"egress IP {name} not placed within 60 s")
+        sys.exit(f"egress IP bench-{n}-{c} not placed within 60 s")
     def delete_ip(c):
         call("DELETE", f"/apis/k8s.ovn.org/v1/egressips/bench-{n}-{c}")
         time.sleep(2)
-    run("egress IP placed", egress_ip, delete_ip)
+    run("egress IP placed", egress_ip, 1, delete_ip, placed)
 
     host = 1 if n > 1 else None
     others = [i for i in range(n) if i != host]
@@ -261,7 +276,7 @@ def measure(work, n, changes, pids, api_pid, pods, nsn, per_node):
              f"all in sync {started:.0f} s; start writes {start_writes:.0f} (settled {settled:.0f} s)"]
     for kind, (lat, per) in results.items():
         cells.append(f"{kind}: p50 {pct(lat, 50):.0f} ms, p99 {pct(lat, 99):.0f} ms ({len(lat)}); "
-                     f"per change: {per[0]:.0f} watch events ({per[1]:.0f} Pod, {per[2] / 1024:.0f} KiB), {per[3]:.0f} writes")
+                     f"per change: {per[0]:.0f} watch events ({per[1]:.0f} Pod, {per[2] / 1024:.0f} KiB), {per[3]:.0f} writes by egressd")
     cells.append(f"agent RSS median {statistics.median(rss):.0f} MiB, max {max(rss):.0f} MiB; "
                  f"peak median {statistics.median(hwm):.0f} MiB, max {max(hwm):.0f} MiB")
     if host is not None:
@@ -271,7 +286,9 @@ def measure(work, n, changes, pids, api_pid, pods, nsn, per_node):
     print("| " + " | ".join(cells) + " |", flush=True)
 
 
-if sys.argv[1] == "populate":
+if sys.argv[1] == "writes":
+    print(metrics()[3])
+elif sys.argv[1] == "populate":
     populate(int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
 else:
     measure(sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), [int(p) for p in sys.argv[6].split()],

@@ -25,7 +25,9 @@
 #   node label      the last node's bench/role=edge label toggled (ns0's nodeSelector
 #                   rule: every agent)
 #   egress IP       an EgressIP for ns0's `eip: "yes"` pods created, placed by the leader
-#                   on node-1, deleted again: every agent (steering, or hosting)
+#                   on node-1 (timed from the create's ack to each node's last sync
+#                   within 2 s of the placement: the whole path), then deleted: every
+#                   agent (steering, or hosting)
 # Also per N: agents' RSS (current and peak, max and median, the host node-1 apart),
 # idle CPU over 10 s, and from the API server's /metrics per change: watch events sent
 # (all kinds, and Pod alone) and writes (excluding Leases), and its RSS.
@@ -75,6 +77,7 @@ echo "cluster: $PODS pods on $((PODS / LOCAL)) nodes, $NAMESPACES EgressFirewall
 node_ip() { echo "198.19.$(( $1 / 250 )).$(( $1 % 250 + 1 ))"; }
 for n in $AGENTS; do
   [ "$n" -le $((PODS / LOCAL)) ] || { echo "AGENTS=$n: more agents than nodes" >&2; exit 1; }
+  ip netns exec "$API" python3 bench/cluster-scale.py writes "$WORK/kube/env" >"$WORK/writes"
   for i in $(seq 0 $((n - 1))); do
     ns="egcs$$-$i"
     ip netns add "$ns"; NETNS+=("$ns")
