@@ -23,6 +23,7 @@ def call(method, path, body=None, kind="application/json"):
         if conn is None:
             conn = local.conn = http.client.HTTPSConnection(URL, context=CTX, timeout=60)
         headers = {"Authorization": f"Bearer {env['ADMIN_TOKEN']}", "Content-Type": kind}
+        local.sent = time.time_ns()
         try:
             conn.request(method, path, json.dumps(body).encode() if body is not None else None, headers)
             r = conn.getresponse()
@@ -116,18 +117,21 @@ class Logs:
                 self.stamps[i].append(stamp.timestamp() * 1e9)
         return self.stamps[i]
 
-    def last(self, i, t_ns, until_ns):
-        """Milliseconds from t_ns to agent i's last sync line stamped up to until_ns."""
-        within = [s for s in self.read(i) if t_ns < s <= until_ns]
-        return (within[-1] - t_ns) / 1e6 if within else None
+    # A write is sent at `sent` and acknowledged (its response read) at `acked`; an agent
+    # may apply it before the response is read (0 ms then).
 
-    def after(self, i, t_ns, timeout=60):
-        """Milliseconds from t_ns to agent i's first sync line stamped after it."""
+    def last(self, i, sent, acked, until_ns):
+        """Milliseconds from `acked` to agent i's last sync line in (sent, until_ns]."""
+        within = [s for s in self.read(i) if sent < s <= until_ns]
+        return max(0.0, (within[-1] - acked) / 1e6) if within else None
+
+    def after(self, i, sent, acked, timeout=60):
+        """Milliseconds from `acked` to agent i's first sync line stamped after `sent`."""
         end = time.time() + timeout
         while time.time() < end:
-            later = [s for s in self.read(i) if s > t_ns]
+            later = [s for s in self.read(i) if s > sent]
             if later:
-                return (later[0] - t_ns) / 1e6
+                return max(0.0, (later[0] - acked) / 1e6)
             time.sleep(0.01)
         return None
 
@@ -202,9 +206,13 @@ def measure(work, n, changes, pids, api_pid, pods, nsn, per_node):
         for c in range(changes):
             before = metrics()
             acked, nodes = write(c)
+            sent = local.sent
             until = settle(c) if settle else None
             for i in nodes:
-                ms = logs.last(i, acked, until) if settle else logs.after(i, acked)
+                ms = logs.last(i, sent, acked, until) if settle else logs.after(i, sent, acked)
+                with open(f"{work}/trace", "a") as trace:
+                    stamp = datetime.datetime.fromtimestamp(acked / 1e9, datetime.timezone.utc).isoformat()
+                    print(kind, c, stamp, f"node-{i}", ms, file=trace)
                 if ms is None:
                     sys.exit(f"{kind}: node-{i} did not sync within 60 s ({work}/log-{i})")
                 lat.append(ms)
@@ -267,6 +275,27 @@ def measure(work, n, changes, pids, api_pid, pods, nsn, per_node):
         time.sleep(2)
     run("egress IP placed", egress_ip, 1, delete_ip, placed)
 
+    # Status writes per policy change whose status changes (each node owns its entry):
+    # a new EgressFirewall, one made invalid, and fixed again; 3 s each.
+    def writes_after(action):
+        before = metrics()[3]
+        action()
+        time.sleep(3)
+        return metrics()[3] - before - 1
+    def set_rule(cidr):
+        return lambda: call("PATCH", "/apis/k8s.ovn.org/v1/namespaces/ns0/egressfirewalls/default",
+                            [{"op": "replace", "path": "/spec/egress/1/to/cidrSelector", "value": cidr}],
+                            "application/json-patch+json")
+    status_writes = {"made invalid": writes_after(set_rule("192.0.2.0/33")),
+                     "fixed": writes_after(set_rule("198.51.100.0/24"))}
+    def create_new():
+        call("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+             "metadata": {"name": f"bench-new-{n}"}})
+        call("POST", f"/apis/k8s.ovn.org/v1/namespaces/bench-new-{n}/egressfirewalls", {
+            "apiVersion": "k8s.ovn.org/v1", "kind": "EgressFirewall", "metadata": {"name": "default"},
+            "spec": {"egress": [{"type": "Deny", "to": {"cidrSelector": "192.0.2.0/24"}}]}})
+    status_writes["created"] = writes_after(create_new) - 1
+
     host = 1 if n > 1 else None
     others = [i for i in range(n) if i != host]
     rss = [proc(pids[i], "VmRSS") for i in others]
@@ -277,6 +306,8 @@ def measure(work, n, changes, pids, api_pid, pods, nsn, per_node):
     for kind, (lat, per) in results.items():
         cells.append(f"{kind}: p50 {pct(lat, 50):.0f} ms, p99 {pct(lat, 99):.0f} ms ({len(lat)}); "
                      f"per change: {per[0]:.0f} watch events ({per[1]:.0f} Pod, {per[2] / 1024:.0f} KiB), {per[3]:.0f} writes by egressd")
+    cells.append("status writes by egressd per EgressFirewall " +
+                 ", ".join(f"{k}: {v:.0f}" for k, v in status_writes.items()))
     cells.append(f"agent RSS median {statistics.median(rss):.0f} MiB, max {max(rss):.0f} MiB; "
                  f"peak median {statistics.median(hwm):.0f} MiB, max {max(hwm):.0f} MiB")
     if host is not None:

@@ -34,6 +34,7 @@
 #
 #   bench/cluster-scale.sh                              # AGENTS="10 50 100" PODS=150000
 #   AGENTS=3 PODS=600 NAMESPACES=20 CHANGES=3 QUICK=1 bench/cluster-scale.sh   # CI
+#   KEEP=1 …                                            # keep the agents' logs
 #
 # Prints one Markdown table row per N.
 set -euo pipefail
@@ -60,7 +61,8 @@ cleanup() {
   set +e
   stop_agents
   ip netns exec "$API" tests/kube/apiserver.sh stop "$WORK/kube"
-  ip netns del "$API"; rm -rf "$WORK"
+  ip netns del "$API"
+  if [ -n "${KEEP:-}" ]; then echo "logs kept in $WORK" >&2; else rm -rf "$WORK"; fi
 } 2>/dev/null
 trap cleanup EXIT
 ip netns add "$API"; ip -n "$API" link set lo up
@@ -87,7 +89,7 @@ for n in $AGENTS; do
     ip -n "$ns" addr add "$(node_ip "$i")/16" dev eth0; ip -n "$ns" link set eth0 up
     # Each agent in its own memory cgroup would need v1 cgroups; peak RSS is VmHWM.
     NO_COLOR=1 ip netns exec "$ns" "$BIN" run --kubeconfig "$WORK/kube/kubeconfig-egressd" --node-name "node-$i" \
-      --cluster-cidr 198.18.0.0/16 --state-dir "$WORK/state-$i" --health-addr 127.0.0.1:9799 \
+      --cluster-cidr 198.18.0.0/16 --cluster-cidr 2001:db8:1::/48 --state-dir "$WORK/state-$i" --health-addr 127.0.0.1:9799 \
       --egress-ip-health-port 0 2>"$WORK/log-$i" &
     PIDS+=($!)
   done

@@ -22,6 +22,8 @@ echo "== quick: dns-refresh.sh" >&2
 N=20 TTL=5 DURATION=2 bench/dns-refresh.sh | tail -n 1
 echo "== quick: kube-pods.sh" >&2
 N=50 CHANGES=3 bench/kube-pods.sh | tail -n 1
+echo "== quick: cluster-scale.sh" >&2
+AGENTS=3 PODS=600 NAMESPACES=20 CHANGES=2 bench/cluster-scale.sh | tail -n 1
 echo "== quick: failover.sh (one segment, routed)" >&2
 RUNS=1 bench/failover.sh | tail -n 1
 RUNS=1 TOPOLOGY=routed bench/failover.sh | tail -n 1

@@ -43,6 +43,8 @@ DURATION=120 bench/dns-refresh.sh >"$tmp/dns"
 echo "== kube pods" >&2
 bench/kube-pods.sh >"$tmp/kube"
 NODES=1 RULES=100 bench/kube-pods.sh >"$tmp/kube100k"
+echo "== cluster scale" >&2
+bench/cluster-scale.sh >"$tmp/cluster"
 echo "== EgressIP failover" >&2
 RUNS=10 bench/failover.sh >"$tmp/failover"
 RUNS=10 TOPOLOGY=routed bench/failover.sh >"$tmp/failover-routed"
@@ -132,6 +134,12 @@ field() { sed -n "s/.*$1 \([0-9.]* ms\( ([0-9.]*–[0-9.]*)\)\?\).*/\1/p" "$2"; 
   echo "|---|---|---|---|"
   row "$tmp/kube"
   row "$tmp/kube100k"
+  echo
+  echo "## Many agents, one API server (\`bench/cluster-scale.sh\`: 150,000 pods on 1,500 nodes, 1,000 EgressFirewalls, N agents; goals: p99 < 1 s per change kind at N = 100, agent peak RSS < 48 MiB, Pod watch events per pod change independent of N, ≤ 1 write per changed status)"
+  echo
+  echo "| agents | start | firewall edit | pod added | node label | egress IP placed | status writes | agents' RSS | host's RSS | idle CPU | API server |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|"
+  cat "$tmp/cluster"
   echo
   echo "## EgressIP failover (\`bench/failover.sh\`: hosting node dies → new connections leave via another node with the egress IP; goal < 2 s, median and max)"
   echo

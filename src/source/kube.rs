@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::Client;
-use kube::api::{Api, DynamicObject};
+use kube::api::{Api, DynamicObject, PartialObjectMeta};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use serde_json::Value;
@@ -178,29 +178,36 @@ const CUSTOM_PAGE: u32 = 25;
 type Tagged = (u64, KubeMsg);
 
 /// Run [`forward`] as a task of its own, its logs in a `watch{kind}` span.
-fn spawn_watch<K, F>(
+fn spawn_watch<K, S, F>(
     kind: Kind,
-    api: Api<K>,
-    config: watcher::Config,
+    stream: S,
     tx: (u64, mpsc::Sender<Tagged>),
     convert: F,
 ) -> tokio::task::JoinHandle<()>
 where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K: kube::Resource + Send + 'static,
+    S: futures::Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
     F: Fn(K) -> KubeMsg + Send + 'static,
 {
     let span = tracing::info_span!("watch", kind = %kind);
-    tokio::spawn(tracing::Instrument::instrument(forward(kind, api, config, tx, convert), span))
+    tokio::spawn(tracing::Instrument::instrument(forward(kind, stream, tx, convert), span))
 }
 
-async fn forward<K, F>(kind: Kind, api: Api<K>, config: watcher::Config, tx: (u64, mpsc::Sender<Tagged>), convert: F)
+/// The watch of `api` (with the default backoff).
+fn watch<K>(api: Api<K>, config: watcher::Config) -> impl futures::Stream<Item = Result<Event<K>, watcher::Error>>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    watcher::watcher(api, config).default_backoff()
+}
+
+async fn forward<K, S, F>(kind: Kind, stream: S, tx: (u64, mpsc::Sender<Tagged>), convert: F)
+where
+    K: kube::Resource,
+    S: futures::Stream<Item = Result<Event<K>, watcher::Error>>,
     F: Fn(K) -> KubeMsg,
 {
     let (generation, tx) = tx;
-    let config = if kind.is_custom() { config.page_size(CUSTOM_PAGE) } else { config };
-    let stream = watcher::watcher(api, config).default_backoff();
     futures::pin_mut!(stream);
     while let Some(event) = stream.next().await {
         let msg = match event {
@@ -217,23 +224,24 @@ where
 }
 
 /// Start one watcher task per kind but Pod; messages arrive on the returned channel.
+/// Namespaces are watched as metadata only (labels and annotations are all egressd
+/// reads of them).
 fn start_watches(client: &Client, tx: &mpsc::Sender<Tagged>) {
     let config = watcher::Config::default;
-    spawn_watch(Kind::Namespace, Api::<Namespace>::all(client.clone()), config(), (0, tx.clone()), |o| {
-        KubeMsg::Apply {
-            key: key_of(Kind::Namespace, &o.metadata),
-            object: Ok(Box::new(Object::Namespace(o))),
-            observed: None,
-        }
+    let namespaces = watch(Api::<PartialObjectMeta<Namespace>>::all(client.clone()), config());
+    spawn_watch(Kind::Namespace, namespaces, (0, tx.clone()), |o| KubeMsg::Apply {
+        key: key_of(Kind::Namespace, &o.metadata),
+        object: Ok(Box::new(Object::Namespace(Namespace { metadata: o.metadata, ..Namespace::default() }))),
+        observed: None,
     });
-    spawn_watch(Kind::Node, Api::<Node>::all(client.clone()), config(), (0, tx.clone()), |o| KubeMsg::Apply {
+    spawn_watch(Kind::Node, watch(Api::<Node>::all(client.clone()), config()), (0, tx.clone()), |o| KubeMsg::Apply {
         key: key_of(Kind::Node, &o.metadata),
         object: Ok(Box::new(Object::Node(o))),
         observed: None,
     });
     for kind in [Kind::EgressFirewall, Kind::EgressQoS, Kind::EgressIP, Kind::CloudPrivateIPConfig] {
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &kind.api_resource());
-        spawn_watch(kind, api, config(), (0, tx.clone()), move |o| custom(kind, o));
+        spawn_watch(kind, watch(api, config().page_size(CUSTOM_PAGE)), (0, tx.clone()), move |o| custom(kind, o));
     }
 }
 
@@ -284,14 +292,16 @@ impl PodWatch {
         let selector = pod_selector(if wide { None } else { self.node.as_deref() });
         tracing::info!(selector = %selector, "watching pods");
         let config = watcher::Config::default().fields(&selector);
-        self.task =
-            Some(spawn_watch(Kind::Pod, Api::<Pod>::all(client.clone()), config, (self.generation, tx.clone()), |o| {
-                KubeMsg::Apply {
-                    key: key_of(Kind::Pod, &o.metadata),
-                    object: Ok(Box::new(Object::Pod(o))),
-                    observed: None,
-                }
-            }));
+        self.task = Some(spawn_watch(
+            Kind::Pod,
+            watch(Api::<Pod>::all(client.clone()), config),
+            (self.generation, tx.clone()),
+            |o| KubeMsg::Apply {
+                key: key_of(Kind::Pod, &o.metadata),
+                object: Ok(Box::new(Object::Pod(o))),
+                observed: None,
+            },
+        ));
     }
 
     /// Whether `msg` comes from the running pod watch (or is not about pods).
