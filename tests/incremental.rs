@@ -275,6 +275,11 @@ fn node_config(snoop: bool) -> NodeConfig {
         }))
 }
 
+/// A DNS answer with these addresses.
+fn answer(addrs: &[String]) -> Resolved {
+    Resolved { addresses: addrs.iter().map(|a| a.parse().unwrap()).collect(), ttl: std::time::Duration::from_secs(30) }
+}
+
 /// Apply a document to a view as a source does (rejected documents keep the last good
 /// version of their object).
 fn put(view: &mut ClusterView, doc: &str) {
@@ -314,11 +319,7 @@ proptest! {
                     }
                 }
                 Change::Dns(name, addrs) => {
-                    let resolved = Resolved {
-                        addresses: addrs.iter().map(|a| a.parse().unwrap()).collect(),
-                        ttl: std::time::Duration::from_secs(30),
-                    };
-                    dns.insert(name.clone(), resolved);
+                    dns.insert(name.clone(), answer(addrs));
                 }
                 Change::Links(i) => host = links(*i),
             }
@@ -386,11 +387,7 @@ proptest! {
                     }
                 }
                 Change::Dns(name, addrs) => {
-                    let resolved = Resolved {
-                        addresses: addrs.iter().map(|a| a.parse().unwrap()).collect(),
-                        ttl: std::time::Duration::from_secs(30),
-                    };
-                    dns.insert(name.clone(), resolved);
+                    dns.insert(name.clone(), answer(addrs));
                 }
                 Change::Links(i) => host = links(*i),
             }
