@@ -249,15 +249,10 @@ pub fn compile_cached(
     let mut statuses = Vec::new();
     let mut warnings = Vec::new();
 
-    let (owners, clashes) = view.pod_ip_owners();
     // Each node reports the clashes of its own pods (other nodes' pods may not be in
     // its view).
-    let local = |name: &String| {
-        name.split_once('/')
-            .and_then(|(ns, n)| view.pods.get(&(ns.to_string(), n.to_string())))
-            .is_some_and(|p| node.is_local(p))
-    };
-    for c in clashes.iter().filter(|c| std::iter::once(&c.winner).chain(&c.losers).any(local)) {
+    let (owners, clashes) = view.pod_ip_owners(|p| node.is_local(p));
+    for c in &clashes {
         warnings.push(format!(
             "pod IP {} is claimed by {} and {}; {} keeps it",
             c.ip,

@@ -223,7 +223,7 @@ where
     }
 }
 
-/// Start one watcher task per kind but Pod; messages arrive on the returned channel.
+/// Start one watcher task per kind but Pod (see [`PodWatch`]); messages go to `tx`.
 /// Namespaces are watched as metadata only (labels and annotations are all egressd
 /// reads of them).
 fn start_watches(client: &Client, tx: &mpsc::Sender<Tagged>) {
@@ -704,6 +704,26 @@ mod tests {
         assert!(!s.unavailable().contains_key(&Kind::Namespace));
     }
 
+    /// A watch fed by `rx`, its pod watch (of `node`'s pods, or every pod) at
+    /// `generation` and never started.
+    fn test_watch(rx: mpsc::Receiver<Tagged>, node: Option<&str>, generation: u64) -> KubeWatch {
+        KubeWatch {
+            source: KubeObjects::new(),
+            rx,
+            pods: PodWatch {
+                node: node.map(String::from),
+                wide: node.is_none(),
+                generation,
+                listed: false,
+                task: None,
+                start: None,
+            },
+            telemetry: std::sync::Arc::new(crate::telemetry::Telemetry::default()),
+            reported: BTreeMap::new(),
+            seen: None,
+        }
+    }
+
     /// A change is reported when it arrives, with every message queued behind it in
     /// the same report; a call with nothing queued waits, and dropping it (the agent's
     /// loop `select!`s `next_change` against timers) loses nothing: there is no await
@@ -712,14 +732,7 @@ mod tests {
     async fn queued_messages_coalesce_and_a_dropped_wait_loses_nothing() {
         use super::super::ViewSource;
         let (tx, rx) = mpsc::channel(16);
-        let mut w = KubeWatch {
-            source: KubeObjects::new(),
-            rx,
-            pods: PodWatch { node: None, wide: true, generation: 0, listed: false, task: None, start: None },
-            telemetry: std::sync::Arc::new(crate::telemetry::Telemetry::default()),
-            reported: BTreeMap::new(),
-            seen: None,
-        };
+        let mut w = test_watch(rx, None, 0);
         tx.send((0, KubeMsg::Init(Kind::Namespace))).await.unwrap();
         tx.send((0, ns("a"))).await.unwrap();
         tx.send((0, ns("b"))).await.unwrap();
@@ -803,21 +816,7 @@ mod tests {
     async fn the_pod_scope_follows_hosting_and_a_replaced_watch_is_ignored() {
         use super::super::ViewSource;
         let (tx, rx) = mpsc::channel(64);
-        let mut w = KubeWatch {
-            source: KubeObjects::new(),
-            rx,
-            pods: PodWatch {
-                node: Some("a".into()),
-                wide: false,
-                generation: 1,
-                listed: false,
-                task: None,
-                start: None,
-            },
-            telemetry: std::sync::Arc::new(crate::telemetry::Telemetry::default()),
-            reported: BTreeMap::new(),
-            seen: None,
-        };
+        let mut w = test_watch(rx, Some("a"), 1);
         async fn next(w: &mut KubeWatch) {
             let f = w.next_change();
             tokio::time::timeout(std::time::Duration::from_secs(1), f).await.expect("a change");

@@ -531,10 +531,10 @@ impl ClusterView {
     }
 
     /// The owner of every pod IP, by the pod-identity rule (see [`pods`]), and the
-    /// addresses more than one pod claims. Kept with every change: nothing is computed
-    /// over all pods here.
-    pub(crate) fn pod_ip_owners(&self) -> (&Owners, Vec<IpClash>) {
-        (self.pods.owners(), self.pods.clashes())
+    /// addresses more than one pod claims, one of them `involving`. Kept with every
+    /// change: nothing is computed over all pods here.
+    pub(crate) fn pod_ip_owners(&self, involving: impl Fn(&PodInfo) -> bool) -> (&Owners, Vec<IpClash>) {
+        (self.pods.owners(), self.pods.clashes(involving))
     }
 }
 
@@ -603,7 +603,7 @@ mod tests {
         let mut done = (*v.pods[&("d".to_string(), "done".to_string())]).clone();
         done.phase = Some("Succeeded".into());
         v.pods.set(("d".into(), "done".into()), Some(done));
-        let (owners, clashes) = v.pod_ip_owners();
+        let (owners, clashes) = v.pod_ip_owners(|_| true);
         let ip: IpAddr = "198.18.1.2".parse().unwrap();
         assert_eq!(owners[&ip].name, "new");
         assert!(!owners.contains_key(&"198.18.1.3".parse::<IpAddr>().unwrap()));
