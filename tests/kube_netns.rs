@@ -70,7 +70,8 @@ fn follows_the_cluster_writes_statuses_and_survives_restarts_and_410() {
     let (_, metrics) = netns::http_get(&t.node, &health, "/metrics").unwrap();
     assert!(metrics.contains("egressd_objects{kind=\"Pod\",valid=\"true\"} 1\n"), "only node-a's pod: {metrics}");
 
-    // Per-node message (server-side apply as egressd-node-a) and the leader's aggregate.
+    // Each Ready node's message and the aggregate, written by the leader alone (one
+    // write per changed status, whatever the number of nodes).
     let status = wait_for(Duration::from_secs(15), || {
         let s = api.get(&["egressfirewall", "default", "-n", "team-a", "-o", "jsonpath={.status}"]);
         s.contains("node-a: EgressFirewall Rules applied") && s.contains(r#""status":"EgressFirewall Rules applied""#)
@@ -90,7 +91,7 @@ fn follows_the_cluster_writes_statuses_and_survives_restarts_and_410() {
         "jsonpath={.metadata.managedFields[*].manager}",
         "--show-managed-fields",
     ]);
-    assert!(managers.contains("egressd-node-a") && managers.contains("egressd-leader"), "{managers}");
+    assert!(managers.contains("egressd-leader") && !managers.contains("egressd-node-a"), "{managers}");
 
     // An edit reaches the kernel.
     firewall(&api, "team-a", "  - {type: Deny, to: {cidrSelector: 192.0.2.0/24}}\n");
@@ -229,6 +230,28 @@ fn leader_lease_fails_over_when_the_leader_dies() {
     let b = start_agent(&t, &api, "node-b", "egressd-b");
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(holder(), "node-a", "node-b must not take a valid lease");
+    // Both nodes' entries, written by the leader; node-b writes none (no problem of its own).
+    api.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: team-b}\n");
+    firewall(&api, "team-b", "  - {type: Deny, to: {cidrSelector: 203.0.113.0/24}}\n");
+    let ef = |path: &str| {
+        api.get(&[
+            "egressfirewall",
+            "default",
+            "-n",
+            "team-b",
+            "-o",
+            &format!("jsonpath={path}"),
+            "--show-managed-fields",
+        ])
+    };
+    let both = wait_for(Duration::from_secs(15), || {
+        let m = ef("{.status.messages}");
+        m.contains("node-a: EgressFirewall Rules applied") && m.contains("node-b: EgressFirewall Rules applied")
+    });
+    assert!(both.is_some(), "{}\n{}", ef("{.status}"), b.log_text());
+    std::thread::sleep(Duration::from_secs(1));
+    let managers = ef("{.metadata.managedFields[*].manager}");
+    assert!(managers.contains("egressd-leader") && !managers.contains("egressd-node"), "{managers}");
 
     // The leader dies without releasing the lease; its node goes NotReady.
     signal(&a, nix::sys::signal::Signal::SIGKILL);

@@ -60,12 +60,25 @@ pub struct ObjectStatus {
     /// The failure is the cluster's, not this node's (an EgressIP whose IPs are not all
     /// placed): every node reports it, but none records an Event for it.
     pub cluster_only: bool,
+    /// The outcome before this node's own problems (kernel errors, [`Self::fail`]) were
+    /// added; `None` when there were none. What every node computes alike is this
+    /// outcome: the status writer's leader reports it for every node, and a node writes
+    /// its own entry only while it has a problem of its own.
+    pub before_local: Option<Outcome>,
 }
 
 impl ObjectStatus {
     /// The status of `key` on `node`.
     pub fn new(key: ObjectKey, node: &str, outcome: Outcome) -> Self {
-        Self { key, node: node.into(), outcome, warnings: Vec::new(), detail: None, cluster_only: false }
+        Self {
+            key,
+            node: node.into(),
+            outcome,
+            warnings: Vec::new(),
+            detail: None,
+            cluster_only: false,
+            before_local: None,
+        }
     }
 
     /// With warnings.
@@ -85,6 +98,9 @@ impl ObjectStatus {
     /// in the dataplane and stay as they are.
     pub fn fail(&mut self, problem: &str) {
         self.cluster_only = false;
+        if matches!(self.outcome, Outcome::Applied | Outcome::Failed(_)) && self.before_local.is_none() {
+            self.before_local = Some(self.outcome.clone());
+        }
         match &mut self.outcome {
             Outcome::Applied => self.outcome = Outcome::Failed(problem.to_string()),
             Outcome::Failed(reason) => {
@@ -93,6 +109,18 @@ impl ObjectStatus {
             }
             Outcome::Ignored(_) | Outcome::Validated => {}
         }
+    }
+
+    /// This node has a problem of its own with the object (a kernel error).
+    pub fn local_problem(&self) -> bool {
+        self.before_local.is_some()
+    }
+
+    /// The status every node computes alike (without this node's own problems), as
+    /// `node` would report it.
+    pub fn as_on(&self, node: &str) -> ObjectStatus {
+        let outcome = self.before_local.clone().unwrap_or_else(|| self.outcome.clone());
+        ObjectStatus { node: node.into(), outcome, before_local: None, ..self.clone() }
     }
 
     /// The message in the reference's wording, as it is written to the object (and
@@ -236,5 +264,26 @@ mod tests {
         );
         ignored.fail("kernel");
         assert_eq!(ignored.message(), "only default");
+    }
+
+    #[test]
+    fn a_nodes_own_problem_is_kept_apart_from_what_every_node_computes() {
+        let ef = ObjectKey::new(Kind::EgressFirewall, "a", "default");
+        let mut s = ObjectStatus::new(ef.clone(), "n1", Outcome::Failed("spec.egress[0]: bad".into()));
+        assert!(!s.local_problem());
+        assert_eq!(s.as_on("n2").message(), "n2: EgressFirewall Rules not correctly applied: spec.egress[0]: bad");
+        s.fail("kernel error: x");
+        s.fail("kernel error: y");
+        assert!(s.local_problem());
+        assert_eq!(
+            s.message(),
+            "n1: EgressFirewall Rules not correctly applied: spec.egress[0]: bad; kernel error: x; kernel error: y"
+        );
+        let other = s.as_on("n2");
+        assert_eq!(other.message(), "n2: EgressFirewall Rules not correctly applied: spec.egress[0]: bad");
+        assert!(!other.local_problem());
+        let mut ignored = ObjectStatus::new(ef, "n1", Outcome::Ignored("only default".into()));
+        ignored.fail("kernel");
+        assert!(!ignored.local_problem(), "an ignored object is not in the dataplane");
     }
 }

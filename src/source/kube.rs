@@ -36,7 +36,7 @@ use tokio::sync::mpsc;
 use crate::api::parse::Parsed;
 use crate::api::{Kind, Object, ObjectKey, parse_document};
 use crate::view::ClusterView;
-use crate::view::observed::{Observed, StatusBoard};
+use crate::view::observed::{Observed, StatusBoard, held_by_managers};
 
 /// What a watcher reports.
 #[derive(Debug)]
@@ -158,7 +158,9 @@ fn custom(kind: Kind, obj: DynamicObject) -> KubeMsg {
         map.insert("apiVersion".into(), Value::String(kind.api_version().into()));
         map.insert("kind".into(), Value::String(kind.as_str().into()));
     }
-    let observed = Observed { uid: obj.metadata.uid.clone(), status: value.get("status").cloned() };
+    let managed = obj.metadata.managed_fields.iter().flatten();
+    let held = held_by_managers(managed.filter_map(|m| Some((m.manager.as_deref()?, &m.fields_v1.as_ref()?.0))));
+    let observed = Observed { uid: obj.metadata.uid.clone(), status: value.get("status").cloned(), held };
     let object = match parse_document(&value, "", false) {
         Ok(Parsed::Object(o)) => Ok(Box::new(o)),
         Ok(Parsed::Ignored { kind, .. }) => Err(format!("unexpected kind {kind}")),

@@ -1,19 +1,26 @@
 //! The Kubernetes status writer.
 //!
-//! Per node (every agent):
-//! * EgressFirewall: `status.messages` gets `<node>: EgressFirewall Rules applied` (or
-//!   `... not correctly applied: <reason>`), by server-side apply with field manager
-//!   `egressd-<node>`; `messages` is a list-type set, so each node owns its own entry.
-//! * EgressQoS: condition `Ready-In-Zone-<node>` (list-type map keyed by `type`),
-//!   `lastTransitionTime` kept while the condition's status stays the same.
-//!
-//! Leader only ([`crate::leader::Leadership`], checked right before each write):
-//! * aggregate `status.status`: `... Rules applied` once every Ready node reports success
-//!   (egressd runs on every node, as a DaemonSet with tolerations for all), `... Rules
-//!   not correctly applied` as soon as one reports a failure;
+//! Leader ([`crate::leader::Leadership`], checked right before each write), field manager
+//! `egressd-leader`, one server-side apply per object whose status differs:
+//! * EgressFirewall: `status.messages` holds `<node>: EgressFirewall Rules applied` (or
+//!   `... not correctly applied: <reason>`) for every Ready node, and `status.status` the
+//!   aggregate (`... not correctly applied` as soon as one entry is);
+//! * EgressQoS: condition `Ready-In-Zone-<node>` for every Ready node (list-type map keyed
+//!   by `type`, `lastTransitionTime` kept while the condition's status stays the same),
+//!   and the aggregate;
 //! * entries of nodes that no longer exist are removed (applying an empty list as that
 //!   node's field manager);
 //! * an Event (type Warning) for every rejected object, once per distinct error.
+//!
+//! The leader reports each node's entry from its own compile: whether an object applies
+//! depends on the object and the cluster, which every node compiles alike. A policy change
+//! is therefore one write per changed status, not one per node (at N = 50 the per-node
+//! writes made every write cost O(N): bench/FINDINGS.md "2026-11-27 (fifth)").
+//!
+//! Per node (every agent), field manager `egressd-<node>`: only what the node alone
+//! knows — its kernel refused the rules ([`ObjectStatus::local_problem`]). It then writes
+//! its own entry (the leader leaves that node's entry to it, and which manager holds
+//! what is read from `metadata.managedFields`), and releases it once the problem is gone.
 //!
 //! Writes happen only when the object's stored status differs from what would be written
 //! (a restart does not rewrite every object), are coalesced (the latest state wins) and
@@ -33,12 +40,12 @@ use tokio::sync::watch;
 use super::StatusSink;
 use crate::api::{Kind, ObjectKey};
 use crate::compile::{
-    Desired, FIREWALL_APPLIED as EF_APPLIED, FIREWALL_NOT_APPLIED as EF_NOT_APPLIED, Outcome, QOS_APPLIED,
-    QOS_NOT_APPLIED, condition_node, parse_message,
+    Desired, FIREWALL_APPLIED as EF_APPLIED, FIREWALL_NOT_APPLIED as EF_NOT_APPLIED, ObjectStatus, Outcome,
+    QOS_APPLIED, QOS_NOT_APPLIED, parse_message,
 };
 use crate::leader::Leadership;
 use crate::view::ClusterView;
-use crate::view::observed::{Observed, StatusBoard};
+use crate::view::observed::{Held, Observed, StatusBoard};
 
 /// One server-side apply of a status.
 #[derive(Debug, Clone, PartialEq)]
@@ -80,11 +87,8 @@ impl Shapes {
     /// `kind`'s CRD has no per-node status field (logged once).
     fn learn(&mut self, kind: Kind) {
         if self.legacy.insert(kind) {
-            let then = if kind == Kind::EgressFirewall {
-                "each node writes status.status itself"
-            } else {
-                "no status is written"
-            };
+            let then =
+                if kind == Kind::EgressFirewall { "only status.status is written" } else { "no status is written" };
             tracing::info!(kind = %kind, "this cluster's {kind} CRD has no per-node status field (OpenShift 4.13 shape): {then}");
         }
     }
@@ -186,8 +190,39 @@ fn conditions(api_status: Option<&Value>) -> Vec<Value> {
     api_status.and_then(|s| s.get("conditions")).and_then(Value::as_array).cloned().unwrap_or_default()
 }
 
-/// What this node writes: its own EgressFirewall message and EgressQoS condition, where
-/// the stored status differs.
+/// The leader's field manager: it writes every Ready node's entry of each status and the
+/// aggregate, in one write per object.
+const LEADER: &str = "egressd-leader";
+
+/// What `manager` holds of `key`'s status.
+fn held<'a>(observed: &'a ObservedObjects, key: &ObjectKey, manager: &str) -> Option<&'a Held> {
+    observed.get(key).and_then(|o| o.held.get(manager)).filter(|h| !h.is_empty())
+}
+
+/// The condition `c` as written, its `lastTransitionTime` kept from `stored` while its
+/// status stays the same.
+fn condition_value(c: &crate::compile::StatusCondition, stored: Option<&Value>, now: &str) -> Value {
+    let existing = conditions(stored).into_iter().find(|v| v["type"] == c.type_.as_str());
+    let since = existing
+        .as_ref()
+        .filter(|v| v["status"] == c.status.as_str())
+        .and_then(|v| v["lastTransitionTime"].as_str().map(String::from))
+        .unwrap_or_else(|| now.to_string());
+    json!({
+        "type": c.type_, "status": c.status, "reason": c.reason,
+        "message": c.message, "lastTransitionTime": since,
+    })
+}
+
+/// Whether `stored` has condition `want` (ignoring its time).
+fn has_condition(stored: Option<&Value>, want: &Value) -> bool {
+    conditions(stored).iter().any(|v| ["type", "status", "reason", "message"].iter().all(|f| v[*f] == want[*f]))
+}
+
+/// What this node writes: nothing while it has no problem of its own with an object
+/// (the leader reports what every node computes alike, [`leader_writes`]); its own
+/// EgressFirewall message or EgressQoS condition while it has one (a kernel error); and
+/// the release of that entry once the problem is gone.
 pub(crate) fn node_writes(
     node: &str,
     observed: &ObservedObjects,
@@ -195,144 +230,161 @@ pub(crate) fn node_writes(
     now: &str,
     shapes: &Shapes,
 ) -> Vec<StatusWrite> {
+    let mine = manager(node);
     let mut out = Vec::new();
     for s in &desired.statuses {
+        if !matches!(s.key.kind, Kind::EgressFirewall | Kind::EgressQoS) || matches!(s.outcome, Outcome::Ignored(_)) {
+            continue;
+        }
         let stored = stored(observed, &s.key);
+        let holds = held(observed, &s.key, &mine);
         let legacy = shapes.legacy.contains(&s.key.kind);
-        match s.key.kind {
-            Kind::EgressFirewall if legacy => {
-                if matches!(s.outcome, Outcome::Ignored(_)) {
-                    continue;
-                }
-                let failed = matches!(s.outcome, Outcome::Failed(_));
-                let text = if failed { EF_NOT_APPLIED } else { EF_APPLIED };
-                if stored.and_then(|v| v.get("status")).and_then(Value::as_str) != Some(text) {
-                    out.push(StatusWrite {
-                        key: s.key.clone(),
-                        manager: manager(node),
-                        status: json!({ "status": text }),
-                        force: failed,
-                    });
+        let write = |status: Value| StatusWrite { key: s.key.clone(), manager: mine.clone(), status, force: true };
+        if !s.local_problem() {
+            if holds.is_some() {
+                let release = match (s.key.kind, legacy) {
+                    (_, true) => json!({}),
+                    (Kind::EgressFirewall, false) => json!({ "messages": [] }),
+                    _ => json!({ "conditions": [] }),
+                };
+                out.push(write(release));
+            }
+            continue;
+        }
+        match (s.key.kind, legacy) {
+            (Kind::EgressFirewall, true) => {
+                let stored_text = stored.and_then(|v| v.get("status")).and_then(Value::as_str);
+                if stored_text != Some(EF_NOT_APPLIED) || !holds.is_some_and(|h| h.status) {
+                    out.push(write(json!({ "status": EF_NOT_APPLIED })));
                 }
             }
-            Kind::EgressQoS if legacy => {}
-            Kind::EgressFirewall
-                if !matches!(s.outcome, Outcome::Ignored(_)) && !messages(stored).contains(&s.message()) =>
-            {
-                out.push(StatusWrite {
-                    key: s.key.clone(),
-                    manager: manager(node),
-                    status: json!({ "messages": [s.message()] }),
-                    force: true,
-                });
+            (Kind::EgressFirewall, false) => {
+                let message = s.message();
+                let exact = holds.is_some_and(|h| h.messages.len() == 1 && h.messages.contains(&message));
+                if !exact || !messages(stored).contains(&message) {
+                    out.push(write(json!({ "messages": [message] })));
+                }
             }
-            Kind::EgressQoS => {
+            (_, true) => {}
+            (_, false) => {
                 let Some(c) = s.condition() else { continue };
-                let existing = conditions(stored).into_iter().find(|v| v["type"] == c.type_.as_str());
-                let same = existing.as_ref().is_some_and(|v| {
-                    v["status"] == c.status.as_str()
-                        && v["reason"] == c.reason.as_str()
-                        && v["message"] == c.message.as_str()
-                });
-                if same {
+                let value = condition_value(&c, stored, now);
+                let exact = holds.is_some_and(|h| h.conditions.len() == 1 && h.conditions.contains(&c.type_));
+                if !exact || !has_condition(stored, &value) {
+                    out.push(write(json!({ "conditions": [value] })));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// What the leader writes, one write per object whose status differs: every Ready node's
+/// EgressFirewall message (EgressQoS condition) as every node computes it, except where a
+/// node holds an entry of its own (its own problem), and the aggregate `status.status`
+/// ("not correctly applied" when any entry is); and the release of the entries of nodes
+/// that no longer exist, by their own field manager. A policy change therefore costs one
+/// write per changed status, whatever the number of nodes.
+///
+/// The leader reports a node's entry from its own compile: the outcome depends only on
+/// the object and the cluster (every node compiles the same view), not on the node; what
+/// only a node can know — its kernel refused the rules — that node reports itself.
+pub(crate) fn leader_writes(
+    me: &str,
+    view: &ClusterView,
+    desired: &Desired,
+    observed: &ObservedObjects,
+    now: &str,
+    shapes: &Shapes,
+) -> Vec<StatusWrite> {
+    let mut out = Vec::new();
+    let ready: Vec<&str> = view.nodes.iter().filter(|(_, n)| n.ready).map(|(n, _)| n.as_str()).collect();
+    let managers: BTreeMap<String, &str> = view.nodes.keys().map(|n| (manager(n), n.as_str())).collect();
+    let mine: BTreeMap<&ObjectKey, &ObjectStatus> = desired.statuses.iter().map(|s| (&s.key, s)).collect();
+    for (key, obs) in observed.iter().filter(|(k, _)| matches!(k.kind, Kind::EgressFirewall | Kind::EgressQoS)) {
+        let legacy = shapes.legacy.contains(&key.kind);
+        // Entries of nodes that are gone.
+        for (m, _) in
+            obs.held.iter().filter(|(m, h)| m.as_str() != LEADER && !h.is_empty() && !managers.contains_key(m.as_str()))
+        {
+            let release = match (key.kind, legacy) {
+                (_, true) => json!({}),
+                (Kind::EgressFirewall, false) => json!({ "messages": [] }),
+                _ => json!({ "conditions": [] }),
+            };
+            out.push(StatusWrite { key: key.clone(), manager: m.clone(), status: release, force: true });
+        }
+        let Some(status) = mine.get(key) else { continue };
+        if matches!(status.outcome, Outcome::Ignored(_)) || ready.is_empty() || (legacy && key.kind == Kind::EgressQoS)
+        {
+            continue;
+        }
+        // A node that holds its own entry (or is about to write one: this node, with a
+        // problem of its own) reports itself.
+        let own = |n: &str| held(observed, key, &manager(n)).is_some() || (n == me && status.local_problem());
+        let stored = obs.status.as_ref();
+        let holds = obs.held.get(LEADER).cloned().unwrap_or_default();
+        // What the nodes that exist hold themselves.
+        let nodes_held: Vec<&Held> =
+            obs.held.iter().filter(|(m, _)| managers.contains_key(m.as_str())).map(|(_, h)| h).collect();
+        let stored_text = stored.and_then(|v| v.get("status")).and_then(Value::as_str);
+        let write = |status: Value| StatusWrite { key: key.clone(), manager: LEADER.into(), status, force: true };
+        // This node's own report, written in the same round (not stored yet).
+        let own_report: Option<String> = status.local_problem().then(|| status.message());
+        match key.kind {
+            Kind::EgressFirewall if legacy => {
+                // One field: a node's failure, forced, stays until that node releases it.
+                if nodes_held.iter().any(|h| h.status) {
                     continue;
                 }
-                let since = existing
-                    .as_ref()
-                    .filter(|v| v["status"] == c.status.as_str())
-                    .and_then(|v| v["lastTransitionTime"].as_str().map(String::from))
-                    .unwrap_or_else(|| now.to_string());
-                out.push(StatusWrite {
-                    key: s.key.clone(),
-                    manager: manager(node),
-                    status: json!({ "conditions": [{
-                        "type": c.type_, "status": c.status, "reason": c.reason,
-                        "message": c.message, "lastTransitionTime": since,
-                    }] }),
-                    force: true,
-                });
+                let text =
+                    if matches!(status.as_on(me).outcome, Outcome::Failed(_)) { EF_NOT_APPLIED } else { EF_APPLIED };
+                if stored_text != Some(text) || !holds.status {
+                    out.push(write(json!({ "status": text })));
+                }
             }
-            _ => {}
+            Kind::EgressFirewall => {
+                let entries: BTreeSet<String> =
+                    ready.iter().filter(|n| !own(n)).map(|n| status.as_on(n).message()).collect();
+                // Nodes' own entries, and the leader's.
+                let failed = nodes_held
+                    .iter()
+                    .flat_map(|h| h.messages.iter())
+                    .chain(entries.iter())
+                    .chain(own_report.iter())
+                    .filter_map(|m| parse_message(m))
+                    .any(|(_, applied)| !applied);
+                let text = if failed { EF_NOT_APPLIED } else { EF_APPLIED };
+                let present = entries.iter().all(|m| messages(stored).contains(m));
+                if stored_text != Some(text) || holds.messages != entries || !present {
+                    out.push(write(json!({ "status": text, "messages": entries })));
+                }
+            }
+            _ => {
+                let wanted: Vec<Value> = ready
+                    .iter()
+                    .filter(|n| !own(n))
+                    .filter_map(|n| status.as_on(n).condition())
+                    .map(|c| condition_value(&c, stored, now))
+                    .collect();
+                let own_types: BTreeSet<&String> = nodes_held.iter().flat_map(|h| h.conditions.iter()).collect();
+                let failed = conditions(stored)
+                    .iter()
+                    .filter(|c| c["type"].as_str().is_some_and(|t| own_types.contains(&t.to_string())))
+                    .chain(wanted.iter())
+                    .any(|c| c["status"] == "False")
+                    || (status.local_problem() && matches!(status.outcome, Outcome::Failed(_)));
+                let text = if failed { QOS_NOT_APPLIED } else { QOS_APPLIED };
+                let types: BTreeSet<String> =
+                    wanted.iter().filter_map(|c| c["type"].as_str().map(String::from)).collect();
+                let present = wanted.iter().all(|c| has_condition(stored, c));
+                if stored_text != Some(text) || holds.conditions != types || !present {
+                    out.push(write(json!({ "status": text, "conditions": wanted })));
+                }
+            }
         }
     }
     out
-}
-
-/// What the leader writes: aggregates and removal of deleted nodes' entries.
-pub(crate) fn leader_writes(view: &ClusterView, observed: &ObservedObjects, shapes: &Shapes) -> Vec<StatusWrite> {
-    let mut out = Vec::new();
-    let ready: BTreeSet<&str> = view.nodes.iter().filter(|(_, n)| n.ready).map(|(n, _)| n.as_str()).collect();
-    let exists = |n: &str| view.nodes.contains_key(n);
-    let firewalls = view.firewalls.values().filter(|_| !shapes.legacy.contains(&Kind::EgressFirewall));
-    for entry in firewalls {
-        let stored = stored(observed, &entry.key);
-        let msgs = messages(stored);
-        // Each node's entry, read back in the one place that also renders it.
-        let entries: Vec<(&str, bool)> = msgs.iter().filter_map(|m| parse_message(m)).collect();
-        let gone: BTreeSet<&str> = entries.iter().map(|(n, _)| *n).filter(|n| !exists(n)).collect();
-        for n in gone {
-            out.push(StatusWrite {
-                key: entry.key.clone(),
-                manager: manager(n),
-                status: json!({ "messages": [] }),
-                force: true,
-            });
-        }
-        let live: Vec<&(&str, bool)> = entries.iter().filter(|(n, _)| exists(n)).collect();
-        let reported: BTreeSet<&str> = live.iter().map(|(n, _)| *n).collect();
-        let failed = live.iter().any(|(_, applied)| !applied);
-        let complete = !ready.is_empty() && ready.iter().all(|n| reported.contains(n));
-        out.extend(aggregate_write(&entry.key, stored, failed, complete, (EF_APPLIED, EF_NOT_APPLIED)));
-    }
-    for entry in view.qos.values().filter(|_| !shapes.legacy.contains(&Kind::EgressQoS)) {
-        let stored = stored(observed, &entry.key);
-        let conds = conditions(stored);
-        let zone = |c: &Value| c["type"].as_str().and_then(condition_node).map(String::from);
-        let mut reported = BTreeSet::new();
-        let mut failed = false;
-        for c in &conds {
-            let Some(n) = zone(c) else { continue };
-            if !exists(&n) {
-                out.push(StatusWrite {
-                    key: entry.key.clone(),
-                    manager: manager(&n),
-                    status: json!({ "conditions": [] }),
-                    force: true,
-                });
-                continue;
-            }
-            failed |= c["status"] == "False";
-            reported.insert(n);
-        }
-        let complete = !ready.is_empty() && ready.iter().all(|n| reported.contains(*n));
-        out.extend(aggregate_write(&entry.key, stored, failed, complete, (QOS_APPLIED, QOS_NOT_APPLIED)));
-    }
-    out
-}
-
-/// The leader's aggregate `status.status` of one object: "not correctly applied" as soon
-/// as one node failed, "applied" once every Ready node reported; written only when the
-/// stored value differs. `texts` are (applied, not applied).
-fn aggregate_write(
-    key: &ObjectKey,
-    stored: Option<&Value>,
-    failed: bool,
-    complete: bool,
-    texts: (&str, &str),
-) -> Option<StatusWrite> {
-    let aggregate = if failed {
-        texts.1
-    } else if complete {
-        texts.0
-    } else {
-        return None;
-    };
-    (stored.and_then(|s| s.get("status")).and_then(Value::as_str) != Some(aggregate)).then(|| StatusWrite {
-        key: key.clone(),
-        manager: "egressd-leader".into(),
-        status: json!({ "status": aggregate }),
-        force: true,
-    })
 }
 
 /// Rejected objects (leader only): (object, error).
@@ -534,7 +586,7 @@ async fn writer_task(
             jiff::Timestamp::now().round(jiff::Unit::Second).unwrap_or_else(|_| jiff::Timestamp::now()).to_string();
         let mut writes = node_writes(&node, &observed, &snap.desired, &now, &shapes);
         if leadership.is_leader() {
-            writes.extend(leader_writes(&snap.view, &observed, &shapes));
+            writes.extend(leader_writes(&node, &snap.view, &snap.desired, &observed, &now, &shapes));
         }
         for w in writes {
             if !log.needed(&w, &observed) {
@@ -597,7 +649,7 @@ mod tests {
     }
 
     fn obs(uid: &str, stored: Option<Value>) -> ObservedObjects {
-        BTreeMap::from([(key(), Observed { uid: Some(uid.into()), status: stored })])
+        BTreeMap::from([(key(), Observed { uid: Some(uid.into()), status: stored, held: BTreeMap::new() })])
     }
 
     /// n1 applied the EgressFirewall.
@@ -628,73 +680,153 @@ mod tests {
         assert_eq!(bounded(&"é".repeat(100), 20).len(), 19, "cut at a character boundary");
     }
 
+    fn applied(n: &str) -> String {
+        format!("{n}: {EF_APPLIED}")
+    }
+
+    /// `stored` with what each manager holds.
+    fn obs_held(uid: &str, stored: Option<Value>, held: &[(&str, Held)]) -> ObservedObjects {
+        let held = held.iter().map(|(m, h)| (m.to_string(), h.clone())).collect();
+        BTreeMap::from([(key(), Observed { uid: Some(uid.into()), status: stored, held })])
+    }
+
+    fn messages_held(m: &[&str]) -> Held {
+        Held { messages: m.iter().map(|s| s.to_string()).collect(), ..Held::default() }
+    }
+
+    /// What the API stores after `w` (with its manager holding what it wrote), as the
+    /// echo of the write brings it back.
+    fn echo(w: &StatusWrite) -> ObservedObjects {
+        let held = Held {
+            status: w.status.get("status").is_some(),
+            messages: messages(Some(&w.status)).into_iter().collect(),
+            conditions: conditions(Some(&w.status))
+                .iter()
+                .filter_map(|c| c["type"].as_str().map(String::from))
+                .collect(),
+        };
+        let key = w.key.clone();
+        BTreeMap::from([(
+            key,
+            Observed {
+                uid: Some("u1".into()),
+                status: Some(w.status.clone()),
+                held: [(w.manager.clone(), held)].into(),
+            },
+        )])
+    }
+
+    fn leader(me: &str, nodes: &[(&str, bool)], d: &Desired, o: &ObservedObjects, shapes: &Shapes) -> Vec<StatusWrite> {
+        leader_writes(me, &view(nodes), d, o, "t", shapes)
+    }
+
     #[test]
     fn a_write_is_repeated_for_a_re_created_object_or_a_cleared_status_only() {
-        let msg = "n1: EgressFirewall Rules applied";
+        let nodes = [("n1", true)];
         let mut log = WriteLog::default();
         let before = obs("u1", None);
-        let w = node_writes("n1", &before, &desired(), "t", &Shapes::default()).remove(0);
+        let w = leader("n1", &nodes, &desired(), &before, &Shapes::default()).remove(0);
         assert!(log.needed(&w, &before));
         log.record(w.clone(), &before);
         assert!(!log.needed(&w, &before), "the same write while nothing changed is not repeated");
         // The echo arrives: nothing to write any more.
-        let echoed = obs("u1", Some(json!({"messages": [msg]})));
-        assert!(node_writes("n1", &echoed, &desired(), "t", &Shapes::default()).is_empty());
+        let echoed = echo(&w);
+        assert!(leader("n1", &nodes, &desired(), &echoed, &Shapes::default()).is_empty());
         // The object is deleted and re-created with the same name: new uid, empty status.
         let recreated = obs("u2", None);
-        let again = node_writes("n1", &recreated, &desired(), "t", &Shapes::default());
+        let again = leader("n1", &nodes, &desired(), &recreated, &Shapes::default());
         assert_eq!(again, vec![w.clone()]);
-        assert!(log.needed(&again[0], &recreated), "a re-created object gets this node's status again");
+        assert!(log.needed(&again[0], &recreated), "a re-created object gets its status again");
         // Someone clears the status of the same object after the echo: written again.
         log.record(w.clone(), &echoed);
         let cleared = obs("u1", Some(json!({"messages": []})));
-        let w3 = node_writes("n1", &cleared, &desired(), "t", &Shapes::default());
+        let w3 = leader("n1", &nodes, &desired(), &cleared, &Shapes::default());
         assert!(log.needed(&w3[0], &cleared));
         log.retain_present(&BTreeMap::new());
         assert!(log.done.is_empty(), "deleted objects are forgotten");
     }
 
     #[test]
-    fn a_node_writes_only_what_the_api_does_not_have() {
-        let msg = "n1: EgressFirewall Rules applied";
-        let w = node_writes("n1", &obs("u1", None), &desired(), "t", &Shapes::default());
+    fn the_leader_reports_every_ready_node_in_one_write_and_a_change_costs_one_write() {
+        let nodes = [("n1", true), ("n2", true), ("n3", false)];
+        let w = leader("n1", &nodes, &desired(), &obs("u1", None), &Shapes::default());
+        assert_eq!(
+            w,
+            vec![StatusWrite {
+                key: key(),
+                manager: "egressd-leader".into(),
+                status: json!({"status": EF_APPLIED, "messages": [applied("n1"), applied("n2")]}),
+                force: true
+            }],
+            "n3 is not Ready: no entry"
+        );
+        assert!(leader("n1", &nodes, &desired(), &echo(&w[0]), &Shapes::default()).is_empty(), "stored: no write");
+        // The policy becomes invalid: every entry and the aggregate change, in one write.
+        let mut invalid = desired();
+        invalid.statuses[0].outcome = Outcome::Failed("spec.egress[0]: bad".into());
+        let w2 = leader("n1", &nodes, &invalid, &echo(&w[0]), &Shapes::default());
+        assert_eq!(w2.len(), 1);
+        let bad = |n: &str| format!("{n}: {EF_NOT_APPLIED}: spec.egress[0]: bad");
+        assert_eq!(w2[0].status, json!({"status": EF_NOT_APPLIED, "messages": [bad("n1"), bad("n2")]}));
+        // No node writes anything for it: the problem is not theirs alone.
+        for n in ["n1", "n2"] {
+            let mut d = invalid.clone();
+            d.statuses[0] = d.statuses[0].as_on(n);
+            assert!(node_writes(n, &echo(&w2[0]), &d, "t", &Shapes::default()).is_empty());
+        }
+        // A node joins: one write.
+        let more = [("n1", true), ("n2", true), ("n3", true)];
+        let w3 = leader("n1", &more, &invalid, &echo(&w2[0]), &Shapes::default());
+        assert_eq!(w3.len(), 1);
+        assert_eq!(w3[0].status["messages"].as_array().map(Vec::len), Some(3));
+    }
+
+    #[test]
+    fn a_node_reports_only_its_own_problem_and_releases_it_when_it_is_gone() {
+        assert!(node_writes("n1", &obs("u1", None), &desired(), "t", &Shapes::default()).is_empty());
+        let mut failed = desired();
+        failed.statuses[0].fail("kernel error: x");
+        let message = format!("n1: {EF_NOT_APPLIED}: kernel error: x");
+        let w = node_writes("n1", &obs("u1", None), &failed, "t", &Shapes::default());
         assert_eq!(
             w,
             vec![StatusWrite {
                 key: key(),
                 manager: "egressd-n1".into(),
-                status: json!({"messages": [msg]}),
+                status: json!({"messages": [message]}),
                 force: true
             }]
         );
-        let stored = json!({"messages": [msg]});
-        assert!(
-            node_writes("n1", &obs("u1", Some(stored)), &desired(), "t", &Shapes::default()).is_empty(),
-            "restart rewrites nothing"
-        );
-    }
-
-    #[test]
-    fn aggregate_waits_for_every_ready_node_and_fails_on_any_failure() {
-        let ok = |n: &str| format!("{n}: EgressFirewall Rules applied");
-        let one = json!({"messages": [ok("n1")]});
-        assert!(
-            leader_writes(&view(&[("n1", true), ("n2", true)]), &obs("u1", Some(one.clone())), &Shapes::default())
-                .is_empty(),
-            "n2 has not reported"
-        );
-        // n2 is not Ready: n1's report is enough.
-        let w = leader_writes(&view(&[("n1", true), ("n2", false)]), &obs("u1", Some(one)), &Shapes::default());
-        assert_eq!(w[0].status, json!({"status": EF_APPLIED}));
-        let bad = json!({"messages": [ok("n1"), "n2: EgressFirewall Rules not correctly applied: x"]});
-        let w = leader_writes(&view(&[("n1", true), ("n2", true)]), &obs("u1", Some(bad)), &Shapes::default());
-        assert_eq!(w[0].status, json!({"status": EF_NOT_APPLIED}));
+        assert!(node_writes("n1", &echo(&w[0]), &failed, "t", &Shapes::default()).is_empty(), "stored");
+        // The leader leaves n1's entry to n1 and reports the failure in the aggregate.
+        let both =
+            obs_held("u1", Some(json!({"messages": [message.clone()]})), &[("egressd-n1", messages_held(&[&message]))]);
+        let l = leader("n2", &[("n1", true), ("n2", true)], &desired(), &both, &Shapes::default());
+        assert_eq!(l[0].status, json!({"status": EF_NOT_APPLIED, "messages": [applied("n2")]}));
+        // The leader itself, with its own problem, leaves its entry to its node write.
+        let l = leader("n1", &[("n1", true), ("n2", true)], &failed, &obs("u1", None), &Shapes::default());
+        assert_eq!(l[0].status, json!({"status": EF_NOT_APPLIED, "messages": [applied("n2")]}));
+        // Recovered: n1 releases its entry; then the leader reports it again.
+        let release = node_writes("n1", &both, &desired(), "t", &Shapes::default());
+        assert_eq!(release.len(), 1);
+        assert_eq!(release[0].status, json!({"messages": []}));
+        let l = leader("n2", &[("n1", true), ("n2", true)], &desired(), &obs("u1", None), &Shapes::default());
+        assert_eq!(l[0].status, json!({"status": EF_APPLIED, "messages": [applied("n1"), applied("n2")]}));
     }
 
     #[test]
     fn a_deleted_nodes_entry_is_removed_by_its_own_field_manager() {
-        let stored = json!({"messages": ["gone: EgressFirewall Rules applied", "n1: EgressFirewall Rules applied"], "status": EF_APPLIED});
-        let w = leader_writes(&view(&[("n1", true)]), &obs("u1", Some(stored)), &Shapes::default());
+        let gone = applied("gone");
+        let stored = json!({"messages": [gone.clone(), applied("n1")], "status": EF_APPLIED});
+        let o = obs_held(
+            "u1",
+            Some(stored),
+            &[
+                ("egressd-gone", messages_held(&[&gone])),
+                ("egressd-leader", Held { status: true, ..messages_held(&[&applied("n1")]) }),
+            ],
+        );
+        let w = leader("n1", &[("n1", true)], &desired(), &o, &Shapes::default());
         assert_eq!(
             w,
             vec![StatusWrite {
@@ -709,15 +841,8 @@ mod tests {
     #[test]
     fn qos_condition_keeps_its_transition_time_while_unchanged() {
         let qkey = ObjectKey::new(Kind::EgressQoS, "a", "default");
-        let v = BTreeMap::from([(
-            qkey.clone(),
-            Observed {
-                uid: None,
-                status: Some(
-                    json!({"conditions": [{"type": "Ready-In-Zone-n1", "status": "True", "reason": "SetupSucceeded", "message": "old", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}),
-                ),
-            },
-        )]);
+        let stored = json!({"conditions": [{"type": "Ready-In-Zone-n1", "status": "True", "reason": "SetupSucceeded", "message": "old", "lastTransitionTime": "2026-01-01T00:00:00Z"}]});
+        let v = BTreeMap::from([(qkey.clone(), Observed { uid: None, status: Some(stored), held: BTreeMap::new() })]);
         let d = Desired {
             table: Table::new("egressd").into(),
             net: Default::default(),
@@ -725,32 +850,52 @@ mod tests {
             statuses: vec![ObjectStatus::new(qkey, "n1", Outcome::Applied)],
             warnings: vec![],
         };
-        let w = node_writes("n1", &v, &d, "2026-11-22T00:00:00Z", &Shapes::default());
-        assert_eq!(w[0].status["conditions"][0]["lastTransitionTime"], "2026-01-01T00:00:00Z");
-        assert_eq!(w[0].status["conditions"][0]["message"], "EgressQoS Rules applied");
+        let mut view = view(&[("n1", true), ("n2", true)]);
+        view.firewalls = Default::default();
+        let w = leader_writes("n1", &view, &d, &v, "2026-11-22T00:00:00Z", &Shapes::default());
+        assert_eq!(w.len(), 1);
+        let c = &w[0].status["conditions"];
+        assert_eq!(c[0]["lastTransitionTime"], "2026-01-01T00:00:00Z");
+        assert_eq!(c[0]["message"], "EgressQoS Rules applied");
+        assert_eq!(c[1]["type"], "Ready-In-Zone-n2");
+        assert_eq!(c[1]["lastTransitionTime"], "2026-11-22T00:00:00Z");
+        assert_eq!(w[0].status["status"], QOS_APPLIED);
+        assert!(leader_writes("n1", &view, &d, &echo(&w[0]), "later", &Shapes::default()).is_empty());
+        // A kernel error on n1: n1's own condition, its time from the stored one.
+        let mut failed = d.clone();
+        failed.statuses[0].fail("kernel error: x");
+        let n = node_writes("n1", &echo(&w[0]), &failed, "2026-11-23T00:00:00Z", &Shapes::default());
+        assert_eq!(n[0].manager, "egressd-n1");
+        assert_eq!(n[0].status["conditions"][0]["status"], "False");
+        assert_eq!(n[0].status["conditions"][0]["lastTransitionTime"], "2026-11-23T00:00:00Z");
     }
 
     #[test]
-    fn on_a_crd_without_messages_each_node_writes_the_aggregate_and_a_failure_wins() {
+    fn on_a_crd_without_messages_the_leader_writes_the_aggregate_and_a_nodes_failure_wins() {
         let legacy = Shapes { legacy: BTreeSet::from([Kind::EgressFirewall, Kind::EgressQoS]) };
-        // The write of a per-node message came back without it: pruned.
-        let w = node_writes("n1", &obs("u1", None), &desired(), "t", &Shapes::default()).remove(0);
-        assert_eq!(pruned(&w, Some(&json!({}))), Some(Kind::EgressFirewall));
-        assert_eq!(pruned(&w, Some(&json!({"messages": ["n1: EgressFirewall Rules applied"]}))), None);
-        // Then the node applies status.status, without force when applied...
-        let w = node_writes("n1", &obs("u1", None), &desired(), "t", &legacy);
+        let nodes = [("n1", true), ("n2", true)];
+        // The leader's write came back without its messages: pruned.
+        let w = leader("n1", &nodes, &desired(), &obs("u1", None), &Shapes::default()).remove(0);
+        assert_eq!(pruned(&w, Some(&json!({"status": EF_APPLIED}))), Some(Kind::EgressFirewall));
+        assert_eq!(pruned(&w, Some(&w.status)), None);
+        // Then it applies status.status alone.
+        let w = leader("n1", &nodes, &desired(), &obs("u1", None), &legacy);
         assert_eq!(w.len(), 1);
-        assert_eq!((w[0].status.clone(), w[0].force), (json!({"status": EF_APPLIED}), false));
-        assert!(
-            node_writes("n1", &obs("u1", Some(json!({"status": EF_APPLIED}))), &desired(), "t", &legacy).is_empty()
-        );
-        // ... with force when it failed.
+        assert_eq!(w[0].status, json!({"status": EF_APPLIED}));
+        assert!(leader("n1", &nodes, &desired(), &echo(&w[0]), &legacy).is_empty());
+        // A node with a problem of its own forces the failure ...
         let mut failed = desired();
         failed.statuses[0].fail("kernel error: x");
-        let w = node_writes("n1", &obs("u1", Some(json!({"status": EF_APPLIED}))), &failed, "t", &legacy);
-        assert_eq!((w[0].status.clone(), w[0].force), (json!({"status": EF_NOT_APPLIED}), true));
-        // The leader aggregates nothing there.
-        assert!(leader_writes(&view(&[("n1", true)]), &obs("u1", None), &legacy).is_empty());
+        let n = node_writes("n1", &echo(&w[0]), &failed, "t", &legacy);
+        assert_eq!((n[0].status.clone(), n[0].force), (json!({"status": EF_NOT_APPLIED}), true));
+        // ... which the leader leaves until that node releases it.
+        let held = obs_held(
+            "u1",
+            Some(json!({"status": EF_NOT_APPLIED})),
+            &[("egressd-n1", Held { status: true, ..Held::default() })],
+        );
+        assert!(leader("n2", &nodes, &desired(), &held, &legacy).is_empty());
+        assert_eq!(node_writes("n1", &held, &desired(), "t", &legacy)[0].status, json!({}));
     }
 
     #[test]
