@@ -31,6 +31,7 @@ pub(crate) use firewall::absolute;
 pub use firewall::{DNS_SETS, DnsNamesCache, FIREWALL_CHAIN, dns_names, dns_rule_names, dns_slots, wildcard_slots};
 pub use qos::QOS_CHAIN;
 pub use snoop_copies::snooped_namespaces;
+pub(crate) use status::QOS_CONDITION_PREFIX;
 pub use status::{
     FIREWALL_APPLIED, FIREWALL_NOT_APPLIED, ObjectStatus, Outcome, QOS_APPLIED, QOS_NOT_APPLIED, StatusCondition,
     condition_node, parse_message,

@@ -36,7 +36,7 @@ use tokio::sync::mpsc;
 use crate::api::parse::Parsed;
 use crate::api::{Kind, Object, ObjectKey, parse_document};
 use crate::view::ClusterView;
-use crate::view::observed::{Observed, StatusBoard, held_by_managers};
+use crate::view::observed::{Observed, StatusBoard, observe};
 
 /// What a watcher reports.
 #[derive(Debug)]
@@ -159,8 +159,12 @@ fn custom(kind: Kind, obj: DynamicObject) -> KubeMsg {
         map.insert("kind".into(), Value::String(kind.as_str().into()));
     }
     let managed = obj.metadata.managed_fields.iter().flatten();
-    let held = held_by_managers(managed.filter_map(|m| Some((m.manager.as_deref()?, &m.fields_v1.as_ref()?.0))));
-    let observed = Observed { uid: obj.metadata.uid.clone(), status: value.get("status").cloned(), held };
+    let observed = observe(
+        obj.metadata.uid.clone(),
+        value.get("status"),
+        managed.filter_map(|m| Some((m.manager.as_deref()?, &m.fields_v1.as_ref()?.0))),
+        crate::status::LEADER_MANAGER,
+    );
     let object = match parse_document(&value, "", false) {
         Ok(Parsed::Object(o)) => Ok(Box::new(o)),
         Ok(Parsed::Ignored { kind, .. }) => Err(format!("unexpected kind {kind}")),
@@ -886,10 +890,20 @@ mod tests {
         // Another node's status write comes back as a new version with the same spec:
         // the board sees it, the view does not change (no recompile).
         let mut echo = good.clone();
-        echo.data["status"] =
-            serde_json::json!({"messages": ["n1: EgressFirewall Rules applied", "n2: EgressFirewall Rules applied"]});
+        echo.data["status"] = serde_json::json!({"status": "EgressFirewall Rules applied",
+            "messages": ["n1: EgressFirewall Rules applied", "n2: EgressFirewall Rules applied"]});
+        echo.metadata.managed_fields = Some(vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry {
+            manager: Some("egressd-leader".into()),
+            operation: Some("Apply".into()),
+            fields_v1: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1(serde_json::json!({"f:status": {
+                "f:status": {}, "f:messages": {"v:\"n1: EgressFirewall Rules applied\"": {},
+                "v:\"n2: EgressFirewall Rules applied\"": {}}}}))),
+            ..Default::default()
+        }]);
         assert!(!s.handle(custom(Kind::EgressFirewall, echo)), "a status echo is not a view change");
-        assert_eq!(s.status_board().snapshot()[&key].status.as_ref().unwrap()["messages"].as_array().unwrap().len(), 2);
+        let seen = &s.status_board().snapshot()[&key];
+        assert_eq!(seen.text.as_deref(), Some("EgressFirewall Rules applied"));
+        assert_eq!(seen.held["egressd-leader"].count, 2, "{seen:?}");
         let mut bad = good;
         bad.data["spec"]["egress"][0]["to"]["cidrSelector"] = serde_json::json!("1.2.3./32");
         s.handle(custom(Kind::EgressFirewall, bad));

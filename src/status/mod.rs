@@ -1,9 +1,12 @@
-//! Status reporting to the API: per-node statuses written with server-side apply (one
-//! field manager per node, as the reference does), cluster-wide aggregates and clean-up
-//! by the leader ([`crate::leader`] elects it), Events for rejected input ([`writer`]).
+//! Status reporting to the API: every node's status entries and the aggregates, written
+//! by the leader ([`crate::leader`] elects it) with server-side apply, a node's own
+//! kernel errors by that node, clean-up, Events for rejected input ([`writer`]).
 
 pub mod file;
 pub mod writer;
+
+/// The field manager of the leader's status writes.
+pub const LEADER_MANAGER: &str = "egressd-leader";
 
 use crate::compile::Desired;
 use crate::net::HostLinks;

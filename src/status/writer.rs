@@ -41,11 +41,11 @@ use super::StatusSink;
 use crate::api::{Kind, ObjectKey};
 use crate::compile::{
     Desired, FIREWALL_APPLIED as EF_APPLIED, FIREWALL_NOT_APPLIED as EF_NOT_APPLIED, ObjectStatus, Outcome,
-    QOS_APPLIED, QOS_NOT_APPLIED, parse_message,
+    QOS_APPLIED, QOS_CONDITION_PREFIX, QOS_NOT_APPLIED, parse_message,
 };
 use crate::leader::Leadership;
 use crate::view::ClusterView;
-use crate::view::observed::{Held, Observed, StatusBoard};
+use crate::view::observed::{Held, Observed, StatusBoard, entry_digest, said};
 
 /// One server-side apply of a status.
 #[derive(Debug, Clone, PartialEq)]
@@ -113,10 +113,6 @@ impl KubeStatusWriter {
 /// What the API stores, by object.
 pub(crate) type ObservedObjects = BTreeMap<ObjectKey, Observed>;
 
-fn stored<'a>(observed: &'a ObservedObjects, key: &ObjectKey) -> Option<&'a Value> {
-    observed.get(key).and_then(|o| o.status.as_ref())
-}
-
 /// The writes done, so that the same write is not repeated while nothing changed. An
 /// entry counts only for the same object (`uid`: a deleted and re-created object is
 /// written again) whose stored status is still what it was when written (anyone
@@ -178,45 +174,43 @@ fn manager(node: &str) -> String {
     bounded(&format!("egressd-{node}"), NAME_LIMIT)
 }
 
-fn messages(api_status: Option<&Value>) -> Vec<String> {
-    api_status
-        .and_then(|s| s.get("messages"))
-        .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_str).map(String::from).collect())
-        .unwrap_or_default()
-}
-
-fn conditions(api_status: Option<&Value>) -> Vec<Value> {
-    api_status.and_then(|s| s.get("conditions")).and_then(Value::as_array).cloned().unwrap_or_default()
-}
-
 /// The leader's field manager: it writes every Ready node's entry of each status and the
 /// aggregate, in one write per object.
-const LEADER: &str = "egressd-leader";
+const LEADER: &str = crate::status::LEADER_MANAGER;
 
 /// What `manager` holds of `key`'s status.
 fn held<'a>(observed: &'a ObservedObjects, key: &ObjectKey, manager: &str) -> Option<&'a Held> {
     observed.get(key).and_then(|o| o.held.get(manager)).filter(|h| !h.is_empty())
 }
 
-/// The condition `c` as written, its `lastTransitionTime` kept from `stored` while its
-/// status stays the same.
-fn condition_value(c: &crate::compile::StatusCondition, stored: Option<&Value>, now: &str) -> Value {
-    let existing = conditions(stored).into_iter().find(|v| v["type"] == c.type_.as_str());
-    let since = existing
-        .as_ref()
-        .filter(|v| v["status"] == c.status.as_str())
-        .and_then(|v| v["lastTransitionTime"].as_str().map(String::from))
-        .unwrap_or_else(|| now.to_string());
+/// The condition `c` as written, its `lastTransitionTime` kept from what is stored while
+/// its status stays the same.
+fn condition_value(c: &crate::compile::StatusCondition, stored: Option<&Observed>, now: &str) -> Value {
+    let since = stored
+        .and_then(|o| o.conditions.get(&c.type_))
+        .filter(|s| s.status == c.status)
+        .map_or(now, |s| s.since.as_str());
     json!({
         "type": c.type_, "status": c.status, "reason": c.reason,
         "message": c.message, "lastTransitionTime": since,
     })
 }
 
-/// Whether `stored` has condition `want` (ignoring its time).
-fn has_condition(stored: Option<&Value>, want: &Value) -> bool {
-    conditions(stored).iter().any(|v| ["type", "status", "reason", "message"].iter().all(|f| v[*f] == want[*f]))
+/// Whether `stored` has condition `c` (its time aside).
+fn has_condition(stored: Option<&Observed>, c: &crate::compile::StatusCondition) -> bool {
+    stored
+        .and_then(|o| o.conditions.get(&c.type_))
+        .is_some_and(|s| s.status == c.status && s.said == said(&c.reason, &c.message))
+}
+
+/// The empty form of `kind`'s per-node field: applied by a manager, it releases the
+/// entries that manager holds.
+fn release(kind: Kind, legacy: bool) -> Value {
+    match (kind, legacy) {
+        (_, true) => json!({}),
+        (Kind::EgressFirewall, false) => json!({ "messages": [] }),
+        _ => json!({ "conditions": [] }),
+    }
 }
 
 /// What this node writes: nothing while it has no problem of its own with an object
@@ -236,42 +230,36 @@ pub(crate) fn node_writes(
         if !matches!(s.key.kind, Kind::EgressFirewall | Kind::EgressQoS) || matches!(s.outcome, Outcome::Ignored(_)) {
             continue;
         }
-        let stored = stored(observed, &s.key);
+        let stored = observed.get(&s.key);
         let holds = held(observed, &s.key, &mine);
         let legacy = shapes.legacy.contains(&s.key.kind);
         let write = |status: Value| StatusWrite { key: s.key.clone(), manager: mine.clone(), status, force: true };
         if !s.local_problem() {
             if holds.is_some() {
-                let release = match (s.key.kind, legacy) {
-                    (_, true) => json!({}),
-                    (Kind::EgressFirewall, false) => json!({ "messages": [] }),
-                    _ => json!({ "conditions": [] }),
-                };
-                out.push(write(release));
+                out.push(write(release(s.key.kind, legacy)));
             }
             continue;
         }
+        let only = |entry: &str| holds.is_some_and(|h| h.count == 1 && h.entries.contains(entry));
         match (s.key.kind, legacy) {
             (Kind::EgressFirewall, true) => {
-                let stored_text = stored.and_then(|v| v.get("status")).and_then(Value::as_str);
+                let stored_text = stored.and_then(|o| o.text.as_deref());
                 if stored_text != Some(EF_NOT_APPLIED) || !holds.is_some_and(|h| h.status) {
                     out.push(write(json!({ "status": EF_NOT_APPLIED })));
                 }
             }
             (Kind::EgressFirewall, false) => {
+                // Held by this node's manager: stored (server-side apply tracks it).
                 let message = s.message();
-                let exact = holds.is_some_and(|h| h.messages.len() == 1 && h.messages.contains(&message));
-                if !exact || !messages(stored).contains(&message) {
+                if !only(&message) {
                     out.push(write(json!({ "messages": [message] })));
                 }
             }
             (_, true) => {}
             (_, false) => {
                 let Some(c) = s.condition() else { continue };
-                let value = condition_value(&c, stored, now);
-                let exact = holds.is_some_and(|h| h.conditions.len() == 1 && h.conditions.contains(&c.type_));
-                if !exact || !has_condition(stored, &value) {
-                    out.push(write(json!({ "conditions": [value] })));
+                if !only(&c.type_) || !has_condition(stored, &c) {
+                    out.push(write(json!({ "conditions": [condition_value(&c, stored, now)] })));
                 }
             }
         }
@@ -289,6 +277,8 @@ pub(crate) fn node_writes(
 /// The leader reports a node's entry from its own compile: the outcome depends only on
 /// the object and the cluster (every node compiles the same view), not on the node; what
 /// only a node can know — its kernel refused the rules — that node reports itself.
+/// Whether its own entries are stored is compared by digest ([`Held::digest`]): the
+/// messages are built only for a write.
 pub(crate) fn leader_writes(
     me: &str,
     view: &ClusterView,
@@ -301,84 +291,112 @@ pub(crate) fn leader_writes(
     let ready: Vec<&str> = view.nodes.iter().filter(|(_, n)| n.ready).map(|(n, _)| n.as_str()).collect();
     let managers: BTreeMap<String, &str> = view.nodes.keys().map(|n| (manager(n), n.as_str())).collect();
     let mine: BTreeMap<&ObjectKey, &ObjectStatus> = desired.statuses.iter().map(|s| (&s.key, s)).collect();
+    let mut buf = String::new();
     for (key, obs) in observed.iter().filter(|(k, _)| matches!(k.kind, Kind::EgressFirewall | Kind::EgressQoS)) {
         let legacy = shapes.legacy.contains(&key.kind);
         // Entries of nodes that are gone.
-        for (m, _) in
-            obs.held.iter().filter(|(m, h)| m.as_str() != LEADER && !h.is_empty() && !managers.contains_key(m.as_str()))
-        {
-            let release = match (key.kind, legacy) {
-                (_, true) => json!({}),
-                (Kind::EgressFirewall, false) => json!({ "messages": [] }),
-                _ => json!({ "conditions": [] }),
-            };
-            out.push(StatusWrite { key: key.clone(), manager: m.clone(), status: release, force: true });
+        let gone = obs
+            .held
+            .iter()
+            .filter(|(m, h)| m.as_str() != LEADER && !h.is_empty() && !managers.contains_key(m.as_str()));
+        for (m, _) in gone {
+            out.push(StatusWrite {
+                key: key.clone(),
+                manager: m.clone(),
+                status: release(key.kind, legacy),
+                force: true,
+            });
         }
         let Some(status) = mine.get(key) else { continue };
         if matches!(status.outcome, Outcome::Ignored(_)) || ready.is_empty() || (legacy && key.kind == Kind::EgressQoS)
         {
             continue;
         }
-        // A node that holds its own entry (or is about to write one: this node, with a
-        // problem of its own) reports itself.
-        let own = |n: &str| held(observed, key, &manager(n)).is_some() || (n == me && status.local_problem());
-        let stored = obs.status.as_ref();
-        let holds = obs.held.get(LEADER).cloned().unwrap_or_default();
         // What the nodes that exist hold themselves.
         let nodes_held: Vec<&Held> =
             obs.held.iter().filter(|(m, _)| managers.contains_key(m.as_str())).map(|(_, h)| h).collect();
-        let stored_text = stored.and_then(|v| v.get("status")).and_then(Value::as_str);
+        // A node that holds its own entry (or is about to write one: this node, with a
+        // problem of its own) reports itself.
+        let own = |n: &str| held(observed, key, &manager(n)).is_some() || (n == me && status.local_problem());
+        let reported: Vec<&str> = ready.iter().copied().filter(|n| !own(n)).collect();
+        let holds = obs.held.get(LEADER).cloned().unwrap_or_default();
+        let stored_text = obs.text.as_deref();
         let write = |status: Value| StatusWrite { key: key.clone(), manager: LEADER.into(), status, force: true };
         // This node's own report, written in the same round (not stored yet).
         let own_report: Option<String> = status.local_problem().then(|| status.message());
+        let common = status.as_on(me);
         match key.kind {
             Kind::EgressFirewall if legacy => {
                 // One field: a node's failure, forced, stays until that node releases it.
                 if nodes_held.iter().any(|h| h.status) {
                     continue;
                 }
-                let text =
-                    if matches!(status.as_on(me).outcome, Outcome::Failed(_)) { EF_NOT_APPLIED } else { EF_APPLIED };
+                let text = if matches!(common.outcome, Outcome::Failed(_)) { EF_NOT_APPLIED } else { EF_APPLIED };
                 if stored_text != Some(text) || !holds.status {
                     out.push(write(json!({ "status": text })));
                 }
             }
             Kind::EgressFirewall => {
-                let entries: BTreeSet<String> =
-                    ready.iter().filter(|n| !own(n)).map(|n| status.as_on(n).message()).collect();
-                // Nodes' own entries, and the leader's.
-                let failed = nodes_held
-                    .iter()
-                    .flat_map(|h| h.messages.iter())
-                    .chain(entries.iter())
-                    .chain(own_report.iter())
-                    .filter_map(|m| parse_message(m))
-                    .any(|(_, applied)| !applied);
+                // Every node's message is `<node>: <the same words>`.
+                let mine_text = common.message();
+                let words = mine_text.strip_prefix(&format!("{me}: ")).unwrap_or(&mine_text).to_string();
+                let message = |n: &str, buf: &mut String| {
+                    buf.clear();
+                    buf.push_str(n);
+                    buf.push_str(": ");
+                    buf.push_str(&words);
+                };
+                let mut digest = 0u64;
+                for n in &reported {
+                    message(n, &mut buf);
+                    digest = digest.wrapping_add(entry_digest(&buf));
+                }
+                let failed = matches!(common.outcome, Outcome::Failed(_)) && !reported.is_empty()
+                    || nodes_held
+                        .iter()
+                        .flat_map(|h| h.entries.iter())
+                        .chain(own_report.iter())
+                        .filter_map(|m| parse_message(m))
+                        .any(|(_, applied)| !applied);
                 let text = if failed { EF_NOT_APPLIED } else { EF_APPLIED };
-                let present = entries.iter().all(|m| messages(stored).contains(m));
-                if stored_text != Some(text) || holds.messages != entries || !present {
+                if stored_text != Some(text) || !holds.status || holds.count != reported.len() || holds.digest != digest
+                {
+                    let entries: Vec<String> = reported
+                        .iter()
+                        .map(|n| {
+                            message(n, &mut buf);
+                            buf.clone()
+                        })
+                        .collect();
                     out.push(write(json!({ "status": text, "messages": entries })));
                 }
             }
             _ => {
-                let wanted: Vec<Value> = ready
-                    .iter()
-                    .filter(|n| !own(n))
-                    .filter_map(|n| status.as_on(n).condition())
-                    .map(|c| condition_value(&c, stored, now))
-                    .collect();
-                let own_types: BTreeSet<&String> = nodes_held.iter().flat_map(|h| h.conditions.iter()).collect();
-                let failed = conditions(stored)
-                    .iter()
-                    .filter(|c| c["type"].as_str().is_some_and(|t| own_types.contains(&t.to_string())))
-                    .chain(wanted.iter())
-                    .any(|c| c["status"] == "False")
+                let Some(c) = common.condition() else { continue };
+                let rest = |n: &str| crate::compile::StatusCondition {
+                    type_: format!("{QOS_CONDITION_PREFIX}{n}"),
+                    ..c.clone()
+                };
+                let mut digest = 0u64;
+                let mut stored_all = true;
+                for n in &reported {
+                    let cn = rest(n);
+                    digest = digest.wrapping_add(entry_digest(&cn.type_));
+                    stored_all &= has_condition(Some(obs), &cn);
+                }
+                let own_types: BTreeSet<&String> = nodes_held.iter().flat_map(|h| h.entries.iter()).collect();
+                let failed = (c.status == "False" && !reported.is_empty())
+                    || own_types.iter().any(|t| obs.conditions.get(*t).is_some_and(|s| s.status == "False"))
                     || (status.local_problem() && matches!(status.outcome, Outcome::Failed(_)));
                 let text = if failed { QOS_NOT_APPLIED } else { QOS_APPLIED };
-                let types: BTreeSet<String> =
-                    wanted.iter().filter_map(|c| c["type"].as_str().map(String::from)).collect();
-                let present = wanted.iter().all(|c| has_condition(stored, c));
-                if stored_text != Some(text) || holds.conditions != types || !present {
+                if stored_text != Some(text)
+                    || !holds.status
+                    || holds.count != reported.len()
+                    || holds.digest != digest
+                    || !stored_all
+                {
+                    let wanted: Vec<Value> =
+                        reported.iter().map(|n| condition_value(&rest(n), Some(obs), now)).collect();
                     out.push(write(json!({ "status": text, "conditions": wanted })));
                 }
             }
@@ -633,6 +651,7 @@ mod tests {
     use super::*;
     use crate::compile::ObjectStatus;
     use crate::nft::Table;
+    use crate::view::observed::observe;
     use crate::view::{Entry, NodeInfo};
 
     fn key() -> ObjectKey {
@@ -648,8 +667,33 @@ mod tests {
         v
     }
 
+    /// The managedFields entry of `manager` holding what `status` has.
+    fn fields(status: &Value) -> Value {
+        let mut f = serde_json::Map::new();
+        if status.get("status").is_some() {
+            f.insert("f:status".into(), json!({}));
+        }
+        if let Some(m) = status.get("messages").and_then(Value::as_array) {
+            let keys: serde_json::Map<String, Value> = m.iter().map(|v| (format!("v:{v}"), json!({}))).collect();
+            f.insert("f:messages".into(), Value::Object(keys));
+        }
+        if let Some(c) = status.get("conditions").and_then(Value::as_array) {
+            let keys: serde_json::Map<String, Value> =
+                c.iter().map(|v| (format!("k:{}", json!({"type": v["type"]})), json!({}))).collect();
+            f.insert("f:conditions".into(), Value::Object(keys));
+        }
+        json!({ "f:status": f })
+    }
+
+    /// `stored`, with each (manager, part of the status) holding that part.
+    fn obs_held(uid: &str, stored: Option<Value>, held: &[(&str, Value)]) -> ObservedObjects {
+        let fields: Vec<(&str, Value)> = held.iter().map(|(m, v)| (*m, fields(v))).collect();
+        let o = observe(Some(uid.into()), stored.as_ref(), fields.iter().map(|(m, v)| (*m, v)), LEADER);
+        BTreeMap::from([(key(), o)])
+    }
+
     fn obs(uid: &str, stored: Option<Value>) -> ObservedObjects {
-        BTreeMap::from([(key(), Observed { uid: Some(uid.into()), status: stored, held: BTreeMap::new() })])
+        obs_held(uid, stored, &[])
     }
 
     /// n1 applied the EgressFirewall.
@@ -663,57 +707,16 @@ mod tests {
         }
     }
 
-    #[test]
-    fn field_managers_of_long_node_names_fit_the_api_limit() {
-        assert_eq!(manager("n1"), "egressd-n1");
-        let long_a = format!("{}a", "x".repeat(252));
-        let long_b = format!("{}b", "x".repeat(252));
-        for name in [&long_a, &long_b] {
-            let m = manager(name);
-            assert_eq!(m.len(), NAME_LIMIT, "{m}");
-            assert!(m.starts_with("egressd-xxx"), "{m}");
-            assert_eq!(manager(name), m, "deterministic");
-        }
-        assert_ne!(manager(&long_a), manager(&long_b), "distinct names stay distinct");
-        let exactly = "y".repeat(NAME_LIMIT - "egressd-".len());
-        assert_eq!(manager(&exactly), format!("egressd-{exactly}"), "a name that fits is kept");
-        assert_eq!(bounded(&"é".repeat(100), 20).len(), 19, "cut at a character boundary");
-    }
-
     fn applied(n: &str) -> String {
         format!("{n}: {EF_APPLIED}")
-    }
-
-    /// `stored` with what each manager holds.
-    fn obs_held(uid: &str, stored: Option<Value>, held: &[(&str, Held)]) -> ObservedObjects {
-        let held = held.iter().map(|(m, h)| (m.to_string(), h.clone())).collect();
-        BTreeMap::from([(key(), Observed { uid: Some(uid.into()), status: stored, held })])
-    }
-
-    fn messages_held(m: &[&str]) -> Held {
-        Held { messages: m.iter().map(|s| s.to_string()).collect(), ..Held::default() }
     }
 
     /// What the API stores after `w` (with its manager holding what it wrote), as the
     /// echo of the write brings it back.
     fn echo(w: &StatusWrite) -> ObservedObjects {
-        let held = Held {
-            status: w.status.get("status").is_some(),
-            messages: messages(Some(&w.status)).into_iter().collect(),
-            conditions: conditions(Some(&w.status))
-                .iter()
-                .filter_map(|c| c["type"].as_str().map(String::from))
-                .collect(),
-        };
-        let key = w.key.clone();
-        BTreeMap::from([(
-            key,
-            Observed {
-                uid: Some("u1".into()),
-                status: Some(w.status.clone()),
-                held: [(w.manager.clone(), held)].into(),
-            },
-        )])
+        let fields = fields(&w.status);
+        let o = observe(Some("u1".into()), Some(&w.status), [(w.manager.as_str(), &fields)], LEADER);
+        BTreeMap::from([(w.key.clone(), o)])
     }
 
     fn leader(me: &str, nodes: &[(&str, bool)], d: &Desired, o: &ObservedObjects, shapes: &Shapes) -> Vec<StatusWrite> {
@@ -799,8 +802,11 @@ mod tests {
         );
         assert!(node_writes("n1", &echo(&w[0]), &failed, "t", &Shapes::default()).is_empty(), "stored");
         // The leader leaves n1's entry to n1 and reports the failure in the aggregate.
-        let both =
-            obs_held("u1", Some(json!({"messages": [message.clone()]})), &[("egressd-n1", messages_held(&[&message]))]);
+        let both = obs_held(
+            "u1",
+            Some(json!({"messages": [message.clone()]})),
+            &[("egressd-n1", json!({"messages": [message.clone()]}))],
+        );
         let l = leader("n2", &[("n1", true), ("n2", true)], &desired(), &both, &Shapes::default());
         assert_eq!(l[0].status, json!({"status": EF_NOT_APPLIED, "messages": [applied("n2")]}));
         // The leader itself, with its own problem, leaves its entry to its node write.
@@ -822,8 +828,8 @@ mod tests {
             "u1",
             Some(stored),
             &[
-                ("egressd-gone", messages_held(&[&gone])),
-                ("egressd-leader", Held { status: true, ..messages_held(&[&applied("n1")]) }),
+                ("egressd-gone", json!({"messages": [gone.clone()]})),
+                ("egressd-leader", json!({"status": EF_APPLIED, "messages": [applied("n1")]})),
             ],
         );
         let w = leader("n1", &[("n1", true)], &desired(), &o, &Shapes::default());
@@ -842,7 +848,7 @@ mod tests {
     fn qos_condition_keeps_its_transition_time_while_unchanged() {
         let qkey = ObjectKey::new(Kind::EgressQoS, "a", "default");
         let stored = json!({"conditions": [{"type": "Ready-In-Zone-n1", "status": "True", "reason": "SetupSucceeded", "message": "old", "lastTransitionTime": "2026-01-01T00:00:00Z"}]});
-        let v = BTreeMap::from([(qkey.clone(), Observed { uid: None, status: Some(stored), held: BTreeMap::new() })]);
+        let v = BTreeMap::from([(qkey.clone(), observe(None, Some(&stored), [], LEADER))]);
         let d = Desired {
             table: Table::new("egressd").into(),
             net: Default::default(),
@@ -892,7 +898,7 @@ mod tests {
         let held = obs_held(
             "u1",
             Some(json!({"status": EF_NOT_APPLIED})),
-            &[("egressd-n1", Held { status: true, ..Held::default() })],
+            &[("egressd-n1", json!({"status": EF_NOT_APPLIED}))],
         );
         assert!(leader("n2", &nodes, &desired(), &held, &legacy).is_empty());
         assert_eq!(node_writes("n1", &held, &desired(), "t", &legacy)[0].status, json!({}));
