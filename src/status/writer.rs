@@ -120,20 +120,28 @@ pub(crate) type ObservedObjects = BTreeMap<ObjectKey, Observed>;
 /// writes only what differs).
 #[derive(Debug, Default)]
 pub(crate) struct WriteLog {
-    done: BTreeMap<(ObjectKey, String), (Observed, Value)>,
+    /// (object, manager) → (what was stored, the digest of what was written): a status
+    /// holds one entry per node, so the written JSON is not kept.
+    done: BTreeMap<(ObjectKey, String), (Observed, u64)>,
+}
+
+/// The digest of a status written.
+fn written(status: &Value) -> u64 {
+    entry_digest(&status.to_string())
 }
 
 impl WriteLog {
     /// Whether `w` must be sent, given what is stored now.
     pub(crate) fn needed(&self, w: &StatusWrite, observed: &ObservedObjects) -> bool {
         let now = observed.get(&w.key).cloned().unwrap_or_default();
-        self.done.get(&(w.key.clone(), w.manager.clone())) != Some(&(now, w.status.clone()))
+        self.done.get(&(w.key.clone(), w.manager.clone())) != Some(&(now, written(&w.status)))
     }
 
     /// `w` was written while `observed` was stored.
     pub(crate) fn record(&mut self, w: StatusWrite, observed: &ObservedObjects) {
         let now = observed.get(&w.key).cloned().unwrap_or_default();
-        self.done.insert((w.key, w.manager), (now, w.status));
+        let digest = written(&w.status);
+        self.done.insert((w.key, w.manager), (now, digest));
     }
 
     /// Forget objects that are gone.
@@ -591,11 +599,19 @@ async fn writer_task(
     let mut evented = EventLog::new();
     let mut node_evented = EventLog::new();
     let mut recheck = tokio::time::interval(Duration::from_secs(5));
+    let mut echoes = 0u64;
     loop {
         tokio::select! {
             r = rx.changed() => if r.is_err() { return },
-            _ = board.changed() => {}
-            _ = recheck.tick() => {}
+            _ = board.changed() => echoes += 1,
+            _ = recheck.tick() => {
+                // Statuses arrive in bursts (one echo per object written, each holding
+                // an entry per node): give what their parsing freed back.
+                if echoes > 0 {
+                    crate::telemetry::memory::release_freed();
+                    echoes = 0;
+                }
+            }
         }
         let Some(snap) = rx.borrow_and_update().clone() else { continue };
         let observed = board.snapshot();
