@@ -183,7 +183,7 @@ def measure(work, n, changes, pids, api_pid, pods, nsn, per_node):
             sys.exit(f"only {ready} of {n} agents in sync after 900 s")
         time.sleep(0.5)
     started = time.time() - t0
-    # The start's status writes (each node's entry of each EgressFirewall) settle; they
+    # The start's status writes (the leader's, one per EgressFirewall) settle; they
     # are counted from before the agents started (WORK/writes).
     w0 = float(open(f"{work}/writes").read())
     last, quiet = metrics()[3], 0
@@ -275,7 +275,7 @@ def measure(work, n, changes, pids, api_pid, pods, nsn, per_node):
         time.sleep(2)
     run("egress IP placed", egress_ip, 1, delete_ip, placed)
 
-    # Status writes per policy change whose status changes (each node owns its entry):
+    # Status writes per policy change whose status changes (one leader write per object):
     # a new EgressFirewall, one made invalid, and fixed again; 3 s each.
     def writes_after(action, own):
         """Writes in the 3 s after `action`, less its `own`."""
