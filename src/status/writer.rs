@@ -297,6 +297,7 @@ pub(crate) fn leader_writes(
 ) -> Vec<StatusWrite> {
     let mut out = Vec::new();
     let ready: Vec<&str> = view.nodes.iter().filter(|(_, n)| n.ready).map(|(n, _)| n.as_str()).collect();
+    // Field manager → node, for the nodes that exist.
     let managers: BTreeMap<String, &str> = view.nodes.keys().map(|n| (manager(n), n.as_str())).collect();
     let mine: BTreeMap<&ObjectKey, &ObjectStatus> = desired.statuses.iter().map(|s| (&s.key, s)).collect();
     let mut buf = String::new();
@@ -320,14 +321,19 @@ pub(crate) fn leader_writes(
         {
             continue;
         }
-        // What the nodes that exist hold themselves.
-        let nodes_held: Vec<&Held> =
-            obs.held.iter().filter(|(m, _)| managers.contains_key(m.as_str())).map(|(_, h)| h).collect();
+        // What the nodes that exist hold themselves (rare: their own kernel errors).
+        let nodes_held: BTreeMap<&str, &Held> = obs
+            .held
+            .iter()
+            .filter(|(_, h)| !h.is_empty())
+            .filter_map(|(m, h)| Some((*managers.get(m.as_str())?, h)))
+            .collect();
         // A node that holds its own entry (or is about to write one: this node, with a
         // problem of its own) reports itself.
-        let own = |n: &str| held(observed, key, &manager(n)).is_some() || (n == me && status.local_problem());
+        let own = |n: &str| nodes_held.contains_key(n) || (n == me && status.local_problem());
         let reported: Vec<&str> = ready.iter().copied().filter(|n| !own(n)).collect();
-        let holds = obs.held.get(LEADER).cloned().unwrap_or_default();
+        let nothing = Held::default();
+        let holds = obs.held.get(LEADER).unwrap_or(&nothing);
         let stored_text = obs.text.as_deref();
         let write = |status: Value| StatusWrite { key: key.clone(), manager: LEADER.into(), status, force: true };
         // This node's own report, written in the same round (not stored yet).
@@ -336,7 +342,7 @@ pub(crate) fn leader_writes(
         match key.kind {
             Kind::EgressFirewall if legacy => {
                 // One field: a node's failure, forced, stays until that node releases it.
-                if nodes_held.iter().any(|h| h.status) {
+                if nodes_held.values().any(|h| h.status) {
                     continue;
                 }
                 let text = if matches!(common.outcome, Outcome::Failed(_)) { EF_NOT_APPLIED } else { EF_APPLIED };
@@ -361,7 +367,7 @@ pub(crate) fn leader_writes(
                 }
                 let failed = matches!(common.outcome, Outcome::Failed(_)) && !reported.is_empty()
                     || nodes_held
-                        .iter()
+                        .values()
                         .flat_map(|h| h.entries.iter())
                         .chain(own_report.iter())
                         .filter_map(|m| parse_message(m))
@@ -392,7 +398,7 @@ pub(crate) fn leader_writes(
                     digest = digest.wrapping_add(entry_digest(&cn.type_));
                     stored_all &= has_condition(Some(obs), &cn);
                 }
-                let own_types: BTreeSet<&String> = nodes_held.iter().flat_map(|h| h.entries.iter()).collect();
+                let own_types: BTreeSet<&String> = nodes_held.values().flat_map(|h| h.entries.iter()).collect();
                 let failed = (c.status == "False" && !reported.is_empty())
                     || own_types.iter().any(|t| obs.conditions.get(*t).is_some_and(|s| s.status == "False"))
                     || (status.local_problem() && matches!(status.outcome, Outcome::Failed(_)));
