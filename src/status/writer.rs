@@ -934,4 +934,62 @@ mod tests {
         );
         assert_eq!(egress_ip_event("e1", "spec.namespaceSelector: bad"), "spec.namespaceSelector: bad");
     }
+
+    proptest::proptest! {
+        /// The leader compares what it holds by digest and count: that must decide exactly
+        /// what comparing the stored messages in full decides, and a write, once stored,
+        /// must leave nothing to write.
+        #[test]
+        fn the_leaders_digest_decides_what_a_full_comparison_decides(
+            before in proptest::collection::vec(proptest::bool::ANY, 1..7),
+            after in proptest::collection::vec(proptest::bool::ANY, 1..7),
+            failed_before in proptest::bool::ANY,
+            failed_after in proptest::bool::ANY,
+        ) {
+            let names: Vec<String> = (0..7).map(|i| format!("n{i}")).collect();
+            let nodes = |ready: &[bool]| -> Vec<(&str, bool)> {
+                ready.iter().enumerate().map(|(i, r)| (names[i].as_str(), *r)).collect()
+            };
+            let outcome = |failed: bool| {
+                let mut d = desired();
+                if failed {
+                    d.statuses[0].outcome = Outcome::Failed("spec.egress[0]: bad".into());
+                }
+                d
+            };
+            // What the API stores: the leader's write for the earlier state.
+            let first = leader("n0", &nodes(&before), &outcome(failed_before), &obs("u1", None), &Shapes::default());
+            let stored = match first.first() {
+                Some(w) => w.status.clone(),
+                None => json!({}),
+            };
+            let observed = first.first().map_or_else(|| obs("u1", None), echo);
+            let writes = leader("n0", &nodes(&after), &outcome(failed_after), &observed, &Shapes::default());
+            // In full: every Ready node's message, and the aggregate.
+            let d = outcome(failed_after);
+            let want: BTreeSet<String> = nodes(&after)
+                .iter()
+                .filter(|(_, r)| *r)
+                .map(|(n, _)| d.statuses[0].as_on(n).message())
+                .collect();
+            let have: BTreeSet<String> = stored["messages"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|v| v.as_str().map(String::from)).collect())
+                .unwrap_or_default();
+            let text = if failed_after { EF_NOT_APPLIED } else { EF_APPLIED };
+            let same = want.is_empty() || (want == have && stored["status"] == text);
+            proptest::prop_assert_eq!(writes.is_empty(), same, "{:?} -> {:?}", stored, writes);
+            if let Some(w) = writes.first() {
+                let wrote: BTreeSet<String> = w.status["messages"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(|v| v.as_str().map(String::from)).collect())
+                    .unwrap_or_default();
+                proptest::prop_assert_eq!(&wrote, &want);
+                proptest::prop_assert!(
+                    leader("n0", &nodes(&after), &d, &echo(w), &Shapes::default()).is_empty(),
+                    "a stored write leaves nothing to write"
+                );
+            }
+        }
+    }
 }
