@@ -287,21 +287,53 @@ pub(crate) fn node_writes(
 /// only a node can know — its kernel refused the rules — that node reports itself.
 /// Whether its own entries are stored is compared by digest ([`Held::digest`]): the
 /// messages are built only for a write.
-pub(crate) fn leader_writes(
-    me: &str,
-    view: &ClusterView,
-    desired: &Desired,
-    observed: &ObservedObjects,
-    now: &str,
-    shapes: &Shapes,
-) -> Vec<StatusWrite> {
-    let mut out = Vec::new();
-    let ready: Vec<&str> = view.nodes.iter().filter(|(_, n)| n.ready).map(|(n, _)| n.as_str()).collect();
-    // Field manager → node, for the nodes that exist.
-    let managers: BTreeMap<String, &str> = view.nodes.keys().map(|n| (manager(n), n.as_str())).collect();
-    let mine: BTreeMap<&ObjectKey, &ObjectStatus> = desired.statuses.iter().map(|s| (&s.key, s)).collect();
-    let mut buf = String::new();
-    for (key, obs) in observed.iter().filter(|(k, _)| matches!(k.kind, Kind::EgressFirewall | Kind::EgressQoS)) {
+///
+/// The writes are built one object at a time, as the caller takes them: a status holds
+/// an entry per Ready node, and building every object's at once made the leader's peak
+/// RSS ~150 MiB at 1,500 nodes and 1,000 EgressFirewalls (bench/FINDINGS.md
+/// "2026-11-27 (seventh)").
+pub(crate) fn leader_writes<'a>(
+    me: &'a str,
+    view: &'a ClusterView,
+    desired: &'a Desired,
+    observed: &'a ObservedObjects,
+    now: &'a str,
+    shapes: &'a Shapes,
+) -> impl Iterator<Item = StatusWrite> + Send + 'a {
+    let round = LeaderRound {
+        me,
+        ready: view.nodes.iter().filter(|(_, n)| n.ready).map(|(n, _)| n.as_str()).collect(),
+        managers: view.nodes.keys().map(|n| (manager(n), n.as_str())).collect(),
+        mine: desired.statuses.iter().map(|s| (&s.key, s)).collect(),
+        now,
+        shapes,
+    };
+    observed
+        .iter()
+        .filter(|(k, _)| matches!(k.kind, Kind::EgressFirewall | Kind::EgressQoS))
+        .flat_map(move |(key, obs)| round.object(key, obs))
+}
+
+/// What one round of [`leader_writes`] knows of every object.
+struct LeaderRound<'a> {
+    me: &'a str,
+    /// The Ready nodes.
+    ready: Vec<&'a str>,
+    /// Field manager → node, for the nodes that exist.
+    managers: BTreeMap<String, &'a str>,
+    /// This node's compiled status of each object.
+    mine: BTreeMap<&'a ObjectKey, &'a ObjectStatus>,
+    now: &'a str,
+    shapes: &'a Shapes,
+}
+
+impl LeaderRound<'_> {
+    /// The leader's writes for one object (see [`leader_writes`]).
+    fn object(&self, key: &ObjectKey, obs: &Observed) -> Vec<StatusWrite> {
+        let Self { me, ready, managers, mine, now, shapes } = self;
+        let (me, now) = (*me, *now);
+        let mut out = Vec::new();
+        let mut buf = String::new();
         let legacy = shapes.legacy.contains(&key.kind);
         // Entries of nodes that are gone.
         let gone = obs
@@ -316,10 +348,10 @@ pub(crate) fn leader_writes(
                 force: true,
             });
         }
-        let Some(status) = mine.get(key) else { continue };
+        let Some(status) = mine.get(key) else { return out };
         if matches!(status.outcome, Outcome::Ignored(_)) || ready.is_empty() || (legacy && key.kind == Kind::EgressQoS)
         {
-            continue;
+            return out;
         }
         // What the nodes that exist hold themselves (rare: their own kernel errors).
         let nodes_held: BTreeMap<&str, &Held> = obs
@@ -343,7 +375,7 @@ pub(crate) fn leader_writes(
             Kind::EgressFirewall if legacy => {
                 // One field: a node's failure, forced, stays until that node releases it.
                 if nodes_held.values().any(|h| h.status) {
-                    continue;
+                    return out;
                 }
                 let text = if matches!(common.outcome, Outcome::Failed(_)) { EF_NOT_APPLIED } else { EF_APPLIED };
                 if stored_text != Some(text) || !holds.status {
@@ -386,7 +418,7 @@ pub(crate) fn leader_writes(
                 }
             }
             _ => {
-                let Some(c) = common.condition() else { continue };
+                let Some(c) = common.condition() else { return out };
                 let rest = |n: &str| crate::compile::StatusCondition {
                     type_: format!("{QOS_CONDITION_PREFIX}{n}"),
                     ..c.clone()
@@ -415,8 +447,8 @@ pub(crate) fn leader_writes(
                 }
             }
         }
+        out
     }
-    out
 }
 
 /// Rejected objects (leader only): (object, error).
@@ -624,11 +656,13 @@ async fn writer_task(
         log.retain_present(&observed);
         let now =
             jiff::Timestamp::now().round(jiff::Unit::Second).unwrap_or_else(|_| jiff::Timestamp::now()).to_string();
-        let mut writes = node_writes(&node, &observed, &snap.desired, &now, &shapes);
-        if leadership.is_leader() {
-            writes.extend(leader_writes(&node, &snap.view, &snap.desired, &observed, &now, &shapes));
-        }
-        for w in writes {
+        // The leader's writes are built as they are sent (`shapes` may learn meanwhile:
+        // this round goes on with what it knew).
+        let round = shapes.clone();
+        let writes = node_writes(&node, &observed, &snap.desired, &now, &shapes);
+        let leader =
+            leadership.is_leader().then(|| leader_writes(&node, &snap.view, &snap.desired, &observed, &now, &round));
+        for w in writes.into_iter().chain(leader.into_iter().flatten()) {
             if !log.needed(&w, &observed) {
                 continue;
             }
@@ -742,7 +776,7 @@ mod tests {
     }
 
     fn leader(me: &str, nodes: &[(&str, bool)], d: &Desired, o: &ObservedObjects, shapes: &Shapes) -> Vec<StatusWrite> {
-        leader_writes(me, &view(nodes), d, o, "t", shapes)
+        leader_writes(me, &view(nodes), d, o, "t", shapes).collect()
     }
 
     #[test]
@@ -880,7 +914,7 @@ mod tests {
         };
         let mut view = view(&[("n1", true), ("n2", true)]);
         view.firewalls = Default::default();
-        let w = leader_writes("n1", &view, &d, &v, "2026-11-22T00:00:00Z", &Shapes::default());
+        let w: Vec<_> = leader_writes("n1", &view, &d, &v, "2026-11-22T00:00:00Z", &Shapes::default()).collect();
         assert_eq!(w.len(), 1);
         let c = &w[0].status["conditions"];
         assert_eq!(c[0]["lastTransitionTime"], "2026-01-01T00:00:00Z");
@@ -888,7 +922,7 @@ mod tests {
         assert_eq!(c[1]["type"], "Ready-In-Zone-n2");
         assert_eq!(c[1]["lastTransitionTime"], "2026-11-22T00:00:00Z");
         assert_eq!(w[0].status["status"], QOS_APPLIED);
-        assert!(leader_writes("n1", &view, &d, &echo(&w[0]), "later", &Shapes::default()).is_empty());
+        assert!(leader_writes("n1", &view, &d, &echo(&w[0]), "later", &Shapes::default()).next().is_none());
         // A kernel error on n1: n1's own condition, its time from the stored one.
         let mut failed = d.clone();
         failed.statuses[0].fail("kernel error: x");
