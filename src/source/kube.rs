@@ -297,7 +297,14 @@ impl PodWatch {
         let Some((client, tx)) = &self.start else { return };
         let selector = pod_selector(if wide { None } else { self.node.as_deref() });
         tracing::info!(selector = %selector, "watching pods");
+        // A node's own pods are listed from the API server's watch cache (resourceVersion
+        // 0, as the kubelet lists them): a field-selected list "most recent" is read from
+        // etcd, every pod of the cluster decoded to find the node's 100 — at 150,000 pods
+        // and 50 agents starting, none in sync after 15 minutes (bench/FINDINGS.md
+        // "2026-11-27 (seventh)"). Every scheduled pod is listed in pages from etcd
+        // instead: one answer from the cache would be the whole cluster at once.
         let config = watcher::Config::default().fields(&selector);
+        let config = if wide { config } else { config.any_semantic() };
         self.task = Some(spawn_watch(
             Kind::Pod,
             watch(Api::<Pod>::all(client.clone()), config),
