@@ -822,6 +822,8 @@ fn resolv_conf_servers() -> Vec<std::net::IpAddr> {
 }
 
 fn run(args: RunArgs) -> ExitCode {
+    // Before any thread exists: every thread shares one heap arena.
+    egressd::telemetry::memory::one_arena();
     if let Err(e) = args.node.check() {
         eprintln!("egressd run: {e}");
         return ExitCode::from(EXIT_CONFIG);
