@@ -35,6 +35,8 @@
 #   bench/cluster-scale.sh                              # AGENTS="10 50 100" PODS=150000
 #   AGENTS=3 PODS=600 NAMESPACES=20 CHANGES=3 QUICK=1 bench/cluster-scale.sh   # CI
 #   KEEP=1 …                                            # keep the agents' logs
+#   KEEP=1 HEAPTRACK_AGENT=2 …                          # node-2 under heaptrack (its RSS
+#                                                         is then not measured)
 #
 # Prints one Markdown table row per N.
 set -euo pipefail
@@ -52,7 +54,8 @@ BIN="$(cd "${CARGO_TARGET_DIR:-target}" && pwd)/$PROFILE/egressd"
 API="egcs$$" WORK=$(mktemp -d) PIDS=() NETNS=()
 API_IP=198.19.255.254
 stop_agents() {
-  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  # pkill -P: the agent under heaptrack is the wrapper's child.
+  for p in "${PIDS[@]}"; do pkill -TERM -P "$p"; kill -TERM "$p" 2>/dev/null; done
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
   for n in "${NETNS[@]}"; do ip netns del "$n"; done
   PIDS=() NETNS=()
@@ -88,7 +91,8 @@ for n in $AGENTS; do
     ip -n "$API" link set "v$i" master br0 up
     ip -n "$ns" addr add "$(node_ip "$i")/16" dev eth0; ip -n "$ns" link set eth0 up
     # Each agent in its own memory cgroup would need v1 cgroups; peak RSS is VmHWM.
-    NO_COLOR=1 ip netns exec "$ns" "$BIN" run --kubeconfig "$WORK/kube/kubeconfig-egressd" --node-name "node-$i" \
+    W=""; [ "${HEAPTRACK_AGENT:-x}" = "$i" ] && W="heaptrack -o $WORK/heap-$i"
+    NO_COLOR=1 ip netns exec "$ns" $W "$BIN" run --kubeconfig "$WORK/kube/kubeconfig-egressd" --node-name "node-$i" \
       --cluster-cidr 198.18.0.0/16 --cluster-cidr 2001:db8:1::/48 --state-dir "$WORK/state-$i" --health-addr 127.0.0.1:9799 \
       --egress-ip-health-port 0 2>"$WORK/log-$i" &
     PIDS+=($!)
