@@ -55,7 +55,7 @@ API="egcs$$" WORK=$(mktemp -d) PIDS=() NETNS=()
 API_IP=198.19.255.254
 stop_agents() {
   # pkill -P: the agent under heaptrack is the wrapper's child.
-  for p in "${PIDS[@]}"; do pkill -TERM -P "$p"; kill -TERM "$p" 2>/dev/null; done
+  for p in "${PIDS[@]}"; do pkill -TERM -P "$p" || true; kill -TERM "$p" 2>/dev/null || true; done
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
   for n in "${NETNS[@]}"; do ip netns del "$n"; done
   PIDS=() NETNS=()

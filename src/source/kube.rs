@@ -283,7 +283,19 @@ struct PodWatch {
     task: Option<tokio::task::JoinHandle<()>>,
     /// What starts a watch (none in unit tests).
     start: Option<(Client, mpsc::Sender<Tagged>)>,
+    /// How long the wide watch is kept once the node no longer needs it.
+    hold: std::time::Duration,
+    /// When the wide watch narrows (set while it is no longer needed).
+    narrow_at: Option<tokio::time::Instant>,
 }
+
+/// How long a node keeps following every pod after it stopped needing them
+/// ([`PodWatch::hold`]): re-listing the cluster's pods costs the API server and the node
+/// seconds at 150,000 pods (2.2 s for the first EgressIP, 0.8–1.0 s each time one was
+/// created again after the last was deleted: bench/FINDINGS.md "2026-11-27 (seventh)"),
+/// so an EgressIP deleted and created again, or a host that loses and regains an egress
+/// IP, does not pay it twice.
+pub const NARROW_AFTER: std::time::Duration = std::time::Duration::from_secs(600);
 
 impl PodWatch {
     /// Replace the running watch by one covering every pod (`wide`) or the node's own.
@@ -419,8 +431,16 @@ impl KubeWatch {
             PodScope::Cluster => None,
             PodScope::Node(n) => Some(n),
         };
-        let mut pods =
-            PodWatch { node, wide: false, generation: 0, listed: false, task: None, start: Some((client.clone(), tx)) };
+        let mut pods = PodWatch {
+            node,
+            wide: false,
+            generation: 0,
+            listed: false,
+            task: None,
+            start: Some((client.clone(), tx)),
+            hold: NARROW_AFTER,
+            narrow_at: None,
+        };
         pods.restart(pods.node.is_none());
         let mut view = Self { source: KubeObjects::new(), rx, pods, telemetry, reported: BTreeMap::new(), seen: None };
         loop {
@@ -456,12 +476,26 @@ impl KubeWatch {
         self.pods.wide
     }
 
-    /// Replace the pod watch when the node's need for other nodes' pods changed.
+    /// Replace the pod watch when the node's need for other nodes' pods changed: wider
+    /// at once, narrower once the need has been gone for [`PodWatch::hold`] (the view
+    /// holds more pods than the node needs meanwhile, which changes nothing it compiles:
+    /// `tests/incremental.rs`).
     fn rescope(&mut self) {
         let Some(node) = &self.pods.node else { return };
         let wide = self.source.view().needs_cluster_pods(node);
-        if wide != self.pods.wide {
-            self.pods.restart(wide);
+        let now = tokio::time::Instant::now();
+        if wide || !self.pods.wide {
+            self.pods.narrow_at = None;
+            if wide && !self.pods.wide {
+                self.pods.restart(true);
+            }
+            return;
+        }
+        let due = *self.pods.narrow_at.get_or_insert(now + self.pods.hold);
+        if now >= due {
+            tracing::info!(after = ?self.pods.hold, "no egress IP to host or take over: back to this node's pods");
+            self.pods.narrow_at = None;
+            self.pods.restart(false);
         }
     }
 }
@@ -482,7 +516,18 @@ impl super::ViewSource for KubeWatch {
     /// Cancellation-safe: `recv` is, and nothing is awaited once a message is taken (a
     /// message handled is always reported by the same call).
     async fn next_change(&mut self) -> bool {
-        let Some((generation, first)) = self.rx.recv().await else {
+        let received = match self.pods.narrow_at {
+            Some(at) => tokio::select! {
+                m = self.rx.recv() => m,
+                _ = tokio::time::sleep_until(at) => {
+                    // Narrowing changes nothing yet: the new watch's list does.
+                    self.rescope();
+                    return false;
+                }
+            },
+            None => self.rx.recv().await,
+        };
+        let Some((generation, first)) = received else {
             return std::future::pending().await;
         };
         self.seen = Some(std::time::Instant::now());
@@ -730,6 +775,8 @@ mod tests {
                 listed: false,
                 task: None,
                 start: None,
+                hold: std::time::Duration::ZERO,
+                narrow_at: None,
             },
             telemetry: std::sync::Arc::new(crate::telemetry::Telemetry::default()),
             reported: BTreeMap::new(),
@@ -862,6 +909,41 @@ mod tests {
         }
         next(&mut w).await;
         assert_eq!(pod_names(w.view()), ["local"], "other nodes' pods kept after the scope narrowed");
+    }
+
+    /// The wide watch is kept for the hold after the node stops needing it (an EgressIP
+    /// created again within it costs no re-list of the cluster), then narrows by itself,
+    /// with no message to wake it.
+    #[tokio::test]
+    async fn the_wide_watch_narrows_only_after_the_hold() {
+        use super::super::ViewSource;
+        use std::time::Duration;
+        let (tx, rx) = mpsc::channel(64);
+        let mut w = test_watch(rx, Some("a"), 1);
+        w.pods.hold = Duration::from_millis(300);
+        async fn next(w: &mut KubeWatch) -> bool {
+            let f = w.next_change();
+            tokio::time::timeout(Duration::from_secs(2), f).await.expect("a change or the hold's end")
+        }
+        tx.send((0, egress_ip(Some("a")))).await.unwrap();
+        next(&mut w).await;
+        assert!(w.follows_cluster_pods());
+        assert_eq!(w.pods.generation, 2);
+        // Not the host any more, and then the host again within the hold: one watch.
+        tx.send((0, egress_ip(None))).await.unwrap();
+        assert!(next(&mut w).await);
+        assert!(w.follows_cluster_pods(), "narrowed before the hold");
+        tx.send((0, egress_ip(Some("a")))).await.unwrap();
+        next(&mut w).await;
+        assert_eq!((w.follows_cluster_pods(), w.pods.generation), (true, 2), "the watch was replaced");
+        // Not the host: after the hold, with nothing received, back to the node's pods.
+        tx.send((0, egress_ip(None))).await.unwrap();
+        next(&mut w).await;
+        let started = std::time::Instant::now();
+        assert!(!next(&mut w).await, "the hold's end is not a view change");
+        assert!(started.elapsed() >= Duration::from_millis(250), "{:?}", started.elapsed());
+        assert!(!w.follows_cluster_pods());
+        assert_eq!(w.pods.generation, 3);
     }
 
     #[test]
