@@ -101,4 +101,5 @@ for n in $AGENTS; do
   ip netns exec "$API" python3 bench/cluster-scale.py measure "$WORK/kube/env" "$WORK" "$n" "$CHANGES" \
     "${PIDS[*]}" "$(sed -n 's/^APISERVER_PID=//p' "$WORK/kube/env")" "$PODS" "$NAMESPACES" "$LOCAL"
   stop_agents
+  if [ -n "${KEEP:-}" ]; then mkdir -p "$WORK/n$n"; cp "$WORK"/log-* "$WORK/trace" "$WORK/n$n/" 2>/dev/null || true; fi
 done

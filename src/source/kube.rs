@@ -270,6 +270,25 @@ fn pod_selector(node: Option<&str>) -> String {
     }
 }
 
+/// The pod watch's configuration for `node`'s pods, or every scheduled pod (`None`).
+///
+/// A node's own pods are listed from the API server's watch cache (`resourceVersion=0`,
+/// as the kubelet lists them), in one answer: kube-core sends `resourceVersion=0` only
+/// when the list has no `limit`, and a field-selected list without it is read from etcd,
+/// every pod of the cluster decoded to find the node's ~100 — 55 s at 150,000 pods with
+/// 10 agents starting, over the API server's 60 s timeout with 50 (bench/FINDINGS.md
+/// "2026-11-27 (seventh)"). Every scheduled pod is listed in pages from etcd instead:
+/// one answer from the cache would be the whole cluster at once.
+fn pod_config(node: Option<&str>) -> watcher::Config {
+    let config = watcher::Config::default().fields(&pod_selector(node));
+    if node.is_none() {
+        return config;
+    }
+    let mut config = config.any_semantic();
+    config.page_size = None;
+    config
+}
+
 /// The pod watch, replaced when its scope changes.
 struct PodWatch {
     /// Whose pods (`None`: every pod, always).
@@ -309,14 +328,7 @@ impl PodWatch {
         let Some((client, tx)) = &self.start else { return };
         let selector = pod_selector(if wide { None } else { self.node.as_deref() });
         tracing::info!(selector = %selector, "watching pods");
-        // A node's own pods are listed from the API server's watch cache (resourceVersion
-        // 0, as the kubelet lists them): a field-selected list "most recent" is read from
-        // etcd, every pod of the cluster decoded to find the node's 100 — at 150,000 pods
-        // and 50 agents starting, none in sync after 15 minutes (bench/FINDINGS.md
-        // "2026-11-27 (seventh)"). Every scheduled pod is listed in pages from etcd
-        // instead: one answer from the cache would be the whole cluster at once.
-        let config = watcher::Config::default().fields(&selector);
-        let config = if wide { config } else { config.any_semantic() };
+        let config = pod_config(if wide { None } else { self.node.as_deref() });
         self.task = Some(spawn_watch(
             Kind::Pod,
             watch(Api::<Pod>::all(client.clone()), config),
@@ -909,6 +921,19 @@ mod tests {
         }
         next(&mut w).await;
         assert_eq!(pod_names(w.view()), ["local"], "other nodes' pods kept after the scope narrowed");
+    }
+
+    /// A node's own pods come from the watch cache: `resourceVersion=0` and no page
+    /// limit (with a limit kube-core leaves the version out, and the list goes to etcd).
+    #[test]
+    fn a_nodes_own_pods_are_listed_from_the_watch_cache_and_every_pod_in_pages() {
+        let own = pod_config(Some("a"));
+        assert_eq!(own.list_semantic, watcher::ListSemantic::Any);
+        assert_eq!(own.page_size, None);
+        assert_eq!(own.field_selector.as_deref(), Some("spec.nodeName=a"));
+        let every = pod_config(None);
+        assert_eq!(every.list_semantic, watcher::ListSemantic::MostRecent);
+        assert!(every.page_size.is_some());
     }
 
     /// The wide watch is kept for the hold after the node stops needing it (an EgressIP
