@@ -112,7 +112,9 @@ class Logs:
         done = data.rfind(b"\n") + 1
         self.offsets[i] += done
         for line in data[:done].decode(errors="replace").splitlines():
-            if "dataplane in sync" in line:
+            # A sync that changed nothing in the kernel ("sync=Unchanged": a page of a
+            # pod list, a status echo) is not the change arriving.
+            if "dataplane in sync" in line and "sync=Unchanged" not in line:
                 stamp = datetime.datetime.fromisoformat(line.split()[0].replace("Z", "+00:00"))
                 self.stamps[i].append(stamp.timestamp() * 1e9)
         return self.stamps[i]

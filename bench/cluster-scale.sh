@@ -57,7 +57,8 @@ stop_agents() {
   # pkill -P: the agent under heaptrack is the wrapper's child.
   for p in "${PIDS[@]}"; do pkill -TERM -P "$p" || true; kill -TERM "$p" 2>/dev/null || true; done
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
-  for n in "${NETNS[@]}"; do ip netns del "$n"; done
+  local ns
+  for ns in "${NETNS[@]}"; do ip netns del "$ns"; done
   PIDS=() NETNS=()
 }
 cleanup() {
