@@ -326,9 +326,8 @@ impl PodWatch {
         self.wide = wide;
         self.listed = false;
         let Some((client, tx)) = &self.start else { return };
-        let selector = pod_selector(if wide { None } else { self.node.as_deref() });
-        tracing::info!(selector = %selector, "watching pods");
         let config = pod_config(if wide { None } else { self.node.as_deref() });
+        tracing::info!(selector = config.field_selector.as_deref().unwrap_or_default(), "watching pods");
         self.task = Some(spawn_watch(
             Kind::Pod,
             watch(Api::<Pod>::all(client.clone()), config),
