@@ -30,11 +30,16 @@ fn cluster(t: &Topology) -> (Netns, PathBuf) {
 }
 
 fn start_agent(t: &Topology, api: &ApiServer, node: &str, table: &str) -> Agent {
+    start_agent_with(t, api, node, table, &[])
+}
+
+fn start_agent_with(t: &Topology, api: &ApiServer, node: &str, table: &str, more: &[&str]) -> Agent {
     // Agents sharing the namespace need their own health port.
     let health = format!("127.0.0.1:{}", 9780 + node.bytes().last().map_or(0, u16::from) % 16);
     // Agents share one namespace here: no EgressIP health port (placement counts
     // labelled Ready nodes as reachable); placement_netns.rs covers it.
-    let extra = ["--table", table, "--egress-ip-health-port", "0"];
+    let mut extra = vec!["--table", table, "--egress-ip-health-port", "0"];
+    extra.extend_from_slice(more);
     start_kube_agent(&t.node, api, t.dir.path(), node, &health, &["198.18.0.0/16", "2001:db8:1::/48"], &extra)
 }
 
@@ -227,7 +232,8 @@ fn leader_lease_fails_over_when_the_leader_dies() {
     let mut a = start_agent(&t, &api, "node-a", "egressd-a");
     let holder = || api.get(&["lease", "egressd-leader", "-n", "egressd", "-o", "jsonpath={.spec.holderIdentity}"]);
     assert!(wait_for(Duration::from_secs(10), || holder() == "node-a").is_some(), "node-a never led: {}", holder());
-    let b = start_agent(&t, &api, "node-b", "egressd-b");
+    // node-b, once it leads, names the cluster in one entry (as large clusters do).
+    let b = start_agent_with(&t, &api, "node-b", "egressd-b", &["--status-zones", "global"]);
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(holder(), "node-a", "node-b must not take a valid lease");
     // Both nodes' entries, written by the leader; node-b writes none (no problem of its own).
@@ -268,6 +274,13 @@ fn leader_lease_fails_over_when_the_leader_dies() {
             == "EgressFirewall Rules applied"
     });
     assert!(aggregate.is_some(), "{}\n{}", api.get(&["egressfirewall", "-A", "-o", "yaml"]), b.log_text());
+    // In node-b's form: one entry for the cluster, in the new object and in place of
+    // the per-node entries node-a wrote as leader.
+    let global = r#"["global: EgressFirewall Rules applied"]"#;
+    let replaced = wait_for(Duration::from_secs(15), || ef("{.status.messages}") == global);
+    assert!(replaced.is_some(), "{}\n{}", ef("{.status}"), b.log_text());
+    let team_a = api.get(&["egressfirewall", "default", "-n", "team-a", "-o", "jsonpath={.status.messages}"]);
+    assert_eq!(team_a, global);
 }
 
 #[test]

@@ -337,6 +337,24 @@ struct EgressArgs {
     egress_ip_vxlan_port: u16,
 }
 
+/// `--status-zones`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum ZonesArg {
+    Auto,
+    PerNode,
+    Global,
+}
+
+impl From<ZonesArg> for egressd::status::StatusZones {
+    fn from(z: ZonesArg) -> Self {
+        match z {
+            ZonesArg::Auto => Self::Auto,
+            ZonesArg::PerNode => Self::PerNode,
+            ZonesArg::Global => Self::Global,
+        }
+    }
+}
+
 /// `--egress-ip-transport`.
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 enum TransportArg {
@@ -488,6 +506,16 @@ struct RunArgs {
     /// lease duration.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=3600))]
     lease_renew_secs: u64,
+    /// How the leader names the per-node entries of EgressFirewall and EgressQoS
+    /// statuses (the reference's zones): `per-node` (`<node>: EgressFirewall Rules
+    /// applied`, condition `Ready-In-Zone-<node>`, for every Ready node), `global` (one
+    /// entry for the cluster, zone `global`, as the reference's centralized mode), or
+    /// `auto`: per node up to 100 Ready nodes, global above (per node again at 80). Either
+    /// way a node whose kernel refused an object's rules writes its own entry, and
+    /// `status.status` is the aggregate. Per-node entries make every object grow with the
+    /// cluster, and every agent receives them.
+    #[arg(long, env = "EGRESSD_STATUS_ZONES", value_enum, default_value_t = ZonesArg::Auto)]
+    status_zones: ZonesArg,
     #[command(flatten)]
     node: NodeArgs,
     #[command(flatten)]
@@ -970,7 +998,13 @@ fn run(args: RunArgs) -> ExitCode {
             return Err(AgentError::Config("--cloud-provider needs --egress-ip-mode cloud".into()));
         }
         let placement = PlacementSink::start(client.clone(), settings, leadership.clone());
-        let writer = KubeStatusWriter::start(client, args.node.node_name.clone(), leadership, view.status_board());
+        let writer = KubeStatusWriter::start(
+            client,
+            args.node.node_name.clone(),
+            leadership,
+            view.status_board(),
+            args.status_zones.into(),
+        );
         egressd::agent::run(config, view, syncer, (writer, placement), shutdown).instrument(info_span!("agent")).await
     });
     match result {

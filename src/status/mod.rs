@@ -8,6 +8,59 @@ pub mod writer;
 /// The field manager of the leader's status writes.
 pub const LEADER_MANAGER: &str = "egressd-leader";
 
+/// The zone the leader names in its one entry when it reports for the whole cluster: the
+/// reference's own name for its single zone when it runs centralized
+/// (`types.OvnDefaultZone`), so statuses read as that mode's do
+/// (`global: EgressFirewall Rules applied`, condition `Ready-In-Zone-global`).
+pub const GLOBAL_ZONE: &str = "global";
+
+/// Whether the per-node entries of EgressFirewall and EgressQoS statuses name every Ready
+/// node or the whole cluster at once.
+///
+/// The reference writes one entry per zone. In its interconnect mode every node is a zone,
+/// so an object holds one entry per node: ~90 bytes per node, which every agent receives
+/// with the object it must watch (~135 KiB per object at 1,500 nodes; 50 agents could not
+/// list 1,000 such objects: bench/FINDINGS.md "2026-11-27 (seventh)"). In its centralized
+/// mode there is one zone, [`GLOBAL_ZONE`]. A node's own kernel error is its own entry in
+/// either form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StatusZones {
+    /// Per node while at most [`ZONES_PER_NODE_UP_TO`] nodes are Ready, global above, and
+    /// per node again once at most [`ZONES_PER_NODE_AGAIN_AT`] are (so a cluster at the
+    /// limit does not rewrite every status at each node that comes and goes).
+    #[default]
+    Auto,
+    /// One entry per Ready node, always.
+    PerNode,
+    /// One entry, [`GLOBAL_ZONE`], always.
+    Global,
+}
+
+/// [`StatusZones::Auto`]: the most Ready nodes that still get an entry each.
+pub const ZONES_PER_NODE_UP_TO: usize = 100;
+/// [`StatusZones::Auto`]: back to entries per node at this many Ready nodes or fewer.
+pub const ZONES_PER_NODE_AGAIN_AT: usize = 80;
+
+/// The form of one round of writes: per node or global.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ZoneForm {
+    PerNode,
+    Global,
+}
+
+impl StatusZones {
+    /// The form for `ready` Ready nodes, after `previous` (the last round's).
+    pub(crate) fn form(self, previous: Option<ZoneForm>, ready: usize) -> ZoneForm {
+        match self {
+            Self::PerNode => ZoneForm::PerNode,
+            Self::Global => ZoneForm::Global,
+            Self::Auto if ready > ZONES_PER_NODE_UP_TO => ZoneForm::Global,
+            Self::Auto if ready <= ZONES_PER_NODE_AGAIN_AT => ZoneForm::PerNode,
+            Self::Auto => previous.unwrap_or(ZoneForm::PerNode),
+        }
+    }
+}
+
 use crate::compile::Desired;
 use crate::net::HostLinks;
 use crate::view::ClusterView;

@@ -8,6 +8,10 @@
 //! * EgressQoS: condition `Ready-In-Zone-<node>` for every Ready node (list-type map keyed
 //!   by `type`, `lastTransitionTime` kept while the condition's status stays the same),
 //!   and the aggregate;
+//! * in clusters of more than [`super::ZONES_PER_NODE_UP_TO`] Ready nodes (or always, or
+//!   never: [`StatusZones`]) one entry names the whole cluster instead, zone
+//!   [`GLOBAL_ZONE`], as the reference's centralized mode writes it: the entries grow
+//!   with nothing but the nodes whose own kernel refused the rules;
 //! * entries of nodes that no longer exist are removed (applying an empty list as that
 //!   node's field manager);
 //! * an Event (type Warning) for every rejected object, once per distinct error.
@@ -37,7 +41,7 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use super::StatusSink;
+use super::{GLOBAL_ZONE, StatusSink, StatusZones, ZoneForm};
 use crate::api::{Kind, ObjectKey};
 use crate::compile::{
     Desired, FIREWALL_APPLIED as EF_APPLIED, FIREWALL_NOT_APPLIED as EF_NOT_APPLIED, ObjectStatus, Outcome,
@@ -101,11 +105,12 @@ pub struct KubeStatusWriter {
 
 impl KubeStatusWriter {
     /// Start the writer task for node `node`; `board` is what the API stores (the
-    /// Kubernetes source keeps it up to date).
-    pub fn start(client: Client, node: String, leadership: Leadership, board: StatusBoard) -> Self {
+    /// Kubernetes source keeps it up to date); `zones`: how the leader names the entries.
+    pub fn start(client: Client, node: String, leadership: Leadership, board: StatusBoard, zones: StatusZones) -> Self {
         let (tx, rx) = watch::channel(None);
         let span = tracing::info_span!("status_writer", node = %node);
-        tokio::spawn(tracing::Instrument::instrument(writer_task(client, node, leadership, rx, board), span));
+        let task = writer_task(client, node, leadership, rx, board, zones);
+        tokio::spawn(tracing::Instrument::instrument(task, span));
         Self { tx }
     }
 }
@@ -277,7 +282,8 @@ pub(crate) fn node_writes(
 
 /// What the leader writes, one write per object whose status differs: every Ready node's
 /// EgressFirewall message (EgressQoS condition) as every node computes it, except where a
-/// node holds an entry of its own (its own problem), and the aggregate `status.status`
+/// node holds an entry of its own (its own problem) — or, in the [`ZoneForm::Global`]
+/// form, one entry for all of them, zone [`GLOBAL_ZONE`] —, and the aggregate `status.status`
 /// ("not correctly applied" when any entry is); and the release of the entries of nodes
 /// that no longer exist, by their own field manager. A policy change therefore costs one
 /// write per changed status, whatever the number of nodes.
@@ -299,10 +305,12 @@ pub(crate) fn leader_writes<'a>(
     observed: &'a ObservedObjects,
     now: &'a str,
     shapes: &'a Shapes,
+    form: ZoneForm,
 ) -> impl Iterator<Item = StatusWrite> + Send + 'a {
     let round = LeaderRound {
         me,
         ready: view.nodes.iter().filter(|(_, n)| n.ready).map(|(n, _)| n.as_str()).collect(),
+        form,
         managers: view.nodes.keys().map(|n| (manager(n), n.as_str())).collect(),
         mine: desired.statuses.iter().map(|s| (&s.key, s)).collect(),
         now,
@@ -319,6 +327,8 @@ struct LeaderRound<'a> {
     me: &'a str,
     /// The Ready nodes.
     ready: Vec<&'a str>,
+    /// An entry per node, or one for the cluster.
+    form: ZoneForm,
     /// Field manager → node, for the nodes that exist.
     managers: BTreeMap<String, &'a str>,
     /// This node's compiled status of each object.
@@ -330,7 +340,7 @@ struct LeaderRound<'a> {
 impl LeaderRound<'_> {
     /// The leader's writes for one object (see [`leader_writes`]).
     fn object(&self, key: &ObjectKey, obs: &Observed) -> Vec<StatusWrite> {
-        let Self { me, ready, managers, mine, now, shapes } = self;
+        let Self { me, ready, form, managers, mine, now, shapes } = self;
         let (me, now) = (*me, *now);
         let mut out = Vec::new();
         let mut buf = String::new();
@@ -363,7 +373,12 @@ impl LeaderRound<'_> {
         // A node that holds its own entry (or is about to write one: this node, with a
         // problem of its own) reports itself.
         let own = |n: &str| nodes_held.contains_key(n) || (n == me && status.local_problem());
-        let reported: Vec<&str> = ready.iter().copied().filter(|n| !own(n)).collect();
+        // The zones the leader reports: every Ready node that does not report itself, or
+        // one for all of them.
+        let mut reported: Vec<&str> = ready.iter().copied().filter(|n| !own(n)).collect();
+        if *form == ZoneForm::Global && !reported.is_empty() {
+            reported = vec![GLOBAL_ZONE];
+        }
         let nothing = Held::default();
         let holds = obs.held.get(LEADER).unwrap_or(&nothing);
         let stored_text = obs.text.as_deref();
@@ -631,8 +646,10 @@ async fn writer_task(
     leadership: Leadership,
     mut rx: watch::Receiver<Option<Arc<Snapshot>>>,
     board: StatusBoard,
+    zones: StatusZones,
 ) {
     let mut log = WriteLog::default();
+    let mut form = None;
     let mut shapes = Shapes::default();
     let mut evented = EventLog::new();
     let mut node_evented = EventLog::new();
@@ -659,9 +676,19 @@ async fn writer_task(
         // The leader's writes are built as they are sent (`shapes` may learn meanwhile:
         // this round goes on with what it knew).
         let round = shapes.clone();
+        let ready = snap.view.nodes.values().filter(|n| n.ready).count();
+        let this_form = zones.form(form, ready);
+        if form.is_some_and(|f| f != this_form) {
+            tracing::info!(ready, form = ?this_form, "status entries: {}", match this_form {
+                ZoneForm::PerNode => "one per Ready node",
+                ZoneForm::Global => "one for the cluster (zone global)",
+            });
+        }
+        form = Some(this_form);
         let writes = node_writes(&node, &observed, &snap.desired, &now, &shapes);
-        let leader =
-            leadership.is_leader().then(|| leader_writes(&node, &snap.view, &snap.desired, &observed, &now, &round));
+        let leader = leadership
+            .is_leader()
+            .then(|| leader_writes(&node, &snap.view, &snap.desired, &observed, &now, &round, this_form));
         for w in writes.into_iter().chain(leader.into_iter().flatten()) {
             if !log.needed(&w, &observed) {
                 continue;
@@ -776,7 +803,7 @@ mod tests {
     }
 
     fn leader(me: &str, nodes: &[(&str, bool)], d: &Desired, o: &ObservedObjects, shapes: &Shapes) -> Vec<StatusWrite> {
-        leader_writes(me, &view(nodes), d, o, "t", shapes).collect()
+        leader_writes(me, &view(nodes), d, o, "t", shapes, ZoneForm::PerNode).collect()
     }
 
     #[test]
@@ -901,6 +928,69 @@ mod tests {
     }
 
     #[test]
+    fn in_the_global_form_one_entry_reports_every_node_and_a_nodes_own_problem_stays_its_own() {
+        let global = |me: &str, nodes: &[(&str, bool)], d: &Desired, o: &ObservedObjects| -> Vec<StatusWrite> {
+            leader_writes(me, &view(nodes), d, o, "t", &Shapes::default(), ZoneForm::Global).collect()
+        };
+        let nodes = [("n1", true), ("n2", true), ("n3", false)];
+        // Stored per node (a smaller cluster's); the global form replaces it in one write.
+        let per_node = leader("n1", &nodes, &desired(), &obs("u1", None), &Shapes::default());
+        let w = global("n1", &nodes, &desired(), &echo(&per_node[0]));
+        assert_eq!(w.len(), 1);
+        assert_eq!(w[0].status, json!({"status": EF_APPLIED, "messages": [applied("global")]}));
+        assert!(global("n1", &nodes, &desired(), &echo(&w[0])).is_empty(), "stored: no write");
+        // Invalid: one write, the one entry carries the reason.
+        let mut invalid = desired();
+        invalid.statuses[0].outcome = Outcome::Failed("spec.egress[0]: bad".into());
+        let w2 = global("n1", &nodes, &invalid, &echo(&w[0]));
+        assert_eq!(w2.len(), 1);
+        let bad = format!("global: {EF_NOT_APPLIED}: spec.egress[0]: bad");
+        assert_eq!(w2[0].status, json!({"status": EF_NOT_APPLIED, "messages": [bad]}));
+        // Nodes coming and going change nothing stored.
+        let more = [("n1", true), ("n2", true), ("n3", true), ("n4", true)];
+        assert!(global("n1", &more, &invalid, &echo(&w2[0])).is_empty());
+        // n1's kernel refused the rules: its own entry stays beside the global one, and
+        // the aggregate says so.
+        let message = format!("n1: {EF_NOT_APPLIED}: kernel error: x");
+        let both = obs_held(
+            "u1",
+            Some(json!({"status": EF_APPLIED, "messages": [message.clone(), applied("global")]})),
+            &[
+                ("egressd-n1", json!({"messages": [message]})),
+                (LEADER, json!({"status": EF_APPLIED, "messages": [applied("global")]})),
+            ],
+        );
+        let l = global("n2", &[("n1", true), ("n2", true)], &desired(), &both);
+        assert_eq!(l.len(), 1);
+        assert_eq!(l[0].status, json!({"status": EF_NOT_APPLIED, "messages": [applied("global")]}));
+        // EgressQoS: one condition, `Ready-In-Zone-global`.
+        let qkey = ObjectKey::new(Kind::EgressQoS, "a", "default");
+        let v = BTreeMap::from([(qkey.clone(), observe(None, None, [], LEADER))]);
+        let d = Desired { statuses: vec![ObjectStatus::new(qkey, "n1", Outcome::Applied)], ..desired() };
+        let q = global("n1", &nodes, &d, &v);
+        assert_eq!(q.len(), 1);
+        assert_eq!(q[0].status["conditions"].as_array().map(Vec::len), Some(1));
+        assert_eq!(q[0].status["conditions"][0]["type"], "Ready-In-Zone-global");
+        assert_eq!(q[0].status["status"], QOS_APPLIED);
+    }
+
+    #[test]
+    fn auto_zones_switch_to_global_above_the_limit_and_back_only_well_below_it() {
+        use super::super::{ZONES_PER_NODE_AGAIN_AT as AGAIN, ZONES_PER_NODE_UP_TO as UP_TO};
+        let auto = StatusZones::Auto;
+        assert_eq!(auto.form(None, 3), ZoneForm::PerNode);
+        assert_eq!(auto.form(None, UP_TO), ZoneForm::PerNode);
+        assert_eq!(auto.form(Some(ZoneForm::PerNode), UP_TO + 1), ZoneForm::Global);
+        // Between the two limits the form stays what it was.
+        assert_eq!(auto.form(Some(ZoneForm::Global), UP_TO), ZoneForm::Global);
+        assert_eq!(auto.form(Some(ZoneForm::Global), AGAIN + 1), ZoneForm::Global);
+        assert_eq!(auto.form(Some(ZoneForm::PerNode), AGAIN + 1), ZoneForm::PerNode);
+        assert_eq!(auto.form(Some(ZoneForm::Global), AGAIN), ZoneForm::PerNode);
+        assert_eq!(StatusZones::PerNode.form(Some(ZoneForm::Global), 5_000), ZoneForm::PerNode);
+        assert_eq!(StatusZones::Global.form(None, 1), ZoneForm::Global);
+    }
+
+    #[test]
     fn qos_condition_keeps_its_transition_time_while_unchanged() {
         let qkey = ObjectKey::new(Kind::EgressQoS, "a", "default");
         let stored = json!({"conditions": [{"type": "Ready-In-Zone-n1", "status": "True", "reason": "SetupSucceeded", "message": "old", "lastTransitionTime": "2026-01-01T00:00:00Z"}]});
@@ -914,7 +1004,8 @@ mod tests {
         };
         let mut view = view(&[("n1", true), ("n2", true)]);
         view.firewalls = Default::default();
-        let w: Vec<_> = leader_writes("n1", &view, &d, &v, "2026-11-22T00:00:00Z", &Shapes::default()).collect();
+        let w: Vec<_> =
+            leader_writes("n1", &view, &d, &v, "2026-11-22T00:00:00Z", &Shapes::default(), ZoneForm::PerNode).collect();
         assert_eq!(w.len(), 1);
         let c = &w[0].status["conditions"];
         assert_eq!(c[0]["lastTransitionTime"], "2026-01-01T00:00:00Z");
@@ -922,7 +1013,11 @@ mod tests {
         assert_eq!(c[1]["type"], "Ready-In-Zone-n2");
         assert_eq!(c[1]["lastTransitionTime"], "2026-11-22T00:00:00Z");
         assert_eq!(w[0].status["status"], QOS_APPLIED);
-        assert!(leader_writes("n1", &view, &d, &echo(&w[0]), "later", &Shapes::default()).next().is_none());
+        assert!(
+            leader_writes("n1", &view, &d, &echo(&w[0]), "later", &Shapes::default(), ZoneForm::PerNode)
+                .next()
+                .is_none()
+        );
         // A kernel error on n1: n1's own condition, its time from the stored one.
         let mut failed = d.clone();
         failed.statuses[0].fail("kernel error: x");
@@ -979,7 +1074,13 @@ mod tests {
             after in proptest::collection::vec(proptest::bool::ANY, 1..7),
             failed_before in proptest::bool::ANY,
             failed_after in proptest::bool::ANY,
+            global_before in proptest::bool::ANY,
+            global_after in proptest::bool::ANY,
         ) {
+            let form = |global: bool| if global { ZoneForm::Global } else { ZoneForm::PerNode };
+            let leader = |nodes: &[(&str, bool)], d: &Desired, o: &ObservedObjects, global: bool| -> Vec<StatusWrite> {
+                leader_writes("n0", &view(nodes), d, o, "t", &Shapes::default(), form(global)).collect()
+            };
             let names: Vec<String> = (0..7).map(|i| format!("n{i}")).collect();
             let nodes = |ready: &[bool]| -> Vec<(&str, bool)> {
                 ready.iter().enumerate().map(|(i, r)| (names[i].as_str(), *r)).collect()
@@ -992,20 +1093,23 @@ mod tests {
                 d
             };
             // What the API stores: the leader's write for the earlier state.
-            let first = leader("n0", &nodes(&before), &outcome(failed_before), &obs("u1", None), &Shapes::default());
+            let first = leader(&nodes(&before), &outcome(failed_before), &obs("u1", None), global_before);
             let stored = match first.first() {
                 Some(w) => w.status.clone(),
                 None => json!({}),
             };
             let observed = first.first().map_or_else(|| obs("u1", None), echo);
-            let writes = leader("n0", &nodes(&after), &outcome(failed_after), &observed, &Shapes::default());
-            // In full: every Ready node's message, and the aggregate.
+            let writes = leader(&nodes(&after), &outcome(failed_after), &observed, global_after);
+            // In full: every Ready node's message (or the cluster's), and the aggregate.
             let d = outcome(failed_after);
-            let want: BTreeSet<String> = nodes(&after)
+            let mut want: BTreeSet<String> = nodes(&after)
                 .iter()
                 .filter(|(_, r)| *r)
                 .map(|(n, _)| d.statuses[0].as_on(n).message())
                 .collect();
+            if global_after && !want.is_empty() {
+                want = BTreeSet::from([d.statuses[0].as_on(GLOBAL_ZONE).message()]);
+            }
             let have: BTreeSet<String> = stored["messages"]
                 .as_array()
                 .map(|a| a.iter().filter_map(|v| v.as_str().map(String::from)).collect())
@@ -1020,7 +1124,7 @@ mod tests {
                     .unwrap_or_default();
                 proptest::prop_assert_eq!(&wrote, &want);
                 proptest::prop_assert!(
-                    leader("n0", &nodes(&after), &d, &echo(w), &Shapes::default()).is_empty(),
+                    leader(&nodes(&after), &d, &echo(w), global_after).is_empty(),
                     "a stored write leaves nothing to write"
                 );
             }
