@@ -339,6 +339,9 @@ fn golden_tables_sent_over_netlink_list_as_nft_loads_them() {
     cases.sort();
     let (wire, delta, text) = (Netns::new("wire-golden"), Netns::new("delta-golden"), Netns::new("text-golden"));
     let mut previous: Option<Table> = None;
+    // Changes that add a base chain without replacing the table (EgressIP's chains when
+    // the first EgressIP appears): the sequence must hold at least one.
+    let mut base_added_in_place = 0;
     for case in cases {
         let (node, links) = golden_case::case_inputs(&case);
         let (desired, _) = egressd::agent::compile_manifests(&case.join("manifests"), &node, &links).unwrap();
@@ -349,6 +352,11 @@ fn golden_tables_sent_over_netlink_list_as_nft_loads_them() {
             None => replace(&delta, table.clone()),
             Some(old) => delta.run({
                 let new = table.clone();
+                let c = egressd::nft::Comparison::of(&old, &new);
+                let added = new.chains.iter().any(|(n, ch)| ch.hook.is_some() && !old.chains.contains_key(n));
+                if added && !c.needs_replace() {
+                    base_added_in_place += 1;
+                }
                 move || ElementWriter::open("egressd")?.apply_changes(&egressd::nft::Comparison::of(&old, &new))
             }),
         };
@@ -359,4 +367,5 @@ fn golden_tables_sent_over_netlink_list_as_nft_loads_them() {
         assert_eq!(wire.table_json("egressd"), loaded, "{}", case.display());
         assert_eq!(in_any_order(delta.table_json("egressd")), in_any_order(loaded), "{} (change)", case.display());
     }
+    assert!(base_added_in_place > 0, "no change between golden cases adds a base chain in place");
 }

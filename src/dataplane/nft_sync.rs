@@ -788,9 +788,11 @@ mod tests {
         };
         assert_eq!(s.sync_keeping(&mut with_dns(2).into(), keep).unwrap(), SyncKind::Partial);
         assert!(!asked.get(), "a delta asked for the learned elements");
-        // A change only a replace makes (a new base chain) is one, and keeps them.
+        // A change only a replace makes (new base chains at one hook and priority) is
+        // one, and keeps them.
         let mut base = with_dns(2);
         let hook = crate::nft::Hook { chain_type: "filter", hook: "forward", priority: "filter" };
+        base.chains.insert("a".into(), Chain::base(hook.clone(), vec!["counter".into()]));
         base.chains.insert("b".into(), Chain::base(hook, vec!["counter".into()]));
         assert_eq!(s.sync_keeping(&mut base.into(), || vec![learned]).unwrap(), SyncKind::Full);
         let scripts = &s.backend().scripts;

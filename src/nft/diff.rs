@@ -7,7 +7,8 @@ use super::{FAMILY, Table, Text};
 
 /// The script that changes `old` into `new`, or `None` when they are equal. A change
 /// that cannot be expressed as a delta (the table's name, a set's type or flags, a base
-/// chain's hook, a new base chain) gets the full replace script instead.
+/// chain's hook, a new base chain beside another at its hook and priority:
+/// [`super::Comparison::needs_replace`]) gets the full replace script instead.
 ///
 /// Order inside the one transaction: new chains (so map elements may jump to them), new
 /// sets, rules of new/changed regular chains, element deletions, element additions,
@@ -23,9 +24,21 @@ pub fn diff(old: &Table, new: &Table) -> Option<String> {
     }
 
     let mut out = String::new();
-    // 1. New regular chains, declared empty.
-    for name in new.chains.keys().filter(|n| !old.chains.contains_key(*n)) {
-        let _ = writeln!(out, "add chain {t} {name}");
+    // 1. New chains, declared empty (a base chain with its hook: the transaction is
+    //    atomic, no packet sees it before its rules).
+    for (name, chain) in new.chains.iter().filter(|(n, _)| !old.chains.contains_key(*n)) {
+        match &chain.hook {
+            None => {
+                let _ = writeln!(out, "add chain {t} {name}");
+            }
+            Some(h) => {
+                let (kind, hook, priority) = (h.chain_type, h.hook, h.priority);
+                let _ = writeln!(
+                    out,
+                    "add chain {t} {name} {{ type {kind} hook {hook} priority {priority}; policy accept; }}"
+                );
+            }
+        }
     }
     // 2. New sets and maps.
     for (name, set) in new.sets.iter().filter(|(n, _)| !old.sets.contains_key(*n)) {
@@ -77,12 +90,15 @@ pub fn diff(old: &Table, new: &Table) -> Option<String> {
             let _ = writeln!(out, "add element {t} {name} {{ {} }}", elements(set, added.into_iter()));
         }
     }
-    // 5. Changed base chains.
+    // 5. New and changed base chains.
     for (name, chain) in new.chains.iter().filter(|(_, c)| c.hook.is_some()) {
-        if old.chains.get(name).is_some_and(|b| b.rules == chain.rules) {
+        let before = old.chains.get(name);
+        if before.is_some_and(|b| b.rules == chain.rules) {
             continue;
         }
-        let _ = writeln!(out, "flush chain {t} {name}");
+        if before.is_some() {
+            let _ = writeln!(out, "flush chain {t} {name}");
+        }
         for rule in chain.rules.iter() {
             let _ = writeln!(out, "add rule {t} {name} {rule}");
         }
@@ -174,6 +190,26 @@ mod tests {
     }
 
     #[test]
+    fn a_new_base_chain_is_added_in_place_unless_another_runs_at_its_hook_and_priority() {
+        let old = table();
+        let mut new = table();
+        let own = Hook { chain_type: "nat", hook: "postrouting", priority: "srcnat - 1" };
+        new.chains.insert("egress".into(), Chain::base(own, vec!["counter".into()]));
+        assert_eq!(
+            diff(&old, &new).unwrap(),
+            "add chain inet egressd egress { type nat hook postrouting priority srcnat - 1; policy accept; }\n\
+             add rule inet egressd egress counter\n"
+        );
+        assert_eq!(diff(&new, &old).unwrap(), "flush chain inet egressd egress\ndelete chain inet egressd egress\n");
+        // Priority 0 is `filter`'s: the kernel would run it after `firewall` where a
+        // fresh start runs it before (name order).
+        let mut beside = table();
+        let same = Hook { chain_type: "filter", hook: "forward", priority: "0" };
+        beside.chains.insert("a-first".into(), Chain::base(same, vec!["counter".into()]));
+        assert!(diff(&old, &beside).unwrap().starts_with("add table inet egressd\ndelete table inet egressd\n"));
+    }
+
+    #[test]
     fn hook_change_falls_back_to_full_replace() {
         let old = table();
         let mut new = table();
@@ -211,6 +247,7 @@ mod props {
             timed in proptest::option::of(proptest::collection::btree_map(proptest::sample::select(ADDRS.to_vec()), 1u32..4, 0..5)),
             map in proptest::option::of(proptest::collection::btree_map(proptest::sample::select(ADDRS.to_vec()), 0usize..4, 0..5)),
             base in proptest::collection::vec(0usize..4, 0..4),
+            more_base in 0usize..4,
             ranges in proptest::option::of(proptest::sample::subsequence(
                 vec!["0.0.0.0/1", "192.0.2.0/25", "192.0.2.128/26", "198.51.100.7/32", "203.0.113.0/24"], 0..=5)),
         ) -> Table {
@@ -270,6 +307,15 @@ mod props {
                 }
             }
             t.chains.insert("firewall".into(), Chain::base(hook(), base_rules));
+            // Base chains that come and go: one at a hook and priority of its own, one
+            // beside `firewall` (a change may add only the first).
+            if more_base & 1 == 1 {
+                let own = Hook { chain_type: "nat", hook: "postrouting", priority: "srcnat - 1" };
+                t.chains.insert("egress".into(), Chain::base(own, vec!["counter".into()]));
+            }
+            if more_base & 2 == 2 {
+                t.chains.insert("beside".into(), Chain::base(hook(), vec!["counter".into()]));
+            }
             t
         }
     }
@@ -299,7 +345,18 @@ mod props {
             let name = rest.split_whitespace().next().unwrap_or_default().to_string();
             match verb.trim() {
                 "add chain" => {
-                    t.chains.entry(name.into()).or_default();
+                    // A base chain is declared with the hook the desired table gives it.
+                    let hook = desired.chains.get(name.as_str()).and_then(|c| c.hook.clone());
+                    let declared = rest[name.len()..].trim();
+                    let wanted = hook.as_ref().map_or(String::new(), |h| {
+                        format!("{{ type {} hook {} priority {}; policy accept; }}", h.chain_type, h.hook, h.priority)
+                    });
+                    if declared != wanted {
+                        return Err(format!("{line}: declared {declared:?}, desired {wanted:?}"));
+                    }
+                    if t.chains.insert(name.as_str().into(), Chain { hook, ..Chain::default() }).is_some() {
+                        return Err(format!("{line}: exists"));
+                    }
                 }
                 "add set" | "add map" => {
                     let template = desired.sets.get(name.as_str()).ok_or(format!("{line}: not desired"))?;

@@ -304,6 +304,14 @@ pub struct Hook {
     pub priority: &'static str,
 }
 
+impl Hook {
+    /// The hook's number and numeric priority, as the kernel orders base chains
+    /// (`None` for a hook or priority egressd does not write).
+    pub(crate) fn position(&self) -> Option<(u32, i32)> {
+        wire::hook_numbers(self).ok()
+    }
+}
+
 /// A chain: a base chain when `hook` is set (policy always accept: egressd never drops
 /// what it has no rule for).
 ///
@@ -440,17 +448,35 @@ impl<'a> Comparison<'a> {
     }
 
     /// Whether turning `old` into `new` takes a full replace of the table: its name
-    /// changed, a set of both is declared differently, a base chain's hook changed or
-    /// a base chain is new.
+    /// changed, a set of both is declared differently, a base chain's hook changed, or
+    /// a new base chain shares its hook and priority with another base chain.
+    ///
+    /// The kernel runs base chains of one hook and priority in the order they were
+    /// registered: a full replace registers them in name order, a change would register
+    /// the new one last. A new base chain with a hook and priority of its own (the
+    /// EgressIP chains when the first EgressIP appears) is added by a change: the order
+    /// cannot differ from a fresh start's.
     pub fn needs_replace(&self) -> bool {
         use itertools::EitherOrBoth::{Both, Left, Right};
         self.old.name != self.new.name
             || self.sets.iter().any(|p| matches!(p, Both((_, a), (_, b)) if !delta::same_declaration(a, b)))
             || self.chains.iter().any(|p| match p {
                 Both((_, c), (_, nc)) => nc.hook != c.hook,
-                Right((_, c)) => c.hook.is_some(),
+                Right((name, c)) => c.hook.as_ref().is_some_and(|h| self.shares_hook(name, h)),
                 Left(_) => false,
             })
+    }
+
+    /// Whether a base chain of the new table other than `name` runs at `hook`'s hook
+    /// and priority (or either cannot be read).
+    fn shares_hook(&self, name: &str, hook: &Hook) -> bool {
+        let Some(at) = hook.position() else { return true };
+        self.new
+            .chains
+            .iter()
+            .filter(|(n, _)| n.as_str() != name)
+            .filter_map(|(_, c)| c.hook.as_ref())
+            .any(|h| h.position().is_none_or(|p| p == at))
     }
 }
 

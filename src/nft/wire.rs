@@ -1321,7 +1321,7 @@ fn set_body(table: &str, name: &str, set: &Set, id: u32) -> Result<Vec<u8>, Stri
 }
 
 /// A hook's number and priority (`filter`, `mangle - 5`, `srcnat + 1`, …).
-fn hook_numbers(hook: &Hook) -> Result<(u32, i32), String> {
+pub(crate) fn hook_numbers(hook: &Hook) -> Result<(u32, i32), String> {
     let number = match hook.hook {
         "prerouting" => 0,
         "input" => 1,
@@ -1481,9 +1481,9 @@ pub(crate) type BeforeAfter = (Vec<Message>, Vec<Message>);
 /// script, in its order: `before` the element changes (new chains, new sets, the rules
 /// of new or changed regular chains), `after` them (the rules of changed base chains,
 /// then what is gone: chains flushed, sets deleted, chains deleted). `None` for a
-/// change only a full replace makes (the table's name, a set's declaration, a base
-/// chain's hook, a new base chain); an error names what the netlink path does not
-/// write.
+/// change only a full replace makes ([`super::Comparison::needs_replace`]); an error
+/// names what the netlink path does not write. A new base chain is declared with its
+/// hook among the new chains, and gets its rules after the element changes.
 pub(crate) fn delta_messages(c: &super::Comparison<'_>) -> Result<Option<BeforeAfter>, String> {
     use itertools::EitherOrBoth::{Both, Left, Right};
     if c.needs_replace() {
