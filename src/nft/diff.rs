@@ -32,11 +32,7 @@ pub fn diff(old: &Table, new: &Table) -> Option<String> {
                 let _ = writeln!(out, "add chain {t} {name}");
             }
             Some(h) => {
-                let (kind, hook, priority) = (h.chain_type, h.hook, h.priority);
-                let _ = writeln!(
-                    out,
-                    "add chain {t} {name} {{ type {kind} hook {hook} priority {priority}; policy accept; }}"
-                );
+                let _ = writeln!(out, "add chain {t} {name} {{ {} }}", h.declaration());
             }
         }
     }

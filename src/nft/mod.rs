@@ -305,10 +305,47 @@ pub struct Hook {
 }
 
 impl Hook {
-    /// The hook's number and numeric priority, as the kernel orders base chains
-    /// (`None` for a hook or priority egressd does not write).
+    /// The hook's number and numeric priority, as the kernel knows them (an error names
+    /// a hook or priority egressd does not write).
+    pub(crate) fn numbers(&self) -> Result<(u32, i32), String> {
+        let number = match self.hook {
+            "prerouting" => 0,
+            "input" => 1,
+            "forward" => 2,
+            "output" => 3,
+            "postrouting" => 4,
+            other => return Err(format!("hook {other}")),
+        };
+        let base = |name: &str| match name {
+            "raw" => Some(-300),
+            "mangle" => Some(-150),
+            "dstnat" => Some(-100),
+            "filter" => Some(0),
+            "security" => Some(50),
+            "srcnat" => Some(100),
+            n => n.parse().ok(),
+        };
+        let p = self.priority;
+        let priority = match p.split_once(' ') {
+            None => base(p),
+            Some((name, rest)) => match rest.split_once(' ') {
+                Some(("+", n)) => base(name).zip(n.parse::<i32>().ok()).map(|(b, n)| b + n),
+                Some(("-", n)) => base(name).zip(n.parse::<i32>().ok()).map(|(b, n)| b - n),
+                _ => None,
+            },
+        }
+        .ok_or_else(|| format!("priority {p}"))?;
+        Ok((number, priority))
+    }
+
+    /// Where the kernel runs the chain: [`Self::numbers`], `None` when unreadable.
     pub(crate) fn position(&self) -> Option<(u32, i32)> {
-        wire::hook_numbers(self).ok()
+        self.numbers().ok()
+    }
+
+    /// The base chain's declaration as nft reads it.
+    pub(crate) fn declaration(&self) -> String {
+        format!("type {} hook {} priority {}; policy accept;", self.chain_type, self.hook, self.priority)
     }
 }
 

@@ -29,7 +29,7 @@ fn set_block(out: &mut String, name: &str, set: &Set) {
 fn chain_block(out: &mut String, name: &str, chain: &Chain) {
     let _ = writeln!(out, "\tchain {name} {{");
     if let Some(h) = &chain.hook {
-        let _ = writeln!(out, "\t\ttype {} hook {} priority {}; policy accept;", h.chain_type, h.hook, h.priority);
+        let _ = writeln!(out, "\t\t{}", h.declaration());
     }
     for rule in chain.rules.iter() {
         let _ = writeln!(out, "\t\t{rule}");

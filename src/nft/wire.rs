@@ -30,7 +30,7 @@
 use std::fmt;
 use std::net::IpAddr;
 
-use super::{Hook, KeyType, Set, Table};
+use super::{KeyType, Set, Table};
 
 /// `NFT_RT_TCPMSS`.
 const RT_TCPMSS: u32 = 3;
@@ -1320,38 +1320,6 @@ fn set_body(table: &str, name: &str, set: &Set, id: u32) -> Result<Vec<u8>, Stri
     Ok(b)
 }
 
-/// A hook's number and priority (`filter`, `mangle - 5`, `srcnat + 1`, …).
-pub(crate) fn hook_numbers(hook: &Hook) -> Result<(u32, i32), String> {
-    let number = match hook.hook {
-        "prerouting" => 0,
-        "input" => 1,
-        "forward" => 2,
-        "output" => 3,
-        "postrouting" => 4,
-        other => return Err(format!("hook {other}")),
-    };
-    let base = |name: &str| match name {
-        "raw" => Some(-300),
-        "mangle" => Some(-150),
-        "dstnat" => Some(-100),
-        "filter" => Some(0),
-        "security" => Some(50),
-        "srcnat" => Some(100),
-        n => n.parse().ok(),
-    };
-    let p = hook.priority;
-    let priority = match p.split_once(' ') {
-        None => base(p),
-        Some((name, rest)) => match rest.split_once(' ') {
-            Some(("+", n)) => base(name).zip(n.parse::<i32>().ok()).map(|(b, n)| b + n),
-            Some(("-", n)) => base(name).zip(n.parse::<i32>().ok()).map(|(b, n)| b - n),
-            _ => None,
-        },
-    }
-    .ok_or_else(|| format!("priority {p}"))?;
-    Ok((number, priority))
-}
-
 /// Every message that replaces the kernel's table named like `table` with it, except
 /// the elements: the table created (so deleting it cannot fail), deleted and created
 /// again, the named counters, the sets, the regular and then the base chains, the
@@ -1423,7 +1391,7 @@ fn chain_message(table: &str, name: &str, chain: &super::Chain) -> Result<Messag
     put_str(&mut b, 1, table);
     put_str(&mut b, 3, name);
     if let Some(hook) = &chain.hook {
-        let (number, priority) = hook_numbers(hook).map_err(|e| format!("chain {name}: {e}"))?;
+        let (number, priority) = hook.numbers().map_err(|e| format!("chain {name}: {e}"))?;
         put_str(&mut b, 7, hook.chain_type);
         put_u32(&mut b, 5, 1);
         nest(&mut b, 4, |o| {
@@ -1774,8 +1742,9 @@ mod tests {
 
     #[test]
     fn hook_priorities_are_the_keyword_plus_or_minus_an_offset() {
-        let at =
-            |hook: &'static str, priority: &'static str| hook_numbers(&Hook { chain_type: "filter", hook, priority });
+        let at = |hook: &'static str, priority: &'static str| {
+            super::super::Hook { chain_type: "filter", hook, priority }.numbers()
+        };
         assert_eq!(at("forward", "filter"), Ok((2, 0)));
         assert_eq!(at("forward", "mangle"), Ok((2, -150)));
         assert_eq!(at("prerouting", "dstnat + 10"), Ok((0, -90)));
