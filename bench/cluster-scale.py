@@ -164,9 +164,20 @@ def proc(pid, field):
     return 0.0
 
 
-def cpu_seconds(pid):
+def cpu_split(pid):
+    """(user, system) CPU seconds of `pid` so far."""
     parts = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(parts[11]) + int(parts[12])) / 100.0
+    return int(parts[11]) / 100.0, int(parts[12]) / 100.0
+
+
+def cpu_seconds(pid):
+    return sum(cpu_split(pid))
+
+
+def cpu_now(pids, api_pid):
+    """(agents' user, agents' system, API server) CPU seconds so far."""
+    split = [cpu_split(p) for p in pids]
+    return sum(u for u, _ in split), sum(s for _, s in split), cpu_seconds(api_pid)
 
 
 def pct(values, q):
@@ -197,8 +208,11 @@ def measure(work, n, changes, pids, api_pid, pods, nsn, per_node):
     settled = time.time() - t0
     start_writes = last - w0
     cpu0 = [cpu_seconds(p) for p in pids]
+    all0 = cpu_now(pids, api_pid)
     time.sleep(10)
     idle = [100 * (cpu_seconds(p) - c) / 10 for p, c in zip(pids, cpu0)]
+    # CPU per second when nothing changes (leases, timers): taken out of each change's.
+    idle_rate = [(b - a) / 10 for a, b in zip(all0, cpu_now(pids, api_pid))]
     results = {}
 
     def run(kind, write, own, reset=None, settle=None):
@@ -206,7 +220,7 @@ def measure(work, n, changes, pids, api_pid, pods, nsn, per_node):
         change makes several syncs: each node's last one before `settle` returns."""
         lat, per = [], []
         for c in range(changes):
-            before = metrics()
+            before, began = metrics() + cpu_now(pids, api_pid), time.time()
             acked, nodes = write(c)
             sent = local.sent
             until = settle(c) if settle else None
@@ -219,8 +233,10 @@ def measure(work, n, changes, pids, api_pid, pods, nsn, per_node):
                     sys.exit(f"{kind}: node-{i} did not sync within 60 s ({work}/log-{i})")
                 lat.append(ms)
             time.sleep(1.5)  # the change's status writes and Events
-            after = metrics()
+            after, window = metrics() + cpu_now(pids, api_pid), time.time() - began
             per.append([a - b for a, b in zip(after, before)])
+            for k, rate in enumerate(idle_rate):
+                per[-1][4 + k] -= rate * window
             per[-1][3] -= own
             if reset:
                 reset(c)
@@ -308,7 +324,8 @@ def measure(work, n, changes, pids, api_pid, pods, nsn, per_node):
              f"all in sync {started:.0f} s; start writes {start_writes:.0f} (settled {settled:.0f} s)"]
     for kind, (lat, per) in results.items():
         cells.append(f"{kind}: p50 {pct(lat, 50):.0f} ms, p99 {pct(lat, 99):.0f} ms ({len(lat)}); "
-                     f"per change: {per[0]:.0f} watch events ({per[1]:.0f} Pod, {per[2] / 1024:.0f} KiB), {per[3]:.0f} writes by egressd")
+                     f"per change: {per[0]:.0f} watch events ({per[1]:.0f} Pod, {per[2] / 1024:.0f} KiB), {per[3]:.0f} writes by egressd, "
+                     f"CPU {1000 * per[4]:.0f} ms user + {1000 * per[5]:.0f} ms system in the agents, {1000 * per[6]:.0f} ms in the API server")
     cells.append("status writes by egressd per EgressFirewall " +
                  ", ".join(f"{k}: {v:.0f}" for k, v in status_writes.items()))
     cells.append(f"agent RSS median {statistics.median(rss):.0f} MiB, max {max(rss):.0f} MiB; "
