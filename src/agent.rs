@@ -192,12 +192,18 @@ fn dns_problems(tracker: &DnsTracker, names: &BTreeSet<String>) -> Vec<String> {
         .collect()
 }
 
-fn publish(config: &RunConfig, desired: &Desired, sync: &Result<SyncKind, SyncError>, problems: &[String]) {
+/// Write the status file; `statuses` is `desired`'s statuses as rendered.
+fn publish(
+    config: &RunConfig,
+    desired: &Desired,
+    statuses: &str,
+    sync: &Result<SyncKind, SyncError>,
+    problems: &[String],
+) {
     let Some(dir) = &config.state_dir else { return };
     let sync = sync.as_ref().map(|_| ()).map_err(ToString::to_string);
-    if let Err(e) =
-        crate::status::file::write(dir, &crate::status::file::report(&config.node, desired, &sync, problems))
-    {
+    let report = crate::status::file::report(&config.node, desired, statuses, &sync, problems);
+    if let Err(e) = crate::status::file::write(dir, &report) {
         tracing::warn!(dir = %dir.display(), error = %e, "cannot write the status file");
     }
 }
@@ -486,6 +492,9 @@ pub struct Agent<S, B, K> {
     last_result: Result<SyncKind, SyncError>,
     /// Problems last published in the status file.
     problems: Vec<String>,
+    /// `desired`'s statuses as the status file shows them, rendered again only when
+    /// they change (a thousand lines at every sync were a tenth of an agent's work).
+    statuses_text: Option<String>,
     /// When each name's kernel timeouts were last restarted: a restart is needed only
     /// when half the grace is used up (each costs a set lookup in the kernel).
     refreshed: std::collections::HashMap<String, tokio::time::Instant>,
@@ -613,6 +622,7 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
             desired: empty,
             last_result: Ok(SyncKind::Unchanged),
             problems: Vec::new(),
+            statuses_text: None,
             refreshed: Default::default(),
             last_links,
             reprobed: tokio::time::Instant::now(),
@@ -674,6 +684,9 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
             // A full replace wrote every element with a fresh timeout.
             let now = tokio::time::Instant::now();
             self.refreshed = self.names.iter().map(|n| (n.clone(), now)).collect();
+        }
+        if self.desired.statuses != desired.statuses {
+            self.statuses_text = None;
         }
         self.desired = desired;
         self.last_result = result;
@@ -896,7 +909,9 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
         let problems = [self.source.problems(), self.dns_problems()].concat();
         if applied || problems != self.problems {
             self.problems = problems;
-            publish(&self.config, &self.desired, &self.last_result, &self.problems);
+            let statuses =
+                self.statuses_text.get_or_insert_with(|| crate::compile::render_statuses(&self.desired.statuses));
+            publish(&self.config, &self.desired, statuses, &self.last_result, &self.problems);
         }
     }
 

@@ -2,9 +2,12 @@
 //! and the last good versions of invalid objects ([`crate::view::last_good`]).
 //!
 //! Every file is written privately and atomically: a new temporary file (mode 0600,
-//! created exclusively, never through a symlink), synced, then renamed over the old one,
-//! which replaces a symlink planted there instead of following it. Files are read without
-//! following symlinks.
+//! created exclusively, never through a symlink), then renamed over the old one, which
+//! replaces a symlink planted there instead of following it. The last good versions are
+//! synced to disk before the rename (a restart after a crash relies on them); the status
+//! file is not (it is written after every sync, and the next sync writes it again: a
+//! disk flush per change on every node was I/O wait on the agent's loop). Files are read
+//! without following symlinks.
 
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -19,6 +22,11 @@ pub(crate) const LAST_GOOD_FILE: &str = "last-good.json";
 
 /// Write `dir/name` privately and atomically (see the module docs).
 pub(crate) fn write_private(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    write_private_as(dir, name, bytes, true)
+}
+
+/// [`write_private`], synced to disk before the rename only when `durable`.
+pub(crate) fn write_private_as(dir: &Path, name: &str, bytes: &[u8], durable: bool) -> std::io::Result<()> {
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
     let tmp = dir.join(format!(".{name}.tmp"));
     // A left-over temporary file (or anything planted there) goes first; unlink never
@@ -35,7 +43,9 @@ pub(crate) fn write_private(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Re
         .custom_flags(libc::O_NOFOLLOW)
         .open(&tmp)?;
     file.write_all(bytes)?;
-    file.sync_all()?;
+    if durable {
+        file.sync_all()?;
+    }
     std::fs::rename(&tmp, dir.join(name))
 }
 

@@ -127,7 +127,9 @@ impl ElementWriter {
         let ack = if quiet { 0 } else { NLM_F_ACK };
         let (kind, flags) =
             if delete { (DELSETELEM, NLM_F_REQUEST | ack) } else { (NEWSETELEM, NLM_F_REQUEST | NLM_F_CREATE | ack) };
-        let mut elements: Vec<u8> = Vec::with_capacity(LIST_BYTES + 1024);
+        // Sized for the list (a guard refresh writes a few elements four times a second:
+        // a 60 KB buffer each time made glibc consolidate its free lists every time).
+        let mut elements: Vec<u8> = Vec::with_capacity((list.elements.len() * 96).min(LIST_BYTES + 1024));
         let mut items = list.elements.iter().peekable();
         while items.peek().is_some() {
             elements.clear();

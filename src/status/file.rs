@@ -4,11 +4,18 @@
 
 use std::path::Path;
 
-use crate::compile::{Desired, NodeConfig, render_statuses};
+use crate::compile::{Desired, NodeConfig};
 pub use crate::state::STATUS_FILE;
 
-/// The report: `sync` is how the last sync went (`Err` with the kernel's message).
-pub(crate) fn report(node: &NodeConfig, desired: &Desired, sync: &Result<(), String>, problems: &[String]) -> String {
+/// The report: `statuses` is `desired`'s statuses rendered ([`crate::compile::render_statuses`]); `sync`
+/// is how the last sync went (`Err` with the kernel's message).
+pub(crate) fn report(
+    node: &NodeConfig,
+    desired: &Desired,
+    statuses: &str,
+    sync: &Result<(), String>,
+    problems: &[String],
+) -> String {
     let outcome = match sync {
         Ok(()) => "dataplane in sync".to_string(),
         Err(e) => format!("dataplane NOT in sync: {e}"),
@@ -20,7 +27,7 @@ pub(crate) fn report(node: &NodeConfig, desired: &Desired, sync: &Result<(), Str
         node.node_name,
         jiff::Timestamp::now().round(jiff::Unit::Second).unwrap_or_else(|_| jiff::Timestamp::now())
     );
-    out.push_str(&render_statuses(&desired.statuses));
+    out.push_str(statuses);
     if !problems.is_empty() || !desired.warnings.is_empty() {
         out.push_str("# problems\n");
         for p in problems.iter().chain(&desired.warnings) {
@@ -54,7 +61,8 @@ pub fn writer_gone(report: &str) -> Option<u32> {
 
 /// Write the report to `dir`.
 pub fn write(dir: &Path, text: &str) -> std::io::Result<()> {
-    crate::state::write_private(dir, STATUS_FILE, text.as_bytes())
+    // Not synced to disk: see [`crate::state`].
+    crate::state::write_private_as(dir, STATUS_FILE, text.as_bytes(), false)
 }
 
 /// Read the report from `dir` (never through a symlink).
@@ -67,12 +75,19 @@ pub fn read(dir: &Path) -> std::io::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::compile::render_statuses;
 
     #[test]
     fn the_report_names_the_node_the_sync_and_the_problems() {
         let node = NodeConfig::new("n1", vec!["198.18.0.0/16".parse().unwrap()]);
         let desired = crate::compile::compile(&Default::default(), &node, &Default::default());
-        let text = report(&node, &desired, &Err("nft said no".into()), &["a problem".into()]);
+        let text = report(
+            &node,
+            &desired,
+            &render_statuses(&desired.statuses),
+            &Err("nft said no".into()),
+            &["a problem".into()],
+        );
         assert!(text.starts_with("# egressd on node n1 at "), "{text}");
         assert!(text.contains(": dataplane NOT in sync: nft said no\n"), "{text}");
         assert!(text.ends_with("# problems\na problem\n"), "{text}");
@@ -85,7 +100,7 @@ mod tests {
     fn a_report_whose_writer_is_gone_is_told_apart() {
         let node = NodeConfig::new("n1", vec!["198.18.0.0/16".parse().unwrap()]);
         let desired = crate::compile::compile(&Default::default(), &node, &Default::default());
-        let text = report(&node, &desired, &Ok(()), &[]);
+        let text = report(&node, &desired, &render_statuses(&desired.statuses), &Ok(()), &[]);
         let pid = std::process::id();
         assert!(text.contains(&format!(" (pid {pid}, start ")), "{text}");
         assert_eq!(writer_gone(&text), None, "this process wrote it and runs");

@@ -66,7 +66,10 @@ pub(crate) struct StatusWrite {
 }
 
 struct Snapshot {
-    view: ClusterView,
+    /// The cluster's nodes (who is Ready, whose field managers exist).
+    nodes: BTreeMap<String, crate::view::NodeInfo>,
+    /// The rejected objects ([`rejections`]).
+    rejections: Vec<(ObjectKey, String)>,
     desired: Desired,
 }
 
@@ -157,7 +160,11 @@ impl WriteLog {
 
 impl StatusSink for KubeStatusWriter {
     fn applied(&mut self, view: &ClusterView, desired: &Desired, _: Option<&crate::net::HostLinks>) {
-        let _ = self.tx.send(Some(Arc::new(Snapshot { view: view.clone(), desired: desired.clone() })));
+        // What the writer reads of the view, not a copy of it: every agent sends this at
+        // every sync, and the view holds every policy of the cluster.
+        let snapshot =
+            Snapshot { nodes: BTreeMap::clone(&view.nodes), rejections: rejections(view), desired: desired.clone() };
+        let _ = self.tx.send(Some(Arc::new(snapshot)));
     }
 }
 
@@ -300,7 +307,7 @@ pub(crate) fn node_writes(
 /// "2026-11-27 (seventh)").
 pub(crate) fn leader_writes<'a>(
     me: &'a str,
-    view: &'a ClusterView,
+    nodes: &'a BTreeMap<String, crate::view::NodeInfo>,
     desired: &'a Desired,
     observed: &'a ObservedObjects,
     now: &'a str,
@@ -309,9 +316,9 @@ pub(crate) fn leader_writes<'a>(
 ) -> impl Iterator<Item = StatusWrite> + Send + 'a {
     let round = LeaderRound {
         me,
-        ready: view.nodes.iter().filter(|(_, n)| n.ready).map(|(n, _)| n.as_str()).collect(),
+        ready: nodes.iter().filter(|(_, n)| n.ready).map(|(n, _)| n.as_str()).collect(),
         form,
-        managers: view.nodes.keys().map(|n| (manager(n), n.as_str())).collect(),
+        managers: nodes.keys().map(|n| (manager(n), n.as_str())).collect(),
         mine: desired.statuses.iter().map(|s| (&s.key, s)).collect(),
         now,
         shapes,
@@ -676,7 +683,7 @@ async fn writer_task(
         // The leader's writes are built as they are sent (`shapes` may learn meanwhile:
         // this round goes on with what it knew).
         let round = shapes.clone();
-        let ready = snap.view.nodes.values().filter(|n| n.ready).count();
+        let ready = snap.nodes.values().filter(|n| n.ready).count();
         let this_form = zones.form(form, ready);
         if form.is_some_and(|f| f != this_form) {
             tracing::info!(ready, form = ?this_form, "status entries: {}", match this_form {
@@ -688,7 +695,7 @@ async fn writer_task(
         let writes = node_writes(&node, &observed, &snap.desired, &now, &shapes);
         let leader = leadership
             .is_leader()
-            .then(|| leader_writes(&node, &snap.view, &snap.desired, &observed, &now, &round, this_form));
+            .then(|| leader_writes(&node, &snap.nodes, &snap.desired, &observed, &now, &round, this_form));
         for w in writes.into_iter().chain(leader.into_iter().flatten()) {
             if !log.needed(&w, &observed) {
                 continue;
@@ -717,13 +724,15 @@ async fn writer_task(
             }
         }
         if leadership.is_leader() {
-            let invalid = rejections(&snap.view);
+            let invalid = snap.rejections.clone();
             emit_once(&client, &node, &mut evented, invalid, EventKind::Invalid, &observed).await;
         }
         // This node's own EgressIP problems (conflicts, addresses it cannot host): the
         // object has no per-node status field, so an Event is where they show.
         let problems = node_problems(&snap.desired);
         emit_once(&client, &node, &mut node_evented, problems, EventKind::NotApplied, &observed).await;
+        // Not held while waiting: a status echo meanwhile would copy the whole board.
+        drop(observed);
         // Pace writes: at most one batch per 200 ms; later states replace earlier ones.
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -803,7 +812,7 @@ mod tests {
     }
 
     fn leader(me: &str, nodes: &[(&str, bool)], d: &Desired, o: &ObservedObjects, shapes: &Shapes) -> Vec<StatusWrite> {
-        leader_writes(me, &view(nodes), d, o, "t", shapes, ZoneForm::PerNode).collect()
+        leader_writes(me, &view(nodes).nodes, d, o, "t", shapes, ZoneForm::PerNode).collect()
     }
 
     #[test]
@@ -930,7 +939,7 @@ mod tests {
     #[test]
     fn in_the_global_form_one_entry_reports_every_node_and_a_nodes_own_problem_stays_its_own() {
         let global = |me: &str, nodes: &[(&str, bool)], d: &Desired, o: &ObservedObjects| -> Vec<StatusWrite> {
-            leader_writes(me, &view(nodes), d, o, "t", &Shapes::default(), ZoneForm::Global).collect()
+            leader_writes(me, &view(nodes).nodes, d, o, "t", &Shapes::default(), ZoneForm::Global).collect()
         };
         let nodes = [("n1", true), ("n2", true), ("n3", false)];
         // Stored per node (a smaller cluster's); the global form replaces it in one write.
@@ -1005,7 +1014,8 @@ mod tests {
         let mut view = view(&[("n1", true), ("n2", true)]);
         view.firewalls = Default::default();
         let w: Vec<_> =
-            leader_writes("n1", &view, &d, &v, "2026-11-22T00:00:00Z", &Shapes::default(), ZoneForm::PerNode).collect();
+            leader_writes("n1", &view.nodes, &d, &v, "2026-11-22T00:00:00Z", &Shapes::default(), ZoneForm::PerNode)
+                .collect();
         assert_eq!(w.len(), 1);
         let c = &w[0].status["conditions"];
         assert_eq!(c[0]["lastTransitionTime"], "2026-01-01T00:00:00Z");
@@ -1014,7 +1024,7 @@ mod tests {
         assert_eq!(c[1]["lastTransitionTime"], "2026-11-22T00:00:00Z");
         assert_eq!(w[0].status["status"], QOS_APPLIED);
         assert!(
-            leader_writes("n1", &view, &d, &echo(&w[0]), "later", &Shapes::default(), ZoneForm::PerNode)
+            leader_writes("n1", &view.nodes, &d, &echo(&w[0]), "later", &Shapes::default(), ZoneForm::PerNode)
                 .next()
                 .is_none()
         );
@@ -1079,7 +1089,7 @@ mod tests {
         ) {
             let form = |global: bool| if global { ZoneForm::Global } else { ZoneForm::PerNode };
             let leader = |nodes: &[(&str, bool)], d: &Desired, o: &ObservedObjects, global: bool| -> Vec<StatusWrite> {
-                leader_writes("n0", &view(nodes), d, o, "t", &Shapes::default(), form(global)).collect()
+                leader_writes("n0", &view(nodes).nodes, d, o, "t", &Shapes::default(), form(global)).collect()
             };
             let names: Vec<String> = (0..7).map(|i| format!("n{i}")).collect();
             let nodes = |ready: &[bool]| -> Vec<(&str, bool)> {
