@@ -118,24 +118,12 @@ const CTA_MARK_MASK: u16 = 21;
 /// `CTA_ZONE`: an entry's zone, part of what finds it.
 const CTA_ZONE: u16 = 18;
 
-/// How many conntrack entries this network namespace holds (`None` when unknown).
-fn entries_here() -> Option<u64> {
-    std::fs::read_to_string("/proc/sys/net/netfilter/nf_conntrack_count").ok()?.trim().parse().ok()
-}
-
 /// Clear the bits `clear` of the mark of every conntrack entry (both families) whose
 /// mark under `mask` is `value`; returns how many it found. The kernel filters the
 /// dump; each entry is then updated by its original tuple (an entry gone meanwhile is
 /// skipped).
 pub(crate) fn clear_marks(mask: u32, value: u32, clear: u32) -> io::Result<usize> {
     use netlink_packet_core::{DefaultNla, Nla};
-    // A dump walks the kernel's whole conntrack hash (shared by every network
-    // namespace, each entry skipped unless it is this one's): when this namespace holds
-    // no entry there is nothing to clear, and an entry made after this read carries no
-    // value of the group cleared (it is not in use while its clearing is pending).
-    if entries_here() == Some(0) {
-        return Ok(0);
-    }
     let socket = open()?;
     let mask_nla = |m: u32| ConntrackAttribute::Other(DefaultNla::new(CTA_MARK_MASK, m.to_be_bytes().to_vec()));
     let filter = vec![ConntrackAttribute::CtaMark(value), mask_nla(mask)];
