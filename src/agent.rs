@@ -1217,4 +1217,21 @@ mod tests {
         assert_eq!(a.desired().statuses[0].outcome, Outcome::Applied);
         assert!(a.syncer().backend().scripts.last().unwrap().starts_with("add table"));
     }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_status_files_lines_are_always_what_the_statuses_render_to() {
+        let mut a = agent(&format!("{FIREWALL}{}", pod("p1", "198.18.1.1")), RecordingBackend::default()).await;
+        let fresh =
+            |a: &Agent<FakeSource, RecordingBackend, ()>| crate::compile::render_statuses(&a.desired().statuses);
+        assert_eq!(a.statuses_text.as_deref(), Some(fresh(&a).as_str()));
+        // A failed sync changes the statuses; the retry changes them back; a pod and an
+        // unchanged view change nothing in them.
+        a.source.view = view(&format!("{FIREWALL}{}{}", pod("p1", "198.18.1.1"), pod("p2", "198.18.1.2")));
+        a.syncer.backend_mut().fail_next = 2;
+        for _ in 0..3 {
+            a.apply().await;
+            a.publish_if_changed(true);
+            assert_eq!(a.statuses_text.as_deref(), Some(fresh(&a).as_str()));
+        }
+    }
 }

@@ -473,7 +473,8 @@ impl LeaderRound<'_> {
     }
 }
 
-/// Rejected objects (leader only): (object, error).
+/// Rejected objects: (object, error). Every agent's snapshot carries them (a scan of the
+/// view without copies); only the leader emits their Events.
 fn rejections(view: &ClusterView) -> Vec<(ObjectKey, String)> {
     let mut out: Vec<(ObjectKey, String)> = Vec::new();
     out.extend(view.firewalls.values().filter_map(|e| e.error.clone().map(|m| (e.key.clone(), m))));
