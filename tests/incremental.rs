@@ -25,6 +25,7 @@ use egressd::compile::{CompileCache, DnsNamesCache, NodeConfig, compile_cached, 
 use egressd::dns::targets::SnoopSettings;
 use egressd::dns::{DnsAnswers, Resolved};
 use egressd::net::{HostLink, HostLinks};
+use egressd::nft::verified;
 use egressd::source::manifests::ManifestSource;
 use egressd::view::ClusterView;
 use proptest::prelude::*;
@@ -325,6 +326,14 @@ proptest! {
             }
             let cached = compile_cached(&view, &node, &dns, &host, &mut cache);
             let fresh = compile_cached(&view, &node, &dns, &host, &mut CompileCache::default());
+            // What a change may alter and keep verified connections' generation
+            // (EgressIP, EgressQoS) is never reached from the fast path.
+            let reached = verified::reached(&fresh.table);
+            let leaks: Vec<&String> = reached.iter().filter(|n| verified::outside(n)).collect();
+            prop_assert!(leaks.is_empty(), "step {}: the fast path reaches {:?}", step, leaks);
+            if fresh.table.chains.contains_key("firewall") {
+                prop_assert!(reached.contains(verified::CHAIN), "step {}: {:?}", step, reached);
+            }
             prop_assert_eq!(cached, fresh, "step {}: {:?}", step, c);
             prop_assert_eq!(names.names(&view), dns_names(&view), "DNS names, step {}: {:?}", step, c);
         }

@@ -1,6 +1,7 @@
 //! Verified connections (the firewall's fast path, `--firewall-verified-mark-mask`) with
 //! a real egressd on a node namespace (root required): an allowed connection's packets
-//! after its first skip the rules, every change sends them through the rules again, and
+//! after its first skip the rules, every change of the firewall sends them through the
+//! rules again (a change of what they walk anyway, EgressQoS, does not), and
 //! a generation is never reused while a connection still carries it.
 //!
 //! Topology: `netns::Topology` (pod0 in `team-a`, the external host 203.0.113.2).
@@ -104,6 +105,48 @@ fn an_allowed_connection_walks_the_rules_once_per_policy() {
         let denied = wait_for(Duration::from_secs(5), || silent(&f));
         assert!(denied.is_some(), "Deny did not reach the verified connection:\n{}", agent.log_text());
     }
+}
+
+#[test]
+fn a_change_verified_connections_walk_anyway_keeps_them_verified() {
+    // An EgressQoS (its own base chain, which every packet walks) is added and edited:
+    // the firewall's verdicts stand, so the verified connection keeps its generation
+    // and does not walk the firewall again; a firewall edit after it does.
+    let t = Topology::new(&["team-a"]);
+    t.set_firewall("team-a", &allow_five("198.51.100.0/26"));
+    let agent = t.start_agent("agent");
+    let f = flow(&t);
+    for _ in 0..3 {
+        assert!(answers(&f), "allowed flow blocked:\n{}", agent.log_text());
+    }
+    assert_eq!(rule_packets(&t, 0), 1, "verified after its first packet");
+    // (nft lists the values by name.)
+    for (dscp, name) in [(46, "ef"), (10, "af11")] {
+        t.write_manifest(
+            "qos.yaml",
+            &format!(
+                "apiVersion: k8s.ovn.org/v1\nkind: EgressQoS\nmetadata: {{name: default, namespace: team-a}}\nspec:\n  egress:\n  - dscp: {dscp}\n    dstCIDR: 192.0.2.0/24\n"
+            ),
+        );
+        let marker = format!("dscp set {name}");
+        let applied = wait_for(Duration::from_secs(5), || {
+            t.node.exec(&["nft", "list", "table", "inet", "egressd"]).contains(&marker)
+        });
+        assert!(applied.is_some(), "EgressQoS {dscp} not applied:\n{}", agent.log_text());
+        for _ in 0..3 {
+            assert!(answers(&f));
+        }
+        assert_eq!(
+            rule_packets(&t, 0),
+            1,
+            "an EgressQoS change (dscp {dscp}) sent the connection through the firewall"
+        );
+    }
+    edit(&t, &allow_five("192.0.2.0/26"), "192.0.2.0");
+    for _ in 0..3 {
+        assert!(answers(&f));
+    }
+    assert_eq!(rule_packets(&t, 0), 2, "a firewall change walks it again");
 }
 
 #[test]

@@ -547,30 +547,43 @@ impl<B: NftBackend> NftSyncer<B> {
     /// full replace makes (see [`Comparison::needs_replace`]) is one, reported `Full`.
     ///
     /// With [`NftSyncer::set_generations`], `desired` is stamped with the verified
-    /// connections' generation it applies (the next one: every change moves it, in its
-    /// own transaction); a table equal to the applied one but for that stamp is
-    /// unchanged, and `desired` becomes the applied table.
+    /// connections' generation it applies: the next one, in the change's own
+    /// transaction, when the change touches what decides the fast path's verdicts; the
+    /// applied one when it changes only parts verified connections walk anyway
+    /// ([`crate::nft::verified::outside`]). A table equal to the applied one but for
+    /// that stamp is unchanged, and `desired` becomes the applied table.
     pub fn sync_keeping(
         &mut self,
         desired: &mut std::sync::Arc<Table>,
         kept: impl FnOnce() -> Vec<Element>,
     ) -> Result<SyncKind, NftError> {
         self.backend_time = std::time::Duration::ZERO;
-        let generation = self.generations.as_ref().and_then(super::verified::Generations::upcoming);
+        use crate::nft::verified;
+        let mut generation = self.generations.as_ref().and_then(super::verified::Generations::upcoming);
         stamp(desired, generation);
         // One comparison of the two tables decides and builds the sync.
-        let c = self.applied.as_deref().map(|applied| Comparison::of(applied, desired));
-        if c.as_ref().is_some_and(|c| {
-            c.is_empty()
-                || (crate::nft::verified::stamped(c.old).is_some() && c.only_sets(crate::nft::verified::EPOCH_SET))
-        }) {
+        let mut c = self.applied.as_deref().map(|applied| Comparison::of(applied, desired));
+        if c.as_ref()
+            .is_some_and(|c| c.is_empty() || (verified::stamped(c.old).is_some() && c.only_sets(verified::EPOCH_SET)))
+        {
             drop(c);
             if let Some(applied) = &self.applied {
                 *desired = applied.clone();
             }
             return Ok(SyncKind::Unchanged);
         }
-        if let Some(g) = generation
+        // A change of what verified connections walk anyway (EgressIP, EgressQoS) keeps
+        // the applied generation: their verdicts stand, and no clearing is spent on it.
+        let keeps = c.as_ref().and_then(|c| {
+            let current = verified::stamped(c.old)?;
+            (generation.is_some() && c.only_names(verified::EPOCH_SET, verified::outside)).then_some(current)
+        });
+        if let Some(current) = keeps {
+            drop(c);
+            generation = Some(current);
+            stamp(desired, generation);
+            c = self.applied.as_deref().map(|applied| Comparison::of(applied, desired));
+        } else if let Some(g) = generation
             && self.generations.as_mut().is_some_and(|gens| !gens.ready(g))
         {
             // The generation could not be cleared: the fast path is off from now on.
@@ -607,7 +620,7 @@ impl<B: NftBackend> NftSyncer<B> {
             SyncKind::Full
         };
         self.applied = Some(desired.clone());
-        if self.generations.as_mut().is_some_and(|gens| gens.applied(generation)) {
+        if keeps.is_none() && self.generations.as_mut().is_some_and(|gens| gens.applied(generation)) {
             // The first table verified nothing; every value is cleared now: the first
             // generation goes in at once (an element change).
             let time = self.backend_time;
@@ -755,6 +768,57 @@ mod tests {
         assert_eq!(s.applied().and_then(stamped), Some(0x0100_0000), "the values cycle");
         // Each value was cleared again after it was last current, before its reuse.
         assert_eq!(swept.lock().unwrap()[3..6], [0x0200_0000, 0x0300_0000, 0x0100_0000]);
+    }
+
+    #[test]
+    fn a_change_of_what_verified_connections_walk_anyway_keeps_the_generation() {
+        use crate::nft::verified::{EPOCH_SET, stamped};
+        let with = |n: usize, eip: usize, chain: &str| {
+            let mut t = table(n);
+            t.sets.insert(EPOCH_SET.into(), Set::new(KeyType::Mark, false));
+            let mut s = Set::new(KeyType::Ipv4, false);
+            for i in 0..eip {
+                s.elements.insert(format!("198.19.0.{i}").into(), Default::default());
+            }
+            t.sets.insert("eip-self-v4".into(), s);
+            t.chains.insert("egress-snat".into(), Chain::regular(vec![chain.into()]));
+            t
+        };
+        let swept = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = swept.clone();
+        let mut s = NftSyncer::new(RecordingBackend::default());
+        s.set_generations(super::super::verified::Generations::new(
+            0x0300_0000,
+            move |g: crate::nft::verified::Group, _: u32| {
+                log.lock().unwrap().push(g.value);
+                Ok(0)
+            },
+        ));
+        s.sync_keeping(&mut std::sync::Arc::new(with(1, 0, "accept")), Vec::new).unwrap();
+        assert_eq!(s.applied().and_then(stamped), Some(0x0100_0000));
+        let sweeps = swept.lock().unwrap().len();
+        // EgressIP's sets and chains alone: the generation stays, nothing is cleared.
+        let mut t = std::sync::Arc::new(with(1, 1, "accept"));
+        assert_eq!(s.sync_keeping(&mut t, Vec::new).unwrap(), SyncKind::Partial);
+        assert_eq!(s.backend().scripts.last().unwrap(), "add element inet egressd eip-self-v4 { 198.19.0.0 }\n");
+        assert_eq!(stamped(&t), Some(0x0100_0000), "the caller holds what is applied");
+        assert_eq!(s.sync(with(1, 1, "counter accept")).unwrap(), SyncKind::Partial);
+        assert!(!s.backend().scripts.last().unwrap().contains(EPOCH_SET), "{}", s.backend().scripts.last().unwrap());
+        assert_eq!(s.applied().and_then(stamped), Some(0x0100_0000));
+        assert_eq!(s.sync(with(1, 1, "counter accept")).unwrap(), SyncKind::Unchanged);
+        // With a set the firewall reads, it moves (and the next clearing is asked for).
+        assert_eq!(s.sync(with(2, 0, "accept")).unwrap(), SyncKind::Partial);
+        assert!(s.backend().scripts.last().unwrap().contains("add element inet egressd fw-epoch { 0x02000000 }"));
+        assert_eq!(s.applied().and_then(stamped), Some(0x0200_0000));
+        assert_eq!(swept.lock().unwrap().len(), sweeps + 1);
+        // Kept generations never turn the fast path off, and the cycle goes on.
+        for n in 3..8 {
+            assert_eq!(s.sync(with(n, n % 2, "accept")).unwrap(), SyncKind::Partial);
+            assert_eq!(s.sync(with(n, (n + 1) % 2, "accept")).unwrap(), SyncKind::Partial);
+        }
+        // Five moves from the second value: 3, 1, 2, 3, 1.
+        assert_eq!(s.applied().and_then(stamped), Some(0x0100_0000));
+        assert!(!s.generations.as_ref().unwrap().is_off());
     }
 
     #[test]

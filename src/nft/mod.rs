@@ -476,6 +476,21 @@ impl<'a> Comparison<'a> {
             })
     }
 
+    /// Whether every set and chain that differs, but for `except`, has a name `keep`
+    /// accepts (and the tables' names are equal).
+    pub fn only_names(&self, except: &str, keep: impl Fn(&str) -> bool) -> bool {
+        use itertools::EitherOrBoth::{Both, Left, Right};
+        let name = |p: &Paired<'_, Set>| {
+            let (Left((n, _)) | Right((n, _)) | Both((n, _), _)) = p;
+            n.as_str() == except || keep(n)
+        };
+        let chain = |p: &Paired<'_, Chain>| {
+            let (Left((n, _)) | Right((n, _)) | Both((n, _), _)) = p;
+            keep(n)
+        };
+        self.old.name == self.new.name && self.sets.iter().all(name) && self.chains.iter().all(chain)
+    }
+
     /// Whether only elements of sets both tables declare alike differ.
     pub fn elements_only(&self) -> bool {
         use itertools::EitherOrBoth::Both;

@@ -28,10 +28,12 @@
 //! the namespace chains: the kernel re-validates the table through every jump when a
 //! change adds one (a pod's map element), and a chain every allow jumped to was walked
 //! a thousand times at 100k rules (+1 ms per such change, measured).
-//! Every change of the table moves the generation in the same transaction — an
-//! element of `fw-epoch`, so the kernel re-validates nothing — and every established
-//! connection's next packet walks the rules again, as OVN evaluates its ACLs on every
-//! packet. Before a value is current again, conntrack entries still carrying it are
+//! Every change of what the fast path stands for (what the base chain reaches:
+//! [`reached`]) moves the generation in the same transaction — an element of
+//! `fw-epoch`, so the kernel re-validates nothing — and every established connection's
+//! next packet walks the rules again, as OVN evaluates its ACLs on every packet. A
+//! change of EgressIP's or EgressQoS's chains and sets alone ([`outside`]) keeps the
+//! generation: their base chains see every packet anyway. Before a value is current again, conntrack entries still carrying it are
 //! cleared ([`crate::dataplane::verified::Generations`]): an old verdict never passes
 //! for a new one. The compile leaves `fw-epoch` empty (nothing is verified); the syncer
 //! stamps the generation it applies.
@@ -134,6 +136,55 @@ pub fn stamped(table: &Table) -> Option<u32> {
     u32::from_str_radix(key.strip_prefix("0x")?, 16).ok()
 }
 
+/// The name prefixes of the table's parts that a verified connection's packets still
+/// walk (EgressIP's `eip-` sets and `egress-` chains, EgressQoS's `qos` chains and
+/// sets): base chains of their own that the firewall's base chain never reaches
+/// ([`reached`]; tests/incremental.rs checks it over random policies). A change of
+/// these alone leaves every verdict the fast path stands for as it was: it keeps the
+/// generation, and open connections do not walk the rules again.
+const OUTSIDE: [&str; 3] = ["eip-", "egress-", "qos"];
+
+/// Whether the set or chain `name` is one of the parts a verified connection's
+/// packets walk anyway ([`OUTSIDE`]); any other name is taken to decide verdicts.
+pub fn outside(name: &str) -> bool {
+    OUTSIDE.iter().any(|p| name.starts_with(p))
+}
+
+/// The chains and sets whose contents decide what the fast path accepts: the base
+/// chains holding it (a rule reading [`EPOCH_SET`]) and everything their rules, and
+/// the maps they read, jump or go to or look up, transitively.
+pub fn reached(table: &Table) -> std::collections::BTreeSet<String> {
+    let epoch = format!("@{EPOCH_SET}");
+    let mut seen = std::collections::BTreeSet::new();
+    let mut todo: Vec<String> = table
+        .chains
+        .iter()
+        .filter(|(_, c)| c.hook.is_some() && c.rules.iter().any(|r| r.contains(&epoch)))
+        .map(|(n, _)| n.to_string())
+        .collect();
+    while let Some(name) = todo.pop() {
+        if !seen.insert(name.clone()) {
+            continue;
+        }
+        let texts: Vec<&str> = match (table.chains.get(name.as_str()), table.sets.get(name.as_str())) {
+            (Some(chain), _) => chain.rules.iter().map(String::as_str).collect(),
+            (None, Some(set)) => set.elements.values().map(Text::as_str).collect(),
+            (None, None) => Vec::new(),
+        };
+        for text in texts {
+            let mut words = text.split(|c: char| c.is_whitespace() || matches!(c, ',' | '{' | '}' | ':' | ';'));
+            while let Some(word) = words.next() {
+                if let Some(set) = word.strip_prefix('@') {
+                    todo.push(set.to_string());
+                } else if matches!(word, "jump" | "goto") {
+                    todo.extend(words.next().map(str::to_string));
+                }
+            }
+        }
+    }
+    seen
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,5 +226,44 @@ mod tests {
         assert_eq!(t.sets[EPOCH_SET].elements.len(), 1);
         stamp(&mut t, None);
         assert_eq!(stamped(&t), None);
+    }
+
+    #[test]
+    fn what_the_fast_path_reaches_is_followed_through_rules_and_maps() {
+        use super::super::{Chain, Hook, KeyType};
+        let hook = |h| Hook { chain_type: "filter", hook: h, priority: "filter" };
+        let mut t = Table::new("t");
+        t.sets.insert(EPOCH_SET.into(), Set::new(KeyType::Mark, false));
+        let mut pods = Set::new(KeyType::Ipv4, false);
+        pods.verdict_map = true;
+        pods.elements = [("198.18.0.2".into(), "jump fw-a".into())].into_iter().collect();
+        t.sets.insert("fw-pods-v4".into(), pods);
+        t.sets.insert("fw-a-s0".into(), Set::new(KeyType::Ipv4, false));
+        t.sets.insert("eip-exempt-v4".into(), Set::new(KeyType::Ipv4, false));
+        t.chains.insert(
+            "firewall".into(),
+            Chain::base(
+                hook("prerouting"),
+                vec![fast_path(0x0300_0000), "ip saddr vmap @fw-pods-v4".into(), "goto fw-mark".into()],
+            ),
+        );
+        t.chains.insert("fw-mark".into(), Chain::regular(marking_rules(0x0300_0000)));
+        t.chains.insert(
+            "fw-a".into(),
+            Chain::regular(vec!["ip daddr @fw-a-s0 accept".into(), "ip daddr vmap { 192.0.2.1 : goto fw-b }".into()]),
+        );
+        t.chains.insert("fw-b".into(), Chain::regular(vec!["drop".into()]));
+        t.chains.insert(
+            "egress-snat".into(),
+            Chain::base(hook("postrouting"), vec!["ip daddr @eip-exempt-v4 return".into(), "jump fw-b".into()]),
+        );
+        let reached = reached(&t);
+        assert_eq!(
+            reached.iter().map(String::as_str).collect::<Vec<_>>(),
+            ["firewall", "fw-a", "fw-a-s0", "fw-b", "fw-epoch", "fw-mark", "fw-pods-v4"]
+        );
+        assert!(reached.iter().all(|n| !outside(n)));
+        assert!(outside("eip-exempt-v4") && outside("egress-snat") && outside("qos-media") && outside("qos"));
+        assert!(!outside("fw-a") && !outside("firewall") && !outside("dns-v4") && !outside(EPOCH_SET));
     }
 }
