@@ -725,14 +725,8 @@ mod tests {
         t
     }
 
-    #[test]
-    fn every_change_moves_the_verified_generation_in_its_own_transaction() {
-        use crate::nft::verified::{EPOCH_SET, stamped};
-        let with_epoch = |n| {
-            let mut t = table(n);
-            t.sets.insert(EPOCH_SET.into(), Set::new(KeyType::Mark, false));
-            t
-        };
+    /// A syncer with three generations (two bits); the groups its clearings swept.
+    fn with_generations() -> (NftSyncer<RecordingBackend>, std::sync::Arc<std::sync::Mutex<Vec<u32>>>) {
         let swept = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let log = swept.clone();
         let mut s = NftSyncer::new(RecordingBackend::default());
@@ -743,6 +737,18 @@ mod tests {
                 Ok(0)
             },
         ));
+        (s, swept)
+    }
+
+    #[test]
+    fn every_change_moves_the_verified_generation_in_its_own_transaction() {
+        use crate::nft::verified::{EPOCH_SET, stamped};
+        let with_epoch = |n| {
+            let mut t = table(n);
+            t.sets.insert(EPOCH_SET.into(), Set::new(KeyType::Mark, false));
+            t
+        };
+        let (mut s, swept) = with_generations();
         // The first table verifies nothing; once every value is cleared, the first
         // generation follows as an element change.
         let mut first = std::sync::Arc::new(with_epoch(1));
@@ -784,16 +790,7 @@ mod tests {
             t.chains.insert("egress-snat".into(), Chain::regular(vec![chain.into()]));
             t
         };
-        let swept = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let log = swept.clone();
-        let mut s = NftSyncer::new(RecordingBackend::default());
-        s.set_generations(super::super::verified::Generations::new(
-            0x0300_0000,
-            move |g: crate::nft::verified::Group, _: u32| {
-                log.lock().unwrap().push(g.value);
-                Ok(0)
-            },
-        ));
+        let (mut s, swept) = with_generations();
         s.sync_keeping(&mut std::sync::Arc::new(with(1, 0, "accept")), Vec::new).unwrap();
         assert_eq!(s.applied().and_then(stamped), Some(0x0100_0000));
         let sweeps = swept.lock().unwrap().len();
