@@ -576,7 +576,8 @@ impl<B: NftBackend> NftSyncer<B> {
         // the applied generation: their verdicts stand, and no clearing is spent on it.
         let keeps = c.as_ref().and_then(|c| {
             let current = verified::stamped(c.old)?;
-            (generation.is_some() && c.only_names(verified::EPOCH_SET, verified::outside)).then_some(current)
+            let walked_anyway = |name: &str| name == verified::EPOCH_SET || verified::outside(name);
+            (generation.is_some() && c.only_names(walked_anyway)).then_some(current)
         });
         if let Some(current) = keeps {
             drop(c);

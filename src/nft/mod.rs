@@ -423,6 +423,13 @@ impl Table {
 /// the old table (`Left`), only in the new one (`Right`), or in both.
 pub(crate) type Paired<'a, V> = itertools::EitherOrBoth<(&'a Text, &'a V), (&'a Text, &'a V)>;
 
+/// The name of a paired entry, from whichever table holds it.
+fn paired_name<'a, V>(p: &Paired<'a, V>) -> &'a str {
+    use itertools::EitherOrBoth::{Both, Left, Right};
+    let (Left((n, _)) | Right((n, _)) | Both((n, _), _)) = p;
+    n.as_str()
+}
+
 /// The entries of `old` and `new` side by side in name order, in one pass over both
 /// (no lookup by name: a change's comparison of two 100k-rule tables is linear).
 pub(crate) fn paired<'a, V>(
@@ -469,26 +476,15 @@ impl<'a> Comparison<'a> {
         self.old.name == self.new.name
             && self.chains.is_empty()
             && self.sets.len() == 1
-            && self.sets.iter().all(|p| {
-                use itertools::EitherOrBoth::{Both, Left, Right};
-                let (Left((n, _)) | Right((n, _)) | Both((n, _), _)) = p;
-                n.as_str() == name
-            })
+            && self.sets.iter().all(|p| paired_name(p) == name)
     }
 
-    /// Whether every set and chain that differs, but for `except`, has a name `keep`
-    /// accepts (and the tables' names are equal).
-    pub fn only_names(&self, except: &str, keep: impl Fn(&str) -> bool) -> bool {
-        use itertools::EitherOrBoth::{Both, Left, Right};
-        let name = |p: &Paired<'_, Set>| {
-            let (Left((n, _)) | Right((n, _)) | Both((n, _), _)) = p;
-            n.as_str() == except || keep(n)
-        };
-        let chain = |p: &Paired<'_, Chain>| {
-            let (Left((n, _)) | Right((n, _)) | Both((n, _), _)) = p;
-            keep(n)
-        };
-        self.old.name == self.new.name && self.sets.iter().all(name) && self.chains.iter().all(chain)
+    /// Whether every set and chain that differs has a name `keep` accepts (and the
+    /// tables' names are equal).
+    pub fn only_names(&self, keep: impl Fn(&str) -> bool) -> bool {
+        self.old.name == self.new.name
+            && self.sets.iter().all(|p| keep(paired_name(p)))
+            && self.chains.iter().all(|p| keep(paired_name(p)))
     }
 
     /// Whether only elements of sets both tables declare alike differ.

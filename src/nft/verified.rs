@@ -33,9 +33,10 @@
 //! `fw-epoch`, so the kernel re-validates nothing — and every established connection's
 //! next packet walks the rules again, as OVN evaluates its ACLs on every packet. A
 //! change of EgressIP's or EgressQoS's chains and sets alone ([`outside`]) keeps the
-//! generation: their base chains see every packet anyway. Before a value is current again, conntrack entries still carrying it are
-//! cleared ([`crate::dataplane::verified::Generations`]): an old verdict never passes
-//! for a new one. The compile leaves `fw-epoch` empty (nothing is verified); the syncer
+//! generation: their base chains see every packet anyway. Before a value is current
+//! again, conntrack entries still carrying it are cleared
+//! ([`crate::dataplane::verified::Generations`]): an old verdict never passes for a
+//! new one. The compile leaves `fw-epoch` empty (nothing is verified); the syncer
 //! stamps the generation it applies.
 
 use super::{Set, Table, Text};
