@@ -540,11 +540,60 @@ fn a_cluster_dns_service_address_behind_kube_proxys_dnat_is_proxied() {
     let failed: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
     assert!(failed.is_empty(), "{} of 200 failed: {:?}", failed.len(), &failed[..failed.len().min(5)]);
     let vip: SocketAddr = format!("{VIP}:53").parse().unwrap();
+    let elsewhere: Vec<(usize, &SocketAddr)> = results
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| r.as_ref().ok().filter(|from| **from != vip).map(|f| (i + 1, f)))
+        .collect();
     assert!(
-        results.iter().all(|r| r.as_ref().is_ok_and(|from| *from == vip)),
-        "an answer did not come from the Service address"
+        elsewhere.is_empty(),
+        "{} answers did not come from the Service address (query number, source): {elsewhere:?}\n{}\n{}",
+        elsewhere.len(),
+        t.node.nft_list(),
+        agent.log_text()
     );
     assert!(proxied(&t, "udp") >= 200, "the queries did not pass the proxy");
+}
+
+#[test]
+fn an_answer_through_the_proxy_comes_from_the_service_address_whatever_port_asked_before() {
+    // A pod asked the Service address directly from port P (egressd not running:
+    // kube-proxy's DNAT made a conntrack entry pod:P -> VIP:53 that lives on); asked
+    // again from P through the proxy, the answer must still come from VIP:53.
+    const VIP: &str = "198.19.0.10";
+    let t = Topology::new(&["team-a"]);
+    let _server = Server::start(&t.ext);
+    policed(&t);
+    let rules = format!(
+        "table ip kubeproxy {{\n chain pre {{ type nat hook prerouting priority dstnat; ip daddr {VIP} udp dport 53 dnat to {SERVER}:53; }}\n chain out {{ type nat hook output priority -100; ip daddr {VIP} udp dport 53 dnat to {SERVER}:53; }}\n}}\n"
+    );
+    let file = t.dir.path().join("kubeproxy.nft");
+    std::fs::write(&file, rules).unwrap();
+    t.node.exec(&["nft", "-f", file.to_str().unwrap()]);
+    t.node.ip(&["route", "add", "198.19.0.0/16", "via", SERVER]);
+    let p0 = &t.pods[0];
+    let ask_from = |port: u16, i: u16| -> Option<SocketAddr> {
+        p0.run(move || {
+            let s = UdpSocket::bind(("0.0.0.0", port)).ok()?;
+            s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+            s.send_to(&query(i, &format!("p{i}.fresh.example.com."), RecordType::A, None), (VIP, 53)).ok()?;
+            let mut buf = [0u8; 4096];
+            s.recv_from(&mut buf).ok().map(|(_, from)| from)
+        })
+    };
+    let ports: Vec<u16> = (41_000..41_010).collect();
+    for (i, port) in ports.iter().enumerate() {
+        assert!(ask_from(*port, i as u16).is_some(), "no direct answer before egressd started");
+    }
+    let agent = t.start_agent_with("agent", &["--dns-server", VIP, "--cluster-dns", VIP]);
+    let ready = wait_for(Duration::from_secs(5), || ask_from(40_999, 100).is_some() && proxied(&t, "udp") >= 1);
+    assert!(ready.is_some(), "the Service address is not proxied:\n{}", agent.log_text());
+    let vip: SocketAddr = format!("{VIP}:53").parse().unwrap();
+    let before = proxied(&t, "udp");
+    let sources: Vec<Option<SocketAddr>> =
+        ports.iter().enumerate().map(|(i, p)| ask_from(*p, 200 + i as u16)).collect();
+    assert!(proxied(&t, "udp") >= before + ports.len() as u64, "the queries did not pass the proxy");
+    assert!(sources.iter().all(|s| *s == Some(vip)), "answers came from {sources:?}, not {vip}");
 }
 
 #[test]

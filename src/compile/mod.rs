@@ -545,6 +545,8 @@ mod tests {
                 "{chain}"
             );
         }
+        // The proxy's answers (its mark's upper bit) are not tracked.
+        assert_eq!(*with.chains["dns-proxy-answers"].rules, ["meta mark and 0x00002000 != 0x00000000 notrack"]);
         for chain in ["dns-snoop-in", "dns-snoop-out"] {
             assert_eq!(with.chains[chain].rules[0], "meta mark and 0x00003000 != 0x00000000 return", "{chain}");
         }
@@ -554,7 +556,7 @@ mod tests {
         // Snooping alone, or the proxy without snooping: no intercept.
         for node in [node().with_snoop(snoop.clone()), node().with_dns_proxy(proxy)] {
             let t = table(node);
-            assert!(!t.chains.contains_key("dns-proxy") && !t.chains.contains_key("dns-proxy-raw"));
+            assert!(["dns-proxy", "dns-proxy-raw", "dns-proxy-answers"].iter().all(|c| !t.chains.contains_key(*c)));
             assert!(!t.sets.contains_key("dns-proxy-v4"));
             assert!(t.chains.get("dns-snoop-in").is_none_or(|c| !c.rules[0].contains("mark")));
         }

@@ -153,6 +153,13 @@ pub(super) fn compile(node: &NodeConfig, targets: &SnoopTargets, table: &mut Tab
 /// answer leaves from that address. A query the guard lets pass to `notrack` but whose
 /// socket is gone (egressd killed less than a second ago) goes out untranslated; the
 /// pod's retry, after the guard expired, is translated again.
+///
+/// The proxy's answers are not tracked either (`dns-proxy-answers`, output, priority
+/// raw; they carry the answer mark): a pod that asked from the same port before, when
+/// its query went to the server directly (egressd stopped, the guard expired), left a
+/// conntrack entry `pod:port -> address:53` that kube-proxy's DNAT translated. A tracked
+/// answer `address:53 -> pod:port` would clash with it, and the kernel's NAT would
+/// give the answer another source port, which the pod's resolver drops.
 fn proxy_intercept(proxy: &crate::dns::targets::DnsProxySettings, table: &mut Table) {
     let mark = proxy.intercept_mark();
     let mut rules = Vec::new();
@@ -179,6 +186,13 @@ fn proxy_intercept(proxy: &crate::dns::targets::DnsProxySettings, table: &mut Ta
     table.chains.insert(
         "dns-proxy".into(),
         Chain::base(Hook { chain_type: "filter", hook: "prerouting", priority: "mangle" }, rules),
+    );
+    table.chains.insert(
+        "dns-proxy-answers".into(),
+        Chain::base(
+            Hook { chain_type: "filter", hook: "output", priority: "raw" },
+            vec![format!("meta mark and {:#010x} != 0x00000000 notrack", proxy.answer_mark())],
+        ),
     );
 }
 
