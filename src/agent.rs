@@ -580,7 +580,11 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
             Some(n) => n.links().await.ok(),
             None => None,
         };
-        let drift = match crate::dataplane::drift::start(&config.node.table_name) {
+        let route_filter = crate::dataplane::drift::RouteFilter {
+            own_port: net.as_ref().map(Netlink::port),
+            settings: config.node.egress.clone(),
+        };
+        let drift = match crate::dataplane::drift::start(&config.node.table_name, route_filter) {
             Ok((rx, quiet)) => {
                 syncer.set_quiet(Box::new(quiet));
                 Some(rx)

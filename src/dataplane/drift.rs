@@ -17,16 +17,20 @@
 //!   as drift, and the replace that follows keeps listening (so a busy neighbour, such
 //!   as kube-proxy committing often, costs at most one extra replace, never a loop).
 //! * **netlink**: a thread subscribed to link, address, route and rule notifications
-//!   (`RTNLGRP_*`) reports that something changed; the agent then compares what it owns
-//!   with what it wants and repairs it (the same check as the periodic one), so an owned
-//!   address deleted by hand comes back at once. Its own repairs notify too; the check
-//!   after them finds nothing to do.
+//!   (`RTNLGRP_*`) reports a change that touches the links or what egressd owns
+//!   ([`super::route_events::touches`]); the agent then compares what it owns with what
+//!   it wants and repairs it (the same check as the periodic one), so an owned address
+//!   deleted by hand comes back at once. Changes egressd's own netlink socket made (the
+//!   kernel names its port in their notifications) and routes of other tables (a pod's
+//!   veth route) are not reported.
 //!
 //! Both send on a channel; the agent coalesces bursts.
 
 use std::io;
 
 use netlink_sys::{Socket, protocols::NETLINK_NETFILTER, protocols::NETLINK_ROUTE};
+
+use super::route_events::{messages, touches};
 use tokio::sync::mpsc;
 
 /// `NFNLGRP_NFTABLES`.
@@ -44,17 +48,6 @@ const NFPROTO_INET: u8 = 1;
 /// `NLMSG_HDRLEN` and the `nfgenmsg` that follows it.
 const NLMSG_HDRLEN: usize = 16;
 const NFGENMSG_LEN: usize = 4;
-
-/// Route groups: links, IPv4/IPv6 addresses, routes and rules.
-const RTNLGRP: [u32; 7] = [
-    1,  // RTNLGRP_LINK
-    5,  // RTNLGRP_IPV4_IFADDR
-    7,  // RTNLGRP_IPV4_ROUTE
-    8,  // RTNLGRP_IPV4_RULE
-    9,  // RTNLGRP_IPV6_IFADDR
-    11, // RTNLGRP_IPV6_ROUTE
-    19, // RTNLGRP_IPV6_RULE
-];
 
 /// What changed behind egressd's back.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -150,23 +143,6 @@ fn is_own(pid: u32, process: &str) -> bool {
     super::nft_sync::is_own(pid) || super::nft_sync::is_own_name(process)
 }
 
-/// Each netlink message of one datagram.
-fn messages(buf: &[u8]) -> impl Iterator<Item = &[u8]> {
-    let mut rest = buf;
-    std::iter::from_fn(move || {
-        if rest.len() < NLMSG_HDRLEN {
-            return None;
-        }
-        let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-        if len < NLMSG_HDRLEN || len > rest.len() {
-            return None;
-        }
-        let msg = &rest[..len];
-        rest = &rest[len.next_multiple_of(4).min(rest.len())..];
-        Some(msg)
-    })
-}
-
 /// The drift watch's side of a full replace ([`super::nft_sync::QuietReplace`]).
 pub(crate) struct QuietWatch {
     socket: std::sync::Arc<Socket>,
@@ -224,9 +200,17 @@ impl super::nft_sync::QuietReplace for QuietWatch {
     }
 }
 
+/// What the netlink watch reports: changes that touch the links or egressd's state,
+/// other than those of egressd's socket at `own_port`.
+pub(crate) struct RouteFilter {
+    /// The port of egressd's netlink socket ([`super::netlink::Netlink::port`]).
+    pub own_port: Option<u32>,
+    pub settings: crate::net::EgressSettings,
+}
+
 /// Start both watches (in the caller's network namespace); drift arrives on the
 /// returned channel. The [`QuietWatch`] goes to the nft syncer.
-pub(crate) fn start(table: &str) -> io::Result<(mpsc::UnboundedReceiver<Drift>, QuietWatch)> {
+pub(crate) fn start(table: &str, route: RouteFilter) -> io::Result<(mpsc::UnboundedReceiver<Drift>, QuietWatch)> {
     let (tx, rx) = mpsc::unbounded_channel();
     let mut nft = Socket::new(NETLINK_NETFILTER)?;
     nft.bind_auto()?;
@@ -234,10 +218,10 @@ pub(crate) fn start(table: &str) -> io::Result<(mpsc::UnboundedReceiver<Drift>, 
     notification_buffer(&nft);
     let nft = std::sync::Arc::new(nft);
     let quiet = QuietWatch { socket: nft.clone(), table: table.to_string(), tx: tx.clone(), listen_next: false };
-    let mut route = Socket::new(NETLINK_ROUTE)?;
-    route.bind_auto()?;
-    for g in RTNLGRP {
-        route.add_membership(g)?;
+    let mut route_socket = Socket::new(NETLINK_ROUTE)?;
+    route_socket.bind_auto()?;
+    for g in super::route_events::GROUPS {
+        route_socket.add_membership(g)?;
     }
     let table = table.to_string();
     let nft_tx = tx.clone();
@@ -247,7 +231,7 @@ pub(crate) fn start(table: &str) -> io::Result<(mpsc::UnboundedReceiver<Drift>, 
     })?;
     std::thread::Builder::new().name("drift-netlink".into()).spawn(move || {
         let _span = tracing::info_span!("drift_netlink").entered();
-        watch_route(&route, &tx);
+        watch_route(&route_socket, &route, &tx);
     })?;
     Ok((rx, quiet))
 }
@@ -310,18 +294,19 @@ fn watch_nft(socket: &Socket, table: &str, tx: &mpsc::UnboundedSender<Drift>) {
     }
 }
 
-fn watch_route(socket: &Socket, tx: &mpsc::UnboundedSender<Drift>) {
+fn watch_route(socket: &Socket, filter: &RouteFilter, tx: &mpsc::UnboundedSender<Drift>) {
     let mut buf = vec![0u8; 1 << 16];
     loop {
-        match socket.recv(&mut &mut buf[..], 0) {
-            Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {}
+        let report = match socket.recv(&mut &mut buf[..], 0) {
+            Ok(n) => messages(&buf[..n]).any(|m| touches(m, filter.own_port, &filter.settings).any()),
+            // Notifications were lost: whatever happened, check.
+            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => true,
             Err(e) => {
                 tracing::error!(error = %e, "netlink notifications unreadable; drift is found by the periodic check only");
                 return;
             }
-        }
-        if tx.send(Drift::Netlink).is_err() {
+        };
+        if report && tx.send(Drift::Netlink).is_err() {
             return;
         }
     }
@@ -422,7 +407,8 @@ mod tests {
                 drop(child.stdin.take());
                 assert!(child.wait().unwrap().success(), "{script}");
             };
-            let (mut rx, mut quiet) = start("egressd").unwrap();
+            let routes = RouteFilter { own_port: None, settings: Default::default() };
+            let (mut rx, mut quiet) = start("egressd", routes).unwrap();
             let settle = |rx: &mut mpsc::UnboundedReceiver<Drift>| {
                 std::thread::sleep(std::time::Duration::from_millis(200));
                 std::iter::from_fn(|| rx.try_recv().ok()).collect::<Vec<_>>()

@@ -8,6 +8,8 @@
 //! * [`elements`]: in-process set element additions (the DNS snooping fast path).
 //! * `drift`: notices changes to egressd's table, addresses, rules and routes made by
 //!   anyone else (nf_tables and rtnetlink notifications).
+//! * `route_events`: what a route netlink notification can change; the links read
+//!   again only after one that touches them.
 //! * [`nflog`]: the DNS snooping listener — reads the kernel's NFLOG copies of pods' DNS
 //!   packets and adds learned addresses through [`elements`].
 //! * [`rule_counters`]: per-rule counters read back (`egressd status --counters`,
@@ -22,6 +24,7 @@ pub mod elements;
 pub mod netlink;
 pub mod nflog;
 pub mod nft_sync;
+pub(crate) mod route_events;
 pub mod rule_counters;
 pub(crate) mod tunnel;
 pub mod verified;

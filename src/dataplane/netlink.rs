@@ -89,7 +89,33 @@ pub struct Netlink {
     /// What [`Netlink::forget_synced`] forgot: a sync of the same desired state that
     /// changes anything is a repair.
     forgotten: std::sync::Arc<std::sync::Mutex<Option<NetDesired>>>,
+    /// The port of the socket egressd's requests go through: the kernel names it in the
+    /// notifications of the changes they make.
+    port: u32,
+    /// The links as last read, and what tells whether they changed since
+    /// ([`super::route_events::LinksWatch`]); `None` without one (every read dumps).
+    links: std::sync::Arc<std::sync::Mutex<Option<LinksCache>>>,
 }
+
+/// [`Netlink::links`]' cache.
+struct LinksCache {
+    watch: super::route_events::LinksWatch,
+    /// The links and default links last read (their conflicts are computed anew).
+    last: Option<(Vec<HostLink>, [Option<u32>; 2])>,
+    /// Reads dump until then: [`LINKS_SETTLE`] after the last notification that touched
+    /// the links.
+    settle_until: Option<std::time::Instant>,
+    settle: std::time::Duration,
+    /// How many times the links were dumped.
+    dumps: u64,
+}
+
+/// How long after a notification that touched the links every read dumps them again.
+/// The kernel may send the notification before the rest of the same change (a link
+/// set down sends its notification, then flushes its IPv4 routes without one): a read
+/// racing with that change could see half of it, and the reads that follow (the drift
+/// check, 20 ms after the notification, is one) correct it.
+pub const LINKS_SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
 
 #[derive(Debug, Clone)]
 struct Conflict {
@@ -125,19 +151,88 @@ async fn probe(ip: IpAddr, link: u32, name: &str, wait: std::time::Duration) -> 
 impl Netlink {
     /// Open a route netlink socket (its connection task runs on the current runtime).
     pub fn connect(settings: EgressSettings) -> std::io::Result<Self> {
-        let (connection, handle, _) = rtnetlink::new_connection()?;
+        use netlink_sys::AsyncSocket;
+        let (mut connection, handle, _) = rtnetlink::new_connection()?;
+        let port = connection.socket_mut().socket_mut().bind_auto()?.port_number();
         tokio::spawn(connection);
+        let links = match super::route_events::LinksWatch::open() {
+            Ok(watch) => Some(LinksCache { watch, last: None, settle_until: None, settle: LINKS_SETTLE, dumps: 0 }),
+            Err(e) => {
+                tracing::warn!(error = %e, "no link notifications: the links are dumped before every compile");
+                None
+            }
+        };
         Ok(Self {
             handle,
             settings,
             synced: Default::default(),
             conflicts: Default::default(),
             forgotten: Default::default(),
+            port,
+            links: std::sync::Arc::new(std::sync::Mutex::new(links)),
         })
     }
 
-    /// The node's links with their addresses, egressd's own addresses left out.
+    /// How many times [`Netlink::links`] dumped the links (`None`: it always does).
+    pub fn links_dumps(&self) -> Option<u64> {
+        self.links.lock().ok()?.as_ref().map(|c| c.dumps)
+    }
+
+    /// Set how long after a notification every read of the links dumps them
+    /// ([`LINKS_SETTLE`]); tests set zero to compare each cached read with a fresh one.
+    #[doc(hidden)]
+    pub fn set_links_settle(&self, settle: std::time::Duration) {
+        if let Ok(mut guard) = self.links.lock()
+            && let Some(cache) = guard.as_mut()
+        {
+            cache.settle = settle;
+        }
+    }
+
+    /// The port of the socket egressd's requests go through.
+    pub(crate) fn port(&self) -> u32 {
+        self.port
+    }
+
+    /// The node's links with their addresses, egressd's own addresses left out. Read
+    /// from the kernel when a notification since the last read says they may have
+    /// changed ([`super::route_events`]); the conflicts are computed anew each time.
     pub async fn links(&self) -> Result<HostLinks, NetError> {
+        let cached = match self.links.lock() {
+            Ok(mut guard) => match guard.as_mut() {
+                Some(cache) => {
+                    let now = std::time::Instant::now();
+                    if cache.watch.changed(&self.settings) {
+                        cache.settle_until = Some(now + cache.settle);
+                        cache.last = None;
+                    } else if cache.settle_until.is_some_and(|t| now < t) {
+                        cache.last = None;
+                    }
+                    cache.last.clone()
+                }
+                None => None,
+            },
+            Err(_) => None,
+        };
+        let (links, default_link) = match cached {
+            Some(last) => last,
+            None => {
+                let read = self.read_links().await?;
+                if let Ok(mut guard) = self.links.lock()
+                    && let Some(cache) = guard.as_mut()
+                {
+                    cache.last = Some(read.clone());
+                    cache.dumps += 1;
+                }
+                read
+            }
+        };
+        Ok(HostLinks { links, default_link, conflicts: self.recheck_conflicts().await })
+    }
+
+    /// Dump the links, their addresses (egressd's left out) and the main table's default
+    /// routes.
+    async fn read_links(&self) -> Result<(Vec<HostLink>, [Option<u32>; 2]), NetError> {
         let mut links: Vec<HostLink> = Vec::new();
         let mut stream = self.handle.link().get().execute();
         while let Some(msg) = stream.try_next().await.map_err(err("listing links"))? {
@@ -205,7 +300,7 @@ impl Netlink {
             }
             default_link[f] = best.map(|(_, link)| link);
         }
-        Ok(HostLinks { links, default_link, conflicts: self.recheck_conflicts().await })
+        Ok((links, default_link))
     }
 
     fn owned_address(&self, msg: &AddressMessage) -> bool {
@@ -453,7 +548,7 @@ fn address_of(msg: &AddressMessage) -> Option<IpAddr> {
     })
 }
 
-fn route_table(msg: &RouteMessage) -> u32 {
+pub(super) fn route_table(msg: &RouteMessage) -> u32 {
     msg.attributes
         .iter()
         .find_map(|a| if let RouteAttribute::Table(t) = a { Some(*t) } else { None })
