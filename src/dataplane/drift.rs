@@ -29,9 +29,9 @@
 use std::io;
 
 use netlink_sys::{Socket, protocols::NETLINK_NETFILTER, protocols::NETLINK_ROUTE};
+use tokio::sync::mpsc;
 
 use super::route_events::{messages, touches};
-use tokio::sync::mpsc;
 
 /// `NFNLGRP_NFTABLES`.
 const NFNLGRP_NFTABLES: u32 = 7;
