@@ -493,14 +493,12 @@ fn pods_dns_survives_a_killed_or_hung_proxy_and_a_restart_resumes_it() {
     assert!(worst < Duration::from_secs(3), "pods' DNS was out for {worst:?}");
 }
 
-#[test]
-fn a_cluster_dns_service_address_behind_kube_proxys_dnat_is_proxied() {
-    // kube-proxy's part, in a table of its own: the Service address 198.19.0.10:53
-    // translated to the server, for pods (prerouting) and for the node (output).
-    const VIP: &str = "198.19.0.10";
-    let t = Topology::new(&["team-a"]);
-    let _server = Server::start(&t.ext);
-    policed(&t);
+/// The cluster DNS Service address.
+const VIP: &str = "198.19.0.10";
+
+/// kube-proxy's part, in a table of its own: the Service address [`VIP`]:53 translated
+/// to the server, for pods (prerouting) and for the node (output).
+fn kube_proxy(t: &Topology) {
     let rules = format!(
         "table ip kubeproxy {{\n chain pre {{ type nat hook prerouting priority dstnat; ip daddr {VIP} udp dport 53 dnat to {SERVER}:53; ip daddr {VIP} tcp dport 53 dnat to {SERVER}:53; }}\n chain out {{ type nat hook output priority -100; ip daddr {VIP} udp dport 53 dnat to {SERVER}:53; ip daddr {VIP} tcp dport 53 dnat to {SERVER}:53; }}\n}}\n"
     );
@@ -510,6 +508,14 @@ fn a_cluster_dns_service_address_behind_kube_proxys_dnat_is_proxied() {
     // A node has a route for Service addresses (its default route): the output DNAT
     // comes after the route lookup.
     t.node.ip(&["route", "add", "198.19.0.0/16", "via", SERVER]);
+}
+
+#[test]
+fn a_cluster_dns_service_address_behind_kube_proxys_dnat_is_proxied() {
+    let t = Topology::new(&["team-a"]);
+    let _server = Server::start(&t.ext);
+    policed(&t);
+    kube_proxy(&t);
     let agent = t.start_agent_with("agent", &["--dns-server", VIP, "--cluster-dns", VIP]);
     let p0 = &t.pods[0];
     let ask_connect = move |i: u32| -> Result<SocketAddr, String> {
@@ -560,17 +566,10 @@ fn an_answer_through_the_proxy_comes_from_the_service_address_whatever_port_aske
     // A pod asked the Service address directly from port P (egressd not running:
     // kube-proxy's DNAT made a conntrack entry pod:P -> VIP:53 that lives on); asked
     // again from P through the proxy, the answer must still come from VIP:53.
-    const VIP: &str = "198.19.0.10";
     let t = Topology::new(&["team-a"]);
     let _server = Server::start(&t.ext);
     policed(&t);
-    let rules = format!(
-        "table ip kubeproxy {{\n chain pre {{ type nat hook prerouting priority dstnat; ip daddr {VIP} udp dport 53 dnat to {SERVER}:53; }}\n chain out {{ type nat hook output priority -100; ip daddr {VIP} udp dport 53 dnat to {SERVER}:53; }}\n}}\n"
-    );
-    let file = t.dir.path().join("kubeproxy.nft");
-    std::fs::write(&file, rules).unwrap();
-    t.node.exec(&["nft", "-f", file.to_str().unwrap()]);
-    t.node.ip(&["route", "add", "198.19.0.0/16", "via", SERVER]);
+    kube_proxy(&t);
     let p0 = &t.pods[0];
     let ask_from = |port: u16, i: u16| -> Option<SocketAddr> {
         p0.run(move || {
