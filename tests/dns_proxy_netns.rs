@@ -588,11 +588,21 @@ fn an_answer_through_the_proxy_comes_from_the_service_address_whatever_port_aske
     let ready = wait_for(Duration::from_secs(5), || ask_from(40_999, 100).is_some() && proxied(&t, "udp") >= 1);
     assert!(ready.is_some(), "the Service address is not proxied:\n{}", agent.log_text());
     let vip: SocketAddr = format!("{VIP}:53").parse().unwrap();
-    let before = proxied(&t, "udp");
-    let sources: Vec<Option<SocketAddr>> =
-        ports.iter().enumerate().map(|(i, p)| ask_from(*p, 200 + i as u16)).collect();
-    assert!(proxied(&t, "udp") >= before + ports.len() as u64, "the queries did not pass the proxy");
-    assert!(sources.iter().all(|s| *s == Some(vip)), "answers came from {sources:?}, not {vip}");
+    // Every answer must come from VIP:53, proxied or not. A round where the proxy did
+    // not take every query (a starved debug build on a loaded machine lets its guard
+    // expire: they go direct, by design) is asked again, up to five rounds.
+    let mut all_proxied = false;
+    for round in 0..5u16 {
+        let before = proxied(&t, "udp");
+        let sources: Vec<Option<SocketAddr>> =
+            ports.iter().enumerate().map(|(i, p)| ask_from(*p, 200 + round * 20 + i as u16)).collect();
+        assert!(sources.iter().all(|s| *s == Some(vip)), "answers came from {sources:?}, not {vip}");
+        if proxied(&t, "udp") >= before + ports.len() as u64 {
+            all_proxied = true;
+            break;
+        }
+    }
+    assert!(all_proxied, "in five rounds the queries never all passed the proxy:\n{}", agent.log_text());
 }
 
 #[test]
@@ -687,17 +697,25 @@ fn an_overloaded_proxy_lets_queries_go_direct_and_takes_them_again_after() {
         "another pod's DNS was out for {worst:?} during the flood ({} answers)",
         answered.len()
     );
-    // Caught up: taken again.
-    let before = proxied(&t, "udp");
-    let again = wait_for(Duration::from_secs(10), || {
-        resolve_and_connect(&t.pods[1], 1, true, 950_000 + before as u32).is_empty() && proxied(&t, "udp") > before
+    // Caught up: taken again. The flood's backlog is still being answered for a while
+    // (those answers count as proxied too): wait for the catch-up and for the count to
+    // stop moving before asking whether the other pod's query is proxied.
+    let quiet_log = || agent.log_text().lines().filter(|l| !l.contains("DEBUG")).collect::<Vec<_>>().join("\n");
+    let caught_up = wait_for(Duration::from_secs(10), || agent.log_text().contains("DNS proxy caught up"));
+    assert!(caught_up.is_some(), "no catch-up logged:\n{}", quiet_log());
+    let settled = wait_for(Duration::from_secs(10), || {
+        let a = proxied(&t, "udp");
+        std::thread::sleep(Duration::from_millis(300));
+        proxied(&t, "udp") == a
     });
-    assert!(
-        again.is_some(),
-        "the proxy did not take queries again after the flood:\n{}",
-        agent.log_text().lines().filter(|l| !l.contains("DEBUG")).collect::<Vec<_>>().join("\n")
-    );
-    assert!(agent.log_text().contains("DNS proxy caught up"), "no catch-up logged");
+    assert!(settled.is_some(), "the flood's backlog is still being answered 10 s after the catch-up");
+    let mut round = 950_000;
+    let again = wait_for(Duration::from_secs(5), || {
+        round += 1;
+        let before = proxied(&t, "udp");
+        resolve_and_connect(&t.pods[1], 1, true, round).is_empty() && proxied(&t, "udp") > before
+    });
+    assert!(again.is_some(), "the proxy did not take queries again after the flood:\n{}", quiet_log());
 }
 
 #[test]
