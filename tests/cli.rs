@@ -201,3 +201,71 @@ fn explain_from_manifests_in_text_and_json_and_its_errors() {
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("cannot reach the running agent") && err.contains("explain.sock"), "{err}");
 }
+
+/// `egressd` with an empty environment: the help shows each option's `[env: NAME=value]`
+/// with the value it finds, and the reference must not depend on who generated it.
+fn help_of(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_egressd")).args(args).env_clear().output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The subcommands `egressd --help` lists (`help` aside), in its order.
+fn subcommands(top: &str) -> Vec<String> {
+    top.lines()
+        .skip_while(|l| *l != "Commands:")
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .filter_map(|l| l.strip_prefix("  ")?.split_whitespace().next().filter(|_| !l.starts_with("   ")))
+        .filter(|c| *c != "help")
+        .map(str::to_owned)
+        .collect()
+}
+
+/// docs/cli.md: the help clap prints for `egressd` and each subcommand, nothing written by
+/// hand, so the reference cannot drift from the binary. After an intended change of an
+/// option: `EGRESSD_UPDATE_GOLDEN=1 cargo test --test cli`, and review the diff.
+fn cli_reference() -> String {
+    let top = help_of(&["--help"]);
+    let mut doc = String::from(
+        "# egressd command-line reference\n\n\
+         Generated from the binary's own help (`egressd --help`, `egressd <command> --help`) by\n\
+         `tests/cli.rs`, which fails when this file and the binary differ. Regenerate after\n\
+         changing an option: `EGRESSD_UPDATE_GOLDEN=1 cargo test --test cli`.\n\n\
+         Every option with an `[env: …]` can also be set by that environment variable (the\n\
+         systemd unit's environment file and the DaemonSet use them).\n\n",
+    );
+    doc.push_str("## egressd\n\n```text\n");
+    doc.push_str(top.trim_end());
+    doc.push_str("\n```\n");
+    for cmd in subcommands(&top) {
+        doc.push_str(&format!("\n## egressd {cmd}\n\n```text\n"));
+        doc.push_str(help_of(&[&cmd, "--help"]).trim_end());
+        doc.push_str("\n```\n");
+    }
+    // No trailing spaces (clap indents its empty lines inside an option's help).
+    doc.lines().map(str::trim_end).collect::<Vec<_>>().join("\n") + "\n"
+}
+
+#[test]
+fn the_cli_reference_is_the_help_the_binary_prints() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/cli.md");
+    let top = help_of(&["--help"]);
+    assert_eq!(subcommands(&top), ["run", "render", "crds", "cleanup", "status", "explain"], "{top}");
+    assert!(top.contains("Exit codes:") && top.contains("64  configuration error"), "{top}");
+    let want = cli_reference();
+    if std::env::var_os("EGRESSD_UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, &want).unwrap();
+    }
+    let have = std::fs::read_to_string(&path).unwrap_or_default();
+    if have != want {
+        let first = have.lines().zip(want.lines()).position(|(a, b)| a != b).unwrap_or(0);
+        panic!(
+            "docs/cli.md differs from the binary's help from line {} (have {:?}, want {:?}): \
+             regenerate with EGRESSD_UPDATE_GOLDEN=1 cargo test --test cli and review",
+            first + 1,
+            have.lines().nth(first),
+            want.lines().nth(first)
+        );
+    }
+}

@@ -27,6 +27,17 @@ const EXIT_FAILURE: u8 = 1;
 /// `egressd status`: the report was printed, but the agent that wrote it is not running.
 const EXIT_STALE: u8 = 3;
 
+/// The exit codes, as `egressd --help` prints them.
+const EXIT_CODES: &str = "\
+Exit codes:
+  0   normal; also on SIGTERM/SIGINT, at any point of start-up (the dataplane stays)
+  1   runtime failure
+  3   `egressd status`: the report was printed, but the agent that wrote it is no longer
+      running (its first line says so; the report is what that agent last applied)
+  64  configuration error: a missing or invalid option (every number has a range; a
+      value outside it is refused naming the option), an unreadable manifests
+      directory, no `nft`";
+
 /// egressd applies Kubernetes egress policy (EgressFirewall, EgressQoS, EgressIP,
 /// CloudPrivateIPConfig) to this node's kernel: one nftables table it owns, changed in
 /// atomic transactions.
@@ -34,7 +45,7 @@ const EXIT_STALE: u8 = 3;
 /// It follows a Kubernetes cluster, or without one reads a directory of YAML manifests
 /// (`--manifests`), which is how demos, tests and static bare-metal hosts use it.
 #[derive(Debug, Parser)]
-#[command(name = "egressd", version, propagate_version = true)]
+#[command(name = "egressd", version, propagate_version = true, after_long_help = EXIT_CODES)]
 struct Cli {
     /// Log format.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Plain, env = "EGRESSD_LOG_FORMAT")]
@@ -523,13 +534,14 @@ struct RunArgs {
     /// The nft program.
     #[arg(long, env = "EGRESSD_NFT", default_value = "nft")]
     nft: PathBuf,
-    /// How the nft table reaches the kernel: `netlink` sends full replaces and
-    /// element-only changes (pods, DNS answers, EgressIP members) in-process, each as
-    /// one nf_tables transaction, and reads the named counters (every 5 s) the same
-    /// way; `nft` runs the nft program for all of it (slower at scale: nft parses the
-    /// script and reads the whole table first). With `netlink`, a table with a rule
-    /// the in-process encoder does not write (DNS snooping, EgressQoS, EgressIP, ACL
-    /// logging) and rule changes go through nft. Default: netlink.
+    /// How the nft table reaches the kernel: `netlink` sends every sync in-process, each
+    /// as one nf_tables transaction (full replaces, chain, rule and set changes, element
+    /// changes: pods, DNS answers, EgressIP members), for every table egressd writes
+    /// (firewall, ACL logging, DNS snooping, EgressQoS, EgressIP), and reads the named
+    /// counters (every 5 s) the same way; a batch the kernel refused is retried through
+    /// nft, whose error is then reported. `nft` runs the nft program for all of it
+    /// (slower at scale: nft parses the script and reads the whole table first). The
+    /// older `--nft-elements` / EGRESSD_NFT_ELEMENTS still work. Default: netlink.
     #[arg(long, alias = "nft-elements", env = "EGRESSD_NFT_TRANSPORT", value_enum)]
     nft_transport: Option<NftElements>,
     /// Older name of --nft-transport's environment variable.
