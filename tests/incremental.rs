@@ -343,7 +343,7 @@ proptest! {
 /// Pods of node n2 get addresses of their own (nodes have disjoint pod ranges): an
 /// address claimed by pods of two nodes is the one case where a node's own pods decide
 /// otherwise than the whole cluster (the node's claim is the one it sees; see
-/// ARCHITECTURE.md, "Pods an agent follows").
+/// docs/design/kubernetes.md, "Pods an agent follows").
 fn own_range(doc: &str) -> String {
     if doc.contains("kind: Pod") && doc.contains("nodeName: n2") {
         doc.replace("198.18.1.", "198.18.2.")

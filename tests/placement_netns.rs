@@ -5,7 +5,7 @@
 //! required.
 //!
 //! `failover_bench` (ignored here; `bench/failover.sh` runs it) measures the failover
-//! time the README and bench/RESULTS.md give.
+//! time docs/egressip.md and bench/RESULTS.md give.
 
 mod netns;
 

@@ -1,6 +1,6 @@
 //! EgressFirewall → nft.
 //!
-//! Layout (see ARCHITECTURE.md, "Packet path"):
+//! Layout (see docs/design/packet-path.md):
 //!
 //! * `firewall` (prerouting, priority filter: after conntrack and DNAT, before the
 //!   routing decision, so it sees both the pods' forwarded traffic and their traffic to

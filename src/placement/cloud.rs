@@ -19,7 +19,7 @@
 //! (`Target node "X" does not exist`).
 //!
 //! A provider for a real cloud (AWS, Azure, GCP) would replace the node part only: see
-//! ARCHITECTURE.md for the plan.
+//! docs/design/kubernetes.md for the plan.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -127,7 +127,7 @@ pub(crate) type Action = (Option<ConfigStatus>, Option<bool>);
 
 /// A CloudPrivateIPConfig controller ("provider"): its decision for one config on a node
 /// (every agent) and on the leader. [`LocalProvider`] (`cloud-local`) hosts IPs on the
-/// nodes' own links; a cloud provider (AWS, Azure, GCP: plan in ARCHITECTURE.md) would
+/// nodes' own links; a cloud provider (AWS, Azure, GCP: plan in docs/design/kubernetes.md) would
 /// do nothing on nodes and call its cloud's API from the leader.
 pub(crate) trait Provider {
     /// On node `me`: `hosted`, the IP is on this node now; `problem`, why this node
