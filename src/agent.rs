@@ -17,7 +17,8 @@ use std::net::IpAddr;
 
 use crate::compile::{Desired, DnsNamesCache, NodeConfig, ObjectStatus, Outcome, dns_slots};
 use crate::dataplane::netlink::Netlink;
-use crate::dataplane::nft_sync::{NftBackend, NftError, NftSyncer, SyncKind};
+use crate::dataplane::nft_run::NftError;
+use crate::dataplane::nft_sync::{NftBackend, NftSyncer, SyncKind};
 use crate::dns::resolver::DnsResolver;
 use crate::dns::worker::{DnsRound, DnsWorker};
 use crate::dns::{DnsAnswers, DnsTracker};

@@ -13,7 +13,8 @@ mod netns;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use egressd::dataplane::nft_sync::{NftCli, NftSyncer, SyncKind};
+use egressd::dataplane::nft_cli::NftCli;
+use egressd::dataplane::nft_sync::{NftSyncer, SyncKind};
 use egressd::nft::{Chain, Hook, KeyType, Set, Slot, Table};
 use netns::Netns;
 use proptest::prelude::*;

@@ -5,7 +5,7 @@
 //!   they touch, and the closing `NEWGEN` message names the process that committed it
 //!   (`NFTA_GEN_PROC_PID`). A transaction that touched egressd's table (family `inet`)
 //!   and was committed by anyone but this agent or an `nft` process it started
-//!   ([`super::nft_sync::is_own`]) — `nft flush ruleset` by a distribution's
+//!   ([`super::nft_run::is_own`]) — `nft flush ruleset` by a distribution's
 //!   nftables.service, an administrator, another agent — is reported, and the agent
 //!   replaces its table in full. Changes to other tables are left alone. A kernel that
 //!   does not name the committing process makes detection impossible; that is logged
@@ -140,7 +140,7 @@ impl Transactions {
 /// compare, else by name (egressd's `nft` runs and threads are named `egressd…`), which
 /// also holds in a container without the host's PID namespace.
 fn is_own(pid: u32, process: &str) -> bool {
-    super::nft_sync::is_own(pid) || super::nft_sync::is_own_name(process)
+    super::nft_run::is_own(pid) || super::nft_run::is_own_name(process)
 }
 
 /// The drift watch's side of a full replace ([`super::nft_sync::QuietReplace`]).

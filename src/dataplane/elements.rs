@@ -456,7 +456,7 @@ impl ElementWriter {
     /// the packets and bytes of its anonymous counters, its verdict (a `GETRULE` dump;
     /// nothing when the table or chain does not exist). `nft -j list chain` read the
     /// whole table first, for every chain asked for.
-    pub(crate) fn rules(&mut self, chain: Option<&str>) -> io::Result<Vec<super::rule_counters::RuleRead>> {
+    pub(crate) fn rules(&mut self, chain: Option<&str>) -> io::Result<Vec<RuleRead>> {
         let mut attributes = vec![RuleAttribute::Table(self.table.clone())];
         attributes.extend(chain.map(|c| RuleAttribute::Chain(c.to_string())));
         let msg = NfTablesMessage::GetRule(RuleMessage { attributes });
@@ -623,13 +623,34 @@ fn counter_read(attrs: &[DefaultNla]) -> Option<(String, u64)> {
 }
 
 /// A rule as [`ElementWriter::rules`] reports it.
-fn rule_read(m: RuleMessage) -> super::rule_counters::RuleRead {
+/// One rule as read back, before rules are matched to policy rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RuleRead {
+    /// Its chain.
+    pub(crate) chain: String,
+    /// Its comment.
+    pub(crate) comment: Option<String>,
+    /// Its anonymous counters, summed (a named counter reference is not one).
+    pub(crate) packets: u64,
+    /// Bytes of the same.
+    pub(crate) bytes: u64,
+    /// `accept`, `drop`, `return`, else `continue`.
+    pub(crate) verdict: &'static str,
+}
+
+impl Default for RuleRead {
+    fn default() -> Self {
+        Self { chain: String::new(), comment: None, packets: 0, bytes: 0, verdict: "continue" }
+    }
+}
+
+fn rule_read(m: RuleMessage) -> RuleRead {
     const NFTA_COUNTER_BYTES: u16 = 1;
     const NFTA_COUNTER_PACKETS: u16 = 2;
     /// `NFTNL_UDATA_RULE_COMMENT`: the comment in the rule's user data (type, length,
     /// value records).
     const COMMENT: u8 = 0;
-    let mut rule = super::rule_counters::RuleRead::default();
+    let mut rule = RuleRead::default();
     for attribute in m.attributes {
         match attribute {
             RuleAttribute::Chain(chain) => rule.chain = chain,

@@ -1,7 +1,9 @@
 //! Drivers that make the kernel match the desired state.
 //!
 //! * [`nft_sync`]: the nftables driver — one owned table, changed only in atomic
-//!   transactions, deltas in steady state.
+//!   transactions, deltas in steady state — over an [`nft_sync::NftBackend`];
+//!   [`nft_cli`]: the agent's backend (netlink, else the `nft` program);
+//!   [`nft_run`]: the `nft` program's runs (bounded, named, told apart from drift).
 //! * [`netlink`]: egress addresses, policy-routing rules and routes (EgressIP).
 //! * [`announce`]: gratuitous ARP / unsolicited neighbour advertisements.
 //! * [`conntrack`]: forgetting the connections of an egress IP that left the node.
@@ -23,6 +25,8 @@ pub(crate) mod drift;
 pub mod elements;
 pub mod netlink;
 pub mod nflog;
+pub mod nft_cli;
+pub mod nft_run;
 pub mod nft_sync;
 pub(crate) mod route_events;
 pub mod rule_counters;

@@ -1,15 +1,14 @@
-//! The nftables driver.
+//! The nftables driver: [`NftSyncer`] keeps the kernel's table equal to the desired one
+//! through an [`NftBackend`].
 //!
-//! Backends: the `nft` program fed a script on stdin (`nft -f -`), nft's own error text
-//! captured and returned; and, for changes that are set and map elements only (the
-//! steady state: pods, DNS answers, EgressIP members), in-process nf_tables netlink
-//! ([`crate::dataplane::elements`]). Measured on the project's machines
-//! (`bench/RESULTS.md` and `bench/`): a small delta through `nft` costs ~5–7 ms of
-//! process start plus nft reading the whole table into its cache before each
-//! transaction (tens of ms at 100k rules); the netlink path costs the kernel's commit
-//! only. Text is what `egressd render` shows, so a full replace applies exactly the
-//! script rendered; `--nft-elements nft` sends every change through `nft` (the
-//! fallback, and what the tests compare the netlink path with).
+//! The agent's backend is [`super::nft_cli::NftCli`]: every transaction over in-process
+//! nf_tables netlink ([`crate::dataplane::elements`]), the `nft` program
+//! ([`super::nft_run`]) for what the kernel refuses there and with `--nft-transport nft`.
+//! Measured on the project's machines (`bench/RESULTS.md` and `bench/`): a small delta
+//! through `nft` costs ~5–7 ms of process start plus nft reading the whole table into
+//! its cache before each transaction (tens of ms at 100k rules); the netlink path costs
+//! the kernel's commit only. Text is what `egressd render` shows and what the `nft`
+//! fallback applies; the tests compare the netlink path with it.
 //!
 //! Guarantees of [`NftSyncer::sync`]:
 //! * The first sync (and any sync after a failure) replaces the whole table in one
@@ -21,51 +20,13 @@
 //!
 //! Assumptions: nothing but egressd changes its table; when something does, the drift
 //! watch ([`crate::dataplane::drift`]) has the agent call [`NftSyncer::force_full`].
-//! Every `nft` run is bounded by [`NFT_TIMEOUT`]. Caveat: a full replace resets
+//! Every `nft` run is bounded by [`super::nft_run::NFT_TIMEOUT`]. Caveat: a full replace resets
 //! the rule counters.
 
-use std::collections::VecDeque;
-use std::io::Write;
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::sync::Mutex;
-use std::time::Duration;
-
 use super::elements::Element;
+use super::nft_run::NftError;
 use crate::nft::delta::ElementDelta;
 use crate::nft::{Comparison, Table, diff};
-
-/// An nft failure, with nft's own message.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum NftError {
-    /// nft could not be started.
-    #[error("cannot run {program}: {message}")]
-    Spawn {
-        /// The program.
-        program: String,
-        /// The OS error.
-        message: String,
-    },
-    /// nft rejected the script.
-    #[error("nft rejected the transaction: {message}")]
-    Rejected {
-        /// nft's stderr.
-        message: String,
-    },
-    /// nft did not finish in time and was killed.
-    #[error("nft did not finish within {seconds} s; killed")]
-    Timeout {
-        /// The limit.
-        seconds: u64,
-    },
-    /// The kernel refused an element transaction sent over netlink (or the socket
-    /// failed).
-    #[error("nf_tables netlink transaction failed: {message}")]
-    Netlink {
-        /// The OS error.
-        message: String,
-    },
-}
 
 /// How a transaction reached the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,7 +83,7 @@ pub trait NftBackend: Send {
 /// A full replace through `backend`'s scripts: [`Table::replace_script`], then the
 /// `kept` elements as a second transaction (the default of [`NftBackend::replace`] and
 /// the `nft` fallback of the netlink one).
-fn replace_by_script<B: NftBackend + ?Sized>(
+pub(super) fn replace_by_script<B: NftBackend + ?Sized>(
     backend: &mut B,
     table: &Table,
     kept: &[Element],
@@ -133,295 +94,6 @@ fn replace_by_script<B: NftBackend + ?Sized>(
         backend.apply_elements(&table.name, &delta)?;
     }
     Ok(Transport::Nft)
-}
-
-/// Runs the `nft` program; sends element-only changes over netlink unless told not to.
-pub struct NftCli {
-    program: PathBuf,
-    /// Element changes over netlink (`true`) or through `nft`.
-    netlink_elements: bool,
-    /// The netlink socket for element changes, opened on first use, for this table.
-    writer: Option<(String, super::elements::ElementWriter)>,
-}
-
-impl std::fmt::Debug for NftCli {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NftCli")
-            .field("program", &self.program)
-            .field("netlink_elements", &self.netlink_elements)
-            .finish_non_exhaustive()
-    }
-}
-
-/// The name egressd's `nft` runs have in the kernel (their `comm`, which nf_tables
-/// reports with each transaction): they are started through a symlink of this name.
-pub(crate) const NFT_ALIAS: &str = "egressd-nft";
-
-impl NftCli {
-    /// Use `program` (usually `nft`).
-    pub fn new(program: impl Into<PathBuf>) -> Self {
-        Self { program: program.into(), netlink_elements: true, writer: None }
-    }
-
-    /// Send element-only changes, and read the named counters, over netlink (`true`, the
-    /// default) or through `nft`.
-    pub fn with_netlink_elements(mut self, on: bool) -> Self {
-        self.netlink_elements = on;
-        self
-    }
-
-    /// The netlink socket for `table`, opened on first use (again after an error).
-    fn writer(&mut self, table: &str) -> std::io::Result<&mut super::elements::ElementWriter> {
-        if self.writer.as_ref().is_none_or(|(t, _)| t != table) {
-            self.writer = None;
-            self.writer = Some((table.to_string(), super::elements::ElementWriter::open(table)?));
-        }
-        match self.writer.as_mut() {
-            Some((_, writer)) => Ok(writer),
-            None => Err(std::io::Error::other("no netlink socket")),
-        }
-    }
-
-    /// Try `send` (a `what` of table `table`) over netlink, when netlink is on: whether it
-    /// applied. What the netlink path does not write is logged at debug level, a
-    /// refusal as a warning (and the socket is opened afresh next time); either way the
-    /// caller then goes through `nft`.
-    fn over_netlink(
-        &mut self,
-        table: &str,
-        what: &str,
-        send: impl FnOnce(&mut super::elements::ElementWriter) -> std::io::Result<()>,
-    ) -> bool {
-        if !self.netlink_elements {
-            return false;
-        }
-        match self.writer(table).and_then(send) {
-            Ok(()) => true,
-            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
-                // Every rule egressd compiles is in the netlink path's vocabulary
-                // (`nft/wire.rs`): a rule outside it is a defect worth seeing.
-                tracing::warn!(reason = %e, "{what} through nft: the netlink path does not write this table");
-                false
-            }
-            Err(e) => {
-                self.writer = None;
-                tracing::warn!(error = %e, "the kernel refused the {what} over netlink; sending it through nft");
-                false
-            }
-        }
-    }
-
-    /// Run `program` through a symlink named [`NFT_ALIAS`] in `dir`, so the kernel names
-    /// egressd's transactions after it even where PIDs cannot be compared (a container
-    /// without the host's PID namespace). Without a usable directory, `program` is run
-    /// as it is (own transactions are then told apart by PID only).
-    pub fn with_alias_in(self, dir: &std::path::Path) -> Self {
-        let Some(target) = find_program(&self.program) else { return self };
-        let alias = dir.join(NFT_ALIAS);
-        let made =
-            std::fs::DirBuilder::new().recursive(true).create(dir).and_then(|()| match std::fs::remove_file(&alias) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-                _ => std::os::unix::fs::symlink(&target, &alias),
-            });
-        match made {
-            Ok(()) => Self { program: alias, ..self },
-            Err(e) => {
-                tracing::warn!(alias = %alias.display(), error = %e, "nft runs under its own name; drift is told apart by PID only");
-                self
-            }
-        }
-    }
-
-    /// `nft --version`, to check nft is usable.
-    pub fn version(&self) -> Result<String, NftError> {
-        let out = Command::new(&self.program)
-            .arg("--version")
-            .output()
-            .map_err(|e| NftError::Spawn { program: self.program.display().to_string(), message: e.to_string() })?;
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-    }
-}
-
-/// How long one `nft` run may take before it is killed (and the sync reported failed).
-pub(crate) const NFT_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The PIDs of the `nft` processes this agent started (the most recent ones): their
-/// commits are egressd's own, not drift (see [`crate::dataplane::drift`]).
-static OWN_NFT: Mutex<VecDeque<u32>> = Mutex::new(VecDeque::new());
-
-fn record_own(pid: u32) {
-    if let Ok(mut own) = OWN_NFT.lock() {
-        if own.len() >= 64 {
-            own.pop_front();
-        }
-        own.push_back(pid);
-    }
-}
-
-/// `program` as an absolute path (searched in `PATH` when it has no `/`).
-fn find_program(program: &std::path::Path) -> Option<PathBuf> {
-    if program.is_absolute() {
-        return Some(program.to_path_buf());
-    }
-    if program.components().count() > 1 {
-        return std::fs::canonicalize(program).ok();
-    }
-    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| std::path::Path::new(d).join(program)).find(|p| p.is_file())
-}
-
-/// Whether the kernel's name for a committer (`comm`, at most 15 bytes) is one of
-/// egressd's: its `nft` runs ([`NFT_ALIAS`]), the agent and its threads (`egressd…`).
-pub(crate) fn is_own_name(name: &str) -> bool {
-    name.starts_with("egressd")
-}
-
-/// Whether `pid` — as the kernel names the committer of an nf_tables transaction: the
-/// task, so a thread's id — is this agent (any of its threads: the DNS snooping listener
-/// writes elements from its own) or an `nft` process it started.
-pub(crate) fn is_own(pid: u32) -> bool {
-    pid == std::process::id()
-        || std::path::Path::new(&format!("/proc/self/task/{pid}")).exists()
-        || OWN_NFT.lock().is_ok_and(|own| own.contains(&pid))
-}
-
-impl NftBackend for NftCli {
-    /// Over netlink (the counter objects only), unless element changes go through
-    /// `nft`: then `nft -j list counters table inet <table>`, a read, no transaction
-    /// (its output, nine counters, fits the pipe, so it is read after the exit), but
-    /// `nft` reads the whole table first (0.3 s of CPU at 100k rules, every 5 s).
-    fn counters(&mut self, table: &str) -> Result<Vec<(String, u64)>, NftError> {
-        if self.netlink_elements {
-            let netlink_err = |e: std::io::Error| NftError::Netlink { message: e.to_string() };
-            let writer = self.writer(table).map_err(netlink_err)?;
-            let read = writer.counters().map_err(netlink_err);
-            if read.is_err() {
-                self.writer = None;
-            }
-            return read;
-        }
-        let spawn_err =
-            |e: std::io::Error| NftError::Spawn { program: self.program.display().to_string(), message: e.to_string() };
-        let mut child = Command::new(&self.program)
-            .args(["-j", "list", "counters", "table", crate::nft::FAMILY, table])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(spawn_err)?;
-        let status = wait_within_timeout(&mut child).map_err(spawn_err)?;
-        let mut stdout = Vec::new();
-        if let Some(mut o) = child.stdout.take() {
-            std::io::Read::read_to_end(&mut o, &mut stdout).map_err(spawn_err)?;
-        }
-        match status {
-            Some(s) if s.success() => Ok(parse_counters(&stdout)),
-            Some(_) => Err(NftError::Rejected { message: stderr_of(&mut child) }),
-            None => Err(NftError::Timeout { seconds: NFT_TIMEOUT.as_secs() }),
-        }
-    }
-
-    fn rule_counters(&mut self, table: &str, chain: &str) -> Result<Vec<super::rule_counters::RuleCounter>, NftError> {
-        super::rule_counters::read(&self.program, table, Some(chain))
-    }
-
-    /// Over netlink (one batch, the send buffer raised to hold it), unless element
-    /// changes go through `nft`.
-    fn apply_elements(&mut self, table: &str, delta: &ElementDelta) -> Result<(), NftError> {
-        if !self.netlink_elements {
-            return self.apply(&delta.script(table));
-        }
-        let netlink_err = |e: std::io::Error| NftError::Netlink { message: e.to_string() };
-        let applied = self.writer(table).map_err(netlink_err)?.apply(delta).map_err(netlink_err);
-        if applied.is_err() {
-            // A fresh socket next time: replies of a timed-out batch may still come.
-            self.writer = None;
-        }
-        applied
-    }
-
-    /// Over netlink, as one batch built from the table's typed model
-    /// ([`crate::nft::wire`]), unless element changes go through `nft` too; through
-    /// `nft` when the table has a rule or set the netlink path does not write, or when
-    /// the kernel refused the batch (then `nft` gets the same table and reports its own
-    /// error if it fails too).
-    fn replace(&mut self, table: &Table, kept: &[Element]) -> Result<Transport, NftError> {
-        if self.over_netlink(&table.name, "full replace", |w| w.replace(table, kept)) {
-            return Ok(Transport::Netlink);
-        }
-        replace_by_script(self, table, kept)
-    }
-
-    /// Over netlink as [`Self::replace`], with the same fallback to `nft`.
-    fn apply_changes(&mut self, c: &Comparison<'_>) -> Result<(), NftError> {
-        if self.over_netlink(&c.new.name, "change", |w| w.apply_changes(c)) {
-            return Ok(());
-        }
-        match diff(c.old, c.new) {
-            Some(script) => self.apply(&script),
-            None => Ok(()),
-        }
-    }
-
-    fn apply(&mut self, script: &str) -> Result<(), NftError> {
-        let spawn_err =
-            |e: std::io::Error| NftError::Spawn { program: self.program.display().to_string(), message: e.to_string() };
-        let mut child = Command::new(&self.program)
-            .args(["-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(spawn_err)?;
-        record_own(child.id());
-        if let Some(mut stdin) = child.stdin.take() {
-            stdin.write_all(script.as_bytes()).map_err(spawn_err)?;
-        }
-        match wait_within_timeout(&mut child).map_err(spawn_err)? {
-            Some(status) if status.success() => Ok(()),
-            Some(_) => Err(NftError::Rejected { message: stderr_of(&mut child) }),
-            None => Err(NftError::Timeout { seconds: NFT_TIMEOUT.as_secs() }),
-        }
-    }
-}
-
-/// Wait for `child` at most [`NFT_TIMEOUT`]; past it, kill it and return `None`.
-pub(super) fn wait_within_timeout(
-    child: &mut std::process::Child,
-) -> std::io::Result<Option<std::process::ExitStatus>> {
-    let deadline = std::time::Instant::now() + NFT_TIMEOUT;
-    loop {
-        match child.try_wait()? {
-            Some(status) => return Ok(Some(status)),
-            None if std::time::Instant::now() >= deadline => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Ok(None);
-            }
-            None => std::thread::sleep(Duration::from_millis(2)),
-        }
-    }
-}
-
-/// What a finished `child` wrote to its piped stderr, trimmed.
-pub(super) fn stderr_of(child: &mut std::process::Child) -> String {
-    let mut stderr = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
-    }
-    stderr.trim().to_string()
-}
-
-/// (name, packets) of the counters in `nft -j list counters` output.
-fn parse_counters(json: &[u8]) -> Vec<(String, u64)> {
-    let Ok(value) = serde_json::from_slice::<serde_json::Value>(json) else { return Vec::new() };
-    let Some(items) = value.get("nftables").and_then(|v| v.as_array()) else { return Vec::new() };
-    items
-        .iter()
-        .filter_map(|item| {
-            let c = item.get("counter")?;
-            Some((c.get("name")?.as_str()?.to_string(), c.get("packets")?.as_u64()?))
-        })
-        .collect()
 }
 
 /// Records scripts instead of applying them (unit tests). Fails the next
@@ -692,28 +364,10 @@ fn stamp(table: &mut std::sync::Arc<Table>, value: Option<u32>) {
 }
 
 #[cfg(test)]
-mod alias_tests {
-    use super::*;
-
-    #[test]
-    fn nft_runs_through_an_alias_named_after_egressd() {
-        let dir = tempfile::tempdir().unwrap();
-        let cli = NftCli::new("/bin/true").with_alias_in(&dir.path().join("state"));
-        assert_eq!(cli.program, dir.path().join("state").join(NFT_ALIAS));
-        assert_eq!(std::fs::read_link(&cli.program).unwrap(), std::path::Path::new("/bin/true"));
-        // Again (a restart): the old link is replaced.
-        let again = NftCli::new("/bin/true").with_alias_in(&dir.path().join("state"));
-        assert_eq!(again.program, cli.program);
-        // A program that cannot be found is run as given.
-        let missing = NftCli::new("no-such-nft-program").with_alias_in(dir.path());
-        assert_eq!(missing.program, std::path::Path::new("no-such-nft-program"));
-    }
-}
-
-#[cfg(test)]
 mod tests {
     use super::*;
     use crate::nft::{Chain, KeyType, Set};
+    use std::time::Duration;
 
     fn table(n: usize) -> Table {
         let mut t = Table::new("egressd");
@@ -901,17 +555,5 @@ mod tests {
         assert_eq!(err.to_string(), "nft rejected the transaction: Error: injected failure");
         assert!(s.applied().is_none());
         assert_eq!(s.sync(table(1)).unwrap(), SyncKind::Full);
-    }
-
-    #[test]
-    fn counters_are_read_from_nfts_json() {
-        let json = br#"{"nftables": [{"metainfo": {"version": "1.0.6", "json_schema_version": 1}},
-            {"counter": {"family": "inet", "name": "snoop-over-query", "table": "egressd", "handle": 3, "packets": 17, "bytes": 1200}},
-            {"counter": {"family": "inet", "name": "snoop-over-answer", "table": "egressd", "handle": 4, "packets": 0, "bytes": 0}}]}"#;
-        assert_eq!(
-            parse_counters(json),
-            vec![("snoop-over-query".to_string(), 17), ("snoop-over-answer".to_string(), 0)]
-        );
-        assert!(parse_counters(b"not json").is_empty());
     }
 }

@@ -14,7 +14,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use super::nft_sync::NftError;
+use super::elements::RuleRead;
+use super::nft_run::NftError;
 
 /// One rule's counter.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -31,27 +32,6 @@ pub struct RuleCounter {
     pub packets: u64,
     /// Bytes counted.
     pub bytes: u64,
-}
-
-/// One rule as read back, before rules are matched to policy rules.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct RuleRead {
-    /// Its chain.
-    pub(crate) chain: String,
-    /// Its comment.
-    pub(crate) comment: Option<String>,
-    /// Its anonymous counters, summed (a named counter reference is not one).
-    pub(crate) packets: u64,
-    /// Bytes of the same.
-    pub(crate) bytes: u64,
-    /// `accept`, `drop`, `return`, else `continue`.
-    pub(crate) verdict: &'static str,
-}
-
-impl Default for RuleRead {
-    fn default() -> Self {
-        Self { chain: String::new(), comment: None, packets: 0, bytes: 0, verdict: "continue" }
-    }
 }
 
 /// The rule counters in `nft -j list chain|table` output, by (chain, index), summed over
@@ -129,7 +109,7 @@ pub fn render(table: &str, counters: &[RuleCounter]) -> String {
 
 /// The rule counters of `chain` of egressd's table, or of the whole table (`None`).
 /// A chain that does not exist has none. Read over netlink; should that fail, with `nft`
-/// (bounded like every `nft` run, [`super::nft_sync::NFT_TIMEOUT`]).
+/// (bounded like every `nft` run, [`super::nft_run::NFT_TIMEOUT`]).
 pub fn read(nft: &Path, table: &str, chain: Option<&str>) -> Result<Vec<RuleCounter>, NftError> {
     match super::elements::ElementWriter::open(table).and_then(|mut w| w.rules(chain)) {
         Ok(rules) => return Ok(by_policy_rule(rules)),
@@ -140,7 +120,7 @@ pub fn read(nft: &Path, table: &str, chain: Option<&str>) -> Result<Vec<RuleCoun
 
 /// [`read`] with `nft -j list chain|table`, which reads the whole table first.
 pub fn read_with_nft(nft: &Path, table: &str, chain: Option<&str>) -> Result<Vec<RuleCounter>, NftError> {
-    use super::nft_sync::{NFT_TIMEOUT, stderr_of, wait_within_timeout};
+    use super::nft_run::{NFT_TIMEOUT, stderr_of, wait_within_timeout};
     let mut args = vec!["-j", "list"];
     match chain {
         Some(c) => args.extend(["chain", crate::nft::FAMILY, table, c]),
