@@ -29,6 +29,7 @@ pub mod nft_cli;
 pub mod nft_run;
 pub mod nft_sync;
 pub(crate) mod route_events;
+pub(crate) mod route_msg;
 pub mod rule_counters;
 pub(crate) mod tunnel;
 pub mod verified;

@@ -78,7 +78,7 @@ pub(crate) fn touches(msg: &[u8], own_port: Option<u32>, settings: &EgressSettin
             Touches { links: !own, owned: own && foreign }
         }
         RouteNetlinkMessage::NewRoute(r) | RouteNetlinkMessage::DelRoute(r) => {
-            let table = super::netlink::route_table(&r);
+            let table = super::route_msg::route_table(&r);
             Touches {
                 links: table == u32::from(RouteHeader::RT_TABLE_MAIN) && r.header.destination_prefix_length == 0,
                 owned: settings.owns_table(table) && foreign,

@@ -29,7 +29,7 @@ use netlink_packet_route::neighbour::{NeighbourAddress, NeighbourAttribute, Neig
 use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope};
 use rtnetlink::{Handle, IpVersion, LinkUnspec, LinkVxlan, RouteMessageBuilder};
 
-use super::netlink::{NetError, err};
+use super::route_msg::{NetError, encap, err, next_hops};
 use crate::net::{EgressSettings, REPLY_KEY, TUNNEL_DEVICE, TunnelDesired};
 
 /// The device's IPv4 address (see the module's documentation).
@@ -276,7 +276,7 @@ fn return_route(table: u32, protocol: u8, index: u32, peer: IpAddr, local: &[Opt
     }
     msg.attributes.push(RouteAttribute::Table(table));
     msg.attributes.push(RouteAttribute::Oif(index));
-    msg.attributes.extend(super::netlink::encap(REPLY_KEY, peer, local));
+    msg.attributes.extend(encap(REPLY_KEY, peer, local));
     msg
 }
 
@@ -312,7 +312,7 @@ async fn sync_return_routes(
         }
     }
     let stale = current.iter().filter(|(dst, msg)| {
-        let right = super::netlink::next_hops(msg, Some(index)).is_empty()
+        let right = next_hops(msg, Some(index)).is_empty()
             && msg.attributes.iter().any(|a| matches!(a, RouteAttribute::Oif(i) if *i == index));
         !wanted.contains(*dst) || !right
     });
