@@ -344,7 +344,7 @@ mod tests {
             ip: "198.19.0.100".parse().unwrap(),
             reassign: true,
         };
-        let e = super::super::ec2::parse_error(
+        let e = super::super::http::parse_error(
             400,
             "<Response><Errors><Error><Code>PrivateIpAddressLimitExceeded</Code><Message>Number of private addresses will exceed limit.</Message></Error></Errors></Response>",
         );

@@ -16,7 +16,7 @@ use http_body_util::Full;
 use serde::Deserialize;
 use tokio::sync::Mutex;
 
-use super::ec2::{Ec2Error, HttpClient, http_client, send};
+use super::http::{Ec2Error, HttpClient, http_client, send};
 
 /// Renewed this long before they expire.
 const RENEW_BEFORE: Duration = Duration::from_secs(300);
@@ -134,7 +134,7 @@ impl CredentialChain {
                 let req = request("POST", sts, &[("content-type", "application/x-www-form-urlencoded")], body)?;
                 let (status, text) = send(&self.http, req).await?;
                 if !(200..300).contains(&status) {
-                    return Err(super::ec2::parse_error(status, &text));
+                    return Err(super::http::parse_error(status, &text));
                 }
                 web_identity_credentials(&text)
             }

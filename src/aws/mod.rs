@@ -13,6 +13,7 @@
 pub mod controller;
 pub mod credentials;
 pub mod ec2;
+pub(crate) mod http;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
