@@ -10,14 +10,14 @@
 //! not desired, adds what is missing and replaces routes whose next hops differ; correct
 //! entries are never touched, so a restart causes no flap.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use futures::TryStreamExt;
 use ipnet::IpNet;
 use netlink_packet_route::AddressFamily;
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage, AddressProtocol};
-use netlink_packet_route::link::{LinkAttribute, LinkFlags};
+use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteMessage, RouteNextHop, RouteNextHopFlags,
     RouteProtocol, RouteScope,
@@ -27,18 +27,8 @@ use rtnetlink::{Handle, IpVersion, RouteMessageBuilder};
 
 pub use super::route_msg::NetError;
 use super::route_msg::{encap, err, next_hops, route_table};
+use crate::net::plan::{NetState, Step, between, host_prefix};
 use crate::net::{EgressSettings, HostLink, HostLinks, MarkRule, NetDesired, NextHop, TUNNEL_DEVICE};
-
-/// The owned state found in the kernel.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct NetState {
-    /// Owned addresses → (link index, prefix length).
-    pub addresses: BTreeMap<IpAddr, (u32, u8)>,
-    /// Owned default routes: (table, IPv6) → next hops.
-    pub routes: BTreeMap<(u32, bool), Vec<NextHop>>,
-    /// Owned rules.
-    pub rules: BTreeSet<MarkRule>,
-}
 
 /// What a sync changed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -416,98 +406,10 @@ impl Netlink {
         let mut tunnel = super::tunnel::device(&self.handle).await?;
         let current = self.owned(tunnel.as_ref().map(|d| d.header.index)).await?;
         let mut changes = NetChanges::default();
-        let tunnel_wanted = desired.tunnel.is_some();
-
-        // Rules first out, routes next, addresses last; additions in the reverse order.
-        for rule in current.rules.difference(&desired.rules) {
-            self.handle.rule().del(rule_message(rule)).execute().await.map_err(err(format!("removing {rule:?}")))?;
-            changes.routing += 1;
-        }
-        for key in current.routes.keys() {
-            if !desired.routes.contains_key(key) {
-                // By table, family and protocol only: the kernel matches any next hop
-                // given (an encap to the letter), and egressd's table has one default route.
-                let msg = route_message(key.0, key.1, &[], self.settings.route_protocol, TunnelEnd::default());
-                self.handle
-                    .route()
-                    .del(msg)
-                    .execute()
-                    .await
-                    .map_err(err(format!("removing route in table {}", key.0)))?;
-                changes.routing += 1;
-            }
-        }
-        for (ip, (link, prefix)) in &current.addresses {
-            let wanted = desired.addresses.get(ip).map(|(l, _)| *l);
-            if wanted != Some(*link) || *prefix != host_prefix(*ip) {
-                let msg = address_message(*ip, *link, *prefix, self.settings.address_protocol);
-                self.handle.address().del(msg).execute().await.map_err(err(format!("removing address {ip}")))?;
-                changes.removed.push(*ip);
-            }
-        }
-        for (ip, (link, name)) in &desired.addresses {
-            if current.addresses.get(ip) == Some(&(*link, host_prefix(*ip))) {
-                continue;
-            }
-            if !self.settings.dad_wait.is_zero()
-                && let Some(who) = probe(*ip, *link, name, self.settings.dad_wait).await
-            {
-                tracing::warn!(%ip, %who, "another host answers for the egress IP; not taking it");
-                if let Ok(mut c) = self.conflicts.lock() {
-                    let link = (*link, name.clone());
-                    c.insert(*ip, Conflict { who, link, probed: std::time::Instant::now() });
-                }
-                changes.conflicts.push(*ip);
-                continue;
-            }
-            let mut req = self.handle.address().add(*link, *ip, host_prefix(*ip));
-            let msg = req.message_mut();
-            msg.attributes.push(AddressAttribute::Protocol(AddressProtocol::from(self.settings.address_protocol)));
-            if ip.is_ipv6() {
-                msg.attributes.push(AddressAttribute::Flags(AddressFlags::Nodad));
-            }
-            req.execute().await.map_err(err(format!("adding address {ip} to {name}")))?;
-            changes.added.push((*ip, *link, name.clone()));
-        }
-        // The tunnel device (and its neighbours and return routes) before the routes
-        // through it; removed once nothing routes through it.
-        let (tunnel_changes, index) = if tunnel_wanted {
-            super::tunnel::sync(&self.handle, &self.settings, tunnel.take(), desired.tunnel.as_ref()).await?
-        } else {
-            (0, 0)
-        };
-        changes.routing += tunnel_changes;
-        let local = desired.tunnel.as_ref().map(|t| t.local).unwrap_or_default();
-        for (key, hops) in &desired.routes {
-            if current.routes.get(key) == Some(hops) {
-                continue;
-            }
-            let msg = route_message(key.0, key.1, hops, self.settings.route_protocol, TunnelEnd { index, local });
-            self.handle
-                .route()
-                .add(msg)
-                .replace()
-                .execute()
-                .await
-                .map_err(err(format!("setting the route of table {}", key.0)))?;
-            changes.routing += 1;
-        }
-        for rule in desired.rules.difference(&current.rules) {
-            let mut req = self.handle.rule().add().fw_mark(rule.mark).table_id(rule.table).priority(rule.priority);
-            req.message_mut().attributes.push(RuleAttribute::FwMask(rule.mask));
-            req.message_mut()
-                .attributes
-                .push(RuleAttribute::Protocol(RouteProtocol::from(self.settings.route_protocol)));
-            let result = if rule.v6 {
-                req.v6().action(RuleAction::ToTable).execute().await
-            } else {
-                req.v4().action(RuleAction::ToTable).execute().await
-            };
-            result.map_err(err(format!("adding {rule:?}")))?;
-            changes.routing += 1;
-        }
-        if !tunnel_wanted {
-            changes.routing += super::tunnel::sync(&self.handle, &self.settings, tunnel.take(), None).await?.0;
+        // Through the tunnel device (its index) from this node's addresses, once synced.
+        let mut through = TunnelEnd::default();
+        for step in between(&current, desired) {
+            self.take(step, desired, &mut tunnel, &mut through, &mut changes).await?;
         }
         if changes.conflicts.is_empty()
             && let Ok(mut s) = self.synced.lock()
@@ -517,15 +419,105 @@ impl Netlink {
         Ok(changes)
     }
 
+    /// Take one step of [`between`]'s plan, counting what it changed in `changes`.
+    async fn take(
+        &self,
+        step: Step,
+        desired: &NetDesired,
+        tunnel: &mut Option<LinkMessage>,
+        through: &mut TunnelEnd,
+        changes: &mut NetChanges,
+    ) -> Result<(), NetError> {
+        match step {
+            Step::RemoveRule(rule) => {
+                self.handle
+                    .rule()
+                    .del(rule_message(&rule))
+                    .execute()
+                    .await
+                    .map_err(err(format!("removing {rule:?}")))?;
+                changes.routing += 1;
+            }
+            Step::RemoveRoute(table, v6) => {
+                // By table, family and protocol only: the kernel matches any next hop
+                // given (an encap to the letter), and egressd's table has one default route.
+                let msg = route_message(table, v6, &[], self.settings.route_protocol, TunnelEnd::default());
+                self.handle
+                    .route()
+                    .del(msg)
+                    .execute()
+                    .await
+                    .map_err(err(format!("removing route in table {table}")))?;
+                changes.routing += 1;
+            }
+            Step::RemoveAddress(ip, link, prefix) => {
+                let msg = address_message(ip, link, prefix, self.settings.address_protocol);
+                self.handle.address().del(msg).execute().await.map_err(err(format!("removing address {ip}")))?;
+                changes.removed.push(ip);
+            }
+            Step::AddAddress(ip, link, name) => {
+                if !self.settings.dad_wait.is_zero()
+                    && let Some(who) = probe(ip, link, &name, self.settings.dad_wait).await
+                {
+                    tracing::warn!(%ip, %who, "another host answers for the egress IP; not taking it");
+                    if let Ok(mut c) = self.conflicts.lock() {
+                        c.insert(ip, Conflict { who, link: (link, name), probed: std::time::Instant::now() });
+                    }
+                    changes.conflicts.push(ip);
+                    return Ok(());
+                }
+                let mut req = self.handle.address().add(link, ip, host_prefix(ip));
+                let msg = req.message_mut();
+                msg.attributes.push(AddressAttribute::Protocol(AddressProtocol::from(self.settings.address_protocol)));
+                if ip.is_ipv6() {
+                    msg.attributes.push(AddressAttribute::Flags(AddressFlags::Nodad));
+                }
+                req.execute().await.map_err(err(format!("adding address {ip} to {name}")))?;
+                changes.added.push((ip, link, name));
+            }
+            Step::Tunnel => {
+                // The device (and its neighbours and return routes) before the routes
+                // through it; removed once nothing routes through it.
+                let (n, index) =
+                    super::tunnel::sync(&self.handle, &self.settings, tunnel.take(), desired.tunnel.as_ref()).await?;
+                changes.routing += n;
+                let local = desired.tunnel.as_ref().map(|t| t.local).unwrap_or_default();
+                *through = TunnelEnd { index, local };
+            }
+            Step::SetRoute(table, v6, hops) => {
+                let msg = route_message(table, v6, &hops, self.settings.route_protocol, *through);
+                self.handle
+                    .route()
+                    .add(msg)
+                    .replace()
+                    .execute()
+                    .await
+                    .map_err(err(format!("setting the route of table {table}")))?;
+                changes.routing += 1;
+            }
+            Step::AddRule(rule) => {
+                let mut req = self.handle.rule().add().fw_mark(rule.mark).table_id(rule.table).priority(rule.priority);
+                req.message_mut().attributes.push(RuleAttribute::FwMask(rule.mask));
+                req.message_mut()
+                    .attributes
+                    .push(RuleAttribute::Protocol(RouteProtocol::from(self.settings.route_protocol)));
+                let result = if rule.v6 {
+                    req.v6().action(RuleAction::ToTable).execute().await
+                } else {
+                    req.v4().action(RuleAction::ToTable).execute().await
+                };
+                result.map_err(err(format!("adding {rule:?}")))?;
+                changes.routing += 1;
+            }
+        }
+        Ok(())
+    }
+
     /// Remove everything egressd owns; returns how many entries were removed.
     pub async fn cleanup(&self) -> Result<usize, NetError> {
         let changes = self.sync(&NetDesired::default()).await?;
         Ok(changes.removed.len() + changes.routing)
     }
-}
-
-fn host_prefix(ip: IpAddr) -> u8 {
-    if ip.is_ipv4() { 32 } else { 128 }
 }
 
 fn address_of(msg: &AddressMessage) -> Option<IpAddr> {

@@ -2,7 +2,9 @@
 //! policy-routing rules, routes in its own tables — and of the links it reads: the twin
 //! of [`crate::nft`]. The compile step produces a [`NetDesired`] from the view and the
 //! [`HostLinks`]; the netlink driver ([`crate::dataplane::netlink`]) reads the links and
-//! makes the kernel match. Neither knows the other.
+//! makes the kernel match, taking the steps of [`plan::between`]. Neither knows the other.
+
+pub(crate) mod plan;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
