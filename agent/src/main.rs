@@ -398,7 +398,8 @@ impl EgressArgs {
                 Mode::Cloud => egressd::net::EgressIpMode::Cloud,
                 Mode::CloudLocal => egressd::net::EgressIpMode::CloudLocal,
             },
-            address_tags: egressd::net::kernel_release().is_none_or(|r| egressd::net::kernel_tags_addresses(&r)),
+            address_tags: egressd::telemetry::prereq::kernel_release()
+                .is_none_or(|r| egressd::net::kernel_tags_addresses(&r)),
             transport: match self.egress_ip_transport {
                 TransportArg::Auto => egressd::net::Transport::Auto,
                 TransportArg::Direct => egressd::net::Transport::Direct,
@@ -1036,7 +1037,7 @@ fn run(args: RunArgs) -> ExitCode {
 /// Check the prerequisites at start and every 30 s; log what changed.
 async fn prerequisites(
     telemetry: std::sync::Arc<Telemetry>,
-    families: egressd::dns::resolver::Families,
+    families: egressd::dns::Families,
     nft_version: Option<String>,
     manage: bool,
 ) {

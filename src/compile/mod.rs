@@ -183,8 +183,8 @@ impl NodeConfig {
 
     /// The DNS record families to ask for: A when an IPv4 cluster range is configured,
     /// AAAA when an IPv6 one is.
-    pub fn families(&self) -> crate::dns::resolver::Families {
-        crate::dns::resolver::Families {
+    pub fn families(&self) -> crate::dns::Families {
+        crate::dns::Families {
             v4: self.cluster_cidrs.iter().any(|n| n.addr().is_ipv4()),
             v6: self.cluster_cidrs.iter().any(|n| n.addr().is_ipv6()),
         }

@@ -216,7 +216,7 @@ pub(super) struct NamesCache {
 }
 
 /// The `dnsName` rules of `policy` as the listener matches them, each once.
-fn snoop_names(policy: &FirewallPolicy, families: crate::dns::resolver::Families) -> Vec<SnoopName> {
+fn snoop_names(policy: &FirewallPolicy, families: crate::dns::Families) -> Vec<SnoopName> {
     let mut names = Vec::new();
     for rule in &policy.rules {
         if let Target::Dns(name) = &rule.target {

@@ -21,6 +21,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+/// Which address families to ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Families {
+    /// Query A records.
+    pub v4: bool,
+    /// Query AAAA records.
+    pub v6: bool,
+}
+
 /// Shortest interval between two resolutions of one name.
 pub(crate) const FLOOR: Duration = Duration::from_secs(5);
 /// Longest TTL egressd honours (1 day): a longer one is cut to this, so an answer never

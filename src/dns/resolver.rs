@@ -14,7 +14,7 @@ use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::net::{DnsError, NetError, NoRecords};
 use hickory_resolver::proto::rr::{RData, RecordType};
 
-use super::Resolved;
+use super::{Families, Resolved};
 
 /// Resolver set-up failures.
 #[derive(Debug, thiserror::Error)]
@@ -38,15 +38,6 @@ pub(crate) struct ResolveError {
     /// What went wrong (timeout, SERVFAIL, unreachable server, ...).
     #[source]
     pub source: NetError,
-}
-
-/// Which address families to ask for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Families {
-    /// Query A records.
-    pub v4: bool,
-    /// Query AAAA records.
-    pub v6: bool,
 }
 
 /// A DNS resolver for rule names.

@@ -11,7 +11,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
 
-use super::resolver::{DnsResolver, Families};
+use super::Families;
+use super::resolver::DnsResolver;
 use super::{DnsAnswers, DnsTracker, FAST_RETRIES, Resolved};
 use crate::telemetry::metrics::{DnsLabels, DnsResult, Metrics};
 

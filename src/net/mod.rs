@@ -129,11 +129,6 @@ pub fn kernel_tags_addresses(release: &str) -> bool {
     }
 }
 
-/// This machine's kernel release, if readable.
-pub fn kernel_release() -> Option<String> {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease").ok().map(|s| s.trim().to_string())
-}
-
 impl EgressSettings {
     /// Check a mark mask: non-zero, contiguous (the mark values are counted inside it)
     /// and clear of kube-proxy's bits. The error says why.

@@ -35,8 +35,9 @@ use tokio::sync::mpsc;
 
 use crate::api::parse::Parsed;
 use crate::api::{Kind, Object, ObjectKey, parse_document};
+use crate::status::board::StatusBoard;
 use crate::view::ClusterView;
-use crate::view::observed::{Observed, StatusBoard, observe};
+use crate::view::observed::{Observed, observe};
 
 /// What a watcher reports.
 #[derive(Debug)]

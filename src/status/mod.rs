@@ -2,6 +2,7 @@
 //! by the leader ([`crate::leader`] elects it) with server-side apply, a node's own
 //! kernel errors by that node, clean-up, Events for rejected input ([`writer`]).
 
+pub mod board;
 pub mod file;
 pub mod writer;
 

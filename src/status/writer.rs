@@ -41,6 +41,7 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
+use super::board::StatusBoard;
 use super::{GLOBAL_ZONE, StatusSink, StatusZones, ZoneForm};
 use crate::api::{Kind, ObjectKey};
 use crate::compile::{
@@ -49,7 +50,7 @@ use crate::compile::{
 };
 use crate::leader::Leadership;
 use crate::view::ClusterView;
-use crate::view::observed::{Held, Observed, StatusBoard, entry_digest, said};
+use crate::view::observed::{Held, Observed, entry_digest, said};
 
 /// One server-side apply of a status.
 #[derive(Debug, Clone, PartialEq)]

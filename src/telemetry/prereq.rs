@@ -138,7 +138,7 @@ pub fn check(sysctls: &Sysctls, v4: bool, v6: bool, nft_version: Option<&str>, m
         }
         None => Check { name: "nft".into(), ok: false, required: true, detail: "not found".into() },
     });
-    if let Some(release) = crate::net::kernel_release() {
+    if let Some(release) = kernel_release() {
         let ok = crate::net::kernel_tags_addresses(&release);
         out.push(Check {
             name: "kernel address tags (IFA_PROTO)".into(),
@@ -162,6 +162,11 @@ pub fn check(sysctls: &Sysctls, v4: bool, v6: bool, nft_version: Option<&str>, m
         },
     });
     out
+}
+
+/// This machine's kernel release, if readable.
+pub fn kernel_release() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease").ok().map(|s| s.trim().to_string())
 }
 
 #[cfg(test)]
