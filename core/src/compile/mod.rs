@@ -25,13 +25,13 @@ use crate::nft::Table;
 use crate::view::{ClusterView, PodInfo};
 
 pub use egress_ip::{SNAT_CHAIN, STEER_CHAIN};
-pub(crate) use egress_ip::{ip_owners, namespace_labels, oldest_first};
-pub(crate) use firewall::ACL_OVER;
-pub(crate) use firewall::absolute;
+pub use egress_ip::{ip_owners, namespace_labels, oldest_first};
+pub use firewall::ACL_OVER;
+pub use firewall::absolute;
 pub use firewall::{DNS_SETS, DnsNamesCache, FIREWALL_CHAIN, dns_names, dns_rule_names, dns_slots, wildcard_slots};
 pub use qos::QOS_CHAIN;
 pub use snoop_copies::snooped_namespaces;
-pub(crate) use status::QOS_CONDITION_PREFIX;
+pub use status::QOS_CONDITION_PREFIX;
 pub use status::{
     FIREWALL_APPLIED, FIREWALL_NOT_APPLIED, ObjectStatus, Outcome, QOS_APPLIED, QOS_NOT_APPLIED, StatusCondition,
     condition_node, parse_message,
@@ -169,14 +169,14 @@ impl NodeConfig {
     }
 
     /// Whether `pod` runs on this node (`spec.nodeName`).
-    pub(crate) fn is_local(&self, pod: &PodInfo) -> bool {
+    pub fn is_local(&self, pod: &PodInfo) -> bool {
         pod.node.as_deref() == Some(self.node_name.as_str())
     }
 
     /// The cluster and Service ranges, host bits cleared, overlaps merged (the kernel
     /// rejects overlapping interval elements): destinations never filtered, steered or
     /// learned from DNS.
-    pub(crate) fn exempt_ranges(&self) -> Vec<IpNet> {
+    pub fn exempt_ranges(&self) -> Vec<IpNet> {
         let all: Vec<IpNet> = self.cluster_cidrs.iter().chain(&self.service_cidrs).map(IpNet::trunc).collect();
         IpNet::aggregate(&all)
     }
@@ -324,7 +324,7 @@ fn outside_ranges<'a>(
 }
 
 /// Render statuses as text, one object per line (`egressd render` / `egressd status`).
-pub(crate) fn render_statuses(statuses: &[ObjectStatus]) -> String {
+pub fn render_statuses(statuses: &[ObjectStatus]) -> String {
     let mut out = String::new();
     for s in statuses {
         out.push_str(&format!("{}\t{}\t{}\n", s.key, s.state(), s.message()));

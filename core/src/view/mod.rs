@@ -267,7 +267,7 @@ impl NodeInfo {
 }
 
 /// The owner of every pod IP ([`ClusterView::pod_ip_owners`]).
-pub(crate) type Owners = BTreeMap<IpAddr, std::sync::Arc<PodInfo>>;
+pub type Owners = BTreeMap<IpAddr, std::sync::Arc<PodInfo>>;
 
 /// Two or more live pods claiming one IP.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -499,7 +499,7 @@ impl ClusterView {
     }
 
     /// Objects per kind: (kind, valid, invalid). Core kinds are always valid.
-    pub(crate) fn object_counts(&self) -> Vec<(Kind, usize, usize)> {
+    pub fn object_counts(&self) -> Vec<(Kind, usize, usize)> {
         fn split<T>(entries: &BTreeMap<String, Entry<T>>) -> (usize, usize) {
             let invalid = entries.values().filter(|e| e.error.is_some()).count();
             (entries.len() - invalid, invalid)
@@ -517,8 +517,7 @@ impl ClusterView {
     }
 
     /// Every key of an object currently in the view (ignored objects included).
-    #[cfg(test)]
-    pub(crate) fn keys(&self) -> Vec<ObjectKey> {
+    pub fn keys(&self) -> Vec<ObjectKey> {
         let mut keys: Vec<ObjectKey> = self.ignored.keys().cloned().collect();
         keys.extend(self.firewalls.values().map(|e| e.key.clone()));
         keys.extend(self.qos.values().map(|e| e.key.clone()));

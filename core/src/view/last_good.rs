@@ -31,7 +31,7 @@ pub enum SavedPolicy {
 }
 
 /// The format version written; a file of another version is ignored (with a warning).
-pub(crate) const FORMAT: u32 = 1;
+pub const FORMAT: u32 = 1;
 
 /// Last good versions of the objects that are invalid now.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

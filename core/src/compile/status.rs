@@ -15,7 +15,7 @@ pub const QOS_APPLIED: &str = "EgressQoS Rules applied";
 /// ... when they are not.
 pub const QOS_NOT_APPLIED: &str = "EgressQoS Rules not correctly applied";
 /// The prefix of a node's EgressQoS condition type.
-pub(crate) const QOS_CONDITION_PREFIX: &str = "Ready-In-Zone-";
+pub const QOS_CONDITION_PREFIX: &str = "Ready-In-Zone-";
 
 /// The outcome for one object on this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,7 +164,7 @@ impl ObjectStatus {
     }
 
     /// The condition this node writes, for kinds that report conditions (EgressQoS).
-    pub(crate) fn condition(&self) -> Option<StatusCondition> {
+    pub fn condition(&self) -> Option<StatusCondition> {
         if self.key.kind != Kind::EgressQoS {
             return None;
         }

@@ -141,7 +141,7 @@ impl Pods {
     }
 
     /// The owner of every pod IP.
-    pub(crate) fn owners(&self) -> &Owners {
+    pub fn owners(&self) -> &Owners {
         &self.owners
     }
 

@@ -923,7 +923,7 @@ pub(crate) fn parse(rule: &str) -> Result<Rule, String> {
 const NLA_F_NESTED: u16 = 0x8000;
 
 /// Append attribute `ty` with `value` (padded to 4 bytes).
-pub(crate) fn put(out: &mut Vec<u8>, ty: u16, value: &[u8]) {
+pub fn put(out: &mut Vec<u8>, ty: u16, value: &[u8]) {
     let len = 4 + value.len();
     out.extend((len as u16).to_ne_bytes());
     out.extend(ty.to_ne_bytes());
@@ -932,7 +932,7 @@ pub(crate) fn put(out: &mut Vec<u8>, ty: u16, value: &[u8]) {
 }
 
 /// Append a string attribute (NUL-terminated).
-pub(crate) fn put_str(out: &mut Vec<u8>, ty: u16, value: &str) {
+pub fn put_str(out: &mut Vec<u8>, ty: u16, value: &str) {
     let mut v = Vec::with_capacity(value.len() + 1);
     v.extend(value.as_bytes());
     v.push(0);
@@ -940,12 +940,12 @@ pub(crate) fn put_str(out: &mut Vec<u8>, ty: u16, value: &str) {
 }
 
 /// Append a big-endian u32 attribute.
-pub(crate) fn put_u32(out: &mut Vec<u8>, ty: u16, value: u32) {
+pub fn put_u32(out: &mut Vec<u8>, ty: u16, value: u32) {
     put(out, ty, &value.to_be_bytes());
 }
 
 /// Append a nested attribute whose contents `inner` writes.
-pub(crate) fn nest(out: &mut Vec<u8>, ty: u16, inner: impl FnOnce(&mut Vec<u8>)) {
+pub fn nest(out: &mut Vec<u8>, ty: u16, inner: impl FnOnce(&mut Vec<u8>)) {
     let start = out.len();
     out.extend([0u8; 4]);
     inner(out);
@@ -1174,7 +1174,7 @@ impl Rule {
 // --- the table's messages ---------------------------------------------------------
 
 /// `NFT_MSG_*` types (the subsystem byte is added by the sender).
-pub(crate) const MSG_NEWTABLE: u16 = 0;
+pub const MSG_NEWTABLE: u16 = 0;
 pub(crate) const MSG_DELTABLE: u16 = 2;
 pub(crate) const MSG_NEWCHAIN: u16 = 3;
 pub(crate) const MSG_DELCHAIN: u16 = 5;
@@ -1188,14 +1188,19 @@ pub(crate) const MSG_NEWOBJ: u16 = 18;
 /// One nf_tables message of a batch: type, whether it creates (`NLM_F_CREATE`) and
 /// appends (`NLM_F_APPEND`), its attributes, and what it is (for error messages).
 #[derive(Debug, Clone)]
-pub(crate) struct Message {
+pub struct Message {
+    /// The nf_tables message type (`MSG_NEWRULE`, ...).
     pub kind: u16,
+    /// `NLM_F_CREATE`.
     pub create: bool,
+    /// `NLM_F_APPEND`.
     pub append: bool,
+    /// The attributes, encoded.
     pub body: Vec<u8>,
+    /// What it is, for an error naming it.
     pub what: What,
     /// For a named set's `NEWSET`: its name and transaction id (its elements may then
-    /// follow by id, see [`crate::dataplane::elements`]).
+    /// follow by id, see the agent's `dataplane::elements`).
     pub new_set: Option<(String, u32)>,
 }
 
@@ -1204,9 +1209,18 @@ pub(crate) struct Message {
 /// replace of 100k rules kept a 250-byte description per rule alive until the kernel
 /// answered (bench/FINDINGS.md, "peak RSS").
 #[derive(Debug, Clone)]
-pub(crate) enum What {
+pub enum What {
+    /// Described already.
     Text(String),
-    Rule { chain: super::Text, rules: std::sync::Arc<Vec<String>>, index: usize },
+    /// Rule `index` of `rules`, the rule list of `chain`.
+    Rule {
+        /// The chain.
+        chain: super::Text,
+        /// Its rules.
+        rules: std::sync::Arc<Vec<String>>,
+        /// This rule's index in them.
+        index: usize,
+    },
 }
 
 impl std::fmt::Display for What {
@@ -1328,7 +1342,7 @@ fn set_body(table: &str, name: &str, set: &Set, id: u32) -> Result<Vec<u8>, Stri
 ///
 /// Each message goes to `emit` as soon as it is made (a replace of 100k rules builds
 /// them into the transaction's buffer one at a time, never all at once).
-pub(crate) fn replace_messages(table: &Table, emit: &mut dyn FnMut(Message)) -> Result<(), String> {
+pub fn replace_messages(table: &Table, emit: &mut dyn FnMut(Message)) -> Result<(), String> {
     let name = table.name.as_str();
     let mut tbl = Vec::new();
     put_str(&mut tbl, 1, name);
@@ -1452,7 +1466,7 @@ pub(crate) type BeforeAfter = (Vec<Message>, Vec<Message>);
 /// change only a full replace makes ([`super::Comparison::needs_replace`]); an error
 /// names what the netlink path does not write. A new base chain is declared with its
 /// hook among the new chains, and gets its rules after the element changes.
-pub(crate) fn delta_messages(c: &super::Comparison<'_>) -> Result<Option<BeforeAfter>, String> {
+pub fn delta_messages(c: &super::Comparison<'_>) -> Result<Option<BeforeAfter>, String> {
     use itertools::EitherOrBoth::{Both, Left, Right};
     if c.needs_replace() {
         return Ok(None);

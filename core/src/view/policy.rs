@@ -506,7 +506,7 @@ pub fn egress_ip_policy(e: &EgressIP) -> Conversion<EgressIpPolicy> {
 
 /// The IP a CloudPrivateIPConfig name stands for: dotted IPv4, or IPv6 fully expanded
 /// with dots in place of colons.
-pub(crate) fn cloud_private_ip_from_name(name: &str) -> Option<IpAddr> {
+pub fn cloud_private_ip_from_name(name: &str) -> Option<IpAddr> {
     if let Ok(ip) = std::net::Ipv4Addr::from_str(name) {
         return Some(IpAddr::V4(ip));
     }

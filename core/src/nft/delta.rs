@@ -114,7 +114,7 @@ impl ElementDelta {
     /// Re-adding every element of the `slots` of `table`'s tagged timeout sets, which
     /// restarts their kernel timeouts. Sets that do not exist, have no timeout or no
     /// elements of a slot are skipped; `None` when an element cannot be typed.
-    pub(crate) fn refresh(table: &Table, slots: &[Slot]) -> Option<Self> {
+    pub fn refresh(table: &Table, slots: &[Slot]) -> Option<Self> {
         let mut delta = Self::default();
         for slot in slots {
             let Some(set) = table.sets.get(slot.set).filter(|s| s.timeout && !s.interval && s.key.is_tagged()) else {
@@ -133,7 +133,7 @@ impl ElementDelta {
     /// `new`: in sets of both tables what changed, in sets only `new` has every
     /// element — what [`super::diff`] sends between its chain and set changes. `None`
     /// when an element cannot be typed or a set of both tables is declared differently.
-    pub(crate) fn of_sets(c: &super::Comparison<'_>) -> Option<Self> {
+    pub fn of_sets(c: &super::Comparison<'_>) -> Option<Self> {
         use itertools::EitherOrBoth::{Both, Left, Right};
         let mut delta = Self::default();
         for pair in &c.sets {

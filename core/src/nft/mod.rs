@@ -9,7 +9,7 @@ pub mod delta;
 mod diff;
 mod render;
 pub mod verified;
-pub(crate) mod wire;
+pub mod wire;
 
 use std::collections::BTreeMap;
 
@@ -24,7 +24,7 @@ pub fn wire_debug(rule: &str) -> Result<Vec<String>, String> {
 }
 
 /// The address family of the table: `inet` covers IPv4 and IPv6 in one table.
-pub(crate) const FAMILY: &str = "inet";
+pub const FAMILY: &str = "inet";
 
 /// Named counters declared in every table: what DNS snooping's copy rate limits held
 /// back, by class ([`crate::compile`]'s `dns-copy-<class>` chains), read by the agent
@@ -51,7 +51,7 @@ pub(crate) const COUNTERS: [&str; 11] = [
 /// Room for what resolution brings (a 64 KiB DNS answer holds < 4,100 addresses per
 /// family) beside what snooping may learn ([`crate::dataplane::nflog`] keeps at most
 /// half of it per set).
-pub(crate) const TIMEOUT_SET_SIZE: usize = 65_536;
+pub const TIMEOUT_SET_SIZE: usize = 65_536;
 
 /// The `size` of a shared tagged set ([`Slot`]): every DNS name's addresses of one
 /// family are in it. A cap only (the kernel's hash table grows with its elements).
@@ -136,7 +136,7 @@ impl Slot {
     }
 
     /// The element key text of `ip` under `tag`, in whichever set.
-    pub(crate) fn tagged_key(tag: u64, ip: std::net::IpAddr) -> Text {
+    pub fn tagged_key(tag: u64, ip: std::net::IpAddr) -> Text {
         compact_str::format_compact!("{} . {} . {ip}", tag >> 32, tag as u32)
     }
 
@@ -155,7 +155,7 @@ impl Slot {
 
     /// The kernel's key bytes: the two halves as the registers hold them (host byte
     /// order, as `numgen` writes them), then the address.
-    pub(crate) fn key_bytes(tag: u64, ip: std::net::IpAddr) -> Vec<u8> {
+    pub fn key_bytes(tag: u64, ip: std::net::IpAddr) -> Vec<u8> {
         let mut out = Vec::with_capacity(24);
         out.extend(((tag >> 32) as u32).to_ne_bytes());
         out.extend((tag as u32).to_ne_bytes());
@@ -167,7 +167,7 @@ impl Slot {
     }
 
     /// A tag and address from kernel key bytes ([`Slot::key_bytes`]).
-    pub(crate) fn from_key_bytes(bytes: &[u8]) -> Option<(u64, std::net::IpAddr)> {
+    pub fn from_key_bytes(bytes: &[u8]) -> Option<(u64, std::net::IpAddr)> {
         let (hi, rest) = bytes.split_first_chunk::<4>()?;
         let (lo, addr) = rest.split_first_chunk::<4>()?;
         let tag = (u64::from(u32::from_ne_bytes(*hi)) << 32) | u64::from(u32::from_ne_bytes(*lo));
@@ -267,7 +267,7 @@ impl Set {
     }
 
     /// An empty set whose elements time out.
-    pub(crate) fn with_timeout(key: KeyType) -> Self {
+    pub fn with_timeout(key: KeyType) -> Self {
         Self { key, verdict_map: false, interval: false, timeout: true, elements: Elements::default() }
     }
 
@@ -365,7 +365,7 @@ pub struct Chain {
 
 impl Chain {
     /// A regular chain with `rules`.
-    pub(crate) fn regular(rules: Vec<String>) -> Self {
+    pub fn regular(rules: Vec<String>) -> Self {
         Self { hook: None, rules: std::sync::Arc::new(rules) }
     }
 
@@ -393,12 +393,12 @@ impl Table {
     }
 
     /// Number of rules in all chains.
-    pub(crate) fn rule_count(&self) -> usize {
+    pub fn rule_count(&self) -> usize {
         self.chains.values().map(|c| c.rules.len()).sum()
     }
 
     /// Number of elements in all sets and maps.
-    pub(crate) fn element_count(&self) -> usize {
+    pub fn element_count(&self) -> usize {
         self.sets.values().map(|s| s.elements.len()).sum()
     }
 
@@ -409,12 +409,12 @@ impl Table {
 
     /// A script that atomically replaces whatever table of this name exists with this
     /// one (`add` makes the `delete` safe when none exists).
-    pub(crate) fn replace_script(&self) -> String {
+    pub fn replace_script(&self) -> String {
         format!("add table {FAMILY} {name}\ndelete table {FAMILY} {name}\n{}", self.render(), name = self.name)
     }
 
     /// A script that removes the table if it exists.
-    pub(crate) fn delete_script(name: &str) -> String {
+    pub fn delete_script(name: &str) -> String {
         format!("add table {FAMILY} {name}\ndelete table {FAMILY} {name}\n")
     }
 }
@@ -530,7 +530,7 @@ impl<'a> Comparison<'a> {
 
 /// A readable, nft-safe chain or set name `prefix-<id>` when `id` is a DNS label
 /// (namespace names are), else `prefix-h<hash>`.
-pub(crate) fn chain_name(prefix: &str, id: &str) -> String {
+pub fn chain_name(prefix: &str, id: &str) -> String {
     let readable = !id.is_empty()
         && id.len() <= 63
         && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')

@@ -106,15 +106,15 @@ pub const DEFAULT_SNOOP_RATE: u32 = 10_000;
 pub(crate) const COUNTED_ONLY_RATE: u32 = 200;
 
 /// The prefixes of the copies.
-pub(crate) const PREFIX_QUERY: &str = "dns-q";
+pub const PREFIX_QUERY: &str = "dns-q";
 /// Answers from a trusted server.
-pub(crate) const PREFIX_ANSWER: &str = "dns-a";
+pub const PREFIX_ANSWER: &str = "dns-a";
 /// Answers from any other server.
-pub(crate) const PREFIX_UNTRUSTED: &str = "dns-u";
+pub const PREFIX_UNTRUSTED: &str = "dns-u";
 /// Answer-shaped packets outside any flow a pod opened.
-pub(crate) const PREFIX_UNTRACKED: &str = "dns-x";
+pub const PREFIX_UNTRACKED: &str = "dns-x";
 /// Answers from a trusted server's address that entered from the pod-facing side.
-pub(crate) const PREFIX_SPOOFED: &str = "dns-s";
+pub const PREFIX_SPOOFED: &str = "dns-s";
 
 /// One `dnsName` of a namespace, as the snooping listener matches it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -151,10 +151,7 @@ impl SnoopTargets {
     /// The slots are per name, shared by every namespace with a rule for that name: an
     /// answer a pod of one namespace received also serves another namespace's rule for
     /// the same name, but never a name its own namespace has no rule for.
-    pub(crate) fn elements(
-        &self,
-        learned: &[super::snoop::Learned],
-    ) -> Vec<(crate::nft::Slot, IpAddr, std::time::Duration)> {
+    pub fn elements(&self, learned: &[super::snoop::Learned]) -> Vec<(crate::nft::Slot, IpAddr, std::time::Duration)> {
         let mut out = Vec::new();
         for l in learned {
             let Some(namespace) = self.pods.get(&l.pod) else { continue };

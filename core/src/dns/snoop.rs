@@ -874,7 +874,7 @@ mod fuzz_seeds {
     #[test]
     #[ignore = "writes fuzz/seeds; run by fuzz/run.sh"]
     fn write_fuzz_seeds() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds");
         std::fs::create_dir_all(&dir).unwrap();
         for (name, bytes) in seeds() {
             std::fs::write(dir.join(name), bytes).unwrap();

@@ -51,7 +51,7 @@ struct Ctx<'a> {
 
 /// The absolute name egressd resolves for a rule name (`*.base.` for a wildcard, which
 /// is never resolved, only learned by snooping).
-pub(crate) fn absolute(name: &DnsName) -> String {
+pub fn absolute(name: &DnsName) -> String {
     if name.wildcard { format!("*.{}.", name.base) } else { format!("{}.", name.base) }
 }
 
@@ -666,7 +666,7 @@ fn with_match(matched: &str, tail: &str) -> Vec<String> {
 }
 
 /// The named counter of log copies the rate limit held back.
-pub(crate) const ACL_OVER: &str = "acl-over";
+pub const ACL_OVER: &str = "acl-over";
 
 /// What a namespace chain logs: the namespace's ACL logging and the EgressFirewall's
 /// audit mode (part of the cache key: a changed annotation recompiles the chain).

@@ -30,9 +30,9 @@ pub enum Kind {
 
 impl Kind {
     /// The dynamic API resource (group, version, kind, plural) of this kind.
-    pub(crate) fn api_resource(self) -> kube::api::ApiResource {
-        let gvk = kube::api::GroupVersionKind::gvk(self.group(), "v1", self.as_str());
-        kube::api::ApiResource::from_gvk_with_plural(&gvk, self.plural())
+    pub fn api_resource(self) -> kube::core::ApiResource {
+        let gvk = kube::core::GroupVersionKind::gvk(self.group(), "v1", self.as_str());
+        kube::core::ApiResource::from_gvk_with_plural(&gvk, self.plural())
     }
 
     /// The kind's name as in `kind:`.
@@ -58,7 +58,7 @@ impl Kind {
     }
 
     /// The `apiVersion` egressd reads.
-    pub(crate) fn api_version(self) -> &'static str {
+    pub fn api_version(self) -> &'static str {
         match self {
             Kind::EgressFirewall | Kind::EgressIP | Kind::EgressQoS => "k8s.ovn.org/v1",
             Kind::CloudPrivateIPConfig => "cloud.network.openshift.io/v1",
@@ -80,12 +80,12 @@ impl Kind {
     }
 
     /// Whether objects of this kind live in a namespace.
-    pub(crate) fn namespaced(self) -> bool {
+    pub fn namespaced(self) -> bool {
         matches!(self, Kind::EgressFirewall | Kind::EgressQoS | Kind::Pod)
     }
 
     /// Whether this is one of the four custom resources (validated against a CRD).
-    pub(crate) fn is_custom(self) -> bool {
+    pub fn is_custom(self) -> bool {
         matches!(self, Kind::EgressFirewall | Kind::EgressIP | Kind::EgressQoS | Kind::CloudPrivateIPConfig)
     }
 

@@ -16,7 +16,7 @@ use super::{MarkRule, NetDesired, NextHop};
 
 /// The owned state found in the kernel.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct NetState {
+pub struct NetState {
     /// Owned addresses → (link index, prefix length).
     pub addresses: BTreeMap<IpAddr, (u32, u8)>,
     /// Owned default routes: (table, IPv6) → next hops.
@@ -27,7 +27,7 @@ pub(crate) struct NetState {
 
 /// One step of a sync.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Step {
+pub enum Step {
     /// Remove an owned rule.
     RemoveRule(MarkRule),
     /// Remove the owned default route of (table, IPv6).
@@ -45,12 +45,12 @@ pub(crate) enum Step {
 }
 
 /// The prefix length of a host address: /32 or /128.
-pub(crate) fn host_prefix(ip: IpAddr) -> u8 {
+pub fn host_prefix(ip: IpAddr) -> u8 {
     if ip.is_ipv4() { 32 } else { 128 }
 }
 
 /// The steps from `current` to `desired`.
-pub(crate) fn between(current: &NetState, desired: &NetDesired) -> Vec<Step> {
+pub fn between(current: &NetState, desired: &NetDesired) -> Vec<Step> {
     let mut steps = Vec::new();
     steps.extend(current.rules.difference(&desired.rules).map(|r| Step::RemoveRule(*r)));
     steps.extend(

@@ -4,7 +4,7 @@
 //! [`HostLinks`]; the netlink driver ([`crate::dataplane::netlink`]) reads the links and
 //! makes the kernel match, taking the steps of [`plan::between`]. Neither knows the other.
 
-pub(crate) mod plan;
+pub mod plan;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -184,7 +184,7 @@ impl EgressSettings {
     }
 
     /// Whether `table` is in egressd's range.
-    pub(crate) fn owns_table(&self, table: u32) -> bool {
+    pub fn owns_table(&self, table: u32) -> bool {
         table > self.table_base && table <= self.table_base.saturating_add(self.tables)
     }
 }

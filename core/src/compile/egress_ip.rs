@@ -60,7 +60,7 @@ const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
 /// A namespace's labels as EgressIP namespace selectors see them (with
 /// `kubernetes.io/metadata.name`).
-pub(crate) fn namespace_labels(view: &ClusterView, ns: &str) -> std::collections::BTreeMap<String, String> {
+pub fn namespace_labels(view: &ClusterView, ns: &str) -> std::collections::BTreeMap<String, String> {
     let mut labels = view.namespaces.get(ns).map(|n| n.labels.clone()).unwrap_or_default();
     labels.entry(NAMESPACE_NAME_LABEL.to_string()).or_insert_with(|| ns.to_string());
     labels
@@ -185,7 +185,7 @@ pub(super) fn compile(
 
 /// The EgressIPs, oldest first (known creation times first), then by name: the order in
 /// which they claim IPs and pods.
-pub(crate) fn oldest_first(view: &ClusterView) -> Vec<&crate::view::Entry<EgressIpPolicy>> {
+pub fn oldest_first(view: &ClusterView) -> Vec<&crate::view::Entry<EgressIpPolicy>> {
     let mut ordered: Vec<_> = view.egress_ips.values().collect();
     ordered.sort_by(|a, b| {
         let created = |e: &&crate::view::Entry<EgressIpPolicy>| e.policy.as_ref().and_then(|p| p.created);
@@ -263,7 +263,7 @@ fn tunnel_plan(ctx: &Ctx, plans: &[Plan], hop_sets: &HopSets) -> TunnelPlan {
 }
 
 /// Who owns each egress IP: the oldest EgressIP naming it (`ordered` oldest first).
-pub(crate) fn ip_owners<'a>(ordered: &[&'a crate::view::Entry<EgressIpPolicy>]) -> BTreeMap<IpAddr, &'a str> {
+pub fn ip_owners<'a>(ordered: &[&'a crate::view::Entry<EgressIpPolicy>]) -> BTreeMap<IpAddr, &'a str> {
     let mut ip_owner: BTreeMap<IpAddr, &str> = BTreeMap::new();
     for p in ordered.iter().filter_map(|e| e.policy.as_ref()) {
         for ip in &p.ips {
