@@ -7,8 +7,8 @@
 //! kernel match) → [`status`] (per-object outcome), wired together by [`agent`].
 //! [`explain`] replays the compile step's decisions for one connection.
 //!
-//! The pure stages — [`api`], [`view`], [`compile`], [`nft`], [`net`] and the pure part
-//! of [`dns`] — are the crate `egressd_core` (no async runtime, no sockets, no
+//! The pure stages — [`api`], [`view`], [`compile`], [`nft`], [`net`] and the pure parts
+//! of [`dns`] and [`explain`] — are the crate `egressd_core` (no async runtime, no sockets, no
 //! filesystem), re-exported here under the same paths; this crate does the I/O.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]

@@ -7,7 +7,8 @@
 //! [`api`] (wire types, CRDs, schema) → [`view`] (the cluster view: validated policy,
 //! pods, nodes) → [`compile`] (view → desired dataplane state) → [`nft`] (the table
 //! model, rendering, diffs, the netlink encoding) and [`net`] (the netlink model and the
-//! plan of a sync); [`dns`] (the refresh schedule, snooping targets, DNS message parsing).
+//! plan of a sync); [`dns`] (the refresh schedule, snooping targets, DNS message parsing);
+//! [`explain`] (the compile step's decisions replayed for one connection).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 #![warn(unreachable_pub)]
@@ -16,6 +17,7 @@
 pub mod api;
 pub mod compile;
 pub mod dns;
+pub mod explain;
 pub mod net;
 pub mod nft;
 pub mod view;

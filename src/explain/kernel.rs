@@ -7,28 +7,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
-
-use super::{Explanation, Verdict};
+use super::{Explanation, KernelCheck, Verdict};
 use crate::dataplane::elements::ElementWriter;
 use crate::dataplane::rule_counters::RuleCounter;
-
-/// What the kernel shows for one explanation.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KernelCheck {
-    /// The node this was read on.
-    pub node: String,
-    /// Whether the pod's address is in the `fw-pods` map, jumping to its namespace's
-    /// chain (`None`: not looked up).
-    pub pod_in_map: Option<bool>,
-    /// The deciding rule's counter: (packets, bytes).
-    pub rule_counter: Option<(u64, u64)>,
-    /// The rules sharing that counter (a merged run of same-action rules), first and last.
-    #[serde(default)]
-    pub shared: Option<(usize, usize)>,
-    /// What disagrees with the explanation, or could not be read.
-    pub problems: Vec<String>,
-}
 
 /// The addresses in the kernel's sets of the absolute `names` (both families).
 pub fn dns_sets(table: &str, names: &[String]) -> std::io::Result<BTreeMap<String, BTreeSet<IpAddr>>> {
@@ -114,27 +95,4 @@ fn holding(counters: &[RuleCounter], index: usize, verdict: Verdict) -> Option<(
         sum = Some((p + c.packets, b + c.bytes, first.min(c.index), last.max(c.last)));
     }
     sum.or_else(|| holds().next().map(|c| (c.packets, c.bytes, c.index, c.last)))
-}
-
-impl std::fmt::Display for KernelCheck {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.pod_in_map {
-            Some(true) => writeln!(f, "kernel      node {}: the pod's address is in the fw-pods map", self.node)?,
-            Some(false) => writeln!(f, "kernel      node {}: the pod's address is NOT in the fw-pods map", self.node)?,
-            None => writeln!(f, "kernel      node {}", self.node)?,
-        }
-        if let Some((packets, bytes)) = self.rule_counter {
-            writeln!(
-                f,
-                "            the deciding rule's counter: {packets} packets, {bytes} bytes (retry the connection: it moves)"
-            )?;
-        }
-        if let Some((first, last)) = self.shared {
-            writeln!(f, "            (rules {first}..{last} have the same action and share one nft rule and counter)")?;
-        }
-        for p in &self.problems {
-            writeln!(f, "            problem: {p}")?;
-        }
-        Ok(())
-    }
 }
