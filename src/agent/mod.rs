@@ -8,6 +8,9 @@
 //! * On shutdown the dataplane is left exactly as it is: policy keeps holding while the
 //!   agent restarts. `egressd cleanup` is the explicit way to remove it.
 
+mod apply;
+mod render;
+
 use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -19,14 +22,17 @@ use crate::compile::{Desired, DnsNamesCache, NodeConfig, ObjectStatus, Outcome, 
 use crate::dataplane::netlink::Netlink;
 use crate::dataplane::nft_run::NftError;
 use crate::dataplane::nft_sync::{NftBackend, NftSyncer, SyncKind};
+use crate::dns::DnsTracker;
 use crate::dns::resolver::DnsResolver;
 use crate::dns::worker::{DnsRound, DnsWorker};
-use crate::dns::{DnsAnswers, DnsTracker};
 use crate::net::HostLinks;
 use crate::source::ViewSource;
-use crate::source::manifests::{ManifestSource, SourceError};
+use crate::source::manifests::SourceError;
 use crate::status::StatusSink;
 use crate::view::ClusterView;
+
+pub(crate) use apply::{Kernel, Phases, apply_once};
+pub use render::{compile_manifests, render_manifests};
 
 /// Errors that stop the agent.
 #[derive(Debug, thiserror::Error)]
@@ -209,47 +215,6 @@ fn publish(
     }
 }
 
-/// The dataplane the manifests in `dir` give on node `node` with links `host` and no
-/// DNS answers (what `egressd render` prints), and what loading them reported.
-pub fn compile_manifests(
-    dir: &std::path::Path,
-    node: &NodeConfig,
-    host: &HostLinks,
-) -> Result<(crate::compile::Desired, crate::source::manifests::LoadReport), SourceError> {
-    let mut source = ManifestSource::new(dir);
-    let report = source.load()?;
-    let desired = crate::compile::compile_cached(
-        source.view(),
-        node,
-        &crate::dns::DnsAnswers::new(),
-        host,
-        &mut crate::compile::CompileCache::default(),
-    );
-    Ok((desired, report))
-}
-
-/// What `egressd render` prints for a manifests directory and the node's links `host`:
-/// the nft table that would be applied, the egress addresses, policy-routing rules and
-/// routes (when there are any), each object's status, then any problems (rejected
-/// documents, pod IP clashes).
-pub fn render_manifests(dir: &std::path::Path, node: &NodeConfig, host: &HostLinks) -> Result<String, SourceError> {
-    let (desired, report) = compile_manifests(dir, node, host)?;
-    let mut out = desired.table.render();
-    out.push_str(&desired.net.render());
-    out.push_str("# status\n");
-    out.push_str(&crate::compile::render_statuses(&desired.statuses));
-    if !report.errors.is_empty() || !desired.warnings.is_empty() {
-        out.push_str("# problems\n");
-        for e in &report.errors {
-            out.push_str(&format!("{e}\n"));
-        }
-        for w in &desired.warnings {
-            out.push_str(&format!("{w}\n"));
-        }
-    }
-    Ok(out)
-}
-
 /// Log (and act on) what a netlink sync changed: connections of removed addresses are
 /// forgotten, added ones announced.
 async fn report_net_changes(changes: &crate::dataplane::netlink::NetChanges) {
@@ -299,152 +264,6 @@ fn logged_pods(view: &ClusterView, node: &NodeConfig) -> std::collections::HashM
 fn links_matter(view: &ClusterView, node: &NodeConfig) -> bool {
     !view.egress_ips.is_empty()
         || (node.egress.mode == crate::net::EgressIpMode::CloudLocal && !view.cloud_ips.is_empty())
-}
-
-/// What [`apply_once`] writes to: the nft table, the netlink state (addresses, rules,
-/// routes) when there is a netlink handle, and the DNS snooping listener's learned
-/// addresses, which a full replace keeps.
-pub(crate) struct Kernel<'a, B> {
-    pub syncer: &'a mut NftSyncer<B>,
-    pub net: Option<&'a Netlink>,
-    pub snoop: Option<&'a crate::dataplane::nflog::SnoopHandle>,
-}
-
-/// Compile and sync once: netlink state first (addresses, rules, routes), then the nft
-/// table; returns the statuses with kernel failures folded in, and the links the
-/// compile used when it read them (what later link checks compare against).
-pub(crate) async fn apply_once<B: NftBackend>(
-    view: &ClusterView,
-    node: &NodeConfig,
-    dns: &DnsAnswers,
-    kernel: Kernel<'_, B>,
-    cache: &mut crate::compile::CompileCache,
-    seen: Option<std::time::Instant>,
-) -> (Desired, Result<SyncKind, SyncError>, Option<HostLinks>, Phases) {
-    let Kernel { syncer, net, snoop } = kernel;
-    let started = std::time::Instant::now();
-    let mut phases = Phases::default();
-    let mut host = HostLinks::default();
-    let mut links_read = false;
-    let mut net_error: Option<SyncError> = None;
-    let wants_net = links_matter(view, node);
-    // The links matter to EgressIP only (compile reads them for nothing else).
-    if let Some(net) = net.filter(|_| wants_net) {
-        let t = std::time::Instant::now();
-        match net.links().await {
-            Ok(h) => {
-                host = h;
-                links_read = true;
-            }
-            Err(e) => net_error = Some(e.into()),
-        }
-        phases.netlink += t.elapsed();
-    }
-    let t = std::time::Instant::now();
-    let mut desired = tokio::task::block_in_place(|| crate::compile::compile_cached(view, node, dns, &host, cache));
-    phases.compile += t.elapsed();
-    // At most twice: when another host answers for an address about to be added, the
-    // links (with that conflict) are read again and the node compiled without it.
-    for attempt in 0..2 {
-        let Some(net) = net else {
-            if wants_net {
-                net_error = Some(SyncError::NoNetlink);
-            }
-            break;
-        };
-        if net_error.is_some() {
-            break;
-        }
-        let t = std::time::Instant::now();
-        let synced = net.sync_if_changed(&desired.net).await;
-        phases.netlink += t.elapsed();
-        match synced {
-            Ok(changes) => {
-                report_net_changes(&changes).await;
-                if changes.conflicts.is_empty() || attempt == 1 {
-                    break;
-                }
-                let t = std::time::Instant::now();
-                match net.links().await {
-                    Ok(h) => host = h,
-                    Err(e) => net_error = Some(e.into()),
-                }
-                phases.netlink += t.elapsed();
-                let t = std::time::Instant::now();
-                desired = tokio::task::block_in_place(|| crate::compile::compile_cached(view, node, dns, &host, cache));
-                phases.compile += t.elapsed();
-            }
-            Err(e) => net_error = Some(e.into()),
-        }
-    }
-    if let Some(e) = &net_error {
-        tracing::error!(error = %e, "netlink sync failed; will retry");
-        let net_kinds = [crate::api::Kind::EgressIP, crate::api::Kind::CloudPrivateIPConfig];
-        for s in desired.statuses.iter_mut().filter(|s| net_kinds.contains(&s.key.kind)) {
-            s.fail(&format!("kernel error: {e}"));
-        }
-    }
-    let t = std::time::Instant::now();
-    // A full replace keeps what DNS snooping learned (the table does not hold it) in
-    // its transaction.
-    let mut kept = 0;
-    let keep = || {
-        let mut slots: BTreeSet<crate::nft::Slot> =
-            desired.snoop.names.values().flatten().flat_map(|n| n.slots).flatten().collect();
-        // The DNS proxy's guard elements too: a replace must not send queries direct.
-        slots.extend([false, true].map(crate::dns::targets::DnsProxySettings::guard_slot));
-        let elements = snoop.map(|h| h.kept(&slots)).unwrap_or_default();
-        kept = elements.len();
-        elements
-    };
-    let result = tokio::task::block_in_place(|| syncer.sync_keeping(&mut desired.table, keep)).map_err(SyncError::from);
-    if kept > 0 && result.is_ok() {
-        tracing::info!(elements = kept, "learned DNS addresses kept through a full sync");
-    }
-    phases.nft = syncer.backend_time();
-    phases.diff = t.elapsed().saturating_sub(phases.nft);
-    let ms = |d: Duration| (d.as_secs_f64() * 1e4).round() / 10.0;
-    match &result {
-        Ok(kind) => tracing::info!(
-            sync = ?kind,
-            rules = desired.table.rule_count(),
-            elements = desired.table.element_count(),
-            egress_ips_hosted = desired.net.addresses.len(),
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            // From the source seeing the change (a watch event arriving) to the kernel's
-            // ack: the source's reading and the agent's work before the compile too.
-            seen_ms = seen.map(|s| ms(s.elapsed())),
-            compile_ms = ms(phases.compile),
-            diff_ms = ms(phases.diff),
-            netlink_ms = ms(phases.netlink),
-            nft_ms = ms(phases.nft),
-            "dataplane in sync"
-        ),
-        Err(e) => {
-            tracing::error!(error = %e, "nft sync failed; will retry in full");
-            for s in &mut desired.statuses {
-                s.fail(&format!("kernel error: {e}"));
-            }
-        }
-    }
-    for w in &desired.warnings {
-        tracing::warn!(warning = %w, "cluster view");
-    }
-    let result = match (result, net_error) {
-        (Ok(_), Some(e)) => Err(e),
-        (r, _) => r,
-    };
-    (desired, result, links_read.then_some(host), phases)
-}
-
-/// Where one sync's time went: egressd's own work (`compile`, `diff`: the delta and its
-/// script) and the kernel's (`netlink`; `nft`: the `nft` program and the kernel).
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct Phases {
-    compile: Duration,
-    diff: Duration,
-    netlink: Duration,
-    nft: Duration,
 }
 
 /// The statuses of `new` that `old` does not hold as they are. Both are sorted by key,
