@@ -542,23 +542,36 @@ fn a_cluster_dns_service_address_behind_kube_proxys_dnat_is_proxied() {
         t.node.nft_list(),
         agent.log_text()
     );
-    let results: Vec<Result<SocketAddr, String>> = p0.run(move || (1..=200).map(ask_connect).collect());
-    let failed: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
-    assert!(failed.is_empty(), "{} of 200 failed: {:?}", failed.len(), &failed[..failed.len().min(5)]);
+    // Every answer must come from VIP:53, in every round. A round whose 200 queries all
+    // passed the proxy must have lost no connection; one where a starved debug build let
+    // the guard expire (queries then go direct and are only snooped, by design) is asked
+    // again, up to three rounds.
     let vip: SocketAddr = format!("{VIP}:53").parse().unwrap();
-    let elsewhere: Vec<(usize, &SocketAddr)> = results
-        .iter()
-        .enumerate()
-        .filter_map(|(i, r)| r.as_ref().ok().filter(|from| **from != vip).map(|f| (i + 1, f)))
-        .collect();
-    assert!(
-        elsewhere.is_empty(),
-        "{} answers did not come from the Service address (query number, source): {elsewhere:?}\n{}\n{}",
-        elsewhere.len(),
-        t.node.nft_list(),
-        agent.log_text()
-    );
-    assert!(proxied(&t, "udp") >= 200, "the queries did not pass the proxy");
+    let mut all_proxied = false;
+    for round in 0..3u32 {
+        let before = proxied(&t, "udp");
+        let first = 1 + round * 200;
+        let results: Vec<Result<SocketAddr, String>> = p0.run(move || (first..first + 200).map(ask_connect).collect());
+        let elsewhere: Vec<(usize, &SocketAddr)> = results
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| r.as_ref().ok().filter(|from| **from != vip).map(|f| (i + 1, f)))
+            .collect();
+        assert!(
+            elsewhere.is_empty(),
+            "{} answers did not come from the Service address (query number, source): {elsewhere:?}\n{}\n{}",
+            elsewhere.len(),
+            t.node.nft_list(),
+            agent.log_text()
+        );
+        if proxied(&t, "udp") >= before + 200 {
+            let failed: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+            assert!(failed.is_empty(), "{} of 200 failed: {:?}", failed.len(), &failed[..failed.len().min(5)]);
+            all_proxied = true;
+            break;
+        }
+    }
+    assert!(all_proxied, "in three rounds the queries never all passed the proxy:\n{}", agent.log_text());
 }
 
 #[test]
