@@ -6,9 +6,10 @@
 //! egressd's range; a route when its protocol is egressd's and its table is in the
 //! range. Nothing else is ever changed or removed.
 //!
-//! Sync reads the owned state back from the kernel (a dump costs ~2 ms), removes what is
-//! not desired, adds what is missing and replaces routes whose next hops differ; correct
-//! entries are never touched, so a restart causes no flap.
+//! Sync reads the owned state back from the kernel (a dump costs ~2 ms) and takes the
+//! steps of [`crate::net::plan::between`]: removes what is not desired, adds what is
+//! missing and replaces routes whose next hops differ; correct entries are never
+//! touched, so a restart causes no flap.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
