@@ -719,11 +719,11 @@ fn emit_tables(ctx: &Ctx, t: Tables, table: &mut Table) {
     snat_rules.extend(tunnel_snat.into_iter().flatten());
     snat_rules.extend([
         format!(
-            "meta mark and {m:#010x} != 0 rt ip nexthop @{GATEWAYS_V4} ct mark set ct mark or {m:#010x} counter snat ip to ip saddr",
+            "meta mark and {m:#010x} != 0x00000000 rt ip nexthop @{GATEWAYS_V4} ct mark set ct mark or {m:#010x} counter snat ip to ip saddr",
             m = settings.mark_mask
         ),
         format!(
-            "meta mark and {m:#010x} != 0 rt ip6 nexthop @{GATEWAYS_V6} ct mark set ct mark or {m:#010x} counter snat ip6 to ip6 saddr",
+            "meta mark and {m:#010x} != 0x00000000 rt ip6 nexthop @{GATEWAYS_V6} ct mark set ct mark or {m:#010x} counter snat ip6 to ip6 saddr",
             m = settings.mark_mask
         ),
         format!("ip saddr vmap @{SNAT_V4}"),

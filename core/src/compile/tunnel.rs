@@ -71,7 +71,9 @@ fn snat_rules(settings: &EgressSettings, plan: &TunnelPlan) -> Vec<String> {
     }
     for (f, (ip, name)) in [("ip", TUNNEL_GATEWAYS[0]), ("ip6", TUNNEL_GATEWAYS[1])].into_iter().enumerate() {
         if let Some(me) = plan.self_addr[f].filter(|_| !plan.steer_gateways[f].is_empty()) {
-            rules.push(format!("meta mark and {m:#010x} != 0 rt {ip} nexthop @{name} counter snat {ip} to {me}"));
+            rules.push(format!(
+                "meta mark and {m:#010x} != 0x00000000 rt {ip} nexthop @{name} counter snat {ip} to {me}"
+            ));
         }
     }
     rules
@@ -169,7 +171,7 @@ pub(super) fn emit(
         TUNNEL_MSS_CHAIN.into(),
         Chain::base(
             Hook { chain_type: "filter", hook: "forward", priority: "mangle" },
-            vec![format!("meta mark and {m:#010x} != 0 tcp flags syn tcp option maxseg size set rt mtu")],
+            vec![format!("meta mark and {m:#010x} != 0x00000000 tcp flags syn tcp option maxseg size set rt mtu")],
         ),
     );
     for v6 in [false, true] {
@@ -195,5 +197,5 @@ pub(super) fn emit(
 /// tunnel device's outer lookup uses the packet's mark).
 pub(super) fn clear_mark_rule(settings: &EgressSettings) -> String {
     let m = settings.mark_mask;
-    format!("meta mark and {m:#010x} != 0 meta mark set meta mark and {:#010x} or 0x00000000", !m)
+    format!("meta mark and {m:#010x} != 0x00000000 meta mark set meta mark and {:#010x} or 0x00000000", !m)
 }

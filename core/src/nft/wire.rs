@@ -1898,7 +1898,7 @@ mod tests {
         );
         assert_eq!(
             debug(
-                "meta mark and 0x00ff0000 != 0 rt ip nexthop @g4 ct mark set ct mark or 0x00ff0000 counter snat ip to ip saddr"
+                "meta mark and 0x00ff0000 != 0x00000000 rt ip nexthop @g4 ct mark set ct mark or 0x00ff0000 counter snat ip to ip saddr"
             ),
             [
                 "[ meta load mark => reg 1 ]",
