@@ -8,6 +8,7 @@
 pub mod delta;
 mod diff;
 mod render;
+pub mod rule;
 pub mod verified;
 pub mod wire;
 

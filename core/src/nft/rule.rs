@@ -1,0 +1,1102 @@
+//! A rule of egressd's table as a typed value: matches, then statements, then at most
+//! one verdict, and a comment — one variant for each phrase of the vocabulary the
+//! compiler writes (listed in [`super::wire`]).
+//!
+//! [`Rule`]'s `Display` is the nft syntax (`egressd render`, the goldens, the `nft`
+//! fallback) and its `FromStr` reads that syntax back; [`super::wire`] encodes a value
+//! as kernel expressions. A value that prints the text `t` reads back from `t`, and
+//! reading the compiler's text prints it unchanged (the tests check both).
+
+use std::fmt;
+use std::net::IpAddr;
+use std::str::FromStr;
+
+use ipnet::IpNet;
+
+/// A rule: `matches`, `statements`, `verdict`, `comment`, written in that order.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Rule {
+    /// What a packet must match, in order.
+    pub matches: Vec<Match>,
+    /// What is done to a matching packet, in order.
+    pub statements: Vec<Statement>,
+    /// Where it goes then (none: on to the next rule).
+    pub verdict: Option<Verdict>,
+    /// `comment "…"` (no `"` inside).
+    pub comment: Option<String>,
+}
+
+/// An address family's keyword: `ip` or `ip6`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// `ip`.
+    V4,
+    /// `ip6`.
+    V6,
+}
+
+/// `saddr` or `daddr`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddrField {
+    /// The source address.
+    Saddr,
+    /// The destination address.
+    Daddr,
+}
+
+/// `sport` or `dport`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PortField {
+    /// The source port.
+    Sport,
+    /// The destination port.
+    Dport,
+}
+
+/// A transport protocol with ports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Proto {
+    /// `tcp`.
+    Tcp,
+    /// `udp`.
+    Udp,
+    /// `sctp`.
+    Sctp,
+}
+
+/// The packet's mark (`meta`) or its connection's (`ct`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MarkOf {
+    /// `meta mark`.
+    Packet,
+    /// `ct mark`.
+    Conn,
+}
+
+/// `==` or `!=`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cmp {
+    /// `==`.
+    Eq,
+    /// `!=`.
+    Neq,
+}
+
+/// A connection's direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// `original`.
+    Original,
+    /// `reply`.
+    Reply,
+}
+
+/// The connection states the compiler matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CtState {
+    /// `new`.
+    New,
+    /// `established`.
+    Established,
+}
+
+/// The ICMPv6 types of neighbour discovery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Icmpv6Type {
+    /// `nd-router-solicit` (133).
+    RouterSolicit,
+    /// `nd-router-advert` (134).
+    RouterAdvert,
+    /// `nd-neighbor-solicit` (135).
+    NeighborSolicit,
+    /// `nd-neighbor-advert` (136).
+    NeighborAdvert,
+    /// `nd-redirect` (137).
+    Redirect,
+}
+
+/// A match: the packet goes on to the next one only when it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(missing_docs, reason = "a variant's doc is its syntax, which names its fields")]
+pub enum Match {
+    /// `meta nfproto ipv4|ipv6`.
+    Nfproto(Family),
+    /// `ip|ip6 saddr|daddr <address or prefix>` (a full-length prefix is written as
+    /// its address).
+    Addr { family: Family, field: AddrField, net: IpNet },
+    /// `ip|ip6 saddr|daddr [!=] @set`.
+    AddrIn { family: Family, field: AddrField, set: String, negated: bool },
+    /// `ip|ip6 saddr|daddr and <mask> @set`: the address masked, looked up.
+    AddrMaskedIn { family: Family, field: AddrField, mask: IpAddr, set: String },
+    /// `meta l4proto <proto>`.
+    Proto(Proto),
+    /// `meta l4proto { <proto>, … }`.
+    ProtoIn(Vec<Proto>),
+    /// `tcp|udp|sctp dport <port>`.
+    Dport(Proto, u16),
+    /// `meta l4proto . th dport { <proto> . <port>, … }`.
+    ProtoPortIn(Vec<(Proto, u16)>),
+    /// `meta l4proto . th dport . ip|ip6 daddr @set` (an interval concatenation).
+    ProtoPortAddrIn { family: Family, set: String },
+    /// `th sport|dport <port>`, after a protocol match.
+    ThPort(PortField, u16),
+    /// `@th,<bit offset>,<bits> <value>`: raw transport header bits.
+    ThBits { offset: u32, bits: u32, value: u32 },
+    /// `tcp flags syn`: the SYN bit set.
+    TcpSyn,
+    /// `icmpv6 type { <type>, … }`.
+    Icmpv6Types(Vec<Icmpv6Type>),
+    /// `meta|ct mark and <mask> ==|!= <value>`.
+    Mark { of: MarkOf, mask: u32, cmp: Cmp, value: u32 },
+    /// `ct mark and <mask> [or <bits>] @set`.
+    CtMarkIn { mask: u32, or: Option<u32>, set: String },
+    /// `ct state new|established`.
+    CtState(CtState),
+    /// `ct direction original|reply`.
+    CtDirection(Direction),
+    /// `ct original proto-dst <port>`.
+    CtOriginalProtoDst(u16),
+    /// `ct original ip|ip6 saddr|daddr @set`.
+    CtOriginalAddrIn { family: Family, field: AddrField, set: String },
+    /// `rt ip|ip6 nexthop [!=] @set`.
+    RtNexthopIn { family: Family, set: String, negated: bool },
+    /// `fib saddr . iif oif missing`: the source is not routed back through the input
+    /// interface.
+    FibSaddrIifMissing,
+    /// `numgen random mod 1 offset <hi> . numgen random mod 1 offset <lo> . ip|ip6 daddr
+    /// @set`: the destination in one tag's share of a shared set ([`super::Slot`]).
+    TaggedIn { tag: u64, family: Family, set: String },
+}
+
+/// A statement: done to the packet, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(missing_docs, reason = "a variant's doc is its syntax, which names its fields")]
+pub enum Statement {
+    /// `ip|ip6 dscp set <0-63>`.
+    Dscp(Family, u8),
+    /// `meta|ct mark set meta|ct mark and <keep> or <bits>` (the same mark both sides).
+    SetMark { of: MarkOf, keep: u32, or: u32 },
+    /// `ct mark set ct mark or <bits>`.
+    CtMarkOr(u32),
+    /// `tcp option maxseg size set rt mtu`, after a TCP match.
+    MssToRoute,
+    /// `notrack`.
+    Notrack,
+    /// `tproxy ip|ip6 to :<port>`, after a protocol match.
+    Tproxy(Family, u16),
+    /// `snat ip|ip6 to <address>`.
+    SnatTo(IpAddr),
+    /// `snat ip|ip6 to ip|ip6 saddr`: the source address kept, the connection NATed.
+    SnatToSaddr(Family),
+    /// `limit rate [over] <n>/second burst <n> packets`.
+    Limit { rate: u64, burst: u32, over: bool },
+    /// `log prefix "<prefix>" group <n> [queue-threshold <n>]`.
+    Log { prefix: String, group: u16, queue_threshold: Option<u16> },
+    /// `counter`.
+    Counter,
+    /// `counter name "<name>"`.
+    NamedCounter(String),
+}
+
+/// A verdict: where the packet goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(missing_docs, reason = "a variant's doc is its syntax, which names its fields")]
+pub enum Verdict {
+    /// `accept`.
+    Accept,
+    /// `drop`.
+    Drop,
+    /// `return`.
+    Return,
+    /// `jump <chain>`.
+    Jump(String),
+    /// `goto <chain>`.
+    Goto(String),
+    /// `ip|ip6 saddr|daddr vmap @map`: the verdict the address maps to.
+    Map { family: Family, field: AddrField, map: String },
+}
+
+/// Why a text is not a rule of the vocabulary: the word where reading stopped (empty
+/// at the end) and what was expected there.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("at `{word}`: {expected} expected")]
+pub struct ParseError {
+    /// The word.
+    pub word: String,
+    /// What the vocabulary has there.
+    pub expected: &'static str,
+}
+
+impl Family {
+    /// Of an address.
+    pub fn of(ip: IpAddr) -> Self {
+        if ip.is_ipv6() { Family::V6 } else { Family::V4 }
+    }
+
+    fn word(self) -> &'static str {
+        match self {
+            Family::V4 => "ip",
+            Family::V6 => "ip6",
+        }
+    }
+}
+
+impl Proto {
+    /// The nft keyword.
+    pub fn word(self) -> &'static str {
+        match self {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+            Proto::Sctp => "sctp",
+        }
+    }
+
+    /// The IP protocol number.
+    pub fn number(self) -> u8 {
+        match self {
+            Proto::Tcp => 6,
+            Proto::Udp => 17,
+            Proto::Sctp => 132,
+        }
+    }
+
+    fn from_word(w: &str) -> Option<Self> {
+        match w {
+            "tcp" => Some(Proto::Tcp),
+            "udp" => Some(Proto::Udp),
+            "sctp" => Some(Proto::Sctp),
+            _ => None,
+        }
+    }
+}
+
+impl Icmpv6Type {
+    const ALL: [(Icmpv6Type, &'static str, u8); 5] = [
+        (Icmpv6Type::RouterSolicit, "nd-router-solicit", 133),
+        (Icmpv6Type::RouterAdvert, "nd-router-advert", 134),
+        (Icmpv6Type::NeighborSolicit, "nd-neighbor-solicit", 135),
+        (Icmpv6Type::NeighborAdvert, "nd-neighbor-advert", 136),
+        (Icmpv6Type::Redirect, "nd-redirect", 137),
+    ];
+
+    /// The ICMPv6 type number.
+    pub fn number(self) -> u8 {
+        Self::ALL.iter().find(|(t, ..)| *t == self).map_or(0, |(_, _, n)| *n)
+    }
+
+    fn word(self) -> &'static str {
+        Self::ALL.iter().find(|(t, ..)| *t == self).map_or("", |(_, w, _)| w)
+    }
+}
+
+fn mark_word(of: MarkOf) -> &'static str {
+    match of {
+        MarkOf::Packet => "meta",
+        MarkOf::Conn => "ct",
+    }
+}
+
+fn field_word(f: AddrField) -> &'static str {
+    match f {
+        AddrField::Saddr => "saddr",
+        AddrField::Daddr => "daddr",
+    }
+}
+
+fn port_word(f: PortField) -> &'static str {
+    match f {
+        PortField::Sport => "sport",
+        PortField::Dport => "dport",
+    }
+}
+
+/// A list as nft writes it: `{ a, b }`.
+fn braced<T>(f: &mut fmt::Formatter<'_>, items: &[T], item: impl Fn(&T) -> String) -> fmt::Result {
+    let items: Vec<String> = items.iter().map(item).collect();
+    write!(f, "{{ {} }}", items.join(", "))
+}
+
+impl fmt::Display for Match {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Match::Nfproto(Family::V4) => write!(f, "meta nfproto ipv4"),
+            Match::Nfproto(Family::V6) => write!(f, "meta nfproto ipv6"),
+            Match::Addr { family, field, net } if net.prefix_len() == net.max_prefix_len() => {
+                write!(f, "{} {} {}", family.word(), field_word(*field), net.addr())
+            }
+            Match::Addr { family, field, net } => write!(f, "{} {} {net}", family.word(), field_word(*field)),
+            Match::AddrIn { family, field, set, negated } => {
+                let not = if *negated { "!= " } else { "" };
+                write!(f, "{} {} {not}@{set}", family.word(), field_word(*field))
+            }
+            Match::AddrMaskedIn { family, field, mask, set } => {
+                write!(f, "{} {} and {mask} @{set}", family.word(), field_word(*field))
+            }
+            Match::Proto(p) => write!(f, "meta l4proto {}", p.word()),
+            Match::ProtoIn(ps) => {
+                write!(f, "meta l4proto ")?;
+                braced(f, ps, |p| p.word().to_string())
+            }
+            Match::Dport(p, port) => write!(f, "{} dport {port}", p.word()),
+            Match::ProtoPortIn(items) => {
+                write!(f, "meta l4proto . th dport ")?;
+                braced(f, items, |(p, port)| format!("{} . {port}", p.word()))
+            }
+            Match::ProtoPortAddrIn { family, set } => {
+                write!(f, "meta l4proto . th dport . {} daddr @{set}", family.word())
+            }
+            Match::ThPort(field, port) => write!(f, "th {} {port}", port_word(*field)),
+            Match::ThBits { offset, bits, value } => write!(f, "@th,{offset},{bits} {value}"),
+            Match::TcpSyn => write!(f, "tcp flags syn"),
+            Match::Icmpv6Types(types) => {
+                write!(f, "icmpv6 type ")?;
+                braced(f, types, |t| t.word().to_string())
+            }
+            Match::Mark { of, mask, cmp, value } => {
+                let op = if *cmp == Cmp::Eq { "==" } else { "!=" };
+                write!(f, "{} mark and {mask:#010x} {op} {value:#010x}", mark_word(*of))
+            }
+            Match::CtMarkIn { mask, or: None, set } => write!(f, "ct mark and {mask:#010x} @{set}"),
+            Match::CtMarkIn { mask, or: Some(or), set } => write!(f, "ct mark and {mask:#010x} or {or:#010x} @{set}"),
+            Match::CtState(CtState::New) => write!(f, "ct state new"),
+            Match::CtState(CtState::Established) => write!(f, "ct state established"),
+            Match::CtDirection(Direction::Original) => write!(f, "ct direction original"),
+            Match::CtDirection(Direction::Reply) => write!(f, "ct direction reply"),
+            Match::CtOriginalProtoDst(port) => write!(f, "ct original proto-dst {port}"),
+            Match::CtOriginalAddrIn { family, field, set } => {
+                write!(f, "ct original {} {} @{set}", family.word(), field_word(*field))
+            }
+            Match::RtNexthopIn { family, set, negated } => {
+                let not = if *negated { "!= " } else { "" };
+                write!(f, "rt {} nexthop {not}@{set}", family.word())
+            }
+            Match::FibSaddrIifMissing => write!(f, "fib saddr . iif oif missing"),
+            Match::TaggedIn { tag, family, set } => write!(
+                f,
+                "numgen random mod 1 offset {} . numgen random mod 1 offset {} . {} daddr @{set}",
+                tag >> 32,
+                *tag as u32,
+                family.word()
+            ),
+        }
+    }
+}
+
+impl fmt::Display for Statement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Statement::Dscp(family, d) => write!(f, "{} dscp set {d}", family.word()),
+            Statement::SetMark { of, keep, or } => {
+                let m = mark_word(*of);
+                write!(f, "{m} mark set {m} mark and {keep:#010x} or {or:#010x}")
+            }
+            Statement::CtMarkOr(bits) => write!(f, "ct mark set ct mark or {bits:#010x}"),
+            Statement::MssToRoute => write!(f, "tcp option maxseg size set rt mtu"),
+            Statement::Notrack => write!(f, "notrack"),
+            Statement::Tproxy(family, port) => write!(f, "tproxy {} to :{port}", family.word()),
+            Statement::SnatTo(ip) => write!(f, "snat {} to {ip}", Family::of(*ip).word()),
+            Statement::SnatToSaddr(family) => write!(f, "snat {0} to {0} saddr", family.word()),
+            Statement::Limit { rate, burst, over } => {
+                let over = if *over { "over " } else { "" };
+                write!(f, "limit rate {over}{rate}/second burst {burst} packets")
+            }
+            Statement::Log { prefix, group, queue_threshold } => {
+                write!(f, "log prefix \"{prefix}\" group {group}")?;
+                match queue_threshold {
+                    Some(q) => write!(f, " queue-threshold {q}"),
+                    None => Ok(()),
+                }
+            }
+            Statement::Counter => write!(f, "counter"),
+            Statement::NamedCounter(name) => write!(f, "counter name \"{name}\""),
+        }
+    }
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Verdict::Accept => write!(f, "accept"),
+            Verdict::Drop => write!(f, "drop"),
+            Verdict::Return => write!(f, "return"),
+            Verdict::Jump(chain) => write!(f, "jump {chain}"),
+            Verdict::Goto(chain) => write!(f, "goto {chain}"),
+            Verdict::Map { family, field, map } => write!(f, "{} {} vmap @{map}", family.word(), field_word(*field)),
+        }
+    }
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut sep = "";
+        let mut part = |f: &mut fmt::Formatter<'_>, item: &dyn fmt::Display| {
+            let r = write!(f, "{sep}{item}");
+            sep = " ";
+            r
+        };
+        for m in &self.matches {
+            part(f, m)?;
+        }
+        for s in &self.statements {
+            part(f, s)?;
+        }
+        if let Some(v) = &self.verdict {
+            part(f, v)?;
+        }
+        if let Some(c) = &self.comment {
+            part(f, &format_args!("comment \"{c}\""))?;
+        }
+        Ok(())
+    }
+}
+
+// --- reading ------------------------------------------------------------------------
+
+/// Split a rule into words, a `"…"` string (without escapes: the compiler writes none)
+/// being one word with its quotes.
+fn words(rule: &str) -> Result<Vec<&str>, ParseError> {
+    let mut out = Vec::new();
+    let mut rest = rule.trim_start();
+    while !rest.is_empty() {
+        let end = if let Some(quoted) = rest.strip_prefix('"') {
+            match quoted.find('"') {
+                Some(i) => i + 2,
+                None => return Err(ParseError { word: rest.to_string(), expected: "a closing `\"`" }),
+            }
+        } else {
+            rest.find(char::is_whitespace).unwrap_or(rest.len())
+        };
+        out.push(&rest[..end]);
+        rest = rest[end..].trim_start();
+    }
+    Ok(out)
+}
+
+/// The words of a rule, read from the front.
+struct Words<'a> {
+    w: Vec<&'a str>,
+    i: usize,
+}
+
+impl<'a> Words<'a> {
+    fn peek(&self, ahead: usize) -> Option<&'a str> {
+        self.w.get(self.i + ahead).copied()
+    }
+
+    /// Whether the next words are `phrase` (not consumed).
+    fn at(&self, phrase: &[&str]) -> bool {
+        self.w.get(self.i..self.i + phrase.len()) == Some(phrase)
+    }
+
+    /// Consume `phrase` if the next words are it.
+    fn eat(&mut self, phrase: &[&str]) -> bool {
+        let at = self.at(phrase);
+        if at {
+            self.i += phrase.len();
+        }
+        at
+    }
+
+    fn fail<T>(&self, expected: &'static str) -> Result<T, ParseError> {
+        Err(ParseError { word: self.peek(0).unwrap_or("").to_string(), expected })
+    }
+
+    fn expect(&mut self, phrase: &[&str], expected: &'static str) -> Result<(), ParseError> {
+        if self.eat(phrase) { Ok(()) } else { self.fail(expected) }
+    }
+
+    /// The next word, parsed by `read`.
+    fn take<T>(&mut self, expected: &'static str, read: impl FnOnce(&'a str) -> Option<T>) -> Result<T, ParseError> {
+        match self.peek(0).and_then(read) {
+            Some(v) => {
+                self.i += 1;
+                Ok(v)
+            }
+            None => self.fail(expected),
+        }
+    }
+
+    fn number<T: FromStr>(&mut self, expected: &'static str) -> Result<T, ParseError> {
+        self.take(expected, |w| w.parse().ok())
+    }
+
+    fn mark(&mut self) -> Result<u32, ParseError> {
+        self.take("a 32-bit mark", |w| match w.strip_prefix("0x") {
+            Some(hex) => u32::from_str_radix(hex, 16).ok(),
+            None => w.parse().ok(),
+        })
+    }
+
+    fn set(&mut self) -> Result<String, ParseError> {
+        self.take("a set (`@name`)", |w| w.strip_prefix('@').filter(|n| !n.is_empty()).map(str::to_string))
+    }
+
+    fn quoted(&mut self) -> Result<String, ParseError> {
+        self.take("a string in quotes", |w| {
+            (w.len() >= 2 && w.starts_with('"') && w.ends_with('"')).then(|| w[1..w.len() - 1].to_string())
+        })
+    }
+
+    fn family(&mut self) -> Result<Family, ParseError> {
+        self.take("`ip` or `ip6`", |w| match w {
+            "ip" => Some(Family::V4),
+            "ip6" => Some(Family::V6),
+            _ => None,
+        })
+    }
+
+    fn field(&mut self) -> Result<AddrField, ParseError> {
+        self.take("`saddr` or `daddr`", |w| match w {
+            "saddr" => Some(AddrField::Saddr),
+            "daddr" => Some(AddrField::Daddr),
+            _ => None,
+        })
+    }
+
+    fn proto(&mut self) -> Result<Proto, ParseError> {
+        self.take("`tcp`, `udp` or `sctp`", Proto::from_word)
+    }
+
+    /// The items of a `{ a, b . c, … }` list, each read by `item` from its words.
+    fn braced<T>(&mut self, item: impl Fn(&[&str]) -> Option<T>, expected: &'static str) -> Result<Vec<T>, ParseError> {
+        self.expect(&["{"], "`{`")?;
+        let mut items = vec![Vec::new()];
+        loop {
+            let word = self.take("`}`", Some)?;
+            if word == "}" {
+                break;
+            }
+            let (word, last) = match word.strip_suffix(',') {
+                Some(x) => (x, true),
+                None => (word, false),
+            };
+            if let (false, Some(current)) = (word == ".", items.last_mut()) {
+                current.push(word);
+            }
+            if last {
+                items.push(Vec::new());
+            }
+        }
+        let read: Option<Vec<T>> = items.iter().map(|words| item(words)).collect();
+        match read {
+            Some(read) if !read.is_empty() => Ok(read),
+            _ => Err(ParseError { word: items.concat().join(" "), expected }),
+        }
+    }
+}
+
+impl Words<'_> {
+    /// A match at the front, if one starts there.
+    fn a_match(&mut self) -> Result<Option<Match>, ParseError> {
+        let m = match (self.peek(0), self.peek(1)) {
+            (Some("meta"), Some("nfproto")) => {
+                self.i += 2;
+                let f = self.take("`ipv4` or `ipv6`", |w| match w {
+                    "ipv4" => Some(Family::V4),
+                    "ipv6" => Some(Family::V6),
+                    _ => None,
+                })?;
+                Match::Nfproto(f)
+            }
+            (Some("ip" | "ip6"), Some("saddr" | "daddr")) if self.peek(2) != Some("vmap") => {
+                let (family, field) = (self.family()?, self.field()?);
+                if self.eat(&["and"]) {
+                    let mask = self.take("a mask of the family", |w| {
+                        w.parse::<IpAddr>().ok().filter(|m| Family::of(*m) == family)
+                    })?;
+                    Match::AddrMaskedIn { family, field, mask, set: self.set()? }
+                } else if self.peek(0).is_some_and(|w| w.starts_with('@')) {
+                    Match::AddrIn { family, field, set: self.set()?, negated: false }
+                } else if self.eat(&["!="]) {
+                    Match::AddrIn { family, field, set: self.set()?, negated: true }
+                } else {
+                    let net = self.take("an address or a prefix of the family without host bits", |w| {
+                        let net = match w.parse::<IpNet>() {
+                            Ok(net) => net,
+                            Err(_) => IpNet::from(w.parse::<IpAddr>().ok()?),
+                        };
+                        (net.trunc() == net && Family::of(net.addr()) == family).then_some(net)
+                    })?;
+                    Match::Addr { family, field, net }
+                }
+            }
+            (Some("tcp"), Some("flags")) => {
+                self.expect(&["tcp", "flags", "syn"], "`tcp flags syn`")?;
+                Match::TcpSyn
+            }
+            (Some(raw), _) if raw.starts_with("@th,") => {
+                let bits: Option<Vec<u32>> = raw[4..].split(',').map(|p| p.parse().ok()).collect();
+                let Some([offset, bits]) = bits.as_deref().and_then(|b| <[u32; 2]>::try_from(b).ok()) else {
+                    return self.fail("`@th,<offset>,<bits>`");
+                };
+                self.i += 1;
+                Match::ThBits { offset, bits, value: self.number("a number")? }
+            }
+            (Some("tcp" | "udp" | "sctp"), Some("dport")) => {
+                let p = self.proto()?;
+                self.i += 1;
+                Match::Dport(p, self.number("a port")?)
+            }
+            (Some("icmpv6"), Some("type")) => {
+                self.i += 2;
+                let types = self.braced(
+                    |item| match item {
+                        [w] => Icmpv6Type::ALL.iter().find(|(_, word, _)| word == w).map(|(t, ..)| *t),
+                        _ => None,
+                    },
+                    "neighbour discovery types",
+                )?;
+                Match::Icmpv6Types(types)
+            }
+            (Some("meta"), Some("l4proto")) => {
+                if self.eat(&["meta", "l4proto", ".", "th", "dport", "."]) {
+                    let family = self.family()?;
+                    self.expect(&["daddr"], "`daddr`")?;
+                    Match::ProtoPortAddrIn { family, set: self.set()? }
+                } else if self.eat(&["meta", "l4proto", ".", "th", "dport"]) {
+                    Match::ProtoPortIn(self.braced(
+                        |item| match item {
+                            [p, port] => Some((Proto::from_word(p)?, port.parse().ok()?)),
+                            _ => None,
+                        },
+                        "`<protocol> . <port>` pairs",
+                    )?)
+                } else if self.peek(2) == Some("{") {
+                    self.i += 2;
+                    Match::ProtoIn(self.braced(
+                        |item| match item {
+                            [p] => Proto::from_word(p),
+                            _ => None,
+                        },
+                        "protocols",
+                    )?)
+                } else {
+                    self.i += 2;
+                    Match::Proto(self.proto()?)
+                }
+            }
+            (Some(m @ ("meta" | "ct")), Some("mark")) if self.peek(2) == Some("and") => {
+                let of = if m == "meta" { MarkOf::Packet } else { MarkOf::Conn };
+                self.i += 3;
+                let mask = self.mark()?;
+                if of == MarkOf::Conn && self.peek(0).is_some_and(|w| w.starts_with('@')) {
+                    Match::CtMarkIn { mask, or: None, set: self.set()? }
+                } else if of == MarkOf::Conn && self.eat(&["or"]) {
+                    let or = Some(self.mark()?);
+                    Match::CtMarkIn { mask, or, set: self.set()? }
+                } else {
+                    let cmp = self.take("`==` or `!=`", |w| match w {
+                        "==" => Some(Cmp::Eq),
+                        "!=" => Some(Cmp::Neq),
+                        _ => None,
+                    })?;
+                    Match::Mark { of, mask, cmp, value: self.mark()? }
+                }
+            }
+            (Some("ct"), Some("state")) => {
+                self.i += 2;
+                Match::CtState(self.take("`new` or `established`", |w| match w {
+                    "new" => Some(CtState::New),
+                    "established" => Some(CtState::Established),
+                    _ => None,
+                })?)
+            }
+            (Some("ct"), Some("direction")) => {
+                self.i += 2;
+                Match::CtDirection(self.take("`original` or `reply`", |w| match w {
+                    "original" => Some(Direction::Original),
+                    "reply" => Some(Direction::Reply),
+                    _ => None,
+                })?)
+            }
+            (Some("ct"), Some("original")) => {
+                self.i += 2;
+                if self.eat(&["proto-dst"]) {
+                    Match::CtOriginalProtoDst(self.number("a port")?)
+                } else {
+                    let (family, field) = (self.family()?, self.field()?);
+                    Match::CtOriginalAddrIn { family, field, set: self.set()? }
+                }
+            }
+            (Some("rt"), _) => {
+                self.i += 1;
+                let family = self.family()?;
+                self.expect(&["nexthop"], "`nexthop`")?;
+                let negated = self.eat(&["!="]);
+                Match::RtNexthopIn { family, set: self.set()?, negated }
+            }
+            (Some("fib"), _) => {
+                self.expect(&["fib", "saddr", ".", "iif", "oif", "missing"], "`fib saddr . iif oif missing`")?;
+                Match::FibSaddrIifMissing
+            }
+            (Some("th"), _) => {
+                self.i += 1;
+                let field = self.take("`sport` or `dport`", |w| match w {
+                    "sport" => Some(PortField::Sport),
+                    "dport" => Some(PortField::Dport),
+                    _ => None,
+                })?;
+                Match::ThPort(field, self.number("a port")?)
+            }
+            (Some("numgen"), _) => {
+                self.expect(&["numgen", "random", "mod", "1", "offset"], "a tagged lookup")?;
+                let hi: u32 = self.number("a 32-bit number")?;
+                self.expect(&[".", "numgen", "random", "mod", "1", "offset"], "a tagged lookup")?;
+                let lo: u32 = self.number("a 32-bit number")?;
+                self.expect(&["."], "`.`")?;
+                let family = self.family()?;
+                self.expect(&["daddr"], "`daddr`")?;
+                Match::TaggedIn { tag: (u64::from(hi) << 32) | u64::from(lo), family, set: self.set()? }
+            }
+            _ => return Ok(None),
+        };
+        Ok(Some(m))
+    }
+
+    /// A statement at the front, if one starts there.
+    fn a_statement(&mut self) -> Result<Option<Statement>, ParseError> {
+        let s = match (self.peek(0), self.peek(1)) {
+            (Some("ip" | "ip6"), Some("dscp")) => {
+                let family = self.family()?;
+                self.expect(&["dscp", "set"], "`dscp set`")?;
+                Statement::Dscp(family, self.take("a DSCP of 0-63", |w| w.parse().ok().filter(|d| *d < 64))?)
+            }
+            (Some(m @ ("meta" | "ct")), Some("mark")) if self.peek(2) == Some("set") => {
+                let of = if m == "meta" { MarkOf::Packet } else { MarkOf::Conn };
+                self.i += 3;
+                self.expect(&[m, "mark"], "the same mark")?;
+                if of == MarkOf::Conn && self.eat(&["or"]) {
+                    Statement::CtMarkOr(self.mark()?)
+                } else {
+                    self.expect(&["and"], "`and` or `or`")?;
+                    let keep = self.mark()?;
+                    self.expect(&["or"], "`or`")?;
+                    Statement::SetMark { of, keep, or: self.mark()? }
+                }
+            }
+            (Some("tcp"), Some("option")) => {
+                self.expect(&["tcp", "option", "maxseg", "size", "set", "rt", "mtu"], "`... maxseg size set rt mtu`")?;
+                Statement::MssToRoute
+            }
+            (Some("notrack"), _) => {
+                self.i += 1;
+                Statement::Notrack
+            }
+            (Some("tproxy"), _) => {
+                self.i += 1;
+                let family = self.family()?;
+                self.expect(&["to"], "`to`")?;
+                Statement::Tproxy(family, self.take("`:<port>`", |w| w.strip_prefix(':')?.parse().ok())?)
+            }
+            (Some("snat"), _) => {
+                self.i += 1;
+                let family = self.family()?;
+                self.expect(&["to"], "`to`")?;
+                if self.eat(&[family.word(), "saddr"]) {
+                    Statement::SnatToSaddr(family)
+                } else {
+                    let ip = self.take("an address of the family", |w| {
+                        w.parse::<IpAddr>().ok().filter(|ip| Family::of(*ip) == family)
+                    })?;
+                    Statement::SnatTo(ip)
+                }
+            }
+            (Some("limit"), _) => {
+                self.expect(&["limit", "rate"], "`limit rate`")?;
+                let over = self.eat(&["over"]);
+                let rate = self.take("`<n>/second`", |w| w.strip_suffix("/second")?.parse().ok())?;
+                self.expect(&["burst"], "`burst`")?;
+                let burst = self.number("a number")?;
+                self.expect(&["packets"], "`packets`")?;
+                Statement::Limit { rate, burst, over }
+            }
+            (Some("log"), _) => {
+                self.expect(&["log", "prefix"], "`log prefix`")?;
+                let prefix = self.quoted()?;
+                self.expect(&["group"], "`log prefix \"…\" group <n>`")?;
+                let group = self.number("a log group of 0-65535")?;
+                let queue_threshold =
+                    if self.eat(&["queue-threshold"]) { Some(self.number("a threshold of 0-65535")?) } else { None };
+                Statement::Log { prefix, group, queue_threshold }
+            }
+            (Some("counter"), Some("name")) => {
+                self.i += 2;
+                Statement::NamedCounter(self.quoted()?)
+            }
+            (Some("counter"), _) => {
+                self.i += 1;
+                Statement::Counter
+            }
+            _ => return Ok(None),
+        };
+        Ok(Some(s))
+    }
+
+    fn a_verdict(&mut self) -> Result<Option<Verdict>, ParseError> {
+        let v = match self.peek(0) {
+            Some("accept") => Verdict::Accept,
+            Some("drop") => Verdict::Drop,
+            Some("return") => Verdict::Return,
+            Some(j @ ("jump" | "goto")) => {
+                self.i += 1;
+                let chain = self.take("a chain", |w| (!w.starts_with('"')).then(|| w.to_string()))?;
+                return Ok(Some(if j == "jump" { Verdict::Jump(chain) } else { Verdict::Goto(chain) }));
+            }
+            Some("ip" | "ip6") if self.peek(2) == Some("vmap") => {
+                let (family, field) = (self.family()?, self.field()?);
+                self.i += 1;
+                return Ok(Some(Verdict::Map { family, field, map: self.set()? }));
+            }
+            _ => return Ok(None),
+        };
+        self.i += 1;
+        Ok(Some(v))
+    }
+}
+
+impl FromStr for Rule {
+    type Err = ParseError;
+
+    /// Read a rule of the vocabulary: matches, statements, a verdict, a comment, in
+    /// that order.
+    fn from_str(text: &str) -> Result<Self, ParseError> {
+        let mut w = Words { w: words(text)?, i: 0 };
+        let mut rule = Rule::default();
+        while let Some(m) = w.a_match()? {
+            rule.matches.push(m);
+        }
+        while let Some(s) = w.a_statement()? {
+            rule.statements.push(s);
+        }
+        rule.verdict = w.a_verdict()?;
+        if w.eat(&["comment"]) {
+            rule.comment = Some(w.quoted()?);
+        }
+        if w.peek(0).is_some() {
+            return w.fail(if rule.comment.is_some() {
+                "nothing after the comment"
+            } else if rule.verdict.is_some() {
+                "nothing but a comment after the verdict"
+            } else {
+                "a match, a statement or a verdict of the vocabulary"
+            });
+        }
+        Ok(rule)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(text: &str) -> Rule {
+        text.parse().unwrap_or_else(|e| panic!("{text}: {e}"))
+    }
+
+    #[test]
+    fn a_rule_reads_as_matches_statements_verdict_and_comment() {
+        let r =
+            read(r#"ip daddr 192.0.2.0/24 tcp dport 443 counter name "fw-allow" counter accept comment "egress[0]""#);
+        assert_eq!(
+            r,
+            Rule {
+                matches: vec![
+                    Match::Addr { family: Family::V4, field: AddrField::Daddr, net: "192.0.2.0/24".parse().unwrap() },
+                    Match::Dport(Proto::Tcp, 443),
+                ],
+                statements: vec![Statement::NamedCounter("fw-allow".into()), Statement::Counter],
+                verdict: Some(Verdict::Accept),
+                comment: Some("egress[0]".into()),
+            }
+        );
+        let tagged = read("numgen random mod 1 offset 3 . numgen random mod 1 offset 4 . ip6 daddr @dns-v6 accept");
+        assert_eq!(tagged.matches, [Match::TaggedIn { tag: (3 << 32) | 4, family: Family::V6, set: "dns-v6".into() }]);
+        assert_eq!(read("ip saddr vmap @pods").verdict.unwrap().to_string(), "ip saddr vmap @pods");
+    }
+
+    #[test]
+    fn what_is_not_in_the_vocabulary_or_out_of_order_is_refused_where_it_stops() {
+        for (text, word) in [
+            ("ip daddr 198.51.100.1/24 drop", "198.51.100.1/24"),
+            ("ip dscp set 64 return", "64"),
+            ("meta l4proto { udp, icmp } accept", "udp icmp"),
+            ("ct state related accept", "related"),
+            ("fib daddr type local accept", "fib"),
+            ("limit rate 10/minute accept", "10/minute"),
+            ("dnat ip to 192.0.2.1", "dnat"),
+            ("snat ip to 2001:db8::1", "2001:db8::1"),
+            ("meta mark set 0x1", "0x1"),
+            ("accept drop", "drop"),
+            (r#"comment "x" accept"#, "accept"),
+            ("counter ip daddr @a accept", "ip"),
+            (r#"log prefix "x" drop"#, "drop"),
+        ] {
+            let err = text.parse::<Rule>().unwrap_err();
+            assert_eq!(err.word, word, "{text}: {err}");
+        }
+    }
+
+    /// Every rule of the golden tables reads back and prints as it was written.
+    #[test]
+    fn the_compilers_rules_print_as_they_were_written() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/golden");
+        let mut seen = 0;
+        for case in std::fs::read_dir(dir).unwrap() {
+            let text = std::fs::read_to_string(case.unwrap().path().join("expected.txt")).unwrap();
+            let mut in_chain = false;
+            for line in text.lines() {
+                let t = line.trim();
+                if t.starts_with("chain ") {
+                    in_chain = true;
+                } else if t == "}" {
+                    in_chain = false;
+                } else if in_chain && !t.is_empty() && !t.starts_with("type ") {
+                    assert_eq!(read(t).to_string(), t);
+                    seen += 1;
+                }
+            }
+        }
+        assert!(seen > 100, "only {seen} rules found in the goldens");
+    }
+
+    mod printed {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn family() -> impl Strategy<Value = Family> {
+            prop_oneof![Just(Family::V4), Just(Family::V6)]
+        }
+        fn field() -> impl Strategy<Value = AddrField> {
+            prop_oneof![Just(AddrField::Saddr), Just(AddrField::Daddr)]
+        }
+        fn proto() -> impl Strategy<Value = Proto> {
+            prop_oneof![Just(Proto::Tcp), Just(Proto::Udp), Just(Proto::Sctp)]
+        }
+        fn name() -> impl Strategy<Value = String> {
+            "[a-z][a-z0-9-]{0,12}"
+        }
+        fn of() -> impl Strategy<Value = MarkOf> {
+            prop_oneof![Just(MarkOf::Packet), Just(MarkOf::Conn)]
+        }
+        fn net() -> impl Strategy<Value = (Family, IpNet)> {
+            prop_oneof![
+                (any::<u32>(), 0u8..=32).prop_map(|(a, l)| {
+                    let net = IpNet::new(IpAddr::from(a.to_be_bytes()), l).unwrap().trunc();
+                    (Family::V4, net)
+                }),
+                (any::<u128>(), 0u8..=128).prop_map(|(a, l)| {
+                    let net = IpNet::new(IpAddr::from(a.to_be_bytes()), l).unwrap().trunc();
+                    (Family::V6, net)
+                }),
+            ]
+        }
+
+        fn a_match() -> impl Strategy<Value = Match> {
+            prop_oneof![
+                family().prop_map(Match::Nfproto),
+                (net(), field()).prop_map(|((family, net), field)| Match::Addr { family, field, net }),
+                (family(), field(), name(), any::<bool>()).prop_map(|(family, field, set, negated)| Match::AddrIn {
+                    family,
+                    field,
+                    set,
+                    negated
+                }),
+                (net(), field(), name()).prop_map(|((family, net), field, set)| Match::AddrMaskedIn {
+                    family,
+                    field,
+                    mask: net.netmask(),
+                    set
+                }),
+                proto().prop_map(Match::Proto),
+                prop::collection::vec(proto(), 1..4).prop_map(Match::ProtoIn),
+                (proto(), any::<u16>()).prop_map(|(p, port)| Match::Dport(p, port)),
+                prop::collection::vec((proto(), any::<u16>()), 1..4).prop_map(Match::ProtoPortIn),
+                (family(), name()).prop_map(|(family, set)| Match::ProtoPortAddrIn { family, set }),
+                (prop_oneof![Just(PortField::Sport), Just(PortField::Dport)], any::<u16>())
+                    .prop_map(|(f, p)| Match::ThPort(f, p)),
+                (any::<u32>(), any::<u32>(), any::<u32>()).prop_map(|(offset, bits, value)| Match::ThBits {
+                    offset,
+                    bits,
+                    value
+                }),
+                Just(Match::TcpSyn),
+                prop::collection::vec(prop::sample::select(Icmpv6Type::ALL.map(|(t, ..)| t).to_vec()), 1..5)
+                    .prop_map(Match::Icmpv6Types),
+                (of(), any::<u32>(), any::<bool>(), any::<u32>()).prop_map(|(of, mask, eq, value)| Match::Mark {
+                    of,
+                    mask,
+                    cmp: if eq { Cmp::Eq } else { Cmp::Neq },
+                    value
+                }),
+                (any::<u32>(), any::<Option<u32>>(), name()).prop_map(|(mask, or, set)| Match::CtMarkIn {
+                    mask,
+                    or,
+                    set
+                }),
+                prop_oneof![Just(CtState::New), Just(CtState::Established)].prop_map(Match::CtState),
+                prop_oneof![Just(Direction::Original), Just(Direction::Reply)].prop_map(Match::CtDirection),
+                any::<u16>().prop_map(Match::CtOriginalProtoDst),
+                (family(), field(), name()).prop_map(|(family, field, set)| Match::CtOriginalAddrIn {
+                    family,
+                    field,
+                    set
+                }),
+                (family(), name(), any::<bool>()).prop_map(|(family, set, negated)| Match::RtNexthopIn {
+                    family,
+                    set,
+                    negated
+                }),
+                Just(Match::FibSaddrIifMissing),
+                (any::<u64>(), family(), name()).prop_map(|(tag, family, set)| Match::TaggedIn { tag, family, set }),
+            ]
+        }
+
+        fn a_statement() -> impl Strategy<Value = Statement> {
+            prop_oneof![
+                (family(), 0u8..64).prop_map(|(f, d)| Statement::Dscp(f, d)),
+                (of(), any::<u32>(), any::<u32>()).prop_map(|(of, keep, or)| Statement::SetMark { of, keep, or }),
+                any::<u32>().prop_map(Statement::CtMarkOr),
+                Just(Statement::MssToRoute),
+                Just(Statement::Notrack),
+                (family(), any::<u16>()).prop_map(|(f, p)| Statement::Tproxy(f, p)),
+                net().prop_map(|(_, n)| Statement::SnatTo(n.addr())),
+                family().prop_map(Statement::SnatToSaddr),
+                (any::<u64>(), any::<u32>(), any::<bool>()).prop_map(|(rate, burst, over)| Statement::Limit {
+                    rate,
+                    burst,
+                    over
+                }),
+                ("[a-z -]{0,20}", any::<u16>(), any::<Option<u16>>())
+                    .prop_map(|(prefix, group, queue_threshold)| { Statement::Log { prefix, group, queue_threshold } }),
+                Just(Statement::Counter),
+                name().prop_map(Statement::NamedCounter),
+            ]
+        }
+
+        fn a_verdict() -> impl Strategy<Value = Verdict> {
+            prop_oneof![
+                Just(Verdict::Accept),
+                Just(Verdict::Drop),
+                Just(Verdict::Return),
+                name().prop_map(Verdict::Jump),
+                name().prop_map(Verdict::Goto),
+                (family(), field(), name()).prop_map(|(family, field, map)| Verdict::Map { family, field, map }),
+            ]
+        }
+
+        proptest! {
+            /// Any rule value prints as text that reads back as the same value.
+            #[test]
+            fn any_rule_reads_back_from_its_text(
+                matches in prop::collection::vec(a_match(), 0..5),
+                statements in prop::collection::vec(a_statement(), 0..4),
+                verdict in prop::option::of(a_verdict()),
+                comment in prop::option::of("[a-z0-9\\[\\]. -]{0,20}"),
+            ) {
+                let rule = Rule { matches, statements, verdict, comment };
+                let text = rule.to_string();
+                prop_assert_eq!(text.parse::<Rule>(), Ok(rule), "{}", text);
+            }
+        }
+    }
+}
