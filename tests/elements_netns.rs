@@ -117,7 +117,7 @@ fn with_ported(
             "meta l4proto . th dport . ip6 daddr @ported-v6 counter accept".to_string(),
             "counter drop".to_string(),
         ];
-        t.chains.insert(c.into(), Chain { hook: None, rules: Arc::new(rules) });
+        t.chains.insert(c.into(), Chain::regular(rules));
     }
     t.chains.insert(
         "firewall".into(),

@@ -179,7 +179,7 @@ fn what_the_netlink_path_does_not_write_is_refused_before_sending() {
         "a".into(),
         Chain::base(
             egressd::nft::Hook { chain_type: "filter", hook: "forward", priority: "filter" },
-            vec!["ip daddr 192.0.2.0/24 counter accept".into(), "ip ttl set 1 accept".into()],
+            ["ip daddr 192.0.2.0/24 counter accept", "ip ttl set 1 accept"],
         ),
     );
     let err = replace(&ns, table).unwrap_err();
@@ -197,7 +197,7 @@ fn a_refused_batch_names_the_message_and_changes_nothing() {
         "a".into(),
         Chain::base(
             egressd::nft::Hook { chain_type: "filter", hook: "forward", priority: "filter" },
-            vec!["ip daddr 192.0.2.0/24 counter accept".into()],
+            ["ip daddr 192.0.2.0/24 counter accept"],
         ),
     );
     replace(&ns, good.clone()).unwrap();
@@ -207,7 +207,7 @@ fn a_refused_batch_names_the_message_and_changes_nothing() {
         "b".into(),
         Chain::base(
             egressd::nft::Hook { chain_type: "filter", hook: "forward", priority: "filter" },
-            vec!["ip daddr @missing accept".into()],
+            ["ip daddr @missing accept"],
         ),
     );
     let err = replace(&ns, bad).unwrap_err();

@@ -693,7 +693,7 @@ fn emit_tables(ctx: &Ctx, t: Tables, table: &mut Table) {
     table.sets.insert(SNAT_V4.into(), n4);
     table.sets.insert(SNAT_V6.into(), n6);
     if drop_used {
-        table.chains.insert(DROP_CHAIN.into(), Chain::regular(vec!["counter drop".into()]));
+        table.chains.insert(DROP_CHAIN.into(), Chain::regular(["counter drop"]));
     }
     for ip in snat_chains {
         let stmt = match ip {
@@ -1197,7 +1197,7 @@ mod tests {
         // The packets get a's own address (its InternalIP), not the pod's.
         assert!(
             far.table.chains["egress-snat"]
-                .rules
+                .texts()
                 .iter()
                 .any(|r| r.contains("rt ip nexthop @eip-tunnel-gw-v4") && r.ends_with("snat ip to 198.19.0.1")),
             "{:?}",
@@ -1248,7 +1248,7 @@ mod tests {
             ..Default::default()
         };
         let b = run_on(&docs, "b", &links, false);
-        let rx = &b.table.chains["egress-tunnel-in"].rules;
+        let rx = &b.table.chains["egress-tunnel-in"].texts();
         assert!(
             rx.iter().any(|r| r.contains(&format!("@th,96,24 {key} ")) && r.contains("or 0x00810000 accept")),
             "{rx:?}"

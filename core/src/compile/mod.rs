@@ -475,7 +475,7 @@ mod tests {
         let key = slot4.key("192.0.2.7".parse().unwrap());
         assert_eq!(v4.elements.iter().collect::<Vec<_>>(), vec![(&key, &"timeout 305s".into())]);
         assert_eq!(desired.table.sets["dns-v6"].elements.len(), 1);
-        let rules = &desired.table.chains["fw-a"].rules;
+        let rules = &desired.table.chains["fw-a"].texts();
         assert!(rules[0].starts_with(&format!("{} ", slot4.matches("ip"))), "{rules:?}");
         assert!(rules[1].starts_with(&format!("{} ", slot6.matches("ip6"))), "{rules:?}");
         assert_eq!(dns_names(&view(&docs)).into_iter().collect::<Vec<_>>(), vec!["api.example.com.".to_string()]);
@@ -492,7 +492,7 @@ mod tests {
         let snoop = Some(crate::dns::targets::SnoopSettings { group: 1, servers: Vec::new(), rate: 100 });
         let chain = |docs: &str, node: &NodeConfig| {
             let t = compile(&view(docs), node, &DnsAnswers::new()).table;
-            (t.chains["fw-a"].rules.clone(), t.chains.contains_key(crate::nft::verified::CHAIN))
+            (t.chains["fw-a"].texts(), t.chains.contains_key(crate::nft::verified::CHAIN))
         };
         let cidr_and_name = fw(
             "  - {type: Allow, to: {cidrSelector: 192.0.2.0/24}}\n  - {type: Allow, to: {dnsName: api.example.com}}\n  - {type: Deny, to: {cidrSelector: 0.0.0.0/0}}\n",
@@ -517,7 +517,7 @@ mod tests {
         assert!(!verified && rules.iter().all(|r| !r.contains("return") && r != "accept"), "{rules:?}");
         let base = &compile(&view(&cidr_and_name), &node().with_verified_mark_mask(0), &DnsAnswers::new()).table.chains
             ["firewall"];
-        assert!(base.rules.iter().all(|r| !r.contains("fw-epoch")), "{:?}", base.rules);
+        assert!(base.texts().iter().all(|r| !r.contains("fw-epoch")), "{:?}", base.rules);
     }
 
     #[test]
@@ -529,14 +529,14 @@ mod tests {
         let table = |node: NodeConfig| compile(&view(&docs), &node, &DnsAnswers::new()).table;
 
         let with = table(node().with_snoop(snoop.clone()).with_dns_proxy(proxy));
-        let taken = &with.chains["dns-proxy"].rules;
+        let taken = &with.chains["dns-proxy"].texts();
         assert_eq!(taken.len(), 4, "{taken:?}");
         assert!(
             taken.iter().all(|r| r.contains(" dport 53 tproxy ")
                 && r.ends_with(" to :53053 meta mark set meta mark and 0xffffefff or 0x00001000 accept")),
             "{taken:?}"
         );
-        let raw = &with.chains["dns-proxy-raw"].rules;
+        let raw = &with.chains["dns-proxy-raw"].texts();
         assert!(raw.len() == 4 && raw.iter().all(|r| r.ends_with(" dport 53 notrack")), "{raw:?}");
         for (chain, rules) in [("dns-proxy", taken), ("dns-proxy-raw", raw)] {
             // Only snooped pods' queries to a guarded server.
@@ -550,7 +550,7 @@ mod tests {
         for chain in ["dns-snoop-in", "dns-snoop-out"] {
             assert_eq!(with.chains[chain].rules[0], "meta mark and 0x00003000 != 0x00000000 return", "{chain}");
         }
-        assert!(!with.chains["dns-snoop"].rules[0].contains("mark"), "forward copies what the proxy never sees");
+        assert!(!with.chains["dns-snoop"].texts()[0].contains("mark"), "forward copies what the proxy never sees");
         assert!(with.sets["dns-proxy-v4"].elements.is_empty() && with.sets.contains_key("dns-proxy-v6"));
 
         // Snooping alone, or the proxy without snooping: no intercept.
@@ -558,7 +558,7 @@ mod tests {
             let t = table(node);
             assert!(["dns-proxy", "dns-proxy-raw", "dns-proxy-answers"].iter().all(|c| !t.chains.contains_key(*c)));
             assert!(!t.sets.contains_key("dns-proxy-v4"));
-            assert!(t.chains.get("dns-snoop-in").is_none_or(|c| !c.rules[0].contains("mark")));
+            assert!(t.chains.get("dns-snoop-in").is_none_or(|c| !c.texts()[0].contains("mark")));
         }
     }
 

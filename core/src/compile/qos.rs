@@ -4,7 +4,7 @@
 //!   `ip6 saddr vmap @qos-pods-v6` → `jump qos-<namespace>` for pods of this node in a
 //!   namespace with an EgressQoS. Cost per packet: one map lookup, whatever the number
 //!   of namespaces.
-//! * `qos-<namespace>`: one statement per rule and family, in order; the first match sets
+//! * `qos-<namespace>`: one rule per EgressQoS rule and family, in order; the first match sets
 //!   the DSCP and returns, so later rules never override it; no match leaves it as is.
 //!   A rule with a `podSelector` matches `ip saddr @qos-<namespace>-<i>-v4` (and `-v6`),
 //!   named sets of the selected local pods, so pod and label changes touch elements only.
@@ -18,6 +18,7 @@ use std::net::IpAddr;
 use compact_str::{ToCompactString, format_compact};
 
 use super::{NodeConfig, ObjectStatus, Outcome};
+use crate::nft::rule::{AddrField, Family, Match, Rule, Statement, Verdict};
 use crate::nft::{Chain, Hook, KeyType, Set, Table, Text, chain_name};
 use crate::view::policy::QosRule;
 use crate::view::{ClusterView, PodInfo};
@@ -27,23 +28,26 @@ pub const QOS_CHAIN: &str = "qos";
 const PODS_V4: &str = "qos-pods-v4";
 const PODS_V6: &str = "qos-pods-v6";
 
-fn rule_statements(index: usize, rule: &QosRule, pod_sets: Option<(&str, &str)>) -> Vec<String> {
+fn rule_statements(index: usize, rule: &QosRule, pod_sets: Option<(&str, &str)>) -> Vec<Rule> {
     let mut out = Vec::new();
-    for (family, v4) in [("ip", true), ("ip6", false)] {
-        let dst = match rule.dst {
+    for family in [Family::V4, Family::V6] {
+        let v4 = family == Family::V4;
+        let mut matches = vec![Match::Nfproto(family)];
+        if let Some((s4, s6)) = pod_sets {
+            let set = if v4 { s4 } else { s6 }.to_string();
+            matches.push(Match::AddrIn { family, field: AddrField::Saddr, set, negated: false });
+        }
+        match rule.dst {
             Some(net) if net.addr().is_ipv4() != v4 => continue,
-            Some(net) => format!(" {family} daddr {net}"),
-            None => String::new(),
-        };
-        let src = match pod_sets {
-            Some((s4, s6)) => format!(" {family} saddr @{}", if v4 { s4 } else { s6 }),
-            None => String::new(),
-        };
-        let nfproto = if v4 { "ipv4" } else { "ipv6" };
-        out.push(format!(
-            "meta nfproto {nfproto}{src}{dst} {family} dscp set {} counter return comment \"egress[{index}]\"",
-            rule.dscp
-        ));
+            Some(net) => matches.push(Match::Addr { family, field: AddrField::Daddr, net }),
+            None => {}
+        }
+        out.push(Rule {
+            matches,
+            statements: vec![Statement::Dscp(family, rule.dscp), Statement::Counter],
+            verdict: Some(Verdict::Return),
+            comment: Some(format!("egress[{index}]")),
+        });
     }
     out
 }
@@ -101,9 +105,12 @@ pub(super) fn compile(
     table.sets.insert(PODS_V6.into(), pods_v6);
     table.chains.insert(
         QOS_CHAIN.into(),
-        Chain {
-            hook: Some(Hook { chain_type: "filter", hook: "forward", priority: "mangle" }),
-            rules: vec![format!("ip saddr vmap @{PODS_V4}"), format!("ip6 saddr vmap @{PODS_V6}")].into(),
-        },
+        Chain::base(
+            Hook { chain_type: "filter", hook: "forward", priority: "mangle" },
+            [(Family::V4, PODS_V4), (Family::V6, PODS_V6)].map(|(family, map)| Rule {
+                verdict: Some(Verdict::Map { family, field: AddrField::Saddr, map: map.to_string() }),
+                ..Rule::default()
+            }),
+        ),
     );
 }

@@ -125,12 +125,12 @@ mod tests {
         let mut m = Set::verdict_map(KeyType::Ipv4);
         m.elements.insert("198.18.1.2".into(), "jump fw-a".into());
         t.sets.insert("fw-pods-v4".into(), m);
-        t.chains.insert("fw-a".into(), Chain::regular(vec!["ip daddr 192.0.2.0/24 counter drop".into()]));
+        t.chains.insert("fw-a".into(), Chain::regular(["ip daddr 192.0.2.0/24 counter drop"]));
         t.chains.insert(
             "firewall".into(),
             Chain::base(
                 Hook { chain_type: "filter", hook: "forward", priority: "filter" },
-                vec!["ip saddr vmap @fw-pods-v4".into()],
+                ["ip saddr vmap @fw-pods-v4"],
             ),
         );
         t
@@ -154,7 +154,7 @@ mod tests {
         let old = table();
         let mut new = table();
         new.chains.remove("fw-a");
-        new.chains.insert("fw-b".into(), Chain::regular(vec!["counter accept".into()]));
+        new.chains.insert("fw-b".into(), Chain::regular(["counter accept"]));
         new.sets.get_mut("fw-pods-v4").unwrap().elements.insert("198.18.1.2".into(), "jump fw-b".into());
         assert_eq!(
             diff(&old, &new).unwrap(),
@@ -190,7 +190,7 @@ mod tests {
         let old = table();
         let mut new = table();
         let own = Hook { chain_type: "nat", hook: "postrouting", priority: "srcnat - 1" };
-        new.chains.insert("egress".into(), Chain::base(own, vec!["counter".into()]));
+        new.chains.insert("egress".into(), Chain::base(own, ["counter"]));
         assert_eq!(
             diff(&old, &new).unwrap(),
             "add chain inet egressd egress { type nat hook postrouting priority srcnat - 1; policy accept; }\n\
@@ -201,7 +201,7 @@ mod tests {
         // fresh start runs it before (name order).
         let mut beside = table();
         let same = Hook { chain_type: "filter", hook: "forward", priority: "0" };
-        beside.chains.insert("a-first".into(), Chain::base(same, vec!["counter".into()]));
+        beside.chains.insert("a-first".into(), Chain::base(same, ["counter"]));
         assert!(diff(&old, &beside).unwrap().starts_with("add table inet egressd\ndelete table inet egressd\n"));
     }
 
@@ -307,10 +307,10 @@ mod props {
             // beside `firewall` (a change may add only the first).
             if more_base & 1 == 1 {
                 let own = Hook { chain_type: "nat", hook: "postrouting", priority: "srcnat - 1" };
-                t.chains.insert("egress".into(), Chain::base(own, vec!["counter".into()]));
+                t.chains.insert("egress".into(), Chain::base(own, ["counter"]));
             }
             if more_base & 2 == 2 {
-                t.chains.insert("beside".into(), Chain::base(hook(), vec!["counter".into()]));
+                t.chains.insert("beside".into(), Chain::base(hook(), ["counter"]));
             }
             t
         }
@@ -324,10 +324,12 @@ mod props {
     fn referenced(t: &Table, name: &str) -> bool {
         let jump = format!("jump {name}");
         let at = format!("@{name}");
-        t.chains
-            .values()
-            .any(|c| c.rules.iter().any(|r| r.split_whitespace().any(|w| w == name || w == at) || r.ends_with(&jump)))
-            || t.sets.values().any(|s| s.elements.values().any(|v| *v == jump))
+        t.chains.values().any(|c| {
+            c.rules
+                .iter()
+                .map(|r| r.text())
+                .any(|r| r.split_whitespace().any(|w| w == name || w == at) || r.ends_with(&jump))
+        }) || t.sets.values().any(|s| s.elements.values().any(|v| *v == jump))
     }
 
     /// Run `script` against `t` as nft would (one transaction: any error fails it).
@@ -373,7 +375,7 @@ mod props {
                         t.chains.get(target).ok_or(format!("{line}: no chain {target}"))?;
                     }
                     let chain = t.chains.get_mut(name.as_str()).ok_or(format!("{line}: no chain"))?;
-                    std::sync::Arc::make_mut(&mut chain.rules).push(rule);
+                    std::sync::Arc::make_mut(&mut chain.rules).push(rule.into());
                 }
                 "flush chain" => {
                     let chain = t.chains.get_mut(name.as_str()).ok_or(format!("{line}: no chain"))?;

@@ -160,19 +160,20 @@ pub fn reached(table: &Table) -> std::collections::BTreeSet<String> {
     let mut todo: Vec<String> = table
         .chains
         .iter()
-        .filter(|(_, c)| c.hook.is_some() && c.rules.iter().any(|r| r.contains(&epoch)))
+        .filter(|(_, c)| c.hook.is_some() && c.rules.iter().any(|r| r.text().contains(&epoch)))
         .map(|(n, _)| n.to_string())
         .collect();
     while let Some(name) = todo.pop() {
         if !seen.insert(name.clone()) {
             continue;
         }
-        let texts: Vec<&str> = match (table.chains.get(name.as_str()), table.sets.get(name.as_str())) {
-            (Some(chain), _) => chain.rules.iter().map(String::as_str).collect(),
-            (None, Some(set)) => set.elements.values().map(Text::as_str).collect(),
-            (None, None) => Vec::new(),
-        };
-        for text in texts {
+        let texts: Vec<std::borrow::Cow<'_, str>> =
+            match (table.chains.get(name.as_str()), table.sets.get(name.as_str())) {
+                (Some(chain), _) => chain.rules.iter().map(|r| r.text()).collect(),
+                (None, Some(set)) => set.elements.values().map(|v| std::borrow::Cow::Borrowed(v.as_str())).collect(),
+                (None, None) => Vec::new(),
+            };
+        for text in &texts {
             let mut words = text.split(|c: char| c.is_whitespace() || matches!(c, ',' | '{' | '}' | ':' | ';'));
             while let Some(word) = words.next() {
                 if let Some(set) = word.strip_prefix('@') {
@@ -251,12 +252,12 @@ mod tests {
         t.chains.insert("fw-mark".into(), Chain::regular(marking_rules(0x0300_0000)));
         t.chains.insert(
             "fw-a".into(),
-            Chain::regular(vec!["ip daddr @fw-a-s0 accept".into(), "ip daddr vmap { 192.0.2.1 : goto fw-b }".into()]),
+            Chain::regular(["ip daddr @fw-a-s0 accept", "ip daddr vmap { 192.0.2.1 : goto fw-b }"]),
         );
-        t.chains.insert("fw-b".into(), Chain::regular(vec!["drop".into()]));
+        t.chains.insert("fw-b".into(), Chain::regular(["drop"]));
         t.chains.insert(
             "egress-snat".into(),
-            Chain::base(hook("postrouting"), vec!["ip daddr @eip-exempt-v4 return".into(), "jump fw-b".into()]),
+            Chain::base(hook("postrouting"), ["ip daddr @eip-exempt-v4 return", "jump fw-b"]),
         );
         let reached = reached(&t);
         assert_eq!(

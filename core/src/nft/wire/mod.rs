@@ -497,7 +497,7 @@ pub enum What {
         /// The chain.
         chain: super::Text,
         /// Its rules.
-        rules: std::sync::Arc<Vec<String>>,
+        rules: std::sync::Arc<Vec<super::ChainRule>>,
         /// This rule's index in them.
         index: usize,
     },
@@ -508,7 +508,7 @@ impl std::fmt::Display for What {
         match self {
             What::Text(t) => f.write_str(t),
             What::Rule { chain, rules, index } => {
-                let text = rules.get(*index).map_or("", String::as_str);
+                let text = rules.get(*index).map(super::ChainRule::text).unwrap_or_default();
                 write!(f, "chain {chain} rule {index} ({text})")
             }
         }
@@ -714,8 +714,12 @@ fn rule_messages(
     chain: &super::Chain,
     id: &mut u32,
 ) -> Result<(), String> {
-    for (i, text) in chain.rules.iter().enumerate() {
-        let rule = parse(text).map_err(|e| format!("chain {chain_name} rule {i} ({text}): {e}"))?;
+    for (i, chain_rule) in chain.rules.iter().enumerate() {
+        let rule = match chain_rule {
+            super::ChainRule::Typed(r) => encode(r).map_err(|e| e.to_string()),
+            super::ChainRule::Text(text) => parse(text),
+        }
+        .map_err(|e| format!("chain {chain_name} rule {i} ({chain_rule}): {e}"))?;
         let what = What::Rule { chain: chain_name.clone(), rules: chain.rules.clone(), index: i };
         let mut ids = Vec::new();
         for set in &rule.anon {
