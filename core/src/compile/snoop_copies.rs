@@ -30,6 +30,7 @@ use crate::dns::targets::{
     COUNTED_ONLY_RATE, PREFIX_ANSWER, PREFIX_QUERY, PREFIX_SPOOFED, PREFIX_UNTRACKED, PREFIX_UNTRUSTED, SnoopName,
     SnoopTargets,
 };
+use crate::nft::rule::{AddrField, Direction, Family, MarkOf, Match, PortField, Proto, Rule, Statement, Verdict};
 use crate::nft::{Chain, Hook, KeyType, Set, Table, Text};
 use crate::view::ClusterView;
 use crate::view::policy::{FirewallPolicy, Target};
@@ -79,24 +80,42 @@ pub(super) fn compile(node: &NodeConfig, targets: &SnoopTargets, table: &mut Tab
     for (prefix, class, rate) in classes {
         table.chains.insert(
             format!("dns-copy-{class}").into(),
-            Chain::regular(vec![
-                format!(
-                    "limit rate over {rate}/second burst {rate} packets counter name \"{}\" return",
-                    copy_counter(class)
-                ),
-                format!("log prefix \"{prefix}\" group {} queue-threshold 1", settings.group),
+            Chain::regular([
+                Rule::new()
+                    .then(Statement::Limit { rate: rate.into(), burst: rate, over: true })
+                    .then(Statement::NamedCounter(copy_counter(class)))
+                    .verdict(Verdict::Return),
+                Rule::new().then(Statement::Log {
+                    prefix: prefix.to_string(),
+                    group: settings.group,
+                    queue_threshold: Some(1),
+                }),
             ]),
         );
     }
     let mut check = Vec::new();
-    for (family, v) in [("ip", "v4"), ("ip6", "v6")] {
-        check.push(format!(
-            "ct direction original {family} saddr @snoop-pods-{v} ct original {family} daddr @dns-servers-{v} goto dns-copy-query"
-        ));
-        check.push(format!(
-            "ct direction reply {family} daddr @snoop-pods-{v} ct original {family} daddr @dns-servers-{v} goto dns-copy-answer"
-        ));
-        check.push(format!("ct direction reply {family} daddr @snoop-pods-{v} goto dns-copy-untrusted"));
+    for (family, v) in [(Family::V4, "v4"), (Family::V6, "v6")] {
+        let servers = Match::CtOriginalAddrIn { family, field: AddrField::Daddr, set: format!("dns-servers-{v}") };
+        check.push(
+            Rule::new()
+                .when(Match::CtDirection(Direction::Original))
+                .when(Match::saddr_in(family, format!("snoop-pods-{v}")))
+                .when(servers.clone())
+                .verdict(Verdict::goto("dns-copy-query")),
+        );
+        check.push(
+            Rule::new()
+                .when(Match::CtDirection(Direction::Reply))
+                .when(Match::daddr_in(family, format!("snoop-pods-{v}")))
+                .when(servers)
+                .verdict(Verdict::goto("dns-copy-answer")),
+        );
+        check.push(
+            Rule::new()
+                .when(Match::CtDirection(Direction::Reply))
+                .when(Match::daddr_in(family, format!("snoop-pods-{v}")))
+                .verdict(Verdict::goto("dns-copy-untrusted")),
+        );
     }
     table.chains.insert("dns-snoop-check".into(), Chain::regular(check));
     let base = |hook: &'static str| {
@@ -107,28 +126,45 @@ pub(super) fn compile(node: &NodeConfig, targets: &SnoopTargets, table: &mut Tab
             // The proxy's traffic is not copied: a taken query passes input with the
             // intercept mark, the proxy's answer passes output with the answer mark;
             // the proxy reads both itself.
-            rules.push(format!("meta mark and {:#010x} != 0x00000000 return", proxy.mark_mask));
+            rules.push(Rule::new().when(Match::mark_any(MarkOf::Packet, proxy.mark_mask)).verdict(Verdict::Return));
         }
-        for (family, v) in [("ip", "v4"), ("ip6", "v6")] {
-            rules.push(format!(
-                "meta l4proto {{ udp, tcp }} th sport 53 ct direction original {family} daddr @snoop-pods-{v} goto dns-copy-untracked"
-            ));
+        for (family, v) in [(Family::V4, "v4"), (Family::V6, "v6")] {
+            rules.push(
+                Rule::new()
+                    .when(Match::ProtoIn(vec![Proto::Udp, Proto::Tcp]))
+                    .when(Match::ThPort(PortField::Sport, 53))
+                    .when(Match::CtDirection(Direction::Original))
+                    .when(Match::daddr_in(family, format!("snoop-pods-{v}")))
+                    .verdict(Verdict::goto("dns-copy-untracked")),
+            );
         }
         if hook == "forward" {
             // Anti-spoofing: an answer to a pod that entered from where the server's
             // address is not routed (a pod forging the server's address into its own
             // flow) fails the reverse-path lookup. (`iif` exists on forward and input
             // only; answers of a server on the node itself come through output.)
-            for (family, v) in [("ip", "v4"), ("ip6", "v6")] {
-                for proto in ["udp", "tcp"] {
-                    rules.push(format!(
-                        "meta l4proto {proto} ct original proto-dst 53 ct direction reply {family} daddr @snoop-pods-{v} fib saddr . iif oif missing goto dns-copy-spoofed"
-                    ));
+            for (family, v) in [(Family::V4, "v4"), (Family::V6, "v6")] {
+                for proto in [Proto::Udp, Proto::Tcp] {
+                    rules.push(
+                        Rule::new()
+                            .when(Match::Proto(proto))
+                            .when(Match::CtOriginalProtoDst(53))
+                            .when(Match::CtDirection(Direction::Reply))
+                            .when(Match::daddr_in(family, format!("snoop-pods-{v}")))
+                            .when(Match::FibSaddrIifMissing)
+                            .verdict(Verdict::goto("dns-copy-spoofed")),
+                    );
                 }
             }
         }
-        rules.push("meta l4proto udp ct original proto-dst 53 jump dns-snoop-check".into());
-        rules.push("meta l4proto tcp ct original proto-dst 53 jump dns-snoop-check".into());
+        for proto in [Proto::Udp, Proto::Tcp] {
+            rules.push(
+                Rule::new()
+                    .when(Match::Proto(proto))
+                    .when(Match::CtOriginalProtoDst(53))
+                    .verdict(Verdict::jump("dns-snoop-check")),
+            );
+        }
         Chain::base(Hook { chain_type: "filter", hook, priority: "filter - 5" }, rules)
     };
     table.chains.insert("dns-snoop".into(), base("forward"));
@@ -164,19 +200,23 @@ fn proxy_intercept(proxy: &crate::dns::targets::DnsProxySettings, table: &mut Ta
     let mark = proxy.intercept_mark();
     let mut rules = Vec::new();
     let mut raw = Vec::new();
-    for (v6, family, v) in [(false, "ip", "v4"), (true, "ip6", "v6")] {
+    for (v6, family, v) in [(false, Family::V4, "v4"), (true, Family::V6, "v6")] {
         let guard = crate::dns::targets::DnsProxySettings::guard_slot(v6);
         table
             .sets
             .insert(guard.set.into(), Set::with_timeout(if v6 { KeyType::TaggedIpv6 } else { KeyType::TaggedIpv4 }));
-        for proto in ["udp", "tcp"] {
-            raw.push(format!("{family} saddr @snoop-pods-{v} {} {proto} dport 53 notrack", guard.matches(family)));
-            rules.push(format!(
-                "{family} saddr @snoop-pods-{v} {} {proto} dport 53 tproxy {family} to :{} meta mark set meta mark and {:#010x} or {mark:#010x} accept",
-                guard.matches(family),
-                proxy.port,
-                !mark,
-            ));
+        for proto in [Proto::Udp, Proto::Tcp] {
+            let taken = Rule::new()
+                .when(Match::saddr_in(family, format!("snoop-pods-{v}")))
+                .when(guard.matched(family))
+                .when(Match::Dport(proto, 53));
+            raw.push(taken.clone().then(Statement::Notrack));
+            rules.push(
+                taken
+                    .then(Statement::Tproxy(family, proxy.port))
+                    .then(Statement::SetMark { of: MarkOf::Packet, keep: !mark, or: mark })
+                    .verdict(Verdict::Accept),
+            );
         }
     }
     table.chains.insert(
@@ -191,7 +231,7 @@ fn proxy_intercept(proxy: &crate::dns::targets::DnsProxySettings, table: &mut Ta
         "dns-proxy-answers".into(),
         Chain::base(
             Hook { chain_type: "filter", hook: "output", priority: "raw" },
-            vec![format!("meta mark and {:#010x} != 0x00000000 notrack", proxy.answer_mark())],
+            [Rule::new().when(Match::mark_any(MarkOf::Packet, proxy.answer_mark())).then(Statement::Notrack)],
         ),
     );
 }

@@ -148,6 +148,11 @@ impl Slot {
         compact_str::format_compact!("{hi} . {lo} . ")
     }
 
+    /// The match of a packet's destination in this slot.
+    pub fn matched(self, family: rule::Family) -> rule::Match {
+        rule::Match::TaggedIn { tag: self.tag, family, set: self.set.to_string() }
+    }
+
     /// The match of a packet's destination in this slot (`family` `ip` or `ip6`).
     pub fn matches(self, family: &str) -> String {
         let (hi, lo) = self.halves();

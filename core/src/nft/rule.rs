@@ -227,13 +227,74 @@ pub struct ParseError {
     pub expected: &'static str,
 }
 
+impl Rule {
+    /// An empty rule (no match, no statement, no verdict).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// With `m` as its next match.
+    pub fn when(mut self, m: Match) -> Self {
+        self.matches.push(m);
+        self
+    }
+
+    /// With `s` as its next statement.
+    pub fn then(mut self, s: Statement) -> Self {
+        self.statements.push(s);
+        self
+    }
+
+    /// With the verdict `v`.
+    pub fn verdict(mut self, v: Verdict) -> Self {
+        self.verdict = Some(v);
+        self
+    }
+
+    /// With the comment `c` (no `"` inside).
+    pub fn comment(mut self, c: impl Into<String>) -> Self {
+        self.comment = Some(c.into());
+        self
+    }
+}
+
+impl Match {
+    /// `ip|ip6 saddr @set`.
+    pub fn saddr_in(family: Family, set: impl Into<String>) -> Self {
+        Match::AddrIn { family, field: AddrField::Saddr, set: set.into(), negated: false }
+    }
+
+    /// `ip|ip6 daddr @set`.
+    pub fn daddr_in(family: Family, set: impl Into<String>) -> Self {
+        Match::AddrIn { family, field: AddrField::Daddr, set: set.into(), negated: false }
+    }
+
+    /// `meta|ct mark and <mask> != 0x00000000`: some bit of `mask` set.
+    pub fn mark_any(of: MarkOf, mask: u32) -> Self {
+        Match::Mark { of, mask, cmp: Cmp::Neq, value: 0 }
+    }
+}
+
+impl Verdict {
+    /// `jump <chain>`.
+    pub fn jump(chain: impl Into<String>) -> Self {
+        Verdict::Jump(chain.into())
+    }
+
+    /// `goto <chain>`.
+    pub fn goto(chain: impl Into<String>) -> Self {
+        Verdict::Goto(chain.into())
+    }
+}
+
 impl Family {
     /// Of an address.
     pub fn of(ip: IpAddr) -> Self {
         if ip.is_ipv6() { Family::V6 } else { Family::V4 }
     }
 
-    fn word(self) -> &'static str {
+    /// The nft keyword (`ip`, `ip6`).
+    pub fn word(self) -> &'static str {
         match self {
             Family::V4 => "ip",
             Family::V6 => "ip6",
