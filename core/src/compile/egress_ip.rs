@@ -34,6 +34,7 @@ use super::{NodeConfig, ObjectStatus, Outcome};
 use crate::net::{
     EgressIpMode, EgressSettings, HostLinks, MarkRule, NetDesired, NextHop, Transport, tunnel_key, tunnel_mac,
 };
+use crate::nft::rule::{AddrField, Cmp, Direction, Family, MarkOf, Match, Rule, Statement, Verdict};
 use crate::nft::{Chain, Hook, KeyType, Set, Table, Text, chain_name};
 use crate::view::ClusterView;
 use crate::view::policy::EgressIpPolicy;
@@ -98,8 +99,8 @@ fn ip_chain(prefix: &str, ip: IpAddr) -> String {
     chain_name(prefix, &ip.to_string().replace(['.', ':'], "-"))
 }
 
-fn mark_statement(settings: &EgressSettings, k: u32) -> String {
-    format!("meta mark set meta mark and {:#010x} or {:#010x}", !settings.mark_mask, settings.mark(k))
+fn mark_statement(settings: &EgressSettings, k: u32) -> Rule {
+    Rule::new().then(Statement::SetMark { of: MarkOf::Packet, keep: !settings.mark_mask, or: settings.mark(k) })
 }
 
 /// What every phase reads: the view, this node, its links, and the addresses that can
@@ -637,7 +638,7 @@ fn emit_routes(
 ) {
     let mut gateways = [Set::new(KeyType::Ipv4, false), Set::new(KeyType::Ipv6, false)];
     for ((v6, hops), k) in hop_sets {
-        table.chains.insert(format_compact!("eip-mark-{k}"), Chain::regular(vec![mark_statement(settings, *k)]));
+        table.chains.insert(format_compact!("eip-mark-{k}"), Chain::regular([mark_statement(settings, *k)]));
         let table_id = settings.table_base + k;
         net.routes.insert((table_id, *v6), hops.clone());
         net.rules.insert(MarkRule {
@@ -667,7 +668,23 @@ struct Tables<'a> {
     drop_used: bool,
     /// SNAT rules of the tunnel (before the null SNAT of on-link steering), when it is in
     /// use: then egressd's mark bits are also cleared in postrouting.
-    tunnel_snat: Option<Vec<String>>,
+    tunnel_snat: Option<Vec<Rule>>,
+}
+
+/// `ip daddr @eip-exempt-v4 return` and its IPv6 twin.
+fn exempt_returns() -> Vec<Rule> {
+    [(Family::V4, EXEMPT_V4), (Family::V6, EXEMPT_V6)]
+        .map(|(family, set)| Rule::new().when(Match::daddr_in(family, set)).verdict(Verdict::Return))
+        .to_vec()
+}
+
+/// `ip saddr vmap @<v4>` and `ip6 saddr vmap @<v6>`.
+fn saddr_maps([v4, v6]: [&str; 2]) -> Vec<Rule> {
+    [(Family::V4, v4), (Family::V6, v6)]
+        .map(|(family, map)| {
+            Rule::new().verdict(Verdict::Map { family, field: AddrField::Saddr, map: map.to_string() })
+        })
+        .to_vec()
 }
 
 /// The sets and base chains: exempt destinations, steering, SNAT, the guard.
@@ -696,39 +713,35 @@ fn emit_tables(ctx: &Ctx, t: Tables, table: &mut Table) {
         table.chains.insert(DROP_CHAIN.into(), Chain::regular(["counter drop"]));
     }
     for ip in snat_chains {
-        let stmt = match ip {
-            IpAddr::V4(v4) => format!("snat ip to {v4}"),
-            IpAddr::V6(v6) => format!("snat ip6 to {v6}"),
-        };
-        table.chains.insert(ip_chain("eip-snat", *ip).into(), Chain::regular(vec![stmt]));
+        let snat = Rule::new().then(Statement::SnatTo(*ip));
+        table.chains.insert(ip_chain("eip-snat", *ip).into(), Chain::regular([snat]));
     }
     table.chains.insert(
         STEER_CHAIN.into(),
         Chain::base(
             Hook { chain_type: "filter", hook: "prerouting", priority: "dstnat + 10" },
-            vec![
-                "ct direction reply return".into(),
-                format!("ip daddr @{EXEMPT_V4} return"),
-                format!("ip6 daddr @{EXEMPT_V6} return"),
-                format!("ip saddr vmap @{STEER_V4}"),
-                format!("ip6 saddr vmap @{STEER_V6}"),
-            ],
+            [
+                vec![Rule::new().when(Match::CtDirection(Direction::Reply)).verdict(Verdict::Return)],
+                exempt_returns(),
+                saddr_maps([STEER_V4, STEER_V6]),
+            ]
+            .concat(),
         ),
     );
-    let mut snat_rules = vec![format!("ip daddr @{EXEMPT_V4} return"), format!("ip6 daddr @{EXEMPT_V6} return")];
+    let m = settings.mark_mask;
+    let mut snat_rules = exempt_returns();
     snat_rules.extend(tunnel_snat.into_iter().flatten());
-    snat_rules.extend([
-        format!(
-            "meta mark and {m:#010x} != 0x00000000 rt ip nexthop @{GATEWAYS_V4} ct mark set ct mark or {m:#010x} counter snat ip to ip saddr",
-            m = settings.mark_mask
-        ),
-        format!(
-            "meta mark and {m:#010x} != 0x00000000 rt ip6 nexthop @{GATEWAYS_V6} ct mark set ct mark or {m:#010x} counter snat ip6 to ip6 saddr",
-            m = settings.mark_mask
-        ),
-        format!("ip saddr vmap @{SNAT_V4}"),
-        format!("ip6 saddr vmap @{SNAT_V6}"),
-    ]);
+    for (family, gateways) in [(Family::V4, GATEWAYS_V4), (Family::V6, GATEWAYS_V6)] {
+        snat_rules.push(
+            Rule::new()
+                .when(Match::mark_any(MarkOf::Packet, m))
+                .when(Match::RtNexthopIn { family, set: gateways.to_string(), negated: false })
+                .then(Statement::CtMarkOr(m))
+                .then(Statement::Counter)
+                .then(Statement::SnatToSaddr(family)),
+        );
+    }
+    snat_rules.extend(saddr_maps([SNAT_V4, SNAT_V6]));
     table.chains.insert(
         SNAT_CHAIN.into(),
         Chain::base(Hook { chain_type: "nat", hook: "postrouting", priority: "srcnat - 1" }, snat_rules),
@@ -737,16 +750,18 @@ fn emit_tables(ctx: &Ctx, t: Tables, table: &mut Table) {
     // is decided once per connection): if its packets are later routed anywhere but to a
     // hosting node (its EgressIP went away, a route is missing), they would leave with
     // the pod's address. They are dropped instead.
-    let mut guard = vec![
-        format!(
-            "ct direction original ct mark and {m:#010x} == {m:#010x} meta nfproto ipv4 rt ip nexthop != @{GATEWAYS_V4} counter drop",
-            m = settings.mark_mask
-        ),
-        format!(
-            "ct direction original ct mark and {m:#010x} == {m:#010x} meta nfproto ipv6 rt ip6 nexthop != @{GATEWAYS_V6} counter drop",
-            m = settings.mark_mask
-        ),
-    ];
+    let mut guard: Vec<Rule> = [(Family::V4, GATEWAYS_V4), (Family::V6, GATEWAYS_V6)]
+        .into_iter()
+        .map(|(family, gateways)| {
+            Rule::new()
+                .when(Match::CtDirection(Direction::Original))
+                .when(Match::Mark { of: MarkOf::Conn, mask: m, cmp: Cmp::Eq, value: m })
+                .when(Match::Nfproto(family))
+                .when(Match::RtNexthopIn { family, set: gateways.to_string(), negated: true })
+                .then(Statement::Counter)
+                .verdict(Verdict::Drop)
+        })
+        .collect();
     if tunnel_on {
         guard.push(tunnel::clear_mark_rule(settings));
     }
@@ -1291,7 +1306,7 @@ mod tests {
         assert!((1..=t.capacity()).all(|k| t.mark(k) & 0x8000 == 0));
         let one_bit = EgressSettings { mark_mask: 0x0001_0000, ..Default::default() };
         assert_eq!((one_bit.tunnel_bit(), one_bit.capacity()), (None, 1));
-        assert_eq!(mark_statement(&s, 2), "meta mark set meta mark and 0xffff0fff or 0x00002000");
+        assert_eq!(mark_statement(&s, 2).to_string(), "meta mark set meta mark and 0xffff0fff or 0x00002000");
         assert!(s.owns_table(7471) && !s.owns_table(7470) && !s.owns_table(7470 + 256));
     }
 }

@@ -23,6 +23,7 @@ use std::net::IpAddr;
 use compact_str::ToCompactString;
 
 use crate::net::{EgressSettings, MarkRule, NetDesired, REPLY_KEY, TunnelDesired};
+use crate::nft::rule::{AddrField, Cmp, CtState, Direction, Family, MarkOf, Match, Proto, Rule, Statement, Verdict};
 use crate::nft::{Chain, Hook, KeyType, Set, Table, Text};
 
 /// The prerouting chain that reads the outer packets.
@@ -59,21 +60,29 @@ fn family(ip: IpAddr) -> usize {
 
 /// The SNAT rules of the tunnel, which go in `egress-snat` before the null SNAT of
 /// on-link steering.
-fn snat_rules(settings: &EgressSettings, plan: &TunnelPlan) -> Vec<String> {
+fn snat_rules(settings: &EgressSettings, plan: &TunnelPlan) -> Vec<Rule> {
     let m = settings.mark_mask;
     let mut rules = Vec::new();
     for (j, (ip, _)) in numbered(settings, plan) {
         let Some(mark) = settings.tunnel_mark(j) else { continue };
-        rules.push(match ip {
-            IpAddr::V4(v4) => format!("meta mark and {m:#010x} == {mark:#010x} counter snat ip to {v4}"),
-            IpAddr::V6(v6) => format!("meta mark and {m:#010x} == {mark:#010x} counter snat ip6 to {v6}"),
-        });
+        rules.push(
+            Rule::new()
+                .when(Match::Mark { of: MarkOf::Packet, mask: m, cmp: Cmp::Eq, value: mark })
+                .then(Statement::Counter)
+                .then(Statement::SnatTo(*ip)),
+        );
     }
-    for (f, (ip, name)) in [("ip", TUNNEL_GATEWAYS[0]), ("ip6", TUNNEL_GATEWAYS[1])].into_iter().enumerate() {
+    for (f, (family, name)) in
+        [(Family::V4, TUNNEL_GATEWAYS[0]), (Family::V6, TUNNEL_GATEWAYS[1])].into_iter().enumerate()
+    {
         if let Some(me) = plan.self_addr[f].filter(|_| !plan.steer_gateways[f].is_empty()) {
-            rules.push(format!(
-                "meta mark and {m:#010x} != 0x00000000 rt {ip} nexthop @{name} counter snat {ip} to {me}"
-            ));
+            rules.push(
+                Rule::new()
+                    .when(Match::mark_any(MarkOf::Packet, m))
+                    .when(Match::RtNexthopIn { family, set: name.to_string(), negated: false })
+                    .then(Statement::Counter)
+                    .then(Statement::SnatTo(me)),
+            );
         }
     }
     rules
@@ -100,7 +109,7 @@ pub(super) fn emit(
     plan: &TunnelPlan,
     table: &mut Table,
     net: &mut NetDesired,
-) -> Option<Vec<String>> {
+) -> Option<Vec<Rule>> {
     let bit = settings.tunnel_bit()?;
     let steering = plan.steer_gateways.iter().any(|g| !g.is_empty());
     if !steering && plan.hosted.is_empty() {
@@ -125,25 +134,38 @@ pub(super) fn emit(
     }
     let reply = settings.tunnel_mark(REPLY_KEY).unwrap_or(bit);
     let mut rx = Vec::new();
-    for (f, ip) in ["ip", "ip6"].into_iter().enumerate() {
+    for (f, fam) in [Family::V4, Family::V6].into_iter().enumerate() {
         let (me, peer) = (SELF[f], PEERS[f]);
-        let outer = format!("{ip} daddr @{me} udp dport {port}");
-        rx.push(format!(
-            "{ip} daddr @{me} {ip} saddr != @{peer} udp dport {port} counter name \"eip-tunnel-foreign-source\" drop"
-        ));
+        let to_me = Match::daddr_in(fam, me);
+        let outer = Rule::new().when(to_me.clone()).when(Match::Dport(Proto::Udp, port));
+        // The VXLAN network identifier: 24 bits after the UDP header (64 bits) and
+        // VXLAN's flags (32).
+        let keyed = |key: u32, mark: u32| {
+            outer
+                .clone()
+                .when(Match::ThBits { offset: 96, bits: 24, value: key })
+                .then(Statement::SetMark { of: MarkOf::Packet, keep, or: mark })
+                .verdict(Verdict::Accept)
+        };
+        rx.push(
+            Rule::new()
+                .when(to_me)
+                .when(Match::AddrIn { family: fam, field: AddrField::Saddr, set: peer.to_string(), negated: true })
+                .when(Match::Dport(Proto::Udp, port))
+                .then(Statement::NamedCounter("eip-tunnel-foreign-source".into()))
+                .verdict(Verdict::Drop),
+        );
         if steering {
-            rx.push(format!(
-                "{outer} @th,96,24 {REPLY_KEY} meta mark set meta mark and {keep:#010x} or {reply:#010x} accept"
-            ));
+            rx.push(keyed(REPLY_KEY, reply));
         }
         for (j, (eip, key)) in numbered(settings, plan) {
             if family(*eip) != f {
                 continue;
             }
             let Some(mark) = settings.tunnel_mark(j) else { continue };
-            rx.push(format!("{outer} @th,96,24 {key} meta mark set meta mark and {keep:#010x} or {mark:#010x} accept"));
+            rx.push(keyed(*key, mark));
         }
-        rx.push(format!("{outer} counter name \"eip-tunnel-unknown-key\" drop"));
+        rx.push(outer.then(Statement::NamedCounter("eip-tunnel-unknown-key".into())).verdict(Verdict::Drop));
     }
     let [p4, p6] = peers;
     let [s4, s6] = mine;
@@ -161,9 +183,15 @@ pub(super) fn emit(
         TUNNEL_CHAIN.into(),
         Chain::base(
             Hook { chain_type: "filter", hook: "prerouting", priority: "mangle" },
-            vec![
-                format!("meta mark and {bit:#010x} == {bit:#010x} ct state new ct mark set ct mark and {:#010x} or {bit:#010x}", !bit),
-                format!("ct direction reply ct mark and {bit:#010x} == {bit:#010x} meta mark set meta mark and {keep:#010x} or {bit:#010x}"),
+            [
+                Rule::new()
+                    .when(Match::Mark { of: MarkOf::Packet, mask: bit, cmp: Cmp::Eq, value: bit })
+                    .when(Match::CtState(CtState::New))
+                    .then(Statement::SetMark { of: MarkOf::Conn, keep: !bit, or: bit }),
+                Rule::new()
+                    .when(Match::CtDirection(Direction::Reply))
+                    .when(Match::Mark { of: MarkOf::Conn, mask: bit, cmp: Cmp::Eq, value: bit })
+                    .then(Statement::SetMark { of: MarkOf::Packet, keep, or: bit }),
             ],
         ),
     );
@@ -171,7 +199,7 @@ pub(super) fn emit(
         TUNNEL_MSS_CHAIN.into(),
         Chain::base(
             Hook { chain_type: "filter", hook: "forward", priority: "mangle" },
-            vec![format!("meta mark and {m:#010x} != 0x00000000 tcp flags syn tcp option maxseg size set rt mtu")],
+            [Rule::new().when(Match::mark_any(MarkOf::Packet, m)).when(Match::TcpSyn).then(Statement::MssToRoute)],
         ),
     );
     for v6 in [false, true] {
@@ -195,7 +223,11 @@ pub(super) fn emit(
 
 /// The postrouting rule that clears egressd's mark bits once the route is chosen (the
 /// tunnel device's outer lookup uses the packet's mark).
-pub(super) fn clear_mark_rule(settings: &EgressSettings) -> String {
+pub(super) fn clear_mark_rule(settings: &EgressSettings) -> Rule {
     let m = settings.mark_mask;
-    format!("meta mark and {m:#010x} != 0x00000000 meta mark set meta mark and {:#010x} or 0x00000000", !m)
+    Rule::new().when(Match::mark_any(MarkOf::Packet, m)).then(Statement::SetMark {
+        of: MarkOf::Packet,
+        keep: !m,
+        or: 0,
+    })
 }
