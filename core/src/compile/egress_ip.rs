@@ -681,9 +681,7 @@ fn exempt_returns() -> Vec<Rule> {
 /// `ip saddr vmap @<v4>` and `ip6 saddr vmap @<v6>`.
 fn saddr_maps([v4, v6]: [&str; 2]) -> Vec<Rule> {
     [(Family::V4, v4), (Family::V6, v6)]
-        .map(|(family, map)| {
-            Rule::new().verdict(Verdict::Map { family, field: AddrField::Saddr, map: map.to_string() })
-        })
+        .map(|(family, map)| Rule::new().verdict(Verdict::Map { family, field: AddrField::Saddr, map: map.into() }))
         .to_vec()
 }
 
@@ -735,7 +733,7 @@ fn emit_tables(ctx: &Ctx, t: Tables, table: &mut Table) {
         snat_rules.push(
             Rule::new()
                 .when(Match::mark_any(MarkOf::Packet, m))
-                .when(Match::RtNexthopIn { family, set: gateways.to_string(), negated: false })
+                .when(Match::RtNexthopIn { family, set: gateways.into(), negated: false })
                 .then(Statement::CtMarkOr(m))
                 .then(Statement::Counter)
                 .then(Statement::SnatToSaddr(family)),
@@ -757,7 +755,7 @@ fn emit_tables(ctx: &Ctx, t: Tables, table: &mut Table) {
                 .when(Match::CtDirection(Direction::Original))
                 .when(Match::Mark { of: MarkOf::Conn, mask: m, cmp: Cmp::Eq, value: m })
                 .when(Match::Nfproto(family))
-                .when(Match::RtNexthopIn { family, set: gateways.to_string(), negated: true })
+                .when(Match::RtNexthopIn { family, set: gateways.into(), negated: true })
                 .then(Statement::Counter)
                 .verdict(Verdict::Drop)
         })

@@ -32,22 +32,21 @@ fn rule_statements(index: usize, rule: &QosRule, pod_sets: Option<(&str, &str)>)
     let mut out = Vec::new();
     for family in [Family::V4, Family::V6] {
         let v4 = family == Family::V4;
-        let mut matches = vec![Match::Nfproto(family)];
+        let mut r = Rule::new().when(Match::Nfproto(family));
         if let Some((s4, s6)) = pod_sets {
-            let set = if v4 { s4 } else { s6 }.to_string();
-            matches.push(Match::AddrIn { family, field: AddrField::Saddr, set, negated: false });
+            r = r.when(Match::saddr_in(family, if v4 { s4 } else { s6 }));
         }
         match rule.dst {
             Some(net) if net.addr().is_ipv4() != v4 => continue,
-            Some(net) => matches.push(Match::Addr { family, field: AddrField::Daddr, net }),
+            Some(net) => r = r.when(Match::Addr { family, field: AddrField::Daddr, net }),
             None => {}
         }
-        out.push(Rule {
-            matches,
-            statements: vec![Statement::Dscp(family, rule.dscp), Statement::Counter],
-            verdict: Some(Verdict::Return),
-            comment: Some(format!("egress[{index}]")),
-        });
+        out.push(
+            r.then(Statement::Dscp(family, rule.dscp))
+                .then(Statement::Counter)
+                .verdict(Verdict::Return)
+                .comment(compact_str::format_compact!("egress[{index}]")),
+        );
     }
     out
 }
@@ -107,9 +106,8 @@ pub(super) fn compile(
         QOS_CHAIN.into(),
         Chain::base(
             Hook { chain_type: "filter", hook: "forward", priority: "mangle" },
-            [(Family::V4, PODS_V4), (Family::V6, PODS_V6)].map(|(family, map)| Rule {
-                verdict: Some(Verdict::Map { family, field: AddrField::Saddr, map: map.to_string() }),
-                ..Rule::default()
+            [(Family::V4, PODS_V4), (Family::V6, PODS_V6)].map(|(family, map)| {
+                Rule::new().verdict(Verdict::Map { family, field: AddrField::Saddr, map: map.into() })
             }),
         ),
     );

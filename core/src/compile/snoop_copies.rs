@@ -23,7 +23,7 @@
 
 use std::collections::BTreeSet;
 
-use compact_str::ToCompactString;
+use compact_str::{ToCompactString, format_compact};
 
 use super::NodeConfig;
 use crate::dns::targets::{
@@ -83,10 +83,10 @@ pub(super) fn compile(node: &NodeConfig, targets: &SnoopTargets, table: &mut Tab
             Chain::regular([
                 Rule::new()
                     .then(Statement::Limit { rate: rate.into(), burst: rate, over: true })
-                    .then(Statement::NamedCounter(copy_counter(class)))
+                    .then(Statement::NamedCounter(copy_counter(class).into()))
                     .verdict(Verdict::Return),
                 Rule::new().then(Statement::Log {
-                    prefix: prefix.to_string(),
+                    prefix: prefix.into(),
                     group: settings.group,
                     queue_threshold: Some(1),
                 }),
@@ -95,25 +95,26 @@ pub(super) fn compile(node: &NodeConfig, targets: &SnoopTargets, table: &mut Tab
     }
     let mut check = Vec::new();
     for (family, v) in [(Family::V4, "v4"), (Family::V6, "v6")] {
-        let servers = Match::CtOriginalAddrIn { family, field: AddrField::Daddr, set: format!("dns-servers-{v}") };
+        let servers =
+            Match::CtOriginalAddrIn { family, field: AddrField::Daddr, set: format_compact!("dns-servers-{v}") };
         check.push(
             Rule::new()
                 .when(Match::CtDirection(Direction::Original))
-                .when(Match::saddr_in(family, format!("snoop-pods-{v}")))
+                .when(Match::saddr_in(family, format_compact!("snoop-pods-{v}")))
                 .when(servers.clone())
                 .verdict(Verdict::goto("dns-copy-query")),
         );
         check.push(
             Rule::new()
                 .when(Match::CtDirection(Direction::Reply))
-                .when(Match::daddr_in(family, format!("snoop-pods-{v}")))
+                .when(Match::daddr_in(family, format_compact!("snoop-pods-{v}")))
                 .when(servers)
                 .verdict(Verdict::goto("dns-copy-answer")),
         );
         check.push(
             Rule::new()
                 .when(Match::CtDirection(Direction::Reply))
-                .when(Match::daddr_in(family, format!("snoop-pods-{v}")))
+                .when(Match::daddr_in(family, format_compact!("snoop-pods-{v}")))
                 .verdict(Verdict::goto("dns-copy-untrusted")),
         );
     }
@@ -134,7 +135,7 @@ pub(super) fn compile(node: &NodeConfig, targets: &SnoopTargets, table: &mut Tab
                     .when(Match::ProtoIn(vec![Proto::Udp, Proto::Tcp]))
                     .when(Match::ThPort(PortField::Sport, 53))
                     .when(Match::CtDirection(Direction::Original))
-                    .when(Match::daddr_in(family, format!("snoop-pods-{v}")))
+                    .when(Match::daddr_in(family, format_compact!("snoop-pods-{v}")))
                     .verdict(Verdict::goto("dns-copy-untracked")),
             );
         }
@@ -150,7 +151,7 @@ pub(super) fn compile(node: &NodeConfig, targets: &SnoopTargets, table: &mut Tab
                             .when(Match::Proto(proto))
                             .when(Match::CtOriginalProtoDst(53))
                             .when(Match::CtDirection(Direction::Reply))
-                            .when(Match::daddr_in(family, format!("snoop-pods-{v}")))
+                            .when(Match::daddr_in(family, format_compact!("snoop-pods-{v}")))
                             .when(Match::FibSaddrIifMissing)
                             .verdict(Verdict::goto("dns-copy-spoofed")),
                     );
@@ -207,7 +208,7 @@ fn proxy_intercept(proxy: &crate::dns::targets::DnsProxySettings, table: &mut Ta
             .insert(guard.set.into(), Set::with_timeout(if v6 { KeyType::TaggedIpv6 } else { KeyType::TaggedIpv4 }));
         for proto in [Proto::Udp, Proto::Tcp] {
             let taken = Rule::new()
-                .when(Match::saddr_in(family, format!("snoop-pods-{v}")))
+                .when(Match::saddr_in(family, format_compact!("snoop-pods-{v}")))
                 .when(guard.matched(family))
                 .when(Match::Dport(proto, 53));
             raw.push(taken.clone().then(Statement::Notrack));

@@ -79,7 +79,7 @@ fn snat_rules(settings: &EgressSettings, plan: &TunnelPlan) -> Vec<Rule> {
             rules.push(
                 Rule::new()
                     .when(Match::mark_any(MarkOf::Packet, m))
-                    .when(Match::RtNexthopIn { family, set: name.to_string(), negated: false })
+                    .when(Match::RtNexthopIn { family, set: name.into(), negated: false })
                     .then(Statement::Counter)
                     .then(Statement::SnatTo(me)),
             );
@@ -150,7 +150,7 @@ pub(super) fn emit(
         rx.push(
             Rule::new()
                 .when(to_me)
-                .when(Match::AddrIn { family: fam, field: AddrField::Saddr, set: peer.to_string(), negated: true })
+                .when(Match::AddrIn { family: fam, field: AddrField::Saddr, set: peer.into(), negated: true })
                 .when(Match::Dport(Proto::Udp, port))
                 .then(Statement::NamedCounter("eip-tunnel-foreign-source".into()))
                 .verdict(Verdict::Drop),

@@ -150,7 +150,7 @@ impl Slot {
 
     /// The match of a packet's destination in this slot.
     pub fn matched(self, family: rule::Family) -> rule::Match {
-        rule::Match::TaggedIn { tag: self.tag, family, set: self.set.to_string() }
+        rule::Match::TaggedIn { tag: self.tag, family, set: self.set.into() }
     }
 
     /// The match of a packet's destination in this slot (`family` `ip` or `ip6`).

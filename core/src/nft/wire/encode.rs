@@ -388,10 +388,10 @@ impl Encoder {
                 self.exprs.push(Expr::Limit { rate: *rate, burst: *burst, over: *over })
             }
             Statement::Log { prefix, group, queue_threshold } => {
-                self.exprs.push(Expr::Log { prefix: prefix.clone(), group: *group, qthreshold: *queue_threshold })
+                self.exprs.push(Expr::Log { prefix: prefix.to_string(), group: *group, qthreshold: *queue_threshold })
             }
             Statement::Counter => self.exprs.push(Expr::Counter),
-            Statement::NamedCounter(name) => self.exprs.push(Expr::CounterRef(name.clone())),
+            Statement::NamedCounter(name) => self.exprs.push(Expr::CounterRef(name.to_string())),
         }
         Ok(())
     }
@@ -401,11 +401,11 @@ impl Encoder {
             Verdict::Accept => Expr::Verdict(Code::Accept, None),
             Verdict::Drop => Expr::Verdict(Code::Drop, None),
             Verdict::Return => Expr::Verdict(Code::Return, None),
-            Verdict::Jump(chain) => Expr::Verdict(Code::Jump, Some(chain.clone())),
-            Verdict::Goto(chain) => Expr::Verdict(Code::Goto, Some(chain.clone())),
+            Verdict::Jump(chain) => Expr::Verdict(Code::Jump, Some(chain.to_string())),
+            Verdict::Goto(chain) => Expr::Verdict(Code::Goto, Some(chain.to_string())),
             Verdict::Map { family, field, map } => {
                 self.load_addr(*family, *field)?;
-                Expr::Lookup { set: map.clone(), sreg: REG_1, verdict: true, invert: false, anon: None }
+                Expr::Lookup { set: map.to_string(), sreg: REG_1, verdict: true, invert: false, anon: None }
             }
         };
         self.exprs.push(expr);
@@ -425,5 +425,5 @@ pub(crate) fn encode(rule: &rule::Rule) -> Result<KernelRule, Unencodable> {
     if let Some(v) = &rule.verdict {
         enc.verdict(v)?;
     }
-    Ok(KernelRule { exprs: enc.exprs, comment: rule.comment.clone(), anon: enc.anon })
+    Ok(KernelRule { exprs: enc.exprs, comment: rule.comment.as_ref().map(ToString::to_string), anon: enc.anon })
 }
