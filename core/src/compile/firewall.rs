@@ -34,8 +34,9 @@ use ipnet::IpNet;
 
 use super::{NodeConfig, ObjectStatus, Outcome};
 use crate::dns::{DnsAnswers, element_timeout};
+use crate::nft::rule::{AddrField, CtState, Direction, Family, Match, Name, Proto, Rule, Statement, Verdict};
 use crate::nft::{Chain, Hook, KeyType, Set, Slot, Table, Text, chain_name};
-use crate::view::policy::{Action, DnsName, FirewallPolicy, FirewallRule, Ports, Target};
+use crate::view::policy::{Action, DnsName, FirewallPolicy, FirewallRule, Ports, Protocol, Target};
 use crate::view::{ACL_LOGGING_ANNOTATION, ClusterView};
 
 /// What rule compilation reads besides the rule.
@@ -210,9 +211,9 @@ impl DnsRef {
 }
 
 /// The address families in use: the rule's family keyword, its key type, its slot.
-fn dns_families(ctx: &Ctx, r: &DnsRef) -> impl Iterator<Item = (&'static str, KeyType, Slot)> {
+fn dns_families(ctx: &Ctx, r: &DnsRef) -> impl Iterator<Item = (Family, KeyType, Slot)> {
     let families = ctx.node.families();
-    let wanted = [("ip", families.v4, KeyType::TaggedIpv4), ("ip6", families.v6, KeyType::TaggedIpv6)];
+    let wanted = [(Family::V4, families.v4, KeyType::TaggedIpv4), (Family::V6, families.v6, KeyType::TaggedIpv6)];
     wanted
         .into_iter()
         .zip(r.slots)
@@ -260,27 +261,27 @@ const INLINE_EXEMPT: usize = 2;
 /// The exempt (cluster and Service) ranges, and the base chain's rules accepting them.
 /// The exempt (cluster and Service) ranges, and the base chain's rules accepting them
 /// (with verified connections: marking them, in `fw-mark`).
-fn exempt_rules(node: &NodeConfig, table: &mut Table) -> (Vec<IpNet>, Vec<String>) {
+fn exempt_rules(node: &NodeConfig, table: &mut Table) -> (Vec<IpNet>, Vec<Rule>) {
     let merged = node.exempt_ranges();
-    let verdict = if node.verified_mark_mask != 0 { mark_verdict() } else { "accept".to_string() };
+    let verdict = if node.verified_mark_mask != 0 { mark_verdict() } else { Verdict::Accept };
     let mut rules = Vec::new();
-    for (family, v4, name) in [("ip", true, CLUSTER_V4), ("ip6", false, CLUSTER_V6)] {
+    for (family, v4, name) in [(Family::V4, true, CLUSTER_V4), (Family::V6, false, CLUSTER_V6)] {
         let nets: Vec<&IpNet> = merged.iter().filter(|n| n.addr().is_ipv4() == v4).collect();
         if nets.len() <= INLINE_EXEMPT {
-            rules.extend(nets.iter().map(|n| format!("{} {verdict}", addr_match(family, [*n]))));
+            rules.extend(nets.iter().map(|n| Rule::new().when(addr_match(family, [*n])).verdict(verdict.clone())));
         } else {
             let mut set = Set::new(if v4 { KeyType::Ipv4 } else { KeyType::Ipv6 }, true);
             set.elements = nets.iter().map(|n| (n.to_compact_string(), Text::default())).collect();
             table.sets.insert(name.into(), set);
-            rules.push(format!("{family} daddr @{name} {verdict}"));
+            rules.push(Rule::new().when(Match::daddr_in(family, name)).verdict(verdict.clone()));
         }
     }
     (merged, rules)
 }
 
 /// How the base chain hands a packet it accepts to the marking rules.
-fn mark_verdict() -> String {
-    format!("goto {}", crate::nft::verified::CHAIN)
+fn mark_verdict() -> Verdict {
+    Verdict::goto(crate::nft::verified::CHAIN)
 }
 
 /// The base chain: (with verified connections, first: an established connection
@@ -288,51 +289,65 @@ fn mark_verdict() -> String {
 /// ranges pass, then each pod's namespace chain; (with verified connections, what
 /// passes is marked verified in `fw-mark`). Every packet entering the node walks it,
 /// so what IPv4 packets never match comes after their verdict.
-fn base_chain(exempt: Vec<String>, verified_mask: u32) -> Chain {
+fn base_chain(exempt: Vec<Rule>, verified_mask: u32) -> Chain {
     let mut rules = Vec::new();
     // First: the packets of a verified connection — most packets — pay this one rule.
     if verified_mask != 0 {
         rules.push(crate::nft::verified::fast_path(verified_mask));
     }
-    rules.push("ct direction reply accept".to_string());
+    rules.push(Rule::new().when(Match::CtDirection(Direction::Reply)).verdict(Verdict::Accept));
     rules.extend(exempt);
-    rules.push(format!("ip saddr vmap @{PODS_V4}"));
+    let pods =
+        |family, map: &str| Rule::new().verdict(Verdict::Map { family, field: AddrField::Saddr, map: map.into() });
+    rules.push(pods(Family::V4, PODS_V4));
     // Neighbour discovery to the node must never be filtered (ARP is not seen by inet
     // hooks at all).
-    rules.push(
-        "icmpv6 type { nd-router-solicit, nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert, nd-redirect } accept"
-            .to_string(),
-    );
-    rules.push(format!("ip6 saddr vmap @{PODS_V6}"));
+    use crate::nft::rule::Icmpv6Type as T;
+    let discovery = vec![T::RouterSolicit, T::RouterAdvert, T::NeighborSolicit, T::NeighborAdvert, T::Redirect];
+    rules.push(Rule::new().when(Match::Icmpv6Types(discovery)).verdict(Verdict::Accept));
+    rules.push(pods(Family::V6, PODS_V6));
     // What the namespace chains returned (allowed) or let through, and what no chain
     // looked at: accepted, the connection marked verified.
     if verified_mask != 0 {
-        rules.push(mark_verdict());
+        rules.push(Rule::new().verdict(mark_verdict()));
     }
     Chain::base(Hook { chain_type: "filter", hook: "prerouting", priority: "filter" }, rules)
 }
 
-fn ports_match(ports: &Ports) -> String {
+fn proto(p: Protocol) -> Proto {
+    match p {
+        Protocol::Tcp => Proto::Tcp,
+        Protocol::Udp => Proto::Udp,
+        Protocol::Sctp => Proto::Sctp,
+    }
+}
+
+/// The match of a rule's ports (`None`: any port).
+fn ports_match(ports: &Ports) -> Option<Match> {
     match (ports.first(), ports.len()) {
-        (None, _) => String::new(),
-        (Some((proto, port)), 1) => format!(" {} dport {port}", proto.nft()),
-        _ => {
-            let items: Vec<String> = ports.iter().map(|(p, port)| format!("{} . {port}", p.nft())).collect();
-            format!(" meta l4proto . th dport {{ {} }}", items.join(", "))
+        (None, _) => None,
+        (Some((p, port)), 1) => Some(Match::Dport(proto(*p), *port)),
+        _ => Some(Match::ProtoPortIn(ports.iter().map(|(p, port)| (proto(*p), *port)).collect())),
+    }
+}
+
+/// The match of a destination among `addrs` (one: compared; more: an anonymous set).
+fn addr_match<'a>(family: Family, addrs: impl IntoIterator<Item = &'a IpNet>) -> Match {
+    let mut nets: Vec<IpNet> = addrs.into_iter().copied().collect();
+    match (nets.pop(), nets.is_empty()) {
+        (Some(net), true) => Match::Addr { family, field: AddrField::Daddr, net },
+        (last, _) => {
+            nets.extend(last);
+            Match::AddrAnyOf { family, field: AddrField::Daddr, nets }
         }
     }
 }
 
-fn addr_match<'a>(family: &str, addrs: impl IntoIterator<Item = &'a IpNet>) -> String {
-    let items: Vec<String> = addrs
-        .into_iter()
-        .map(|n| if n.prefix_len() == n.max_prefix_len() { n.addr().to_string() } else { n.to_string() })
-        .collect();
-    if items.len() == 1 {
-        format!("{family} daddr {}", items[0])
-    } else {
-        format!("{family} daddr {{ {} }}", items.join(", "))
-    }
+/// A rule's tail after its destination: its ports, counters, verdict and comment.
+fn counted(dst: Match, ports: Option<&Match>, total: &str, verdict: Verdict, comment: Name) -> Rule {
+    let mut r = Rule::new().when(dst);
+    r.matches.extend(ports.cloned());
+    r.then(Statement::NamedCounter(total.into())).then(Statement::Counter).verdict(verdict).comment(comment)
 }
 
 /// Compile one rule into nft statements (one per address family it touches). Returns
@@ -343,20 +358,17 @@ fn rule_statements(
     log: &LogSpec,
     ctx: &Ctx,
     verified: bool,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<Rule>, String> {
     // Audit mode: a Deny counts and accepts (first match stays final: nothing after it
     // is evaluated, as if it had dropped).
     let (verdict, total) = match rule.action {
         // A `dnsName` destination can leave its set without a change of the table (a
         // timeout): such a connection is never marked verified.
         Action::Allow => (allow_verdict(verified && !matches!(rule.target, Target::Dns(_))), "fw-allow"),
-        Action::Deny if log.audit => ("accept", "fw-audit"),
-        Action::Deny => ("drop", "fw-deny"),
+        Action::Deny if log.audit => (Verdict::Accept, "fw-audit"),
+        Action::Deny => (Verdict::Drop, "fw-deny"),
     };
     let ports = ports_match(&rule.ports);
-    // The rule's own counter (`egressd status --counters`, `explain --kernel`) and the
-    // node's total by verdict (`egressd_firewall_packets`).
-    let tail = format!("{ports} counter name \"{total}\" counter {verdict} comment \"egress[{index}]\"");
     // Logged verdicts: the first packet of each new connection is copied to NFLOG
     // first (a rule without a verdict), at most `rate` per second per rule; what the
     // limit holds back is counted in `acl-over`.
@@ -365,19 +377,25 @@ fn rule_statements(
         Action::Deny if log.audit => Some(("audit", log.deny.as_deref().unwrap_or("warning"))),
         Action::Deny => log.deny.as_deref().map(|sev| ("deny", sev)),
     };
-    let tail = match logged {
-        None => tail,
-        Some((what, sev)) => {
+    // The rules of one destination match: (the log copy and its overflow count, then)
+    // the rule's own counter (`egressd status --counters`, `explain --kernel`) and the
+    // node's total by verdict (`egressd_firewall_packets`).
+    let with_match = |dst: Match| -> Vec<Rule> {
+        let mut out = Vec::new();
+        if let Some((what, sev)) = logged {
             let s = &ctx.node.acl_log;
-            let ns = &log.namespace;
-            format!(
-                "{ports} ct state new limit rate {r}/second burst {r} packets log prefix \"acl {ns} {index} {what} {sev} \" group {g}\n\
-                 {{MATCH}}{ports} ct state new limit rate over {r}/second burst {r} packets counter name \"{ACL_OVER}\"\n\
-                 {{MATCH}}{tail}",
-                r = s.rate,
-                g = s.group,
-            )
+            let new = Rule::new().when(dst.clone()).when_some(ports.clone()).when(Match::CtState(CtState::New));
+            let limit = |over| Statement::Limit { rate: s.rate.into(), burst: s.rate, over };
+            let prefix = format_compact!("acl {} {index} {what} {sev} ", log.namespace);
+            out.push(new.clone().then(limit(false)).then(Statement::Log {
+                prefix,
+                group: s.group,
+                queue_threshold: None,
+            }));
+            out.push(new.then(limit(true)).then(Statement::NamedCounter(ACL_OVER.into())));
         }
+        out.push(counted(dst, ports.as_ref(), total, verdict.clone(), format_compact!("egress[{index}]")));
+        out
     };
     let targets: BTreeSet<IpNet> = match &rule.target {
         Target::Cidr(_) | Target::Nodes(_) => static_targets(rule, ctx).unwrap_or_default(),
@@ -391,18 +409,16 @@ fn rule_statements(
             // every chain, from the current answers), so address changes are element
             // updates and never change a rule.
             let r = DnsRef::of(name);
-            return Ok(dns_families(ctx, &r)
-                .flat_map(|(family, _, slot)| with_match(&slot.matches(family), &tail))
-                .collect());
+            return Ok(dns_families(ctx, &r).flat_map(|(family, _, slot)| with_match(slot.matched(family))).collect());
         }
     };
     let mut out = Vec::new();
-    for (family, v4) in [("ip", true), ("ip6", false)] {
+    for (family, v4) in [(Family::V4, true), (Family::V6, false)] {
         let addrs: BTreeSet<IpNet> = targets.iter().filter(|n| n.addr().is_ipv4() == v4).copied().collect();
         if addrs.is_empty() {
             continue;
         }
-        out.extend(with_match(&addr_match(family, &addrs), &tail));
+        out.extend(with_match(addr_match(family, &addrs)));
     }
     Ok(out)
 }
@@ -410,8 +426,8 @@ fn rule_statements(
 /// An allow's verdict: `return` (the base chain marks the connection verified under
 /// the current policy generation and accepts, [`crate::nft::verified`]) where the
 /// chain may, else `accept`.
-fn allow_verdict(verified: bool) -> &'static str {
-    if verified { "return" } else { "accept" }
+fn allow_verdict(verified: bool) -> Verdict {
+    if verified { Verdict::Return } else { Verdict::Accept }
 }
 
 /// Whether a namespace's allowed connections may be marked verified: the fast path is
@@ -464,15 +480,15 @@ const INLINE_MAX: usize = 4;
 /// (`<chain>-r4-<k>`). The chain's shape then depends on the actions, port sets and prefix lengths:
 /// editing a destination of a merged run (same length), or a node's addresses, changes
 /// elements, not rules, and the kernel re-validates nothing.
-fn run_statements(runs: &[super::runs::Run], chain: &str, sets: &mut Vec<(Text, Set)>, verified: bool) -> Vec<String> {
+fn run_statements(runs: &[super::runs::Run], chain: &str, sets: &mut Vec<(Text, Set)>, verified: bool) -> Vec<Rule> {
     let mut out = Vec::new();
     for run in runs {
         let (verdict, total) = match run.action {
             Action::Allow => (allow_verdict(verified), "fw-allow"),
-            Action::Deny => ("drop", "fw-deny"),
+            Action::Deny => (Verdict::Drop, "fw-deny"),
         };
         for m in &run.matches {
-            let family = if m.v4 { "ip" } else { "ip6" };
+            let family = if m.v4 { Family::V4 } else { Family::V6 };
             let key = if m.v4 { KeyType::Ipv4 } else { KeyType::Ipv6 };
             let mut matched = Vec::new();
             if m.listed.len() <= INLINE_MAX {
@@ -490,8 +506,10 @@ fn run_statements(runs: &[super::runs::Run], chain: &str, sets: &mut Vec<(Text, 
                     sets.push((name.as_str().into(), Set { elements, ..Set::new(key, false) }));
                     let full = if m.v4 { 32 } else { 128 };
                     matched.push(match nets.first() {
-                        Some(n) if len < full => format!("{family} daddr and {} @{name}", n.netmask()),
-                        _ => format!("{family} daddr @{name}"),
+                        Some(n) if len < full => {
+                            Match::AddrMaskedIn { family, field: AddrField::Daddr, mask: n.netmask(), set: name.into() }
+                        }
+                        _ => Match::daddr_in(family, name),
                     });
                 }
             } else {
@@ -500,14 +518,11 @@ fn run_statements(runs: &[super::runs::Run], chain: &str, sets: &mut Vec<(Text, 
                 // nodes are full (a third less memory at 100k ranges).
                 let elements = m.addrs.iter().map(|n| (n.to_compact_string(), Text::default())).collect();
                 sets.push((name.as_str().into(), Set { elements, ..Set::new(key, true) }));
-                matched.push(format!("{family} daddr @{name}"));
+                matched.push(Match::daddr_in(family, name));
             }
+            let ports = ports_match(&m.ports);
             for matched in matched {
-                out.push(format!(
-                    "{matched}{} counter name \"{total}\" counter {verdict} comment \"{}\"",
-                    ports_match(&m.ports),
-                    run.comment()
-                ));
+                out.push(counted(matched, ports.as_ref(), total, verdict.clone(), run.comment()));
             }
         }
     }
@@ -578,7 +593,7 @@ fn segment_statements(
     segment: usize,
     sets: &mut Vec<(Text, Set)>,
     verified: bool,
-) -> Vec<String> {
+) -> Vec<Rule> {
     let runs = super::runs::merge(rules);
     let cost = run_cost(&runs);
     // No flattened segment is cheaper than one lookup in one interval set.
@@ -607,11 +622,11 @@ fn box_statements(
     segment: usize,
     sets: &mut Vec<(Text, Set)>,
     verified: bool,
-) -> Vec<String> {
+) -> Vec<Rule> {
     use super::boxes::Piece;
     let mut out = Vec::new();
     for (boxes, v4) in boxes.iter().zip([true, false]) {
-        let (family, f) = if v4 { ("ip", 4) } else { ("ip6", 6) };
+        let (family, f) = if v4 { (Family::V4, 4) } else { (Family::V6, 6) };
         for (ported, action) in
             [(true, Action::Allow), (true, Action::Deny), (false, Action::Allow), (false, Action::Deny)]
         {
@@ -645,24 +660,18 @@ fn box_statements(
             sets.push((name.as_str().into(), Set { elements, ..Set::new(key, true) }));
             let (verdict, total) = match action {
                 Action::Allow => (allow_verdict(verified), "fw-allow"),
-                Action::Deny => ("drop", "fw-deny"),
+                Action::Deny => (Verdict::Drop, "fw-deny"),
             };
             let lookup = if ported {
-                format!("meta l4proto . th dport . {family} daddr @{name}")
+                Match::ProtoPortAddrIn { family, set: name.into() }
             } else {
-                format!("{family} daddr @{name}")
+                Match::daddr_in(family, name)
             };
-            let comment = if first == last { format!("egress[{first}]") } else { format!("egress[{first}..{last}]") };
-            out.push(format!("{lookup} counter name \"{total}\" counter {verdict} comment \"{comment}\""));
+            let comment = super::runs::comment(first, last);
+            out.push(counted(lookup, None, total, verdict, comment));
         }
     }
     out
-}
-
-/// The rules of one match: `tail` holds one or more rule tails, lines after the first
-/// starting with `{MATCH}`.
-fn with_match(matched: &str, tail: &str) -> Vec<String> {
-    tail.lines().map(|t| format!("{matched}{}", t.strip_prefix("{MATCH}").unwrap_or(t))).collect()
 }
 
 /// The named counter of log copies the rate limit held back.
@@ -896,7 +905,7 @@ fn namespace_chain(policy: &std::sync::Arc<FirewallPolicy>, ctx: &Ctx, cache: &m
     rules.extend(segment_statements(&pending, &name, segment, &mut sets, verified));
     if ctx.node.verified_mark_mask != 0 && !verified {
         // What falls through would be marked verified by the base chain.
-        rules.push("accept".into());
+        rules.push(Rule::new().verdict(Verdict::Accept));
     }
     let dns = policy.rules.iter().filter_map(|r| match &r.target {
         Target::Dns(name) if !name.wildcard || ctx.node.snoop.is_some() => Some(DnsRef::of(name)),

@@ -60,12 +60,8 @@ pub(super) struct Run {
 
 impl Run {
     /// The rule comment: `egress[i]`, or `egress[i..j]` for a run of several rules.
-    pub(super) fn comment(&self) -> String {
-        if self.first == self.last {
-            format!("egress[{}]", self.first)
-        } else {
-            format!("egress[{}..{}]", self.first, self.last)
-        }
+    pub(super) fn comment(&self) -> crate::nft::rule::Name {
+        comment(self.first, self.last)
     }
 }
 
@@ -142,6 +138,16 @@ fn matches(m: &Match, dst: std::net::IpAddr, port: Option<(crate::view::policy::
     m.v4 == dst.is_ipv4()
         && m.addrs.iter().any(|n| n.contains(&dst))
         && (m.ports.is_empty() || port.is_some_and(|p| m.ports.contains(&p)))
+}
+
+/// The comment of the rules `first..=last` merged: `egress[<first>]` or
+/// `egress[<first>..<last>]`.
+pub(super) fn comment(first: usize, last: usize) -> crate::nft::rule::Name {
+    if first == last {
+        compact_str::format_compact!("egress[{first}]")
+    } else {
+        compact_str::format_compact!("egress[{first}..{last}]")
+    }
 }
 
 #[cfg(test)]

@@ -135,6 +135,9 @@ pub enum Match {
     /// `ip|ip6 saddr|daddr <address or prefix>` (a full-length prefix is written as
     /// its address).
     Addr { family: Family, field: AddrField, net: IpNet },
+    /// `ip|ip6 saddr|daddr { <address or prefix>, … }`: any of them (an anonymous
+    /// interval set, which only the `nft` program writes).
+    AddrAnyOf { family: Family, field: AddrField, nets: Vec<IpNet> },
     /// `ip|ip6 saddr|daddr [!=] @set`.
     AddrIn { family: Family, field: AddrField, set: Name, negated: bool },
     /// `ip|ip6 saddr|daddr and <mask> @set`: the address masked, looked up.
@@ -247,6 +250,12 @@ impl Rule {
     /// With `m` as its next match.
     pub fn when(mut self, m: Match) -> Self {
         self.matches.push(m);
+        self
+    }
+
+    /// With `m`, if any, as its next match.
+    pub fn when_some(mut self, m: Option<Match>) -> Self {
+        self.matches.extend(m);
         self
     }
 
@@ -397,6 +406,14 @@ impl fmt::Display for Match {
                 write!(f, "{} {} {}", family.word(), field_word(*field), net.addr())
             }
             Match::Addr { family, field, net } => write!(f, "{} {} {net}", family.word(), field_word(*field)),
+            Match::AddrAnyOf { family, field, nets } => {
+                write!(f, "{} {} ", family.word(), field_word(*field))?;
+                braced(
+                    f,
+                    nets,
+                    |n| if n.prefix_len() == n.max_prefix_len() { n.addr().to_string() } else { n.to_string() },
+                )
+            }
             Match::AddrIn { family, field, set, negated } => {
                 let not = if *negated { "!= " } else { "" };
                 write!(f, "{} {} {not}@{set}", family.word(), field_word(*field))
@@ -544,6 +561,15 @@ fn words(rule: &str) -> Result<Vec<&str>, ParseError> {
     Ok(out)
 }
 
+/// An address or a prefix of `family` without host bits.
+fn prefix_of(w: &str, family: Family) -> Option<IpNet> {
+    let net = match w.parse::<IpNet>() {
+        Ok(net) => net,
+        Err(_) => IpNet::from(w.parse::<IpAddr>().ok()?),
+    };
+    (net.trunc() == net && Family::of(net.addr()) == family).then_some(net)
+}
+
 /// The words of a rule, read from the front.
 struct Words<'a> {
     w: Vec<&'a str>,
@@ -681,14 +707,18 @@ impl Words<'_> {
                     Match::AddrIn { family, field, set: self.set()?, negated: false }
                 } else if self.eat(&["!="]) {
                     Match::AddrIn { family, field, set: self.set()?, negated: true }
+                } else if self.peek(0) == Some("{") {
+                    let nets = self.braced(
+                        |item| match item {
+                            [w] => prefix_of(w, family),
+                            _ => None,
+                        },
+                        "addresses or prefixes of the family without host bits",
+                    )?;
+                    Match::AddrAnyOf { family, field, nets }
                 } else {
-                    let net = self.take("an address or a prefix of the family without host bits", |w| {
-                        let net = match w.parse::<IpNet>() {
-                            Ok(net) => net,
-                            Err(_) => IpNet::from(w.parse::<IpAddr>().ok()?),
-                        };
-                        (net.trunc() == net && Family::of(net.addr()) == family).then_some(net)
-                    })?;
+                    let net =
+                        self.take("an address or a prefix of the family without host bits", |w| prefix_of(w, family))?;
                     Match::Addr { family, field, net }
                 }
             }
@@ -1070,6 +1100,19 @@ mod tests {
             prop_oneof![
                 family().prop_map(Match::Nfproto),
                 (net(), field()).prop_map(|((family, net), field)| Match::Addr { family, field, net }),
+                (family(), field(), prop::collection::vec(net(), 1..4)).prop_map(|(family, field, nets)| {
+                    let nets: Vec<IpNet> = nets.into_iter().filter(|(f, _)| *f == family).map(|(_, n)| n).collect();
+                    let nets = if nets.is_empty() {
+                        vec![IpNet::from(if family == Family::V4 {
+                            IpAddr::from([192, 0, 2, 1])
+                        } else {
+                            IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, 1])
+                        })]
+                    } else {
+                        nets
+                    };
+                    Match::AddrAnyOf { family, field, nets }
+                }),
                 (family(), field(), name(), any::<bool>()).prop_map(|(family, field, set, negated)| Match::AddrIn {
                     family,
                     field,

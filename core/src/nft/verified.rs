@@ -39,6 +39,7 @@
 //! new one. The compile leaves `fw-epoch` empty (nothing is verified); the syncer
 //! stamps the generation it applies.
 
+use super::rule::{CtState, MarkOf, Match, Rule, Statement, Verdict};
 use super::{Set, Table, Text};
 
 /// The chain marking what the base chain accepts.
@@ -104,19 +105,22 @@ pub fn check_mask(mask: u32, others: u32) -> Result<(), String> {
 
 /// The base chain's fast path: an established connection verified under the current
 /// generation.
-pub fn fast_path(mask: u32) -> String {
-    format!("ct state established ct mark and {mask:#010x} @{EPOCH_SET} accept")
+pub fn fast_path(mask: u32) -> Rule {
+    Rule::new()
+        .when(Match::CtState(CtState::Established))
+        .when(Match::CtMarkIn { mask, or: None, set: EPOCH_SET.into() })
+        .verdict(Verdict::Accept)
 }
 
 /// The rules of [`CHAIN`]: one per generation value, marking the connection when it
 /// is the current one.
-pub fn marking_rules(mask: u32) -> Vec<String> {
+pub fn marking_rules(mask: u32) -> Vec<Rule> {
     values(mask)
         .map(|v| {
-            format!(
-                "ct mark and 0x00000000 or {v:#010x} @{EPOCH_SET} ct mark set ct mark and {keep:#010x} or {v:#010x} accept",
-                keep = !mask
-            )
+            Rule::new()
+                .when(Match::CtMarkIn { mask: 0, or: Some(v), set: EPOCH_SET.into() })
+                .then(Statement::SetMark { of: MarkOf::Conn, keep: !mask, or: v })
+                .verdict(Verdict::Accept)
         })
         .collect()
 }
@@ -246,7 +250,11 @@ mod tests {
             "firewall".into(),
             Chain::base(
                 hook("prerouting"),
-                vec![fast_path(0x0300_0000), "ip saddr vmap @fw-pods-v4".into(), "goto fw-mark".into()],
+                [
+                    fast_path(0x0300_0000).into(),
+                    crate::nft::ChainRule::from("ip saddr vmap @fw-pods-v4"),
+                    "goto fw-mark".into(),
+                ],
             ),
         );
         t.chains.insert("fw-mark".into(), Chain::regular(marking_rules(0x0300_0000)));

@@ -28,6 +28,9 @@ pub enum Unencodable {
     /// `ct original ip|ip6 …` before a match of its family.
     #[error("`ct original {0}` before a match of its family")]
     FamilyUnknown(&'static str),
+    /// What only the `nft` program writes.
+    #[error("{0} is written by nft, not by the netlink path")]
+    Unwritten(&'static str),
     /// A value the phrase cannot hold.
     #[error("{0}")]
     Value(&'static str),
@@ -180,6 +183,7 @@ impl Encoder {
                 self.require_family(*f)?;
             }
             Match::Addr { family, field, net } => self.addr_match(*family, *field, net)?,
+            Match::AddrAnyOf { .. } => return Err(Unencodable::Unwritten("an anonymous set of addresses")),
             Match::AddrIn { family, field, set, negated } => {
                 self.load_addr(*family, *field)?;
                 self.exprs.push(lookup(set, *negated));
