@@ -708,7 +708,9 @@ fn emit_tables(ctx: &Ctx, t: Tables, table: &mut Table) {
     table.sets.insert(SNAT_V4.into(), n4);
     table.sets.insert(SNAT_V6.into(), n6);
     if drop_used {
-        table.chains.insert(DROP_CHAIN.into(), Chain::regular(["counter drop"]));
+        table
+            .chains
+            .insert(DROP_CHAIN.into(), Chain::regular([Rule::new().then(Statement::Counter).verdict(Verdict::Drop)]));
     }
     for ip in snat_chains {
         let snat = Rule::new().then(Statement::SnatTo(*ip));
