@@ -11,7 +11,6 @@
 mod netns;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use egressd::dataplane::nft_cli::NftCli;
 use egressd::dataplane::nft_sync::{NftSyncer, SyncKind};
@@ -108,7 +107,7 @@ fn with_ported(
         set(KeyType::Ipv4, false, false, plain.iter().map(|i| (format!("203.0.113.{i}"), String::new())).collect()),
     );
     for c in CHAINS {
-        let rules = vec![
+        let rules = [
             format!("{} counter accept", DNS_SLOTS[0].matches("ip")),
             format!("{} counter accept", DNS_SLOTS[1].matches("ip")),
             "ip daddr @ranges-v4 counter accept".to_string(),
@@ -117,18 +116,19 @@ fn with_ported(
             "meta l4proto . th dport . ip6 daddr @ported-v6 counter accept".to_string(),
             "counter drop".to_string(),
         ];
-        t.chains.insert(c.into(), Chain::regular(rules));
+        t.chains.insert(c.into(), Chain::parsed(rules.iter().map(String::as_str)).unwrap());
     }
     t.chains.insert(
         "firewall".into(),
-        Chain {
-            hook: Some(Hook { chain_type: "filter", hook: "forward", priority: "filter" }),
-            rules: Arc::new(vec![
-                "ip daddr @snoop-servers-v4 accept".into(),
-                "ip saddr vmap @fw-pods-v4".into(),
-                "ip6 saddr vmap @fw-pods-v6".into(),
-            ]),
-        },
+        Chain::base(
+            Hook { chain_type: "filter", hook: "forward", priority: "filter" },
+            egressd::nft::rule::parse_all([
+                "ip daddr @snoop-servers-v4 accept",
+                "ip saddr vmap @fw-pods-v4",
+                "ip6 saddr vmap @fw-pods-v6",
+            ])
+            .unwrap(),
+        ),
     );
     t
 }

@@ -16,6 +16,7 @@ use egressd::api::parse::{Parsed, parse_document, split_documents, yaml_to_value
 use egressd::compile::{NodeConfig, compile};
 use egressd::dataplane::elements::ElementWriter;
 use egressd::dns::{DnsAnswers, Resolved};
+use egressd::nft::rule::parse_all;
 use egressd::nft::{Chain, Table};
 use egressd::view::ClusterView;
 use netns::Netns;
@@ -179,12 +180,12 @@ fn what_the_netlink_path_does_not_write_is_refused_before_sending() {
         "a".into(),
         Chain::base(
             egressd::nft::Hook { chain_type: "filter", hook: "forward", priority: "filter" },
-            ["ip daddr 192.0.2.0/24 counter accept", "ip ttl set 1 accept"],
+            parse_all(["ip daddr 192.0.2.0/24 counter accept", "ip daddr { 192.0.2.1, 192.0.2.3 } accept"]).unwrap(),
         ),
     );
     let err = replace(&ns, table).unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::Unsupported);
-    assert!(err.to_string().contains("chain a rule 1 (ip ttl set 1 accept)"), "{err}");
+    assert!(err.to_string().contains("chain a rule 1 (ip daddr { 192.0.2.1, 192.0.2.3 } accept)"), "{err}");
     assert!(!ns.has_table("egressd"), "nothing was sent");
 }
 
@@ -197,7 +198,7 @@ fn a_refused_batch_names_the_message_and_changes_nothing() {
         "a".into(),
         Chain::base(
             egressd::nft::Hook { chain_type: "filter", hook: "forward", priority: "filter" },
-            ["ip daddr 192.0.2.0/24 counter accept"],
+            parse_all(["ip daddr 192.0.2.0/24 counter accept"]).unwrap(),
         ),
     );
     replace(&ns, good.clone()).unwrap();
@@ -207,7 +208,7 @@ fn a_refused_batch_names_the_message_and_changes_nothing() {
         "b".into(),
         Chain::base(
             egressd::nft::Hook { chain_type: "filter", hook: "forward", priority: "filter" },
-            ["ip daddr @missing accept"],
+            parse_all(["ip daddr @missing accept"]).unwrap(),
         ),
     );
     let err = replace(&ns, bad).unwrap_err();

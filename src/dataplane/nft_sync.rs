@@ -376,7 +376,7 @@ mod tests {
             s.elements.insert(format!("198.18.0.{i}").into(), Default::default());
         }
         t.sets.insert("s".into(), s);
-        t.chains.insert("c".into(), Chain::regular(["counter accept"]));
+        t.chains.insert("c".into(), Chain::parsed(["counter accept"]).unwrap());
         t
     }
 
@@ -453,7 +453,7 @@ mod tests {
                 s.elements.insert(format!("198.19.0.{i}").into(), Default::default());
             }
             t.sets.insert("eip-self-v4".into(), s);
-            t.chains.insert("egress-snat".into(), Chain::regular([chain]));
+            t.chains.insert("egress-snat".into(), Chain::parsed([chain]).unwrap());
             t
         };
         let (mut s, swept) = with_generations();
@@ -522,8 +522,8 @@ mod tests {
         // one, and keeps them.
         let mut base = with_dns(2);
         let hook = crate::nft::Hook { chain_type: "filter", hook: "forward", priority: "filter" };
-        base.chains.insert("a".into(), Chain::base(hook.clone(), ["counter"]));
-        base.chains.insert("b".into(), Chain::base(hook, ["counter"]));
+        base.chains.insert("a".into(), Chain::base(hook.clone(), crate::nft::rule::parse_all(["counter"]).unwrap()));
+        base.chains.insert("b".into(), Chain::base(hook, crate::nft::rule::parse_all(["counter"]).unwrap()));
         assert_eq!(s.sync_keeping(&mut base.into(), || vec![learned]).unwrap(), SyncKind::Full);
         let scripts = &s.backend().scripts;
         let key = crate::nft::Slot::tagged_key(7, "192.0.2.10".parse().unwrap());

@@ -361,8 +361,8 @@ mod tests {
         let mut exempt = Set::new(KeyType::Ipv4, true);
         exempt.elements.insert("198.18.0.0/15".into(), Text::default());
         t.sets.insert("exempt-v4".into(), exempt);
-        t.chains.insert("fw-a".into(), Chain::regular(["counter drop"]));
-        t.chains.insert("fw-b".into(), Chain::regular(["counter accept"]));
+        t.chains.insert("fw-a".into(), Chain::parsed(["counter drop"]).unwrap());
+        t.chains.insert("fw-b".into(), Chain::parsed(["counter accept"]).unwrap());
         t
     }
 
@@ -404,7 +404,7 @@ mod tests {
         let old = table();
         // Rules.
         let mut new = table();
-        new.chains.insert("fw-a".into(), Chain::regular(["counter accept"]));
+        new.chains.insert("fw-a".into(), Chain::parsed(["counter accept"]).unwrap());
         assert_eq!(ElementDelta::between(&old, &new), None);
         // A set's flags.
         let mut new = table();

@@ -125,12 +125,12 @@ mod tests {
         let mut m = Set::verdict_map(KeyType::Ipv4);
         m.elements.insert("198.18.1.2".into(), "jump fw-a".into());
         t.sets.insert("fw-pods-v4".into(), m);
-        t.chains.insert("fw-a".into(), Chain::regular(["ip daddr 192.0.2.0/24 counter drop"]));
+        t.chains.insert("fw-a".into(), Chain::parsed(["ip daddr 192.0.2.0/24 counter drop"]).unwrap());
         t.chains.insert(
             "firewall".into(),
             Chain::base(
                 Hook { chain_type: "filter", hook: "forward", priority: "filter" },
-                ["ip saddr vmap @fw-pods-v4"],
+                crate::nft::rule::parse_all(["ip saddr vmap @fw-pods-v4"]).unwrap(),
             ),
         );
         t
@@ -154,7 +154,7 @@ mod tests {
         let old = table();
         let mut new = table();
         new.chains.remove("fw-a");
-        new.chains.insert("fw-b".into(), Chain::regular(["counter accept"]));
+        new.chains.insert("fw-b".into(), Chain::parsed(["counter accept"]).unwrap());
         new.sets.get_mut("fw-pods-v4").unwrap().elements.insert("198.18.1.2".into(), "jump fw-b".into());
         assert_eq!(
             diff(&old, &new).unwrap(),
@@ -190,7 +190,7 @@ mod tests {
         let old = table();
         let mut new = table();
         let own = Hook { chain_type: "nat", hook: "postrouting", priority: "srcnat - 1" };
-        new.chains.insert("egress".into(), Chain::base(own, ["counter"]));
+        new.chains.insert("egress".into(), Chain::base(own, crate::nft::rule::parse_all(["counter"]).unwrap()));
         assert_eq!(
             diff(&old, &new).unwrap(),
             "add chain inet egressd egress { type nat hook postrouting priority srcnat - 1; policy accept; }\n\
@@ -201,7 +201,7 @@ mod tests {
         // fresh start runs it before (name order).
         let mut beside = table();
         let same = Hook { chain_type: "filter", hook: "forward", priority: "0" };
-        beside.chains.insert("a-first".into(), Chain::base(same, ["counter"]));
+        beside.chains.insert("a-first".into(), Chain::base(same, crate::nft::rule::parse_all(["counter"]).unwrap()));
         assert!(diff(&old, &beside).unwrap().starts_with("add table inet egressd\ndelete table inet egressd\n"));
     }
 
@@ -291,7 +291,7 @@ mod props {
                 }
             }
             for (name, rules) in regular {
-                t.chains.insert(name.into(), Chain::regular(rules));
+                t.chains.insert(name.into(), Chain::parsed(rules.iter().map(String::as_str)).unwrap());
             }
             let mut base_rules = vec!["ct direction reply accept".to_string()];
             for b in base {
@@ -302,15 +302,15 @@ mod props {
                     _ => {}
                 }
             }
-            t.chains.insert("firewall".into(), Chain::base(hook(), base_rules));
+            t.chains.insert("firewall".into(), Chain::base(hook(), crate::nft::rule::parse_all(base_rules.iter().map(String::as_str)).unwrap()));
             // Base chains that come and go: one at a hook and priority of its own, one
             // beside `firewall` (a change may add only the first).
             if more_base & 1 == 1 {
                 let own = Hook { chain_type: "nat", hook: "postrouting", priority: "srcnat - 1" };
-                t.chains.insert("egress".into(), Chain::base(own, ["counter"]));
+                t.chains.insert("egress".into(), Chain::base(own, crate::nft::rule::parse_all(["counter"]).unwrap()));
             }
             if more_base & 2 == 2 {
-                t.chains.insert("beside".into(), Chain::base(hook(), ["counter"]));
+                t.chains.insert("beside".into(), Chain::base(hook(), crate::nft::rule::parse_all(["counter"]).unwrap()));
             }
             t
         }
@@ -327,7 +327,7 @@ mod props {
         t.chains.values().any(|c| {
             c.rules
                 .iter()
-                .map(|r| r.text())
+                .map(|r| r.to_string())
                 .any(|r| r.split_whitespace().any(|w| w == name || w == at) || r.ends_with(&jump))
         }) || t.sets.values().any(|s| s.elements.values().any(|v| *v == jump))
     }
@@ -375,7 +375,7 @@ mod props {
                         t.chains.get(target).ok_or(format!("{line}: no chain {target}"))?;
                     }
                     let chain = t.chains.get_mut(name.as_str()).ok_or(format!("{line}: no chain"))?;
-                    std::sync::Arc::make_mut(&mut chain.rules).push(rule.into());
+                    std::sync::Arc::make_mut(&mut chain.rules).push(rule.parse().map_err(|e| format!("{line}: {e}"))?);
                 }
                 "flush chain" => {
                     let chain = t.chains.get_mut(name.as_str()).ok_or(format!("{line}: no chain"))?;

@@ -1,9 +1,10 @@
 //! egressd's own typed model of its nftables table, its rendering to nft syntax, and the
 //! difference between two versions of it as one atomic nft script.
 //!
-//! Rules are stored as nft statements built only from validated, typed values
-//! (addresses, ports, protocol keywords, chain names from [`chain_name`]); no user
-//! string reaches nft syntax unchecked.
+//! Rules are typed values ([`rule::Rule`]: matches, statements, a verdict) built only
+//! from validated values (addresses, ports, protocols, chain names from
+//! [`chain_name`]); their nft syntax is their `Display`, so no user string reaches nft
+//! syntax unchecked, and the netlink path encodes the values ([`wire`]).
 
 pub mod delta;
 mod diff;
@@ -366,13 +367,13 @@ pub struct Chain {
     /// The hook, for base chains.
     pub hook: Option<Hook>,
     /// Rules in order.
-    pub rules: std::sync::Arc<Vec<ChainRule>>,
+    pub rules: std::sync::Arc<Vec<rule::Rule>>,
 }
 
 impl Chain {
     /// A regular chain with `rules`.
-    pub fn regular<R: Into<ChainRule>>(rules: impl IntoIterator<Item = R>) -> Self {
-        Self { hook: None, rules: std::sync::Arc::new(rules.into_iter().map(Into::into).collect()) }
+    pub fn regular(rules: impl IntoIterator<Item = rule::Rule>) -> Self {
+        Self { hook: None, rules: std::sync::Arc::new(rules.into_iter().collect()) }
     }
 
     /// The rules as nft text.
@@ -381,78 +382,14 @@ impl Chain {
     }
 
     /// A base chain on `hook` with `rules`.
-    pub fn base<R: Into<ChainRule>>(hook: Hook, rules: impl IntoIterator<Item = R>) -> Self {
-        Self { hook: Some(hook), rules: std::sync::Arc::new(rules.into_iter().map(Into::into).collect()) }
+    pub fn base(hook: Hook, rules: impl IntoIterator<Item = rule::Rule>) -> Self {
+        Self { hook: Some(hook), rules: std::sync::Arc::new(rules.into_iter().collect()) }
     }
-}
 
-/// A rule of a chain: a typed value ([`rule::Rule`]), or nft text where the compiler
-/// still writes text (the families move to typed values one at a time; the netlink
-/// path reads text with [`rule::Rule`]'s `FromStr`). Both print as nft syntax.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ChainRule {
-    /// A typed rule (boxed: a chain of text rules stays a `String` per rule).
-    Typed(Box<rule::Rule>),
-    /// A rule as nft text.
-    Text(String),
-}
-
-impl ChainRule {
-    /// The rule as nft text (borrowed when it is text).
-    pub fn text(&self) -> std::borrow::Cow<'_, str> {
-        match self {
-            ChainRule::Typed(r) => std::borrow::Cow::Owned(r.to_string()),
-            ChainRule::Text(t) => std::borrow::Cow::Borrowed(t),
-        }
-    }
-}
-
-impl std::fmt::Display for ChainRule {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ChainRule::Typed(r) => r.fmt(f),
-            ChainRule::Text(t) => f.write_str(t),
-        }
-    }
-}
-
-/// A rule equals a text that prints the same.
-impl PartialEq<str> for ChainRule {
-    fn eq(&self, text: &str) -> bool {
-        match self {
-            ChainRule::Text(t) => t == text,
-            ChainRule::Typed(r) => r.to_string() == text,
-        }
-    }
-}
-
-impl PartialEq<&str> for ChainRule {
-    fn eq(&self, text: &&str) -> bool {
-        *self == **text
-    }
-}
-
-impl PartialEq<String> for ChainRule {
-    fn eq(&self, text: &String) -> bool {
-        *self == *text.as_str()
-    }
-}
-
-impl From<String> for ChainRule {
-    fn from(text: String) -> Self {
-        ChainRule::Text(text)
-    }
-}
-
-impl From<&str> for ChainRule {
-    fn from(text: &str) -> Self {
-        ChainRule::Text(text.to_string())
-    }
-}
-
-impl From<rule::Rule> for ChainRule {
-    fn from(rule: rule::Rule) -> Self {
-        ChainRule::Typed(Box::new(rule))
+    /// A regular chain of rules written as nft text (tests and tools: a text outside
+    /// the vocabulary is an error).
+    pub fn parsed<'a>(rules: impl IntoIterator<Item = &'a str>) -> Result<Self, rule::ParseError> {
+        Ok(Self::regular(rule::parse_all(rules)?))
     }
 }
 
@@ -631,23 +568,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_chain_rule_costs_what_a_string_costs_inline() {
-        // Text rules (most of a 100k-rule table today) stay 24 bytes each.
-        assert_eq!(std::mem::size_of::<ChainRule>(), std::mem::size_of::<String>());
-        let typed: ChainRule = "ip daddr 192.0.2.0/24 counter drop".parse::<rule::Rule>().unwrap().into();
-        assert_eq!(typed, "ip daddr 192.0.2.0/24 counter drop");
-        assert_eq!(typed.text(), ChainRule::from("ip daddr 192.0.2.0/24 counter drop").text());
-    }
-
-    #[test]
     fn a_comparison_tells_each_kind_of_change_apart() {
         let mut old = Table::new("egressd");
         let mut map = Set::verdict_map(KeyType::Ipv4);
         map.elements.insert("198.18.1.2".into(), "jump fw-a".into());
         old.sets.insert("fw-pods-v4".into(), map);
-        old.chains.insert("fw-a".into(), Chain::regular(["counter accept"]));
+        old.chains.insert("fw-a".into(), Chain::parsed(["counter accept"]).unwrap());
         let hook = Hook { chain_type: "filter", hook: "prerouting", priority: "filter" };
-        old.chains.insert("firewall".into(), Chain::base(hook.clone(), ["ip saddr vmap @fw-pods-v4"]));
+        old.chains.insert(
+            "firewall".into(),
+            Chain::base(hook.clone(), rule::parse_all(["ip saddr vmap @fw-pods-v4"]).unwrap()),
+        );
         let kinds = |new: &Table| {
             let c = Comparison::of(&old, new);
             (c.is_empty(), c.elements_only(), c.needs_replace(), c.sets.len(), c.chains.len())
@@ -657,7 +588,7 @@ mod tests {
         element.sets.get_mut("fw-pods-v4").unwrap().elements.insert("198.18.1.3".into(), "jump fw-a".into());
         assert_eq!(kinds(&element), (false, true, false, 1, 0));
         let mut rules = old.clone();
-        rules.chains.insert("fw-a".into(), Chain::regular(["counter drop"]));
+        rules.chains.insert("fw-a".into(), Chain::parsed(["counter drop"]).unwrap());
         assert_eq!(kinds(&rules), (false, false, false, 0, 1));
         let mut new_set = old.clone();
         new_set.sets.insert("fw-a-h0".into(), Set::new(KeyType::Ipv4, false));
@@ -667,7 +598,7 @@ mod tests {
         declared.sets.insert("fw-pods-v4".into(), Set::new(KeyType::Ipv4, true));
         assert_eq!(kinds(&declared), (false, false, true, 1, 0));
         let mut base = old.clone();
-        base.chains.insert("qos".into(), Chain::base(hook, Vec::<String>::new()));
+        base.chains.insert("qos".into(), Chain::base(hook, Vec::new()));
         assert_eq!(kinds(&base), (false, false, true, 0, 1));
         let renamed = Table { name: "other".into(), ..old.clone() };
         assert_eq!(kinds(&renamed), (false, false, true, 0, 0));

@@ -271,6 +271,27 @@ impl Rule {
         self
     }
 
+    /// The sets, maps and chains the rule names (`@set`, `vmap @map`, `jump` and
+    /// `goto` targets), in order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        let sets = self.matches.iter().filter_map(|m| match m {
+            Match::AddrIn { set, .. }
+            | Match::AddrMaskedIn { set, .. }
+            | Match::ProtoPortAddrIn { set, .. }
+            | Match::CtMarkIn { set, .. }
+            | Match::CtOriginalAddrIn { set, .. }
+            | Match::RtNexthopIn { set, .. }
+            | Match::TaggedIn { set, .. } => Some(set.as_str()),
+            _ => None,
+        });
+        let verdict = match &self.verdict {
+            Some(Verdict::Jump(c) | Verdict::Goto(c)) => Some(c.as_str()),
+            Some(Verdict::Map { map, .. }) => Some(map.as_str()),
+            _ => None,
+        };
+        sets.chain(verdict)
+    }
+
     /// With the comment `c` (no `"` inside).
     pub fn comment(mut self, c: impl Into<Name>) -> Self {
         self.comment = Some(c.into());
@@ -539,7 +560,32 @@ impl fmt::Display for Rule {
     }
 }
 
+/// A rule equals a text that prints the same (for tests and tools).
+impl PartialEq<str> for Rule {
+    fn eq(&self, text: &str) -> bool {
+        let printed = self.to_string();
+        printed == text
+    }
+}
+
+impl PartialEq<&str> for Rule {
+    fn eq(&self, text: &&str) -> bool {
+        *self == **text
+    }
+}
+
+impl PartialEq<String> for Rule {
+    fn eq(&self, text: &String) -> bool {
+        *self == *text.as_str()
+    }
+}
+
 // --- reading ------------------------------------------------------------------------
+
+/// Rules written as nft text (tests and tools), or the first one outside the vocabulary.
+pub fn parse_all<'a>(texts: impl IntoIterator<Item = &'a str>) -> Result<Vec<Rule>, ParseError> {
+    texts.into_iter().map(str::parse).collect()
+}
 
 /// Split a rule into words, a `"…"` string (without escapes: the compiler writes none)
 /// being one word with its quotes.

@@ -159,33 +159,24 @@ pub fn outside(name: &str) -> bool {
 /// chains holding it (a rule reading [`EPOCH_SET`]) and everything their rules, and
 /// the maps they read, jump or go to or look up, transitively.
 pub fn reached(table: &Table) -> std::collections::BTreeSet<String> {
-    let epoch = format!("@{EPOCH_SET}");
     let mut seen = std::collections::BTreeSet::new();
     let mut todo: Vec<String> = table
         .chains
         .iter()
-        .filter(|(_, c)| c.hook.is_some() && c.rules.iter().any(|r| r.text().contains(&epoch)))
+        .filter(|(_, c)| c.hook.is_some() && c.rules.iter().any(|r| r.names().any(|n| n == EPOCH_SET)))
         .map(|(n, _)| n.to_string())
         .collect();
     while let Some(name) = todo.pop() {
         if !seen.insert(name.clone()) {
             continue;
         }
-        let texts: Vec<std::borrow::Cow<'_, str>> =
-            match (table.chains.get(name.as_str()), table.sets.get(name.as_str())) {
-                (Some(chain), _) => chain.rules.iter().map(|r| r.text()).collect(),
-                (None, Some(set)) => set.elements.values().map(|v| std::borrow::Cow::Borrowed(v.as_str())).collect(),
-                (None, None) => Vec::new(),
-            };
-        for text in &texts {
-            let mut words = text.split(|c: char| c.is_whitespace() || matches!(c, ',' | '{' | '}' | ':' | ';'));
-            while let Some(word) = words.next() {
-                if let Some(set) = word.strip_prefix('@') {
-                    todo.push(set.to_string());
-                } else if matches!(word, "jump" | "goto") {
-                    todo.extend(words.next().map(str::to_string));
-                }
-            }
+        if let Some(chain) = table.chains.get(name.as_str()) {
+            todo.extend(chain.rules.iter().flat_map(|r| r.names()).map(str::to_string));
+        } else if let Some(set) = table.sets.get(name.as_str()) {
+            // A verdict map's values: `jump <chain>`, `goto <chain>`.
+            let targets =
+                set.elements.values().filter_map(|v| v.split_once(' ')).filter(|(v, _)| matches!(*v, "jump" | "goto"));
+            todo.extend(targets.map(|(_, chain)| chain.to_string()));
         }
     }
     seen
@@ -246,31 +237,25 @@ mod tests {
         t.sets.insert("fw-pods-v4".into(), pods);
         t.sets.insert("fw-a-s0".into(), Set::new(KeyType::Ipv4, false));
         t.sets.insert("eip-exempt-v4".into(), Set::new(KeyType::Ipv4, false));
-        t.chains.insert(
-            "firewall".into(),
-            Chain::base(
-                hook("prerouting"),
-                [
-                    fast_path(0x0300_0000).into(),
-                    crate::nft::ChainRule::from("ip saddr vmap @fw-pods-v4"),
-                    "goto fw-mark".into(),
-                ],
-            ),
-        );
+        let mut to_b = Set::new(KeyType::Ipv4, false);
+        to_b.verdict_map = true;
+        to_b.elements = [("192.0.2.1".into(), "goto fw-b".into())].into_iter().collect();
+        t.sets.insert("fw-a-m".into(), to_b);
+        let parsed = |rules: &[&str]| rules.iter().map(|r| r.parse().unwrap()).collect::<Vec<Rule>>();
+        let mut firewall = vec![fast_path(0x0300_0000)];
+        firewall.extend(parsed(&["ip saddr vmap @fw-pods-v4", "goto fw-mark"]));
+        t.chains.insert("firewall".into(), Chain::base(hook("prerouting"), firewall));
         t.chains.insert("fw-mark".into(), Chain::regular(marking_rules(0x0300_0000)));
-        t.chains.insert(
-            "fw-a".into(),
-            Chain::regular(["ip daddr @fw-a-s0 accept", "ip daddr vmap { 192.0.2.1 : goto fw-b }"]),
-        );
-        t.chains.insert("fw-b".into(), Chain::regular(["drop"]));
+        t.chains.insert("fw-a".into(), Chain::parsed(["ip daddr @fw-a-s0 accept", "ip daddr vmap @fw-a-m"]).unwrap());
+        t.chains.insert("fw-b".into(), Chain::parsed(["drop"]).unwrap());
         t.chains.insert(
             "egress-snat".into(),
-            Chain::base(hook("postrouting"), ["ip daddr @eip-exempt-v4 return", "jump fw-b"]),
+            Chain::base(hook("postrouting"), parsed(&["ip daddr @eip-exempt-v4 return", "jump fw-b"])),
         );
         let reached = reached(&t);
         assert_eq!(
             reached.iter().map(String::as_str).collect::<Vec<_>>(),
-            ["firewall", "fw-a", "fw-a-s0", "fw-b", "fw-epoch", "fw-mark", "fw-pods-v4"]
+            ["firewall", "fw-a", "fw-a-m", "fw-a-s0", "fw-b", "fw-epoch", "fw-mark", "fw-pods-v4"]
         );
         assert!(reached.iter().all(|n| !outside(n)));
         assert!(outside("eip-exempt-v4") && outside("egress-snat") && outside("qos-media") && outside("qos"));

@@ -3,14 +3,15 @@
 //! [`super::diff`] would script), which [`crate::dataplane::elements::ElementWriter`]
 //! sends with the elements as one transaction.
 //!
-//! The compiler writes rules as nft statements from a small vocabulary (see
-//! [`super`]); [`parse`] reads one as a typed [`super::rule::Rule`] and [`encode`]
-//! turns that into the kernel expressions `nft` 1.0.6 would generate for it — the same
-//! expressions, registers, lengths and byte order, so `nft list` shows a table sent
-//! this way exactly as one `nft -f` loaded (checked against `nft --debug=netlink` in
-//! the tests, and by listing both in a network namespace in `tests/wire_netns.rs`). A
-//! statement outside the vocabulary is an error naming it: the caller then sends the
-//! table through `nft` as before.
+//! The compiler builds rules as typed values ([`super::rule::Rule`], one variant per
+//! phrase of the vocabulary below); [`encode`] turns one into the kernel expressions
+//! `nft` 1.0.6 would generate for it — the same expressions, registers, lengths and
+//! byte order, so `nft list` shows a table sent this way exactly as one `nft -f` loaded
+//! (checked against `nft --debug=netlink` in the tests, which read the rendered text
+//! back with [`parse`], and by listing both in a network namespace in
+//! `tests/wire_netns.rs`). The one value it does not encode, an anonymous set of
+//! addresses ([`Unencodable::Unwritten`]), is an error naming the rule: the caller then
+//! sends the table through `nft`.
 //!
 //! The vocabulary: `meta nfproto ipv4|ipv6`; `ip|ip6 saddr|daddr` followed by `@set`,
 //! `!= @set`, `and <mask> @set`, `vmap @map`, an address or a prefix; `tcp|udp|sctp dport <n>`; `meta
@@ -192,7 +193,8 @@ const UDATA_PROTO_PORT: &[u8] = &[
     7, 0, 0, 0, 1, 12, 0, 4, 11, 0, 0, 0, 1, 4, 2, 0, 0, 0,
 ];
 
-/// Read one rule of the compiler's vocabulary (module docs) as kernel expressions.
+/// Read one rule of the compiler's vocabulary (module docs) as kernel expressions (the
+/// tests' way from rendered text to what the netlink path sends).
 pub(crate) fn parse(rule: &str) -> Result<KernelRule, String> {
     let typed: super::rule::Rule = rule.parse().map_err(|e: super::rule::ParseError| e.to_string())?;
     encode(&typed).map_err(|e| e.to_string())
@@ -497,7 +499,7 @@ pub enum What {
         /// The chain.
         chain: super::Text,
         /// Its rules.
-        rules: std::sync::Arc<Vec<super::ChainRule>>,
+        rules: std::sync::Arc<Vec<super::rule::Rule>>,
         /// This rule's index in them.
         index: usize,
     },
@@ -508,7 +510,7 @@ impl std::fmt::Display for What {
         match self {
             What::Text(t) => f.write_str(t),
             What::Rule { chain, rules, index } => {
-                let text = rules.get(*index).map(super::ChainRule::text).unwrap_or_default();
+                let text = rules.get(*index).map(ToString::to_string).unwrap_or_default();
                 write!(f, "chain {chain} rule {index} ({text})")
             }
         }
@@ -715,11 +717,7 @@ fn rule_messages(
     id: &mut u32,
 ) -> Result<(), String> {
     for (i, chain_rule) in chain.rules.iter().enumerate() {
-        let rule = match chain_rule {
-            super::ChainRule::Typed(r) => encode(r).map_err(|e| e.to_string()),
-            super::ChainRule::Text(text) => parse(text),
-        }
-        .map_err(|e| format!("chain {chain_name} rule {i} ({chain_rule}): {e}"))?;
+        let rule = encode(chain_rule).map_err(|e| format!("chain {chain_name} rule {i} ({chain_rule}): {e}"))?;
         let what = What::Rule { chain: chain_name.clone(), rules: chain.rules.clone(), index: i };
         let mut ids = Vec::new();
         for set in &rule.anon {
