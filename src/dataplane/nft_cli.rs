@@ -72,8 +72,9 @@ impl NftCli {
         match self.writer(table).and_then(send) {
             Ok(()) => true,
             Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
-                // Every rule egressd compiles is in the netlink path's vocabulary
-                // (`nft/wire.rs`): a rule outside it is a defect worth seeing.
+                // The netlink path encodes every rule egressd compiles but an
+                // anonymous set of addresses (`nft/wire/encode.rs`: a logged
+                // namespace's nodeSelector rule with several addresses of a family).
                 tracing::warn!(reason = %e, "{what} through nft: the netlink path does not write this table");
                 false
             }
