@@ -22,7 +22,7 @@ const CHAINS: [&str; 3] = ["fw-a", "fw-b", "fw-h0123456789abcdef"];
 const DNS_SLOTS: [Slot; 2] = [Slot { set: "dns-v4", tag: 0xfedc_ba98_7654_3210 }, Slot { set: "dns-v4", tag: 7 }];
 
 fn set(key: KeyType, verdict_map: bool, timeout: bool, elements: BTreeMap<String, String>) -> Set {
-    let elements = elements.into_iter().map(|(k, v)| (k.into(), v.into())).collect();
+    let elements = elements.into_iter().map(|(k, v)| (k.parse().unwrap(), v.parse().unwrap())).collect();
     Set { key, verdict_map, interval: false, timeout, elements }
 }
 
@@ -225,7 +225,7 @@ fn a_refused_delta_is_retried_in_full_and_a_large_one_is_one_transaction() {
         let map = t.sets.get_mut("fw-pods-v6").unwrap();
         for i in 0..n {
             let ip = std::net::Ipv6Addr::from(0x2001_0db8_0002_0000_0000_0000_0000_0001u128 + i as u128);
-            map.elements.insert(ip.to_string().into(), format!("jump {}", CHAINS[i % 3]).into());
+            map.elements.insert(ip.to_string().parse().unwrap(), format!("jump {}", CHAINS[i % 3]).parse().unwrap());
         }
         t
     };
@@ -241,8 +241,13 @@ fn a_refused_delta_is_retried_in_full_and_a_large_one_is_one_transaction() {
             .unwrap();
         assert!(removed.success());
         let mut fewer = small.clone();
-        fewer.sets.get_mut("fw-pods-v4").unwrap().elements.remove("198.18.1.3");
-        fewer.sets.get_mut("fw-pods-v4").unwrap().elements.insert("198.18.1.3".into(), "jump fw-b".into());
+        fewer.sets.get_mut("fw-pods-v4").unwrap().elements.remove(&"198.18.1.3".parse().unwrap());
+        fewer
+            .sets
+            .get_mut("fw-pods-v4")
+            .unwrap()
+            .elements
+            .insert("198.18.1.3".parse().unwrap(), "jump fw-b".parse().unwrap());
         kinds.push(syncer.sync(fewer.clone()).unwrap());
         let listed = String::from_utf8(
             std::process::Command::new("nft")

@@ -373,7 +373,7 @@ mod tests {
         let mut t = Table::new("egressd");
         let mut s = Set::new(KeyType::Ipv4, false);
         for i in 0..n {
-            s.elements.insert(format!("198.18.0.{i}").into(), Default::default());
+            s.elements.insert(format!("198.18.0.{i}").parse().unwrap(), Default::default());
         }
         t.sets.insert("s".into(), s);
         t.chains.insert("c".into(), Chain::parsed(["counter accept"]).unwrap());
@@ -450,7 +450,7 @@ mod tests {
             t.sets.insert(EPOCH_SET.into(), Set::new(KeyType::Mark, false));
             let mut s = Set::new(KeyType::Ipv4, false);
             for i in 0..eip {
-                s.elements.insert(format!("198.19.0.{i}").into(), Default::default());
+                s.elements.insert(format!("198.19.0.{i}").parse().unwrap(), Default::default());
             }
             t.sets.insert("eip-self-v4".into(), s);
             t.chains.insert("egress-snat".into(), Chain::parsed([chain]).unwrap());
@@ -526,7 +526,7 @@ mod tests {
         base.chains.insert("b".into(), Chain::base(hook, crate::nft::rule::parse_all(["counter"]).unwrap()));
         assert_eq!(s.sync_keeping(&mut base.into(), || vec![learned]).unwrap(), SyncKind::Full);
         let scripts = &s.backend().scripts;
-        let key = crate::nft::Slot::tagged_key(7, "192.0.2.10".parse().unwrap());
+        let key = crate::nft::Key::tagged(7, "192.0.2.10".parse().unwrap());
         let element = format!("add element inet egressd dns-v4 {{ {key} timeout 60s }}\n");
         assert_eq!(scripts.len(), 5, "{scripts:#?}");
         assert!(

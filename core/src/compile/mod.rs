@@ -473,7 +473,7 @@ mod tests {
         assert!(v4.timeout);
         // TTL 2 → floor 5 s, plus the 300 s grace; the in-cluster 198.18.9.9 is dropped.
         let key = slot4.key("192.0.2.7".parse().unwrap());
-        assert_eq!(v4.elements.iter().collect::<Vec<_>>(), vec![(&key, &"timeout 305s".into())]);
+        assert_eq!(v4.elements.iter().collect::<Vec<_>>(), vec![(&key, &"timeout 305s".parse().unwrap())]);
         assert_eq!(desired.table.sets["dns-v6"].elements.len(), 1);
         let rules = &desired.table.chains["fw-a"].texts();
         assert!(rules[0].starts_with(&format!("{} ", slot4.matches("ip"))), "{rules:?}");

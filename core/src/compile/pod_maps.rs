@@ -10,9 +10,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use compact_str::ToCompactString;
-
-use crate::nft::{Elements, Text};
+use crate::nft::{Elements, Key, Text, Value};
 
 /// An IPv4 and an IPv6 element map and the `address → owner` pairs they were rendered
 /// from.
@@ -29,7 +27,7 @@ pub(crate) struct PodMaps {
 }
 
 /// A changed element (`None`: removed).
-type Patch = Vec<(Text, Option<Text>)>;
+type Patch = Vec<(Key, Option<Value>)>;
 
 /// An element map handed out as a shared snapshot and changed without copying it: the
 /// snapshot before the current one, which nobody else holds any more once the syncer has
@@ -84,7 +82,7 @@ impl PodMaps {
     pub(crate) fn update<'a>(
         &mut self,
         wanted: impl IntoIterator<Item = (IpAddr, &'a str)>,
-        value: impl Fn(&str) -> Text,
+        value: impl Fn(&str) -> Value,
     ) -> (Elements, Elements) {
         let mut gone = Vec::new();
         let mut set = Vec::new();
@@ -120,7 +118,7 @@ impl PodMaps {
     pub(crate) fn patch<'a>(
         &mut self,
         touched: impl IntoIterator<Item = (IpAddr, Option<&'a str>)>,
-        value: impl Fn(&str) -> Text,
+        value: impl Fn(&str) -> Value,
     ) -> (Elements, Elements) {
         let (mut gone, mut set) = (Vec::new(), Vec::new());
         for (ip, owner) in touched {
@@ -139,17 +137,17 @@ impl PodMaps {
         &mut self,
         gone: Vec<IpAddr>,
         set: Vec<(IpAddr, &str)>,
-        value: impl Fn(&str) -> Text,
+        value: impl Fn(&str) -> Value,
     ) -> (Elements, Elements) {
         let mut patches: [Patch; 2] = Default::default();
         for ip in gone {
             if let Some(owner) = self.by_ip.remove(&ip) {
                 self.forget(&owner);
             }
-            patches[usize::from(ip.is_ipv6())].push((ip.to_compact_string(), None));
+            patches[usize::from(ip.is_ipv6())].push((Key::Addr(ip), None));
         }
         for (ip, owner) in set {
-            patches[usize::from(ip.is_ipv6())].push((ip.to_compact_string(), Some(value(owner))));
+            patches[usize::from(ip.is_ipv6())].push((Key::Addr(ip), Some(value(owner))));
             let count = self.per_owner.entry(owner.into()).or_default();
             if *count == 0 {
                 self.flipped.push(owner.into());
@@ -196,13 +194,17 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn fresh(wanted: &BTreeMap<IpAddr, String>) -> (BTreeMap<Text, Text>, BTreeMap<Text, Text>) {
+    fn fresh(wanted: &BTreeMap<IpAddr, String>) -> (BTreeMap<Key, Value>, BTreeMap<Key, Value>) {
         let mut out = (BTreeMap::new(), BTreeMap::new());
         for (ip, owner) in wanted {
             let m = if ip.is_ipv4() { &mut out.0 } else { &mut out.1 };
-            m.insert(ip.to_string().into(), format!("jump fw-{owner}").into());
+            m.insert(Key::Addr(*ip), jump(owner));
         }
         out
+    }
+
+    fn jump(owner: &str) -> Value {
+        Value::Jump(format!("fw-{owner}").into())
     }
 
     fn wanted() -> impl Strategy<Value = BTreeMap<IpAddr, String>> {
@@ -229,7 +231,7 @@ mod tests {
             let mut held = Vec::new();
             let mut before = BTreeMap::new();
             for (w, keep, how) in &steps {
-                let value = |o: &str| format!("jump fw-{o}").into();
+                let value = jump;
                 let (v4, v6) = match how {
                     // Every wanted address at once.
                     0 => maps.update(w.iter().map(|(ip, o)| (*ip, o.as_str())), value),
@@ -266,12 +268,13 @@ mod tests {
     fn an_unchanged_map_is_the_same_allocation() {
         let mut maps = PodMaps::default();
         let w = [(IpAddr::from([198, 18, 0, 1]), "a")];
-        let (first, _) = maps.update(w, |o| format!("jump fw-{o}").into());
-        let (again, _) = maps.update(w, |o| format!("jump fw-{o}").into());
+        let (first, _) = maps.update(w, jump);
+        let (again, _) = maps.update(w, jump);
         assert!(first.same(&again));
-        let (moved, _) = maps.update([(IpAddr::from([198, 18, 0, 1]), "b")], |o| format!("jump fw-{o}").into());
+        let (moved, _) = maps.update([(IpAddr::from([198, 18, 0, 1]), "b")], jump);
         assert!(!first.same(&moved));
-        assert_eq!(moved.get("198.18.0.1").map(Text::as_str), Some("jump fw-b"));
-        assert_eq!(first.get("198.18.0.1").map(Text::as_str), Some("jump fw-a"), "the earlier map is untouched");
+        let key = Key::Addr(IpAddr::from([198, 18, 0, 1]));
+        assert_eq!(moved.get(&key), Some(&jump("b")));
+        assert_eq!(first.get(&key), Some(&jump("a")), "the earlier map is untouched");
     }
 }

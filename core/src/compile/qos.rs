@@ -15,11 +15,9 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use compact_str::{ToCompactString, format_compact};
-
 use super::{NodeConfig, ObjectStatus, Outcome};
 use crate::nft::rule::{AddrField, Family, Match, Rule, Statement, Verdict};
-use crate::nft::{Chain, Hook, KeyType, Set, Table, Text, chain_name};
+use crate::nft::{Chain, Hook, Key, KeyType, Set, Table, Value, chain_name};
 use crate::view::policy::QosRule;
 use crate::view::{ClusterView, PodInfo};
 
@@ -82,7 +80,7 @@ pub(super) fn compile(
                     let mut set6 = Set::new(KeyType::Ipv6, false);
                     for (ip, _) in pods.iter().filter(|(_, p)| selector.matches(&p.labels)) {
                         let set = if ip.is_ipv4() { &mut set4 } else { &mut set6 };
-                        set.elements.insert(ip.to_compact_string(), Text::default());
+                        set.elements.insert(Key::Addr(*ip), Value::None);
                     }
                     table.sets.insert(s4.as_str().into(), set4);
                     table.sets.insert(s6.as_str().into(), set6);
@@ -92,7 +90,7 @@ pub(super) fn compile(
             }
             for (ip, _) in pods {
                 let map = if ip.is_ipv4() { &mut pods_v4 } else { &mut pods_v6 };
-                map.elements.insert(ip.to_compact_string(), format_compact!("jump {name}"));
+                map.elements.insert(Key::Addr(*ip), Value::Jump(name.as_str().into()));
             }
             table.chains.insert(name.into(), Chain::regular(rules));
         }

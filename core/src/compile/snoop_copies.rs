@@ -23,7 +23,7 @@
 
 use std::collections::BTreeSet;
 
-use compact_str::{ToCompactString, format_compact};
+use compact_str::format_compact;
 
 use super::NodeConfig;
 use crate::dns::targets::{
@@ -31,7 +31,7 @@ use crate::dns::targets::{
     SnoopTargets,
 };
 use crate::nft::rule::{AddrField, Direction, Family, MarkOf, Match, PortField, Proto, Rule, Statement, Verdict};
-use crate::nft::{Chain, Hook, KeyType, Set, Table, Text};
+use crate::nft::{Chain, Hook, Key, KeyType, Set, Table, Value};
 use crate::view::ClusterView;
 use crate::view::policy::{FirewallPolicy, Target};
 
@@ -54,11 +54,11 @@ pub(super) fn compile(node: &NodeConfig, targets: &SnoopTargets, table: &mut Tab
     }
     let mut pods = [Set::new(KeyType::Ipv4, false), Set::new(KeyType::Ipv6, false)];
     for ip in targets.pods.keys() {
-        pods[usize::from(ip.is_ipv6())].elements.insert(ip.to_compact_string(), Text::default());
+        pods[usize::from(ip.is_ipv6())].elements.insert(Key::Addr(*ip), Value::None);
     }
     let mut servers = [Set::new(KeyType::Ipv4, false), Set::new(KeyType::Ipv6, false)];
     for ip in &settings.servers {
-        servers[usize::from(ip.is_ipv6())].elements.insert(ip.to_compact_string(), Text::default());
+        servers[usize::from(ip.is_ipv6())].elements.insert(Key::Addr(*ip), Value::None);
     }
     let [p4, p6] = pods;
     table.sets.insert("snoop-pods-v4".into(), p4);

@@ -20,11 +20,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use compact_str::ToCompactString;
-
 use crate::net::{EgressSettings, MarkRule, NetDesired, REPLY_KEY, TunnelDesired};
 use crate::nft::rule::{AddrField, Cmp, CtState, Direction, Family, MarkOf, Match, Proto, Rule, Statement, Verdict};
-use crate::nft::{Chain, Hook, KeyType, Set, Table, Text};
+use crate::nft::{Chain, Hook, Key, KeyType, Set, Table, Value};
 
 /// The prerouting chain that reads the outer packets.
 pub(super) const TUNNEL_IN_CHAIN: &str = "egress-tunnel-in";
@@ -120,16 +118,16 @@ pub(super) fn emit(
     let port = settings.vxlan_port;
     let mut peers = [Set::new(KeyType::Ipv4, false), Set::new(KeyType::Ipv6, false)];
     for ip in plan.peers.keys() {
-        peers[family(*ip)].elements.insert(ip.to_compact_string(), Text::default());
+        peers[family(*ip)].elements.insert(Key::Addr(*ip), Value::None);
     }
     let mut mine = [Set::new(KeyType::Ipv4, false), Set::new(KeyType::Ipv6, false)];
     for ip in &plan.my_addrs {
-        mine[family(*ip)].elements.insert(ip.to_compact_string(), Text::default());
+        mine[family(*ip)].elements.insert(Key::Addr(*ip), Value::None);
     }
     let mut gateways = [Set::new(KeyType::Ipv4, false), Set::new(KeyType::Ipv6, false)];
     for (f, set) in plan.steer_gateways.iter().enumerate() {
         for ip in set {
-            gateways[f].elements.insert(ip.to_compact_string(), Text::default());
+            gateways[f].elements.insert(Key::Addr(*ip), Value::None);
         }
     }
     let reply = settings.tunnel_mark(REPLY_KEY).unwrap_or(bit);

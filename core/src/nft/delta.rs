@@ -8,9 +8,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use compact_str::ToCompactString;
-
-use super::{FAMILY, Set, Slot, Table, Text};
+use super::{FAMILY, Key, Set, Slot, Table, Value};
 
 /// What one element carries besides its key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,12 +47,12 @@ impl From<IpAddr> for ElementKey {
 
 impl ElementKey {
     /// The key as nft text, after `tag` in a tagged set.
-    fn text(self, tag: Option<u64>) -> Text {
+    fn text(self, tag: Option<u64>) -> String {
         match (self, tag) {
-            (ElementKey::Ip(ip), Some(tag)) => Slot::tagged_key(tag, ip),
-            (ElementKey::Ip(ip), None) => ip.to_compact_string(),
-            (ElementKey::Mark(m), _) => compact_str::format_compact!("{m:#010x}"),
-            (ElementKey::Port(proto, port, ip), _) => compact_str::format_compact!("{proto} . {port} . {ip}"),
+            (ElementKey::Ip(ip), Some(tag)) => Key::tagged(tag, ip).to_string(),
+            (ElementKey::Ip(ip), None) => ip.to_string(),
+            (ElementKey::Mark(m), _) => Key::Mark(m).to_string(),
+            (ElementKey::Port(proto, port, ip), _) => format!("{proto} . {port} . {ip}"),
         }
     }
 }
@@ -120,10 +118,8 @@ impl ElementDelta {
             let Some(set) = table.sets.get(slot.set).filter(|s| s.timeout && !s.interval && s.key.is_tagged()) else {
                 continue;
             };
-            // A slot's keys are next to each other, from its prefix on.
-            let prefix = slot.key_prefix();
-            let items: Vec<(&Text, &Text)> =
-                set.elements.range(prefix.clone()..).take_while(|(k, _)| k.starts_with(prefix.as_str())).collect();
+            // A slot's keys are next to each other.
+            let items: Vec<(&Key, &Value)> = set.elements.range(slot.keys()).collect();
             push_typed(&mut delta.add, slot.set, set, items)?;
         }
         Some(delta)
@@ -190,7 +186,7 @@ impl ElementDelta {
 /// walk over both (sorted) element maps. As in `diff`: in a timeout set a changed value
 /// is a new timeout, which re-adding sets, so only elements that are gone are deleted.
 #[allow(clippy::type_complexity)]
-fn changes<'a>(before: &'a Set, after: &'a Set) -> (Vec<(&'a Text, &'a Text)>, Vec<(&'a Text, &'a Text)>) {
+fn changes<'a>(before: &'a Set, after: &'a Set) -> (Vec<(&'a Key, &'a Value)>, Vec<(&'a Key, &'a Value)>) {
     use std::cmp::Ordering;
     let (mut gone, mut added) = (Vec::new(), Vec::new());
     if before.elements.same(&after.elements) {
@@ -236,7 +232,7 @@ fn changes<'a>(before: &'a Set, after: &'a Set) -> (Vec<(&'a Text, &'a Text)>, V
 
 /// `items` of `set` typed, appended to `list` as one [`SetElements`] per tag (a tagged
 /// set's items of one tag are next to each other); `None` when one cannot be typed.
-fn push_typed(list: &mut Vec<SetElements>, name: &str, set: &Set, items: Vec<(&Text, &Text)>) -> Option<()> {
+fn push_typed(list: &mut Vec<SetElements>, name: &str, set: &Set, items: Vec<(&Key, &Value)>) -> Option<()> {
     let start = list.len();
     for (k, v) in items {
         let (tag, key, value) = typed(set, k, v)?;
@@ -255,89 +251,27 @@ pub(super) fn same_declaration(a: &Set, b: &Set) -> bool {
     a.key == b.key && a.verdict_map == b.verdict_map && a.interval == b.interval && a.timeout == b.timeout
 }
 
-/// An element of `set` as the compiler writes it (`ip.to_string()` keys of the set's
-/// family, after `<hi> . <lo> . ` in a tagged set; values `""`, `timeout <n>s` or
-/// `jump <chain>` as the set's kind requires; a mark as `0x%08x` in a plain mark set),
-/// typed; `None` for anything else.
-fn typed(set: &Set, key: &str, value: &str) -> Option<(Option<u64>, ElementKey, ElementValue)> {
-    if set.key == super::KeyType::Mark {
-        let mark = u32::from_str_radix(key.strip_prefix("0x")?, 16).ok()?;
-        let plain = !set.interval && !set.timeout && !set.verdict_map && value.is_empty();
-        return (plain && format!("{mark:#010x}") == key).then_some((None, ElementKey::Mark(mark), ElementValue::None));
-    }
-    if set.key.is_ported() {
-        // `<protocol> . <port> . addr/len`, as the compiler writes it.
-        let mut parts = key.split(" . ");
-        let (proto, port, net) = (parts.next()?, parts.next()?, parts.next()?);
-        let proto = crate::view::policy::Protocol::from_nft(proto)?;
-        let port: u16 = port.parse().ok()?;
-        let net: ipnet::IpNet = net.parse().ok()?;
-        if parts.next().is_some()
-            || !set.interval
-            || set.verdict_map
-            || set.timeout
-            || !value.is_empty()
-            || net.trunc() != net
-            || net.addr().is_ipv6() != set.key.is_v6()
-        {
-            return None;
-        }
-        return Some((
-            None,
-            ElementKey::Port(proto.number(), port, net.addr()),
-            ElementValue::Prefix(net.prefix_len()),
-        ));
-    }
-    if set.interval {
-        // `addr/len`, host bits clear, as `IpNet` writes it.
-        let net: ipnet::IpNet = key.parse().ok()?;
-        if set.verdict_map
-            || set.timeout
-            || set.key.is_tagged()
-            || !value.is_empty()
-            || net.trunc() != net
-            || net.to_string() != key
-        {
-            return None;
-        }
-        return (net.addr().is_ipv6() == set.key.is_v6()).then_some((
-            None,
-            net.addr().into(),
-            ElementValue::Prefix(net.prefix_len()),
-        ));
-    }
-    let (tag, ip) = if set.key.is_tagged() {
-        let (tag, ip) = Slot::parse_key(key)?;
-        (Some(tag), ip)
-    } else {
-        let ip: IpAddr = key.parse().ok()?;
-        if ip.to_string() != key {
-            return None;
-        }
-        (None, ip)
-    };
-    if ip.is_ipv6() != set.key.is_v6() {
+/// An element of `set` as the netlink path sends it: the tag apart, a prefix as its
+/// first address and length; `None` when the set cannot hold it ([`Key::fits`],
+/// [`Value::fits`]).
+fn typed(set: &Set, key: &Key, value: &Value) -> Option<(Option<u64>, ElementKey, ElementValue)> {
+    if !key.fits(set) || !value.fits(set) {
         return None;
     }
-    let value = if set.verdict_map {
-        let chain = value.strip_prefix("jump ")?;
-        if chain.is_empty() || !chain.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
-        {
-            return None;
-        }
-        ElementValue::Jump(chain.to_string())
-    } else if set.timeout {
-        let secs: u64 = value.strip_prefix("timeout ")?.strip_suffix('s')?.parse().ok()?;
-        if format!("timeout {secs}s") != value {
-            return None;
-        }
-        ElementValue::Timeout(Duration::from_secs(secs))
-    } else if value.is_empty() {
-        ElementValue::None
-    } else {
-        return None;
+    let value = match value {
+        Value::None => ElementValue::None,
+        Value::Timeout(secs) => ElementValue::Timeout(Duration::from_secs(*secs)),
+        Value::Jump(chain) => ElementValue::Jump(chain.to_string()),
     };
-    Some((tag, ip.into(), value))
+    Some(match *key {
+        Key::Mark(mark) => (None, ElementKey::Mark(mark), value),
+        Key::Ported(proto, port, net) => {
+            (None, ElementKey::Port(proto.number(), port, net.addr()), ElementValue::Prefix(net.prefix_len()))
+        }
+        Key::Net(net) => (None, ElementKey::Ip(net.addr()), ElementValue::Prefix(net.prefix_len())),
+        Key::Addr(ip) => (None, ElementKey::Ip(ip), value),
+        Key::Tagged(tag, ip) => (Some(tag.get()), ElementKey::Ip(ip), value),
+    })
 }
 
 #[cfg(test)]
@@ -352,14 +286,14 @@ mod tests {
     fn table() -> Table {
         let mut t = Table::new("egressd");
         let mut pods = Set::verdict_map(KeyType::Ipv4);
-        pods.elements.insert("198.18.1.2".into(), "jump fw-a".into());
+        pods.elements.insert("198.18.1.2".parse().unwrap(), "jump fw-a".parse().unwrap());
         t.sets.insert("fw-pods-v4".into(), pods);
         let mut dns = Set::with_timeout(KeyType::TaggedIpv6);
-        dns.elements.insert(slot(1).key("2001:db8::1".parse().unwrap()), "timeout 300s".into());
-        dns.elements.insert(slot(4_294_967_297).key("2001:db8::9".parse().unwrap()), "timeout 300s".into());
+        dns.elements.insert(slot(1).key("2001:db8::1".parse().unwrap()), "timeout 300s".parse().unwrap());
+        dns.elements.insert(slot(4_294_967_297).key("2001:db8::9".parse().unwrap()), "timeout 300s".parse().unwrap());
         t.sets.insert("dns6-x".into(), dns);
         let mut exempt = Set::new(KeyType::Ipv4, true);
-        exempt.elements.insert("198.18.0.0/15".into(), Text::default());
+        exempt.elements.insert("198.18.0.0/15".parse().unwrap(), Value::None);
         t.sets.insert("exempt-v4".into(), exempt);
         t.chains.insert("fw-a".into(), Chain::parsed(["counter drop"]).unwrap());
         t.chains.insert("fw-b".into(), Chain::parsed(["counter accept"]).unwrap());
@@ -370,19 +304,30 @@ mod tests {
     fn a_changed_verdict_is_deleted_then_added_and_timeouts_are_re_added() {
         let old = table();
         let mut new = table();
-        new.sets.get_mut("fw-pods-v4").unwrap().elements.insert("198.18.1.2".into(), "jump fw-b".into());
-        new.sets.get_mut("fw-pods-v4").unwrap().elements.insert("198.18.1.3".into(), "jump fw-a".into());
+        new.sets
+            .get_mut("fw-pods-v4")
+            .unwrap()
+            .elements
+            .insert("198.18.1.2".parse().unwrap(), "jump fw-b".parse().unwrap());
+        new.sets
+            .get_mut("fw-pods-v4")
+            .unwrap()
+            .elements
+            .insert("198.18.1.3".parse().unwrap(), "jump fw-a".parse().unwrap());
         let dns = &mut new.sets.get_mut("dns6-x").unwrap().elements;
-        dns.insert("0 . 1 . 2001:db8::1".into(), "timeout 310s".into());
-        dns.insert("0 . 1 . 2001:db8::2".into(), "timeout 310s".into());
-        dns.insert("1 . 1 . 2001:db8::3".into(), "timeout 310s".into());
+        dns.insert("0 . 1 . 2001:db8::1".parse().unwrap(), "timeout 310s".parse().unwrap());
+        dns.insert("0 . 1 . 2001:db8::2".parse().unwrap(), "timeout 310s".parse().unwrap());
+        dns.insert("1 . 1 . 2001:db8::3".parse().unwrap(), "timeout 310s".parse().unwrap());
         let delta = ElementDelta::between(&old, &new).unwrap();
         assert_eq!(
             delta.delete,
             vec![SetElements {
                 set: "fw-pods-v4".into(),
                 tag: None,
-                elements: vec![(ElementKey::Ip("198.18.1.2".parse().unwrap()), ElementValue::Jump("fw-a".into()))]
+                elements: vec![(
+                    ElementKey::Ip("198.18.1.2".parse().unwrap()),
+                    ElementValue::Jump("fw-a".parse().unwrap())
+                )]
             }]
         );
         // A tagged set's additions: one list per tag.
@@ -410,25 +355,31 @@ mod tests {
         let mut new = table();
         new.sets.get_mut("dns6-x").unwrap().timeout = false;
         assert_eq!(ElementDelta::between(&old, &new), None);
-        // A key of the other family, a key not in canonical form, an odd value.
+        // A key or value the set cannot hold: of the other family, of another key type,
+        // a prefix with host bits set, a value of another kind of set. (Text that is
+        // not an element's canonical form cannot become a key at all: element.rs.)
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+        let net = |s: &str| -> ipnet::IpNet { s.parse().unwrap() };
+        let jump = Value::Jump("fw-a".into());
         for (set, key, value) in [
-            ("fw-pods-v4", "2001:db8::2", "jump fw-a"),
-            ("dns6-x", "0 . 1 . 2001:DB8::2", "timeout 1s"),
-            ("dns6-x", "2001:db8::2", "timeout 1s"),
-            ("dns6-x", "0 . 1 . 192.0.2.1", "timeout 1s"),
-            ("dns6-x", "00 . 1 . 2001:db8::2", "timeout 1s"),
-            ("dns6-x", "0 . 4294967296 . 2001:db8::2", "timeout 1s"),
-            ("fw-pods-v4", "198.18.1.9", "accept"),
-            ("fw-pods-v4", "0 . 1 . 198.18.1.9", "jump fw-a"),
-            ("dns6-x", "0 . 1 . 2001:db8::3", "timeout 1m"),
-            ("exempt-v4", "192.0.2.1/24", ""),
-            ("exempt-v4", "192.0.2.0/24", "timeout 1s"),
-            ("exempt-v4", "2001:db8::/32", ""),
-            ("exempt-v4", "192.0.2.7", ""),
+            ("fw-pods-v4", Key::Addr(ip("2001:db8::2")), jump.clone()),
+            ("fw-pods-v4", Key::tagged(1, ip("198.18.1.9")), jump.clone()),
+            ("fw-pods-v4", Key::Addr(ip("198.18.1.9")), Value::None),
+            ("fw-pods-v4", Key::Addr(ip("198.18.1.9")), Value::Timeout(1)),
+            ("fw-pods-v4", Key::Net(net("198.18.1.0/24")), jump.clone()),
+            ("dns6-x", Key::Addr(ip("2001:db8::2")), Value::Timeout(1)),
+            ("dns6-x", Key::tagged(1, ip("192.0.2.1")), Value::Timeout(1)),
+            ("dns6-x", Key::tagged(1, ip("2001:db8::3")), Value::None),
+            ("dns6-x", Key::tagged(1, ip("2001:db8::3")), jump.clone()),
+            ("exempt-v4", Key::Net(net("192.0.2.1/24")), Value::None),
+            ("exempt-v4", Key::Net(net("192.0.2.0/24")), Value::Timeout(1)),
+            ("exempt-v4", Key::Net(net("2001:db8::/32")), Value::None),
+            ("exempt-v4", Key::Addr(ip("192.0.2.7")), Value::None),
+            ("exempt-v4", Key::Mark(7), Value::None),
         ] {
             let mut new = table();
-            new.sets.get_mut(set).unwrap().elements.insert(key.into(), value.into());
-            assert_eq!(ElementDelta::between(&old, &new), None, "{set} {key} {value}");
+            new.sets.get_mut(set).unwrap().elements.insert(key, value.clone());
+            assert_eq!(ElementDelta::between(&old, &new), None, "{set} {key:?} {value:?}");
         }
     }
 
@@ -437,9 +388,9 @@ mod tests {
         let old = table();
         let mut new = table();
         let exempt = new.sets.get_mut("exempt-v4").unwrap();
-        exempt.elements.remove("198.18.0.0/15");
-        exempt.elements.insert("192.0.2.0/24".into(), Text::default());
-        exempt.elements.insert("203.0.113.7/32".into(), Text::default());
+        exempt.elements.remove(&"198.18.0.0/15".parse().unwrap());
+        exempt.elements.insert("192.0.2.0/24".parse().unwrap(), Value::None);
+        exempt.elements.insert("203.0.113.7/32".parse().unwrap(), Value::None);
         let delta = ElementDelta::between(&old, &new).unwrap();
         assert_eq!(
             delta.delete[0].elements,
@@ -458,8 +409,8 @@ mod tests {
         let dns = &mut t.sets.get_mut("dns6-x").unwrap().elements;
         // Tag 1's keys start "0 . 1 . ", as tag 4294967297's start "1 . 1 . ", and tag
         // 12's "0 . 12 . ": none of the others is tag 1's.
-        dns.insert(slot(12).key("2001:db8::5".parse().unwrap()), "timeout 300s".into());
-        dns.insert(slot(1).key("2001:db8::4".parse().unwrap()), "timeout 30s".into());
+        dns.insert(slot(12).key("2001:db8::5".parse().unwrap()), "timeout 300s".parse().unwrap());
+        dns.insert(slot(1).key("2001:db8::4".parse().unwrap()), "timeout 30s".parse().unwrap());
         let gone = Slot { set: "gone", tag: 1 };
         let pods = Slot { set: "fw-pods-v4", tag: 1 };
         let delta = ElementDelta::refresh(&t, &[slot(1), pods, gone, slot(99)]).unwrap();
@@ -474,11 +425,14 @@ mod tests {
         for (tag, ip) in [(0u64, "192.0.2.1"), (u64::MAX, "2001:db8::1"), (0x1234_5678_9abc_def0, "198.51.100.7")] {
             let ip: IpAddr = ip.parse().unwrap();
             let key = Slot { set: "s", tag }.key(ip);
-            assert_eq!(Slot::parse_key(&key), Some((tag, ip)), "{key}");
+            assert_eq!(key.to_string().parse::<Key>(), Ok(key), "{key}");
             assert_eq!(Slot::from_key_bytes(&Slot::key_bytes(tag, ip)), Some((tag, ip)));
         }
         // The halves are what nft prints for the two numgen constants.
-        assert_eq!(Slot { set: "s", tag: 0x1_0000_0002 }.key("192.0.2.1".parse().unwrap()), "1 . 2 . 192.0.2.1");
+        assert_eq!(
+            Slot { set: "s", tag: 0x1_0000_0002 }.key("192.0.2.1".parse().unwrap()).to_string(),
+            "1 . 2 . 192.0.2.1"
+        );
         assert_eq!(
             Slot { set: "dns-v4", tag: 0x1_0000_0002 }.matches("ip"),
             "numgen random mod 1 offset 1 . numgen random mod 1 offset 2 . ip daddr @dns-v4"

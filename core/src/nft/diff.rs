@@ -61,27 +61,24 @@ pub fn diff(old: &Table, new: &Table) -> Option<String> {
         // In a timeout set a changed value is a new timeout: re-adding refreshes it, so
         // only elements that are gone are deleted (an element may also have expired in
         // the kernel already, where a delete would fail).
-        let gone: Vec<&str> = before
+        let mut gone: Vec<String> = before
             .elements
             .iter()
             .filter(|(k, v)| match set.elements.get(*k) {
                 None => true,
                 Some(new) => !set.timeout && new != *v,
             })
-            .map(|(k, _)| k.as_str())
+            .map(|(k, _)| k.to_string())
             .collect();
+        gone.sort_unstable();
         if !gone.is_empty() {
             let _ = writeln!(out, "delete element {t} {name} {{ {} }}", gone.join(", "));
         }
     }
     for (name, set) in &new.sets {
         let before = old.sets.get(name);
-        let added: Vec<&Text> = set
-            .elements
-            .iter()
-            .filter(|(k, v)| before.is_none_or(|b| b.elements.get(*k) != Some(v)))
-            .map(|(k, _)| k)
-            .collect();
+        let added: Vec<_> =
+            set.elements.iter().filter(|(k, v)| before.is_none_or(|b| b.elements.get(*k) != Some(*v))).collect();
         if !added.is_empty() {
             let _ = writeln!(out, "add element {t} {name} {{ {} }}", elements(set, added.into_iter()));
         }
@@ -123,7 +120,7 @@ mod tests {
     fn table() -> Table {
         let mut t = Table::new("egressd");
         let mut m = Set::verdict_map(KeyType::Ipv4);
-        m.elements.insert("198.18.1.2".into(), "jump fw-a".into());
+        m.elements.insert("198.18.1.2".parse().unwrap(), "jump fw-a".parse().unwrap());
         t.sets.insert("fw-pods-v4".into(), m);
         t.chains.insert("fw-a".into(), Chain::parsed(["ip daddr 192.0.2.0/24 counter drop"]).unwrap());
         t.chains.insert(
@@ -145,7 +142,11 @@ mod tests {
     fn element_change_touches_only_elements() {
         let old = table();
         let mut new = table();
-        new.sets.get_mut("fw-pods-v4").unwrap().elements.insert("198.18.1.3".into(), "jump fw-a".into());
+        new.sets
+            .get_mut("fw-pods-v4")
+            .unwrap()
+            .elements
+            .insert("198.18.1.3".parse().unwrap(), "jump fw-a".parse().unwrap());
         assert_eq!(diff(&old, &new).unwrap(), "add element inet egressd fw-pods-v4 { 198.18.1.3 : jump fw-a }\n");
     }
 
@@ -155,7 +156,11 @@ mod tests {
         let mut new = table();
         new.chains.remove("fw-a");
         new.chains.insert("fw-b".into(), Chain::parsed(["counter accept"]).unwrap());
-        new.sets.get_mut("fw-pods-v4").unwrap().elements.insert("198.18.1.2".into(), "jump fw-b".into());
+        new.sets
+            .get_mut("fw-pods-v4")
+            .unwrap()
+            .elements
+            .insert("198.18.1.2".parse().unwrap(), "jump fw-b".parse().unwrap());
         assert_eq!(
             diff(&old, &new).unwrap(),
             "add chain inet egressd fw-b\n\
@@ -171,13 +176,13 @@ mod tests {
     fn timeout_sets_refresh_by_re_adding() {
         let mut old = table();
         let mut s = Set::with_timeout(KeyType::Ipv4);
-        s.elements.insert("192.0.2.1".into(), "timeout 305s".into());
-        s.elements.insert("192.0.2.2".into(), "timeout 305s".into());
+        s.elements.insert("192.0.2.1".parse().unwrap(), "timeout 305s".parse().unwrap());
+        s.elements.insert("192.0.2.2".parse().unwrap(), "timeout 305s".parse().unwrap());
         old.sets.insert("dns4-a".into(), s);
         let mut new = old.clone();
         let set = new.sets.get_mut("dns4-a").unwrap();
-        set.elements.insert("192.0.2.1".into(), "timeout 310s".into());
-        set.elements.remove("192.0.2.2");
+        set.elements.insert("192.0.2.1".parse().unwrap(), "timeout 310s".parse().unwrap());
+        set.elements.remove(&"192.0.2.2".parse().unwrap());
         assert_eq!(
             diff(&old, &new).unwrap(),
             "delete element inet egressd dns4-a { 192.0.2.2 }\n\
@@ -225,8 +230,15 @@ mod props {
 
     use proptest::prelude::*;
 
-    use super::super::{Chain, Hook, KeyType, Set, Table};
+    use super::super::element::{read, read_key};
+    use super::super::{Chain, Hook, KeyType, Set, Table, Value};
     use super::diff;
+
+    /// `items` (key text, value text) as the elements of `set`.
+    fn fill(set: &mut Set, items: impl IntoIterator<Item = (String, String)>) {
+        let elements: Vec<_> = items.into_iter().map(|(k, v)| read(set, &k, &v).expect("an element")).collect();
+        set.elements.extend(elements);
+    }
 
     const CHAINS: [&str; 4] = ["c0", "c1", "c2", "c3"];
     const ADDRS: [&str; 5] = ["192.0.2.1", "192.0.2.2", "192.0.2.3", "198.51.100.1", "198.51.100.2"];
@@ -252,22 +264,22 @@ mod props {
             let names: Vec<String> = regular.keys().cloned().collect();
             if let Some(p) = &plain {
                 let mut s = Set::new(KeyType::Ipv4, false);
-                s.elements.extend(p.iter().map(|a| (a.to_string().into(), Default::default())));
+                fill(&mut s, p.iter().map(|a| (a.to_string(), String::new())));
                 t.sets.insert("plain".into(), s);
             }
             if let Some(r) = &ranges {
                 let mut s = Set::new(KeyType::Ipv4, true);
-                s.elements.extend(r.iter().map(|n| (n.to_string().into(), Default::default())));
+                fill(&mut s, r.iter().map(|n| (n.to_string(), String::new())));
                 t.sets.insert("ranges".into(), s);
             }
             if let Some(tm) = &timed {
                 let mut s = Set::with_timeout(KeyType::Ipv4);
-                s.elements.extend(tm.iter().map(|(a, n)| (a.to_string().into(), format!("timeout {}s", n * 100).into())));
+                fill(&mut s, tm.iter().map(|(a, n)| (a.to_string(), format!("timeout {}s", n * 100))));
                 t.sets.insert("timed".into(), s);
             }
             if let Some(m) = map.as_ref().filter(|_| !names.is_empty()) {
                 let mut s = Set::verdict_map(KeyType::Ipv4);
-                s.elements.extend(m.iter().map(|(a, c)| (a.to_string().into(), format!("jump {}", names[c % names.len()]).into())));
+                fill(&mut s, m.iter().map(|(a, c)| (a.to_string(), format!("jump {}", names[c % names.len()]))));
                 t.sets.insert("map".into(), s);
             }
             for (i, (c, r)) in rule_picks.iter().enumerate() {
@@ -329,7 +341,7 @@ mod props {
                 .iter()
                 .map(|r| r.to_string())
                 .any(|r| r.split_whitespace().any(|w| w == name || w == at) || r.ends_with(&jump))
-        }) || t.sets.values().any(|s| s.elements.values().any(|v| *v == jump))
+        }) || t.sets.values().any(|s| s.elements.values().any(|v| *v == Value::Jump(name.into())))
     }
 
     /// Run `script` against `t` as nft would (one transaction: any error fails it).
@@ -398,7 +410,8 @@ mod props {
                 "delete element" => {
                     let set = t.sets.get_mut(name.as_str()).ok_or(format!("{line}: no set"))?;
                     for k in braces(line) {
-                        set.elements.remove(k.as_str()).ok_or(format!("{line}: no element {k}"))?;
+                        let key = read_key(set, &k).ok_or(format!("{line}: {k} is no key of the set"))?;
+                        set.elements.remove(&key).ok_or(format!("{line}: no element {k}"))?;
                     }
                 }
                 "add element" => {
@@ -418,10 +431,11 @@ mod props {
                                 None => (item.clone(), String::new()),
                             }
                         };
-                        if set.verdict_map && set.elements.get(k.as_str()).is_some_and(|old| *old != v) {
+                        let (k, v) = read(set, &k, &v).ok_or(format!("{line}: {item} is no element of the set"))?;
+                        if set.verdict_map && set.elements.get(&k).is_some_and(|old| *old != v) {
                             return Err(format!("{line}: {k} exists with another verdict"));
                         }
-                        set.elements.insert(k.into(), v.into());
+                        set.elements.insert(k, v);
                     }
                 }
                 other => return Err(format!("unknown verb {other:?} in {line}")),
@@ -444,8 +458,11 @@ mod props {
             set.elements = other
                 .elements
                 .iter()
-                .filter(|(_, v)| v.strip_prefix("jump ").is_none_or(|c| old.chains.contains_key(c)))
-                .map(|(k, v)| (k.clone(), v.clone()))
+                .filter(|(_, v)| match v {
+                    Value::Jump(c) => old.chains.contains_key(c),
+                    _ => true,
+                })
+                .map(|(k, v)| (*k, v.clone()))
                 .collect();
         }
         out

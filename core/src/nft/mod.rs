@@ -8,6 +8,7 @@
 
 pub mod delta;
 mod diff;
+pub mod element;
 mod render;
 pub mod rule;
 pub mod verified;
@@ -18,6 +19,7 @@ use std::collections::BTreeMap;
 use sha2::{Digest, Sha256};
 
 pub use diff::diff;
+pub use element::{Key, Value};
 
 /// The kernel expressions of `rule` as `nft --debug=netlink` prints them, or why the
 /// netlink path does not write it ([`wire`]; the tests compare them with nft's).
@@ -132,21 +134,16 @@ impl Slot {
         ((self.tag >> 32) as u32, self.tag as u32)
     }
 
-    /// The element key text of `ip` in this slot (`<hi> . <lo> . <ip>`).
-    pub fn key(self, ip: std::net::IpAddr) -> Text {
-        Self::tagged_key(self.tag, ip)
+    /// The element key of `ip` in this slot.
+    pub fn key(self, ip: std::net::IpAddr) -> Key {
+        Key::tagged(self.tag, ip)
     }
 
-    /// The element key text of `ip` under `tag`, in whichever set.
-    pub fn tagged_key(tag: u64, ip: std::net::IpAddr) -> Text {
-        compact_str::format_compact!("{} . {} . {ip}", tag >> 32, tag as u32)
-    }
-
-    /// The start of every key of this slot: keys of one slot are next to each other
-    /// in the set's (text-ordered) elements.
-    pub(crate) fn key_prefix(self) -> Text {
-        let (hi, lo) = self.halves();
-        compact_str::format_compact!("{hi} . {lo} . ")
+    /// The keys of this slot, in a set's (ordered) elements: they are next to each other.
+    pub(crate) fn keys(self) -> std::ops::RangeInclusive<Key> {
+        let first = Key::tagged(self.tag, std::net::Ipv4Addr::UNSPECIFIED.into());
+        let last = Key::tagged(self.tag, std::net::Ipv6Addr::from(u128::MAX).into());
+        first..=last
     }
 
     /// The match of a packet's destination in this slot.
@@ -185,17 +182,6 @@ impl Slot {
         };
         Some((tag, ip))
     }
-
-    /// Parse a key text of a tagged set (`<hi> . <lo> . <ip>`, canonical only).
-    pub(crate) fn parse_key(key: &str) -> Option<(u64, std::net::IpAddr)> {
-        let mut parts = key.splitn(3, " . ");
-        let hi: u32 = parts.next()?.parse().ok()?;
-        let lo: u32 = parts.next()?.parse().ok()?;
-        let text = parts.next()?;
-        let ip: std::net::IpAddr = text.parse().ok()?;
-        let tag = (u64::from(hi) << 32) | u64::from(lo);
-        (Slot::tagged_key(tag, ip) == key).then_some((tag, ip))
-    }
 }
 
 /// A named set (`value == None` for every element) or verdict map.
@@ -210,14 +196,12 @@ pub struct Set {
     /// `flags timeout`: elements carry `timeout <n>s` and leave the kernel by themselves
     /// unless refreshed.
     pub timeout: bool,
-    /// Elements: key → verdict (maps), `timeout <n>s` (timeout sets) or empty string.
+    /// Elements: key → a jump (maps), a timeout (timeout sets) or nothing.
     pub elements: Elements,
 }
 
-/// An element's key or value as nft text (`198.51.100.0/24`, `jump fw-a`, `timeout 35s`).
-/// Inline up to 24 bytes (every IPv4 key and prefix, most values), so a set of 100k
-/// ranges costs no allocation per element: the keys and values were a third of the
-/// agent's heap at 100k rules as `String`s.
+/// A set's or chain's name: inline up to 24 bytes, so a table of 100k sets and chains
+/// costs no allocation per name.
 pub type Text = compact_str::CompactString;
 
 /// A set's elements, shared: cloning a set (or the table holding it) costs a pointer,
@@ -225,7 +209,7 @@ pub type Text = compact_str::CompactString;
 /// allocation, which [`delta::ElementDelta::between`] skips without comparing its elements.
 /// Reads go through `Deref`; the first write to a shared map copies it (`Arc::make_mut`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Elements(std::sync::Arc<BTreeMap<Text, Text>>);
+pub struct Elements(std::sync::Arc<BTreeMap<Key, Value>>);
 
 impl Elements {
     /// Whether `self` and `other` are the same allocation (then they are equal).
@@ -235,7 +219,7 @@ impl Elements {
 }
 
 impl std::ops::Deref for Elements {
-    type Target = BTreeMap<Text, Text>;
+    type Target = BTreeMap<Key, Value>;
     fn deref(&self) -> &Self::Target {
         &self.0
     }
@@ -247,21 +231,21 @@ impl std::ops::DerefMut for Elements {
     }
 }
 
-impl From<BTreeMap<Text, Text>> for Elements {
-    fn from(map: BTreeMap<Text, Text>) -> Self {
+impl From<BTreeMap<Key, Value>> for Elements {
+    fn from(map: BTreeMap<Key, Value>) -> Self {
         Self(std::sync::Arc::new(map))
     }
 }
 
-impl FromIterator<(Text, Text)> for Elements {
-    fn from_iter<I: IntoIterator<Item = (Text, Text)>>(iter: I) -> Self {
+impl FromIterator<(Key, Value)> for Elements {
+    fn from_iter<I: IntoIterator<Item = (Key, Value)>>(iter: I) -> Self {
         Self(std::sync::Arc::new(iter.into_iter().collect()))
     }
 }
 
 impl<'a> IntoIterator for &'a Elements {
-    type Item = (&'a Text, &'a Text);
-    type IntoIter = std::collections::btree_map::Iter<'a, Text, Text>;
+    type Item = (&'a Key, &'a Value);
+    type IntoIter = std::collections::btree_map::Iter<'a, Key, Value>;
     fn into_iter(self) -> Self::IntoIter {
         self.0.iter()
     }
@@ -571,7 +555,7 @@ mod tests {
     fn a_comparison_tells_each_kind_of_change_apart() {
         let mut old = Table::new("egressd");
         let mut map = Set::verdict_map(KeyType::Ipv4);
-        map.elements.insert("198.18.1.2".into(), "jump fw-a".into());
+        map.elements.insert("198.18.1.2".parse().unwrap(), "jump fw-a".parse().unwrap());
         old.sets.insert("fw-pods-v4".into(), map);
         old.chains.insert("fw-a".into(), Chain::parsed(["counter accept"]).unwrap());
         let hook = Hook { chain_type: "filter", hook: "prerouting", priority: "filter" };
@@ -585,7 +569,12 @@ mod tests {
         };
         assert_eq!(kinds(&old.clone()), (true, true, false, 0, 0));
         let mut element = old.clone();
-        element.sets.get_mut("fw-pods-v4").unwrap().elements.insert("198.18.1.3".into(), "jump fw-a".into());
+        element
+            .sets
+            .get_mut("fw-pods-v4")
+            .unwrap()
+            .elements
+            .insert("198.18.1.3".parse().unwrap(), "jump fw-a".parse().unwrap());
         assert_eq!(kinds(&element), (false, true, false, 1, 0));
         let mut rules = old.clone();
         rules.chains.insert("fw-a".into(), Chain::parsed(["counter drop"]).unwrap());

@@ -2,14 +2,19 @@
 
 use std::fmt::Write;
 
-use super::{Chain, FAMILY, Set, Table, Text};
+use super::{Chain, FAMILY, Key, Set, Table, Value};
 
-pub(super) fn elements<'a>(set: &Set, keys: impl Iterator<Item = &'a Text>) -> String {
-    let items: Vec<String> = keys
-        .map(|k| match set.elements.get(k) {
-            Some(v) if set.verdict_map => format!("{k} : {v}"),
-            Some(v) if !v.is_empty() => format!("{k} {v}"),
-            _ => k.to_string(),
+/// `elements` of `set` as an nft element list, in the order of their text (the order
+/// nft's own listing and the goldens have, whatever the keys' typed order).
+pub(super) fn elements<'a>(set: &Set, elements: impl Iterator<Item = (&'a Key, &'a Value)>) -> String {
+    let mut items: Vec<(String, &Value)> = elements.map(|(k, v)| (k.to_string(), v)).collect();
+    items.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let items: Vec<String> = items
+        .into_iter()
+        .map(|(k, v)| match v {
+            Value::None => k,
+            v if set.verdict_map => format!("{k} : {v}"),
+            v => format!("{k} {v}"),
         })
         .collect();
     items.join(", ")
@@ -21,7 +26,7 @@ fn set_block(out: &mut String, name: &str, set: &Set) {
         let _ = writeln!(out, "\t\t{}", part.trim());
     }
     if !set.elements.is_empty() {
-        let _ = writeln!(out, "\t\telements = {{ {} }}", elements(set, set.elements.keys()));
+        let _ = writeln!(out, "\t\telements = {{ {} }}", elements(set, set.elements.iter()));
     }
     let _ = writeln!(out, "\t}}");
 }

@@ -40,7 +40,7 @@
 //! stamps the generation it applies.
 
 use super::rule::{CtState, MarkOf, Match, Rule, Statement, Verdict};
-use super::{Set, Table, Text};
+use super::{Key, Set, Table, Value};
 
 /// The chain marking what the base chain accepts.
 pub const CHAIN: &str = "fw-mark";
@@ -129,16 +129,18 @@ pub fn marking_rules(mask: u32) -> Vec<Rule> {
 /// none; a table without the set is left alone.
 pub fn stamp(table: &mut Table, value: Option<u32>) {
     let Some(set) = table.sets.get_mut(EPOCH_SET) else { return };
-    let elements: std::collections::BTreeMap<Text, Text> =
-        value.map(|v| (compact_str::format_compact!("{v:#010x}"), Text::default())).into_iter().collect();
+    let elements: std::collections::BTreeMap<Key, Value> =
+        value.map(|v| (Key::Mark(v), Value::None)).into_iter().collect();
     *set = Set { elements: elements.into(), ..set.clone() };
 }
 
 /// The generation `table` holds (its `fw-epoch` element).
 pub fn stamped(table: &Table) -> Option<u32> {
     let set = table.sets.get(EPOCH_SET)?;
-    let (key, _) = set.elements.iter().next()?;
-    u32::from_str_radix(key.strip_prefix("0x")?, 16).ok()
+    match set.elements.keys().next()? {
+        Key::Mark(mark) => Some(*mark),
+        _ => None,
+    }
 }
 
 /// The name prefixes of the table's parts that a verified connection's packets still
@@ -173,10 +175,11 @@ pub fn reached(table: &Table) -> std::collections::BTreeSet<String> {
         if let Some(chain) = table.chains.get(name.as_str()) {
             todo.extend(chain.rules.iter().flat_map(|r| r.names()).map(str::to_string));
         } else if let Some(set) = table.sets.get(name.as_str()) {
-            // A verdict map's values: `jump <chain>`, `goto <chain>`.
-            let targets =
-                set.elements.values().filter_map(|v| v.split_once(' ')).filter(|(v, _)| matches!(*v, "jump" | "goto"));
-            todo.extend(targets.map(|(_, chain)| chain.to_string()));
+            // A verdict map's values: `jump <chain>`.
+            todo.extend(set.elements.values().filter_map(|v| match v {
+                super::Value::Jump(chain) => Some(chain.to_string()),
+                _ => None,
+            }));
         }
     }
     seen
@@ -233,13 +236,13 @@ mod tests {
         t.sets.insert(EPOCH_SET.into(), Set::new(KeyType::Mark, false));
         let mut pods = Set::new(KeyType::Ipv4, false);
         pods.verdict_map = true;
-        pods.elements = [("198.18.0.2".into(), "jump fw-a".into())].into_iter().collect();
+        pods.elements = [("198.18.0.2".parse().unwrap(), "jump fw-a".parse().unwrap())].into_iter().collect();
         t.sets.insert("fw-pods-v4".into(), pods);
         t.sets.insert("fw-a-s0".into(), Set::new(KeyType::Ipv4, false));
         t.sets.insert("eip-exempt-v4".into(), Set::new(KeyType::Ipv4, false));
         let mut to_b = Set::new(KeyType::Ipv4, false);
         to_b.verdict_map = true;
-        to_b.elements = [("192.0.2.1".into(), "goto fw-b".into())].into_iter().collect();
+        to_b.elements = [("192.0.2.1".parse().unwrap(), "jump fw-b".parse().unwrap())].into_iter().collect();
         t.sets.insert("fw-a-m".into(), to_b);
         let parsed = |rules: &[&str]| rules.iter().map(|r| r.parse().unwrap()).collect::<Vec<Rule>>();
         let mut firewall = vec![fast_path(0x0300_0000)];

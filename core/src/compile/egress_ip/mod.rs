@@ -26,7 +26,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use compact_str::{ToCompactString, format_compact};
+use compact_str::format_compact;
 use ipnet::IpNet;
 
 use super::tunnel::{self, TunnelPlan};
@@ -35,7 +35,7 @@ use crate::net::{
     EgressIpMode, EgressSettings, HostLinks, MarkRule, NetDesired, NextHop, Transport, tunnel_key, tunnel_mac,
 };
 use crate::nft::rule::{AddrField, Cmp, Direction, Family, MarkOf, Match, Rule, Statement, Verdict};
-use crate::nft::{Chain, Hook, KeyType, Set, Table, Text, chain_name};
+use crate::nft::{Chain, Hook, Key, KeyType, Set, Table, Value, chain_name};
 use crate::view::ClusterView;
 use crate::view::policy::EgressIpPolicy;
 
@@ -596,14 +596,12 @@ fn assign_pods<'a>(
             if local {
                 plan.snat_here.insert(id);
             }
-            a.snat[f]
-                .elements
-                .insert(ip.to_compact_string(), format_compact!("jump {}", ip_chain("eip-snat", egress_ip)));
+            a.snat[f].elements.insert(Key::Addr(*ip), Value::Jump(ip_chain("eip-snat", egress_ip).into()));
             a.snat_chains.insert(egress_ip);
             // Out of the address's own link: mark for its table (pods of other nodes too,
             // whose packets are leaving the cluster here, not going back).
             if let Some(k) = via.get(&egress_ip).and_then(|hops| hop_sets.get(&(f == 1, hops.clone()))) {
-                a.steer[f].elements.insert(ip.to_compact_string(), format_compact!("jump eip-mark-{k}"));
+                a.steer[f].elements.insert(Key::Addr(*ip), Value::Jump(format_compact!("eip-mark-{k}")));
             }
             continue;
         }
@@ -612,7 +610,7 @@ fn assign_pods<'a>(
         }
         match hop_sets.get(&(f == 1, plan.remote[f].clone())) {
             Some(k) if !plan.remote[f].is_empty() => {
-                a.steer[f].elements.insert(ip.to_compact_string(), format_compact!("jump eip-mark-{k}"));
+                a.steer[f].elements.insert(Key::Addr(*ip), Value::Jump(format_compact!("eip-mark-{k}")));
                 plan.steered.insert(id);
             }
             Some(_) | None => {
@@ -621,7 +619,7 @@ fn assign_pods<'a>(
                 }
                 plan.fallback.insert(id);
                 if settings.fail_closed {
-                    a.steer[f].elements.insert(ip.to_compact_string(), format_compact!("jump {DROP_CHAIN}"));
+                    a.steer[f].elements.insert(Key::Addr(*ip), Value::Jump(DROP_CHAIN.into()));
                     a.drop_used = true;
                 }
             }

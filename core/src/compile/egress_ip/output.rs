@@ -28,7 +28,7 @@ pub(super) fn emit_routes(
         if !via.values().any(|v| v == hops) {
             // Next hops that are nodes: packets routed to them get the null SNAT.
             for hop in hops.iter().filter(|h| h.key.is_none()) {
-                gateways[usize::from(*v6)].elements.insert(hop.gateway.to_compact_string(), Text::default());
+                gateways[usize::from(*v6)].elements.insert(Key::Addr(hop.gateway), Value::None);
             }
         }
     }
@@ -72,7 +72,7 @@ pub(super) fn emit_tables(ctx: &Ctx, t: Tables, table: &mut Table) {
     exempt_nets.extend(ctx.node_addrs.iter().map(|a| IpNet::from(*a)));
     let mut exempt = [Set::new(KeyType::Ipv4, true), Set::new(KeyType::Ipv6, true)];
     for n in IpNet::aggregate(&exempt_nets) {
-        exempt[fam(n.addr())].elements.insert(n.to_compact_string(), Text::default());
+        exempt[fam(n.addr())].elements.insert(Key::Net(n), Value::None);
     }
 
     let [e4, e6] = exempt;

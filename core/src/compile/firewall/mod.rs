@@ -29,13 +29,12 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use compact_str::format_compact;
 use ipnet::IpNet;
 
 use super::{NodeConfig, ObjectStatus, Outcome};
 use crate::dns::{DnsAnswers, element_timeout};
 use crate::nft::rule::{AddrField, CtState, Direction, Family, Match, Name, Proto, Rule, Statement, Verdict};
-use crate::nft::{Chain, Hook, KeyType, Set, Slot, Table, Text, chain_name};
+use crate::nft::{Chain, Hook, Key, KeyType, Set, Slot, Table, Text, Value, chain_name};
 use crate::view::policy::{Action, DnsName, FirewallPolicy, FirewallRule, Ports, Protocol, Target};
 use crate::view::{ACL_LOGGING_ANNOTATION, ClusterView};
 
@@ -236,7 +235,7 @@ fn fill_dns_sets(ctx: &Ctx, r: &DnsRef, table: &mut Table) {
         if let Some(resolved) = resolved {
             // Kernel-side expiry: the agent refreshes these while it runs; if it is
             // gone for long, stale addresses leave by themselves.
-            let timeout = format_compact!("timeout {}s", element_timeout(resolved.ttl, ctx.node.dns_grace).as_secs());
+            let timeout = Value::Timeout(element_timeout(resolved.ttl, ctx.node.dns_grace).as_secs());
             for ip in resolved.addresses.iter().filter(|ip| !ctx.exempt.iter().any(|n| n.contains(*ip))) {
                 if ip.is_ipv6() == key.is_v6() {
                     set.elements.insert(slot.key(*ip), timeout.clone());
@@ -516,7 +515,7 @@ pub(super) fn compile(
     let mut policed: Vec<&str> = Vec::with_capacity(view.firewalls.len());
     policed.extend(view.firewalls.iter().filter(|(_, e)| e.policy.is_some()).map(|(ns, _)| ns.as_str()));
     let stamp = view.pods.stamp();
-    let jump = |ns: &str| format_compact!("jump {}", chain_name("fw", ns));
+    let jump = |ns: &str| Value::Jump(chain_name("fw", ns).into());
     // With the same policed namespaces, only the addresses the pod changes since the
     // last compile touched can differ (none: the maps as they are); else every owner.
     let touched = match &cache.pods_from {

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use compact_str::{ToCompactString, format_compact};
+use compact_str::format_compact;
 use ipnet::IpNet;
 
 use super::*;
@@ -38,7 +38,7 @@ pub(super) fn exempt_rules(node: &NodeConfig, table: &mut Table) -> (Vec<IpNet>,
             rules.extend(nets.iter().map(|n| Rule::new().when(addr_match(family, [*n])).verdict(verdict.clone())));
         } else {
             let mut set = Set::new(if v4 { KeyType::Ipv4 } else { KeyType::Ipv6 }, true);
-            set.elements = nets.iter().map(|n| (n.to_compact_string(), Text::default())).collect();
+            set.elements = nets.iter().map(|n| (Key::Net(**n), Value::None)).collect();
             table.sets.insert(name.into(), set);
             rules.push(Rule::new().when(Match::daddr_in(family, name)).verdict(verdict.clone()));
         }
@@ -274,7 +274,7 @@ pub(super) fn run_statements(
                 // masked to it looked up among the networks (a hash set).
                 for (len, nets) in groups {
                     let name = set_name(chain, sets, key, false);
-                    let elements = nets.iter().map(|n| (n.network().to_compact_string(), Text::default())).collect();
+                    let elements = nets.iter().map(|n| (Key::Addr(n.network()), Value::None)).collect();
                     sets.push((name.as_str().into(), Set { elements, ..Set::new(key, false) }));
                     let full = if m.v4 { 32 } else { 128 };
                     matched.push(match nets.first() {
@@ -288,7 +288,7 @@ pub(super) fn run_statements(
                 let name = set_name(chain, sets, key, true);
                 // Collected, not inserted one by one: built from sorted keys, the map's
                 // nodes are full (a third less memory at 100k ranges).
-                let elements = m.addrs.iter().map(|n| (n.to_compact_string(), Text::default())).collect();
+                let elements = m.addrs.iter().map(|n| (Key::Net(*n), Value::None)).collect();
                 sets.push((name.as_str().into(), Set { elements, ..Set::new(key, true) }));
                 matched.push(Match::daddr_in(family, name));
             }
@@ -402,15 +402,15 @@ pub(super) fn box_statements(
         for (ported, action) in
             [(true, Action::Allow), (true, Action::Deny), (false, Action::Allow), (false, Action::Deny)]
         {
-            let pieces: Vec<(Text, &Piece)> = if ported {
+            let pieces: Vec<(Key, &Piece)> = if ported {
                 boxes
                     .ported
                     .iter()
                     .filter(|(_, _, p)| p.action == action)
-                    .map(|(proto, port, p)| (format_compact!("{} . {port} . {}", proto.nft(), p.net), p))
+                    .map(|(proto, port, p)| (Key::Ported(*proto, *port, p.net), p))
                     .collect()
             } else {
-                boxes.portless.iter().filter(|p| p.action == action).map(|p| (p.net.to_compact_string(), p)).collect()
+                boxes.portless.iter().filter(|p| p.action == action).map(|p| (Key::Net(p.net), p)).collect()
             };
             let (Some(first), Some(last)) =
                 (pieces.iter().map(|(_, p)| p.index).min(), pieces.iter().map(|(_, p)| p.index).max())
@@ -428,7 +428,7 @@ pub(super) fn box_statements(
                 (false, true) => KeyType::Ipv4,
                 (false, false) => KeyType::Ipv6,
             };
-            let elements = pieces.into_iter().map(|(k, _)| (k, Text::default())).collect();
+            let elements = pieces.into_iter().map(|(k, _)| (k, Value::None)).collect();
             sets.push((name.as_str().into(), Set { elements, ..Set::new(key, true) }));
             let (verdict, total) = match action {
                 Action::Allow => (allow_verdict(verified), "fw-allow"),
