@@ -31,8 +31,8 @@ use netlink_packet_netfilter::none::ControlMessage;
 use netlink_packet_netfilter::{NetfilterHeader, NetfilterMessage, NetfilterProtoFamily};
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
 
-use crate::nft::Slot;
-use crate::nft::delta::{ElementDelta, ElementKey, ElementValue};
+use crate::nft::delta::ElementDelta;
+use crate::nft::{Key, Slot, Value};
 
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 
@@ -136,7 +136,7 @@ impl ElementWriter {
             while elements.len() < LIST_BYTES
                 && let Some((key, value)) = items.next()
             {
-                encode_element(&mut elements, list.tag, *key, value, !delete);
+                encode_element(&mut elements, key, value, !delete);
             }
             let mut body = Vec::with_capacity(elements.len() + 64);
             put_str(&mut body, 1, &self.table);
@@ -393,7 +393,7 @@ impl ElementWriter {
     /// Whether `ip` (after `tag`, in a tagged set) is in `set` now (a `GETSETELEM` for
     /// the one key).
     pub fn contains(&mut self, set: &str, tag: Option<u64>, ip: IpAddr) -> io::Result<bool> {
-        let key = key_bytes(tag, ip.into());
+        let key = key_bytes(&tag.map_or(Key::Addr(ip), |tag| Key::tagged(tag, ip)));
         let msg = NfTablesMessage::GetSetElement(SetElementMessage {
             attributes: vec![
                 SetElementList::Table(self.table.clone()),
@@ -500,7 +500,7 @@ impl ElementWriter {
         let mut first_error = None;
         let mut batch: Vec<u8> = Vec::new();
         let mut waiting: Vec<u32> = Vec::new();
-        for crate::nft::delta::SetElements { set, tag, elements: list } in by_slot(elements) {
+        for crate::nft::delta::SetElements { set, elements: list } in by_slot(elements) {
             for chunk in list.chunks(ELEMENTS_PER_MESSAGE) {
                 // Room for one more message of at most 56 bytes per element?
                 if !batch.is_empty()
@@ -509,7 +509,7 @@ impl ElementWriter {
                 {
                     first_error.get_or_insert(e);
                 }
-                let list = crate::nft::delta::SetElements { set: set.clone(), tag, elements: chunk.to_vec() };
+                let list = crate::nft::delta::SetElements { set: set.clone(), elements: chunk.to_vec() };
                 self.set_element_messages(&list, None, false, false, &mut batch, &mut waiting);
             }
         }
@@ -577,20 +577,21 @@ fn fresh_and_rest<'e>(
     (fresh, rest)
 }
 
-/// `elements` as element lists, one per slot (its set and tag), in slot order.
+/// `elements` as element lists, one per set, in slot order (the keys of a slot next to
+/// each other).
 pub(crate) fn by_slot(elements: &[Element]) -> Vec<crate::nft::delta::SetElements> {
-    let mut by_slot: std::collections::BTreeMap<Slot, Vec<(ElementKey, ElementValue)>> = Default::default();
+    let mut by_slot: std::collections::BTreeMap<Slot, Vec<(Key, Value)>> = Default::default();
     for (slot, ip, timeout) in elements {
-        by_slot.entry(*slot).or_default().push(((*ip).into(), ElementValue::Timeout(*timeout)));
+        by_slot.entry(*slot).or_default().push((slot.key(*ip), Value::Timeout(*timeout)));
     }
-    by_slot
-        .into_iter()
-        .map(|(slot, elements)| crate::nft::delta::SetElements {
-            set: slot.set.to_string(),
-            tag: Some(slot.tag),
-            elements,
-        })
-        .collect()
+    let mut out: Vec<crate::nft::delta::SetElements> = Vec::new();
+    for (slot, elements) in by_slot {
+        match out.last_mut() {
+            Some(last) if last.set == slot.set => last.elements.extend(elements),
+            _ => out.push(crate::nft::delta::SetElements { set: slot.set.to_string(), elements }),
+        }
+    }
+    out
 }
 
 /// What the netlink path does not write, as an `Unsupported` error.
@@ -731,29 +732,29 @@ pub(crate) const BATCH_BYTES: usize = 128 * 1024;
 /// Append one element (or a range's two kernel elements) to an element list, as the
 /// kernel reads it: `NFTA_LIST_ELEM` { key, flags, timeout, expiration, verdict } (values
 /// only when adding).
-fn encode_element(out: &mut Vec<u8>, tag: Option<u64>, key: ElementKey, value: &ElementValue, with_value: bool) {
+fn encode_element(out: &mut Vec<u8>, key: &Key, value: &Value, with_value: bool) {
     use crate::nft::wire::{nest, put, put_str, put_u32};
     const INTERVAL_END: u32 = 1;
     // A ported piece (an interval concatenation): one element, its first key and its
     // last (`NFTA_SET_ELEM_KEY_END`), each field in its own 4-byte register.
-    if let (ElementKey::Port(..), ElementValue::Prefix(len)) = (key, value) {
+    if let Key::Ported(proto, port, net) = *key {
         const KEY_END: u16 = 10;
         nest(out, 1, |o| {
-            nest(o, 1, |o| put(o, 1, &key_bytes(tag, key)));
-            nest(o, KEY_END, |o| put(o, 1, &port_key_last(key, *len)));
+            nest(o, 1, |o| put(o, 1, &key_bytes(key)));
+            nest(o, KEY_END, |o| put(o, 1, &key_bytes(&Key::Ported(proto, port, last_of(net)))));
         });
         return;
     }
-    let one = |out: &mut Vec<u8>, key: ElementKey, end: bool| {
+    let one = |out: &mut Vec<u8>, key: &Key, end: bool| {
         nest(out, 1, |o| {
-            nest(o, 1, |o| put(o, 1, &key_bytes(tag, key)));
+            nest(o, 1, |o| put(o, 1, &key_bytes(key)));
             if end {
                 put_u32(o, 3, INTERVAL_END);
             }
             if with_value && !end {
                 match value {
-                    ElementValue::None | ElementValue::Prefix(_) => {}
-                    ElementValue::Timeout(t) => {
+                    Value::None => {}
+                    Value::Timeout(t) => {
                         // The timeout, and the expiration with it: re-adding an element
                         // the set has restarts its clock only when the expiration is
                         // given (or the timeout differs), as `nft add element … expires`.
@@ -761,7 +762,7 @@ fn encode_element(out: &mut Vec<u8>, tag: Option<u64>, key: ElementKey, value: &
                         put(o, 4, &ms);
                         put(o, 5, &ms);
                     }
-                    ElementValue::Jump(chain) => nest(o, 2, |o| {
+                    Value::Jump(chain) => nest(o, 2, |o| {
                         nest(o, 2, |o| {
                             put(o, 1, &(-3i32).to_be_bytes());
                             put_str(o, 2, chain);
@@ -772,22 +773,18 @@ fn encode_element(out: &mut Vec<u8>, tag: Option<u64>, key: ElementKey, value: &
         })
     };
     one(out, key, false);
-    if let (ElementValue::Prefix(len), ElementKey::Ip(ip)) = (value, key)
-        && let Some(after) = after_prefix(ip, *len)
+    // A range: its first address, then (flagged as the end) the address after its last.
+    if let Key::Net(net) = *key
+        && let Some(after) = after_prefix(net.addr(), net.prefix_len())
     {
-        one(out, after.into(), true);
+        one(out, &Key::Addr(after), true);
     }
 }
 
-/// The last key of a ported piece: its prefix's last address.
-fn port_key_last(key: ElementKey, len: u8) -> Vec<u8> {
-    let last = match key {
-        ElementKey::Port(proto, port, ip) => {
-            ElementKey::Port(proto, port, ipnet::IpNet::new(ip, len).map_or(ip, |n| n.broadcast()))
-        }
-        other => other,
-    };
-    key_bytes(None, last)
+/// A prefix as the single-address prefix of its last address.
+fn last_of(net: ipnet::IpNet) -> ipnet::IpNet {
+    let last = net.broadcast();
+    ipnet::IpNet::new(last, if last.is_ipv4() { 32 } else { 128 }).unwrap_or(net)
 }
 
 /// The address right after the prefix `ip/len`, or `None` when it ends the family's
@@ -805,26 +802,28 @@ fn after_prefix(ip: IpAddr, len: u8) -> Option<IpAddr> {
     }
 }
 
-/// An address (after its tag, in a tagged set) or a mark (host byte order, as the
-/// registers hold it) as a set element key.
-fn key_bytes(tag: Option<u64>, key: ElementKey) -> Vec<u8> {
-    match (tag, key) {
-        (_, ElementKey::Mark(m)) => m.to_ne_bytes().to_vec(),
-        (_, ElementKey::Port(proto, port, ip)) => {
+/// A key's bytes as the kernel holds them: an address (after its tag's two halves, in
+/// a tagged set; a prefix's first address), a mark (host byte order, as the registers
+/// hold it), a ported key's three 4-byte registers.
+fn key_bytes(key: &Key) -> Vec<u8> {
+    let octets = |ip: IpAddr| match ip {
+        IpAddr::V4(v4) => v4.octets().to_vec(),
+        IpAddr::V6(v6) => v6.octets().to_vec(),
+    };
+    match *key {
+        Key::Mark(m) => m.to_ne_bytes().to_vec(),
+        Key::Ported(proto, port, net) => {
             // Each field in a 4-byte register: the protocol byte, the port (network
             // order), the address.
-            let mut out = vec![proto, 0, 0, 0];
+            let mut out = vec![proto.number(), 0, 0, 0];
             out.extend(port.to_be_bytes());
             out.extend([0, 0]);
-            match ip {
-                IpAddr::V4(v4) => out.extend(v4.octets()),
-                IpAddr::V6(v6) => out.extend(v6.octets()),
-            }
+            out.extend(octets(net.addr()));
             out
         }
-        (Some(tag), ElementKey::Ip(ip)) => Slot::key_bytes(tag, ip),
-        (None, ElementKey::Ip(IpAddr::V4(v4))) => v4.octets().to_vec(),
-        (None, ElementKey::Ip(IpAddr::V6(v6))) => v6.octets().to_vec(),
+        Key::Tagged(tag, ip) => Slot::key_bytes(tag.get(), ip),
+        Key::Addr(ip) => octets(ip),
+        Key::Net(net) => octets(net.addr()),
     }
 }
 

@@ -5,67 +5,16 @@
 //! process (which would first read the whole table into its cache), and
 //! [`ElementDelta::script`] renders the very text [`super::diff`] would send.
 
-use std::net::IpAddr;
-use std::time::Duration;
-
 use super::{FAMILY, Key, Set, Slot, Table, Value};
 
-/// What one element carries besides its key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ElementValue {
-    /// Nothing (a plain set).
-    None,
-    /// The element's timeout (a timeout set).
-    Timeout(Duration),
-    /// `jump <chain>` (a verdict map).
-    Jump(String),
-    /// A range of an interval set: the key is the network's first address, this its
-    /// prefix length (`addr/len`; the kernel stores its start and the address after its
-    /// end, see [`crate::dataplane::elements`]).
-    Prefix(u8),
-}
-
-/// An element's key: an address (after its slot's tag in a tagged set) or a mark
-/// (`type mark`, host byte order in the kernel).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ElementKey {
-    /// An address.
-    Ip(IpAddr),
-    /// A mark value (`0x01000000`).
-    Mark(u32),
-    /// A transport protocol number, a destination port and a prefix's first address
-    /// (its length is the element's [`ElementValue::Prefix`]), in a ported set
-    /// ([`super::KeyType::PortIpv4`]).
-    Port(u8, u16, IpAddr),
-}
-
-impl From<IpAddr> for ElementKey {
-    fn from(ip: IpAddr) -> Self {
-        ElementKey::Ip(ip)
-    }
-}
-
-impl ElementKey {
-    /// The key as nft text, after `tag` in a tagged set.
-    fn text(self, tag: Option<u64>) -> String {
-        match (self, tag) {
-            (ElementKey::Ip(ip), Some(tag)) => Key::tagged(tag, ip).to_string(),
-            (ElementKey::Ip(ip), None) => ip.to_string(),
-            (ElementKey::Mark(m), _) => Key::Mark(m).to_string(),
-            (ElementKey::Port(proto, port, ip), _) => format!("{proto} . {port} . {ip}"),
-        }
-    }
-}
-
-/// Elements of one set or map (of one [`Slot`] of a tagged set).
+/// Elements of one set or map, each one the set can hold ([`Key::fits`],
+/// [`Value::fits`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SetElements {
     /// The set's name.
     pub set: String,
-    /// In a tagged set, the tag every key of these elements starts with.
-    pub tag: Option<u64>,
-    /// Keys and values, in key order (as nft text would list them).
-    pub elements: Vec<(ElementKey, ElementValue)>,
+    /// Keys and values, in key order.
+    pub elements: Vec<(Key, Value)>,
 }
 
 /// Element deletions and additions that turn one table into another, in one
@@ -163,19 +112,9 @@ impl ElementDelta {
         let mut out = String::new();
         for (verb, lists, values) in [("delete", &self.delete, false), ("add", &self.add, true)] {
             for list in lists {
-                let items: Vec<String> = list
-                    .elements
-                    .iter()
-                    .map(|(key, v)| (key.text(list.tag), v))
-                    .map(|(k, v)| match v {
-                        ElementValue::Prefix(len) => format!("{k}/{len}"),
-                        _ if !values => k.to_string(),
-                        ElementValue::None => k.to_string(),
-                        ElementValue::Timeout(t) => format!("{k} timeout {}s", t.as_secs()),
-                        ElementValue::Jump(chain) => format!("{k} : jump {chain}"),
-                    })
-                    .collect();
-                out.push_str(&format!("{verb} element {FAMILY} {table} {} {{ {} }}\n", list.set, items.join(", ")));
+                let items = list.elements.iter().map(|(k, v)| (k, if values { v } else { &Value::None }));
+                let items = super::render::elements(items);
+                out.push_str(&format!("{verb} element {FAMILY} {table} {} {{ {items} }}\n", list.set));
             }
         }
         out
@@ -230,18 +169,17 @@ fn changes<'a>(before: &'a Set, after: &'a Set) -> (Vec<(&'a Key, &'a Value)>, V
     (gone, added)
 }
 
-/// `items` of `set` typed, appended to `list` as one [`SetElements`] per tag (a tagged
-/// set's items of one tag are next to each other); `None` when one cannot be typed.
+/// `items` of `set` appended to `list` as one [`SetElements`]; `None` when the set
+/// cannot hold one of them.
 fn push_typed(list: &mut Vec<SetElements>, name: &str, set: &Set, items: Vec<(&Key, &Value)>) -> Option<()> {
-    let start = list.len();
-    for (k, v) in items {
-        let (tag, key, value) = typed(set, k, v)?;
-        let ours = list.len() > start;
-        match list.last_mut() {
-            Some(last) if ours && last.tag == tag => last.elements.push((key, value)),
-            _ => list.push(SetElements { set: name.to_string(), tag, elements: vec![(key, value)] }),
-        }
+    if items.is_empty() {
+        return Some(());
     }
+    let elements = items
+        .into_iter()
+        .map(|(k, v)| (k.fits(set) && v.fits(set)).then(|| (*k, v.clone())))
+        .collect::<Option<Vec<_>>>()?;
+    list.push(SetElements { set: name.to_string(), elements });
     Some(())
 }
 
@@ -251,31 +189,11 @@ pub(super) fn same_declaration(a: &Set, b: &Set) -> bool {
     a.key == b.key && a.verdict_map == b.verdict_map && a.interval == b.interval && a.timeout == b.timeout
 }
 
-/// An element of `set` as the netlink path sends it: the tag apart, a prefix as its
-/// first address and length; `None` when the set cannot hold it ([`Key::fits`],
-/// [`Value::fits`]).
-fn typed(set: &Set, key: &Key, value: &Value) -> Option<(Option<u64>, ElementKey, ElementValue)> {
-    if !key.fits(set) || !value.fits(set) {
-        return None;
-    }
-    let value = match value {
-        Value::None => ElementValue::None,
-        Value::Timeout(secs) => ElementValue::Timeout(Duration::from_secs(*secs)),
-        Value::Jump(chain) => ElementValue::Jump(chain.to_string()),
-    };
-    Some(match *key {
-        Key::Mark(mark) => (None, ElementKey::Mark(mark), value),
-        Key::Ported(proto, port, net) => {
-            (None, ElementKey::Port(proto.number(), port, net.addr()), ElementValue::Prefix(net.prefix_len()))
-        }
-        Key::Net(net) => (None, ElementKey::Ip(net.addr()), ElementValue::Prefix(net.prefix_len())),
-        Key::Addr(ip) => (None, ElementKey::Ip(ip), value),
-        Key::Tagged(tag, ip) => (Some(tag.get()), ElementKey::Ip(ip), value),
-    })
-}
-
 #[cfg(test)]
 mod tests {
+    use std::net::IpAddr;
+    use std::time::Duration;
+
     use super::*;
     use crate::nft::{Chain, KeyType};
 
@@ -323,22 +241,16 @@ mod tests {
             delta.delete,
             vec![SetElements {
                 set: "fw-pods-v4".into(),
-                tag: None,
-                elements: vec![(
-                    ElementKey::Ip("198.18.1.2".parse().unwrap()),
-                    ElementValue::Jump("fw-a".parse().unwrap())
-                )]
+                elements: vec![("198.18.1.2".parse().unwrap(), Value::Jump("fw-a".into()))]
             }]
         );
-        // A tagged set's additions: one list per tag.
-        let tags: Vec<_> = delta.add.iter().map(|l| (l.set.as_str(), l.tag, l.elements.len())).collect();
-        assert_eq!(tags, [("dns6-x", Some(1), 2), ("dns6-x", Some(4_294_967_297), 1), ("fw-pods-v4", None, 2)]);
+        let sets: Vec<_> = delta.add.iter().map(|l| (l.set.as_str(), l.elements.len())).collect();
+        assert_eq!(sets, [("dns6-x", 3), ("fw-pods-v4", 2)]);
         assert_eq!(delta.len(), 6);
         assert_eq!(
             delta.script("egressd"),
             "delete element inet egressd fw-pods-v4 { 198.18.1.2 }\n\
-             add element inet egressd dns6-x { 0 . 1 . 2001:db8::1 timeout 310s, 0 . 1 . 2001:db8::2 timeout 310s }\n\
-             add element inet egressd dns6-x { 1 . 1 . 2001:db8::3 timeout 310s }\n\
+             add element inet egressd dns6-x { 0 . 1 . 2001:db8::1 timeout 310s, 0 . 1 . 2001:db8::2 timeout 310s, 1 . 1 . 2001:db8::3 timeout 310s }\n\
              add element inet egressd fw-pods-v4 { 198.18.1.2 : jump fw-b, 198.18.1.3 : jump fw-a }\n"
         );
         assert!(ElementDelta::between(&old, &old).unwrap().is_empty());
@@ -365,14 +277,14 @@ mod tests {
             ("fw-pods-v4", Key::Addr(ip("2001:db8::2")), jump.clone()),
             ("fw-pods-v4", Key::tagged(1, ip("198.18.1.9")), jump.clone()),
             ("fw-pods-v4", Key::Addr(ip("198.18.1.9")), Value::None),
-            ("fw-pods-v4", Key::Addr(ip("198.18.1.9")), Value::Timeout(1)),
+            ("fw-pods-v4", Key::Addr(ip("198.18.1.9")), Value::Timeout(Duration::from_secs(1))),
             ("fw-pods-v4", Key::Net(net("198.18.1.0/24")), jump.clone()),
-            ("dns6-x", Key::Addr(ip("2001:db8::2")), Value::Timeout(1)),
-            ("dns6-x", Key::tagged(1, ip("192.0.2.1")), Value::Timeout(1)),
+            ("dns6-x", Key::Addr(ip("2001:db8::2")), Value::Timeout(Duration::from_secs(1))),
+            ("dns6-x", Key::tagged(1, ip("192.0.2.1")), Value::Timeout(Duration::from_secs(1))),
             ("dns6-x", Key::tagged(1, ip("2001:db8::3")), Value::None),
             ("dns6-x", Key::tagged(1, ip("2001:db8::3")), jump.clone()),
             ("exempt-v4", Key::Net(net("192.0.2.1/24")), Value::None),
-            ("exempt-v4", Key::Net(net("192.0.2.0/24")), Value::Timeout(1)),
+            ("exempt-v4", Key::Net(net("192.0.2.0/24")), Value::Timeout(Duration::from_secs(1))),
             ("exempt-v4", Key::Net(net("2001:db8::/32")), Value::None),
             ("exempt-v4", Key::Addr(ip("192.0.2.7")), Value::None),
             ("exempt-v4", Key::Mark(7), Value::None),
@@ -392,10 +304,7 @@ mod tests {
         exempt.elements.insert("192.0.2.0/24".parse().unwrap(), Value::None);
         exempt.elements.insert("203.0.113.7/32".parse().unwrap(), Value::None);
         let delta = ElementDelta::between(&old, &new).unwrap();
-        assert_eq!(
-            delta.delete[0].elements,
-            vec![(ElementKey::Ip("198.18.0.0".parse().unwrap()), ElementValue::Prefix(15))]
-        );
+        assert_eq!(delta.delete[0].elements, vec![("198.18.0.0/15".parse().unwrap(), Value::None)]);
         assert_eq!(
             delta.script("egressd"),
             "delete element inet egressd exempt-v4 { 198.18.0.0/15 }\n\

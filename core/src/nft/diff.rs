@@ -80,7 +80,7 @@ pub fn diff(old: &Table, new: &Table) -> Option<String> {
         let added: Vec<_> =
             set.elements.iter().filter(|(k, v)| before.is_none_or(|b| b.elements.get(*k) != Some(*v))).collect();
         if !added.is_empty() {
-            let _ = writeln!(out, "add element {t} {name} {{ {} }}", elements(set, added.into_iter()));
+            let _ = writeln!(out, "add element {t} {name} {{ {} }}", elements(added.into_iter()));
         }
     }
     // 5. New and changed base chains.

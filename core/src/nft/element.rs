@@ -6,6 +6,7 @@
 
 use std::fmt;
 use std::net::IpAddr;
+use std::time::Duration;
 
 use ipnet::IpNet;
 
@@ -56,8 +57,9 @@ pub enum Value {
     /// Nothing (a plain set).
     #[default]
     None,
-    /// `timeout <n>s` (a timeout set), in seconds.
-    Timeout(u64),
+    /// `timeout <n>s` (a timeout set). The text has whole seconds; the netlink path
+    /// sends milliseconds (DNS snooping's elements, [`super::delta`]).
+    Timeout(Duration),
     /// `jump <chain>` (a verdict map).
     Jump(Name),
 }
@@ -141,7 +143,7 @@ impl fmt::Display for Value {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Value::None => Ok(()),
-            Value::Timeout(secs) => write!(f, "timeout {secs}s"),
+            Value::Timeout(t) => write!(f, "timeout {}s", t.as_secs()),
             Value::Jump(chain) => write!(f, "jump {chain}"),
         }
     }
@@ -208,7 +210,8 @@ impl std::str::FromStr for Value {
                 let name = |b: u8| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.';
                 return (!chain.is_empty() && chain.bytes().all(name)).then(|| Value::Jump(chain.into()));
             }
-            Some(Value::Timeout(text.strip_prefix("timeout ")?.strip_suffix('s')?.parse().ok()?))
+            let secs = text.strip_prefix("timeout ")?.strip_suffix('s')?.parse().ok()?;
+            Some(Value::Timeout(Duration::from_secs(secs)))
         };
         value().filter(|v| v.to_string() == text).ok_or_else(|| ParseError { what: "value", text: text.into() })
     }
@@ -243,7 +246,7 @@ mod tests {
         assert_eq!(Key::Ported(Protocol::Tcp, 443, net).to_string(), "tcp . 443 . 192.0.2.0/24");
         assert_eq!(Key::Net(net).to_string(), "192.0.2.0/24");
         assert_eq!(Key::Addr("2001:db8::1".parse().unwrap()).to_string(), "2001:db8::1");
-        assert_eq!(Value::Timeout(35).to_string(), "timeout 35s");
+        assert_eq!(Value::Timeout(Duration::from_secs(35)).to_string(), "timeout 35s");
         assert_eq!(Value::Jump("fw-a".into()).to_string(), "jump fw-a");
         assert_eq!(Value::None.to_string(), "");
     }
@@ -255,7 +258,7 @@ mod tests {
         let ranges = Set::new(KeyType::Ipv4, true);
         assert_eq!(
             read(&tagged, "0 . 1 . 2001:db8::2", "timeout 1s"),
-            Some((Key::tagged(1, "2001:db8::2".parse().unwrap()), Value::Timeout(1)))
+            Some((Key::tagged(1, "2001:db8::2".parse().unwrap()), Value::Timeout(Duration::from_secs(1))))
         );
         for (set, key, value) in [
             (&tagged, "0 . 1 . 2001:DB8::2", "timeout 1s"),
@@ -297,7 +300,7 @@ mod tests {
     fn value() -> impl Strategy<Value = Value> {
         prop_oneof![
             Just(Value::None),
-            any::<u64>().prop_map(Value::Timeout),
+            any::<u64>().prop_map(|s| Value::Timeout(Duration::from_secs(s))),
             "[a-z][a-z0-9._-]{0,20}".prop_map(|c| Value::Jump(c.into())),
         ]
     }

@@ -4,17 +4,18 @@ use std::fmt::Write;
 
 use super::{Chain, FAMILY, Key, Set, Table, Value};
 
-/// `elements` of `set` as an nft element list, in the order of their text (the order
-/// nft's own listing and the goldens have, whatever the keys' typed order).
-pub(super) fn elements<'a>(set: &Set, elements: impl Iterator<Item = (&'a Key, &'a Value)>) -> String {
+/// `elements` as an nft element list (`key`, `key timeout 5s`, `key : jump c`), in the
+/// order of their text (the order nft's own listing and the goldens have, whatever the
+/// keys' typed order).
+pub(super) fn elements<'a>(elements: impl Iterator<Item = (&'a Key, &'a Value)>) -> String {
     let mut items: Vec<(String, &Value)> = elements.map(|(k, v)| (k.to_string(), v)).collect();
     items.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     let items: Vec<String> = items
         .into_iter()
         .map(|(k, v)| match v {
             Value::None => k,
-            v if set.verdict_map => format!("{k} : {v}"),
-            v => format!("{k} {v}"),
+            v @ Value::Jump(_) => format!("{k} : {v}"),
+            v @ Value::Timeout(_) => format!("{k} {v}"),
         })
         .collect();
     items.join(", ")
@@ -26,7 +27,7 @@ fn set_block(out: &mut String, name: &str, set: &Set) {
         let _ = writeln!(out, "\t\t{}", part.trim());
     }
     if !set.elements.is_empty() {
-        let _ = writeln!(out, "\t\telements = {{ {} }}", elements(set, set.elements.iter()));
+        let _ = writeln!(out, "\t\telements = {{ {} }}", elements(set.elements.iter()));
     }
     let _ = writeln!(out, "\t}}");
 }

@@ -235,7 +235,9 @@ fn fill_dns_sets(ctx: &Ctx, r: &DnsRef, table: &mut Table) {
         if let Some(resolved) = resolved {
             // Kernel-side expiry: the agent refreshes these while it runs; if it is
             // gone for long, stale addresses leave by themselves.
-            let timeout = Value::Timeout(element_timeout(resolved.ttl, ctx.node.dns_grace).as_secs());
+            // Whole seconds, as the table's text has them.
+            let secs = element_timeout(resolved.ttl, ctx.node.dns_grace).as_secs();
+            let timeout = Value::Timeout(std::time::Duration::from_secs(secs));
             for ip in resolved.addresses.iter().filter(|ip| !ctx.exempt.iter().any(|n| n.contains(*ip))) {
                 if ip.is_ipv6() == key.is_v6() {
                     set.elements.insert(slot.key(*ip), timeout.clone());
