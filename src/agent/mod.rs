@@ -9,7 +9,11 @@
 //!   agent restarts. `egressd cleanup` is the explicit way to remove it.
 
 mod apply;
+mod counters;
+mod drift;
+mod net;
 mod render;
+mod services;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -32,7 +36,11 @@ use crate::status::StatusSink;
 use crate::view::ClusterView;
 
 pub(crate) use apply::{Kernel, Phases, apply_once};
+use counters::COUNTERS_EVERY;
+use drift::next_drift;
+use net::{check_net, report_net_changes};
 pub use render::{compile_manifests, render_manifests};
+use services::{start_dns_proxy, start_snooping};
 
 /// Errors that stop the agent.
 #[derive(Debug, thiserror::Error)]
@@ -118,67 +126,11 @@ fn record_sync(
     m.observe_objects(&view.object_counts());
 }
 
-/// One netlink check: `true` when the links changed and they matter (some EgressIP
-/// exists: links decide what is hosted) — recompile; otherwise owned state that drifted
-/// from `desired` is repaired in place. Without EgressIPs the links are not even read,
-/// so pods' veths coming and going cost no recompile.
-async fn check_net(
-    net: &Netlink,
-    desired: &Desired,
-    last_links: &mut Option<HostLinks>,
-    links_matter: bool,
-    metrics: &crate::telemetry::metrics::Metrics,
-) -> bool {
-    if !links_matter {
-        *last_links = None;
-    } else if let Some(links) = read_links(net).await
-        && last_links.as_ref() != Some(&links)
-    {
-        let first = last_links.is_none();
-        *last_links = Some(links);
-        if !first {
-            tracing::info!("links or their addresses changed; recompiling");
-            // The recompile's sync must read the kernel back: a change of egressd's own
-            // state noticed together with the links' (one notification) is repaired too.
-            net.forget_synced();
-        }
-        return !first;
-    }
-    match net.sync(&desired.net).await {
-        Ok(changes) if !changes.is_empty() => {
-            tracing::warn!(
-                added = changes.added.len(),
-                removed = changes.removed.len(),
-                routing = changes.routing,
-                "egressd's addresses, rules or routes were changed by someone else; restored"
-            );
-            let labels = crate::telemetry::metrics::DriftLabels { what: "netlink".into() };
-            metrics.drift_repairs.get_or_create(&labels).inc();
-            for (ip, index, link) in changes.added {
-                crate::dataplane::announce::announce_repeatedly(ip, index, link);
-            }
-        }
-        Ok(_) => {}
-        Err(e) => tracing::warn!(error = %e, "netlink repair failed"),
-    }
-    false
-}
-
 /// The next round of the background resolver (never, without one).
 async fn next_round(dns: &mut Option<DnsWorker>) -> DnsRound {
     match dns {
         Some(d) => d.next_round().await,
         None => std::future::pending().await,
-    }
-}
-
-async fn read_links(net: &Netlink) -> Option<HostLinks> {
-    match net.links().await {
-        Ok(l) => Some(l),
-        Err(e) => {
-            tracing::warn!(error = %e, "netlink check failed");
-            None
-        }
     }
 }
 
@@ -212,34 +164,6 @@ fn publish(
     let report = crate::status::file::report(&config.node, desired, statuses, &sync, problems);
     if let Err(e) = crate::status::file::write(dir, &report) {
         tracing::warn!(dir = %dir.display(), error = %e, "cannot write the status file");
-    }
-}
-
-/// Log (and act on) what a netlink sync changed: connections of removed addresses are
-/// forgotten, added ones announced.
-async fn report_net_changes(changes: &crate::dataplane::netlink::NetChanges) {
-    if changes.repaired {
-        tracing::warn!(
-            added = changes.added.len(),
-            removed = changes.removed.len(),
-            routing = changes.routing,
-            "egressd's addresses, rules or routes were changed by someone else; restored (with a link change)"
-        );
-    }
-    for ip in &changes.removed {
-        let ip = *ip;
-        match tokio::task::spawn_blocking(move || crate::dataplane::conntrack::forget(ip)).await {
-            Ok(Ok(n)) => tracing::info!(%ip, connections = n, "egress IP removed from this node"),
-            Ok(Err(e)) => tracing::warn!(%ip, error = %e, "egress IP removed; its connections not forgotten"),
-            Err(_) => {}
-        }
-    }
-    for (ip, index, link) in &changes.added {
-        tracing::info!(%ip, %link, "egress IP added to this node; announcing it");
-        crate::dataplane::announce::announce_repeatedly(*ip, *index, link.clone());
-    }
-    if changes.routing > 0 {
-        tracing::info!(changes = changes.routing, "egress IP rules and routes updated");
     }
 }
 
@@ -546,166 +470,11 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
         }
     }
 
-    /// Someone else changed what egressd owns (a burst is taken together): the nft table
-    /// is replaced in full by the next apply (returns `true`); addresses, rules and
-    /// routes are checked and repaired now.
-    async fn on_drift(&mut self, first: crate::dataplane::drift::Drift) -> bool {
-        use crate::dataplane::drift::Drift;
-        // Let a burst (one transaction, a flapping link) arrive, then take it whole.
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let mut all = vec![first];
-        if let Some(rx) = &mut self.drift {
-            while let Ok(d) = rx.try_recv() {
-                all.push(d);
-            }
-        }
-        let mut replace = false;
-        let mut check = false;
-        for d in all {
-            match d {
-                Drift::Nft { pid, process } => {
-                    if !replace {
-                        tracing::warn!(pid, process = %process, table = %self.config.node.table_name, "egressd's nft table was changed by another process; replacing it");
-                    }
-                    replace = true;
-                }
-                Drift::Netlink => check = true,
-            }
-        }
-        let mut changed = false;
-        let now = tokio::time::Instant::now();
-        self.drift_replaces.retain(|t| now.duration_since(*t) < DRIFT_WINDOW);
-        if replace && self.drift_replaces.len() >= DRIFT_LIMIT {
-            tracing::error!(
-                limit = DRIFT_LIMIT,
-                window_secs = DRIFT_WINDOW.as_secs(),
-                "egressd's table keeps being changed by another process; not replacing it again until the window passes (is another agent managing the same table?)"
-            );
-            replace = false;
-        }
-        if replace {
-            self.drift_replaces.push_back(now);
-            let labels = crate::telemetry::metrics::DriftLabels { what: "nft".into() };
-            self.config.telemetry.metrics.drift_repairs.get_or_create(&labels).inc();
-            self.syncer.force_full();
-            changed = true;
-        }
-        if check {
-            changed |= self.check_net().await;
-        }
-        changed
-    }
-
     /// The netlink check ([`check_net`]); the links matter while some EgressIP exists.
     async fn check_net(&mut self) -> bool {
         let Some(n) = &self.net else { return false };
         let links_matter = links_matter(self.source.view(), &self.config.node);
         check_net(n, &self.desired, &mut self.last_links, links_matter, &self.config.telemetry.metrics).await
-    }
-
-    /// Read the named counters: the copies DNS snooping's rate limits held back
-    /// (`snoop-over-<class>`) into `egressd_dns_snoop_dropped`, ACL logging's
-    /// (`acl-over`), and the firewall's verdict totals (`fw-<verdict>`) into
-    /// `egressd_firewall_packets`; then the rule counters of namespaces with ACL logging
-    /// into `egressd_firewall_namespace_packets`. A full replace (or a replaced chain)
-    /// creates counters anew at zero: a count below the last one read is all new.
-    fn read_counters(&mut self) {
-        let counts = match tokio::task::block_in_place(|| self.syncer.counters()) {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::debug!(error = %e, "named counters not read");
-                return;
-            }
-        };
-        let metrics = &self.config.telemetry.metrics;
-        for (name, packets) in counts {
-            let new = counter_delta(&mut self.copy_counts, name.clone(), packets);
-            if name == crate::compile::ACL_OVER {
-                if new > 0 {
-                    tracing::info!(connections = new, "ACL logging: connections over the log rate limit not logged");
-                    metrics.acl_log_dropped.inc_by(new);
-                }
-                continue;
-            }
-            if let Some(reason) = name.strip_prefix("eip-tunnel-") {
-                if new > 0 {
-                    tracing::warn!(reason, packets = new, "EgressIP tunnel: encapsulated packets refused");
-                    let labels = crate::telemetry::metrics::TunnelDropLabels { reason: reason.replace('-', "_") };
-                    metrics.tunnel_dropped.get_or_create(&labels).inc_by(new);
-                }
-                continue;
-            }
-            if let Some(verdict) = name.strip_prefix("fw-") {
-                let labels = crate::telemetry::metrics::AclLabels { verdict: verdict.to_string() };
-                metrics.firewall_packets.get_or_create(&labels).inc_by(new);
-                continue;
-            }
-            let Some(class) = name.strip_prefix("snoop-over-") else { continue };
-            if new > 0 {
-                tracing::warn!(class, copies = new, "DNS snooping: copies over the rate limit were not taken");
-                let labels = crate::telemetry::metrics::SnoopDropLabels { reason: format!("copies_over_rate_{class}") };
-                metrics.dns_snoop_dropped.get_or_create(&labels).inc_by(new);
-            }
-        }
-        self.read_namespace_counters();
-    }
-
-    /// `egressd_firewall_namespace_packets`: the rule counters of the chains of
-    /// namespaces with ACL logging (one `nft -j list chain` each), summed by the verdict
-    /// of the rule as the policy has it (a Deny in audit mode is `audit`).
-    fn read_namespace_counters(&mut self) {
-        let view = self.source.view();
-        let logged: Vec<(String, Vec<&'static str>)> = view
-            .firewalls
-            .iter()
-            .filter(|(ns, _)| view.namespaces.get(*ns).is_some_and(|n| matches!(n.acl_logging, Some(Ok(_)))))
-            .filter_map(|(ns, e)| {
-                let p = e.policy.as_ref()?;
-                let verdicts = p
-                    .rules
-                    .iter()
-                    .map(|r| match r.action {
-                        crate::view::policy::Action::Allow => "allow",
-                        crate::view::policy::Action::Deny if p.audit => "audit",
-                        crate::view::policy::Action::Deny => "deny",
-                    })
-                    .collect();
-                Some((ns.clone(), verdicts))
-            })
-            .collect();
-        for (ns, verdicts) in logged {
-            let chain = crate::nft::chain_name("fw", &ns);
-            if !self.desired.table.chains.contains_key(chain.as_str()) {
-                continue;
-            }
-            let counters = match tokio::task::block_in_place(|| self.syncer.rule_counters(&chain)) {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::debug!(namespace = %ns, error = %e, "rule counters not read");
-                    continue;
-                }
-            };
-            let mut sums: std::collections::BTreeMap<&str, u64> = Default::default();
-            for c in &counters {
-                if let Some(v) = verdicts.get(c.index) {
-                    *sums.entry(v).or_default() += c.packets;
-                }
-            }
-            for (verdict, packets) in sums {
-                let new = counter_delta(&mut self.copy_counts, format!("{chain}/{verdict}"), packets);
-                let labels = crate::telemetry::metrics::NamespaceVerdictLabels {
-                    namespace: ns.clone(),
-                    verdict: verdict.to_string(),
-                };
-                self.config.telemetry.metrics.firewall_namespace_packets.get_or_create(&labels).inc_by(new);
-            }
-        }
-    }
-
-    /// Whether the counters are worth reading: some rule or copy can move them.
-    fn reads_counters(&self) -> bool {
-        let view = self.source.view();
-        self.snoop.is_some() || self.acl.is_some() || !view.firewalls.is_empty() || !view.egress_ips.is_empty()
     }
 
     /// Answer an `egressd explain` query with the current view, the resolved answers and
@@ -819,13 +588,6 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
     }
 }
 
-/// What a kernel counter read last as `packets` adds: all of it when it went down (the
-/// counter was created anew).
-fn counter_delta(last: &mut std::collections::HashMap<String, u64>, key: String, packets: u64) -> u64 {
-    let before = last.insert(key, packets).unwrap_or(0);
-    if packets >= before { packets - before } else { packets }
-}
-
 /// The next `egressd explain` query (never, without the socket).
 async fn next_query(
     queries: &mut Option<tokio::sync::mpsc::Receiver<crate::explain::socket::Request>>,
@@ -836,81 +598,8 @@ async fn next_query(
     }
 }
 
-/// How often the snooping rate limits' counters are read.
-const COUNTERS_EVERY: Duration = Duration::from_secs(5);
-
 /// The shortest gap between two probes of held-back egress IPs from the run loop.
 const REPROBE_GAP: Duration = Duration::from_millis(500);
-
-/// At most this many full replaces because of drift ...
-const DRIFT_LIMIT: usize = 5;
-/// ... within this window.
-const DRIFT_WINDOW: Duration = Duration::from_secs(10);
-
-/// The next drift report (never, without the watches).
-async fn next_drift(
-    drift: &mut Option<tokio::sync::mpsc::UnboundedReceiver<crate::dataplane::drift::Drift>>,
-) -> crate::dataplane::drift::Drift {
-    match drift {
-        Some(rx) => match rx.recv().await {
-            Some(d) => d,
-            None => std::future::pending().await,
-        },
-        None => std::future::pending().await,
-    }
-}
-
-/// Start the DNS snooping listener when configured, keeping what an earlier run learned
-/// for the wildcard sets (filled only by snooping).
-fn start_snooping(config: &RunConfig, view: &ClusterView) -> Option<crate::dataplane::nflog::SnoopHandle> {
-    let settings = config.node.snoop.as_ref()?;
-    let handle = match crate::dataplane::nflog::SnoopHandle::start(
-        settings.group,
-        &config.node.table_name,
-        config.telemetry.clone(),
-    ) {
-        Ok(h) => h,
-        Err(e) => {
-            tracing::error!(
-                group = settings.group,
-                error = %e,
-                "DNS snooping unavailable; wildcard dnsName rules are reported as not applied"
-            );
-            return None;
-        }
-    };
-    tracing::info!(group = settings.group, servers = ?settings.servers, "DNS snooping on");
-    match handle.recover(&crate::compile::wildcard_slots(view)) {
-        Ok(0) => {}
-        Ok(n) => tracing::info!(elements = n, "addresses learned by an earlier run kept"),
-        Err(e) => tracing::warn!(error = %e, "addresses learned by an earlier run not read back"),
-    }
-    Some(handle)
-}
-
-/// Start the DNS proxy when configured (beside the snooping listener, whose memory of
-/// learned addresses it shares); `false`: it is off, and no intercept is compiled.
-fn start_dns_proxy(config: &RunConfig, snoop: Option<&crate::dataplane::nflog::SnoopHandle>) -> bool {
-    let (Some(proxy), Some(settings), Some(handle)) = (config.node.dns_proxy, &config.node.snoop, snoop) else {
-        return false;
-    };
-    match crate::dataplane::dns_proxy::start(
-        handle.clone(),
-        &settings.servers,
-        proxy,
-        &config.node.table_name,
-        config.telemetry.clone(),
-    ) {
-        Ok(taken) => {
-            tracing::info!(servers = ?taken, port = proxy.port, "DNS proxy started");
-            true
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "DNS proxy unavailable; pods' DNS answers are snooped only");
-            false
-        }
-    }
-}
 
 /// Run until `shutdown` completes: resolve DNS names, compile, sync, report; again on
 /// every change of the source and whenever a DNS name falls due.
