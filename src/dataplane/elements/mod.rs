@@ -34,6 +34,12 @@ use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
 use crate::nft::delta::ElementDelta;
 use crate::nft::{Key, Slot, Value};
 
+mod encode;
+mod read;
+
+use encode::{encode_element, key_bytes};
+pub(crate) use read::RuleRead;
+
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 
 /// Transactions this process committed over netlink (each bumps the ruleset's
@@ -299,7 +305,7 @@ impl ElementWriter {
         self.socket.send(&buf, 0)?;
         drop(buf);
         let mut error: Option<io::Error> = None;
-        super::recv_until(&self.socket, &mut self.buf, |msg| {
+        crate::dataplane::recv_until(&self.socket, &mut self.buf, |msg| {
             let NetlinkPayload::Error(e) = msg.payload else { return None };
             let seq = msg.header.sequence_number;
             if let Some(code) = e.code
@@ -356,141 +362,6 @@ impl ElementWriter {
         out
     }
 
-    /// The ruleset's generation id now (`GETGEN`): every committed nf_tables
-    /// transaction in this network namespace, by anyone, increments it.
-    pub fn generation(&mut self) -> io::Result<u32> {
-        let msg = NfTablesMessage::GetGen(netlink_packet_netfilter::nftables::GenMessage { attributes: vec![] });
-        let out = self.message(NLM_F_REQUEST | NLM_F_ACK, msg, 0);
-        self.socket.send(&out, 0)?;
-        let seq = self.seq;
-        let mut id = None;
-        super::recv_until(&self.socket, &mut self.buf, |msg| {
-            if msg.header.sequence_number != seq {
-                return None;
-            }
-            match msg.payload {
-                NetlinkPayload::Error(e) => Some(match e.code {
-                    None => {
-                        id.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no generation id in the reply"))
-                    }
-                    Some(c) => Err(io::Error::from_raw_os_error(-c.get())),
-                }),
-                NetlinkPayload::InnerMessage(NetfilterMessage {
-                    inner: netlink_packet_netfilter::NetfilterMessageInner::NfTables(NfTablesMessage::NewGen(m)),
-                    ..
-                }) => {
-                    id = m.attributes.iter().find_map(|a| match a {
-                        netlink_packet_netfilter::nftables::GenAttribute::Id(id) => Some(*id),
-                        _ => None,
-                    });
-                    None
-                }
-                _ => None,
-            }
-        })
-    }
-
-    /// Whether `ip` (after `tag`, in a tagged set) is in `set` now (a `GETSETELEM` for
-    /// the one key).
-    pub fn contains(&mut self, set: &str, tag: Option<u64>, ip: IpAddr) -> io::Result<bool> {
-        let key = key_bytes(&tag.map_or(Key::Addr(ip), |tag| Key::tagged(tag, ip)));
-        let msg = NfTablesMessage::GetSetElement(SetElementMessage {
-            attributes: vec![
-                SetElementList::Table(self.table.clone()),
-                SetElementList::Set(set.to_string()),
-                SetElementList::Elements(vec![ListAttribute::Element(vec![SetElementAttribute::Key(
-                    DataAttribute::Value(key),
-                )])]),
-            ],
-        });
-        let out = self.message(NLM_F_REQUEST | NLM_F_ACK, msg, 0);
-        self.socket.send(&out, 0)?;
-        let mut found = false;
-        super::recv_until(&self.socket, &mut self.buf, |msg| match msg.payload {
-            NetlinkPayload::Error(e) => Some(super::ack(e.code).map(|acked| acked && found)),
-            NetlinkPayload::InnerMessage(_) => {
-                found = true;
-                None
-            }
-            _ => None,
-        })
-    }
-
-    /// The elements of `set` with their tag (in a tagged set) and the time each has left
-    /// (empty when the set does not exist): what a previous run learned, read back
-    /// before the table is replaced.
-    pub(crate) fn dump(&mut self, set: &str) -> io::Result<Vec<(Option<u64>, IpAddr, Duration)>> {
-        let msg = NfTablesMessage::GetSetElement(SetElementMessage {
-            attributes: vec![SetElementList::Table(self.table.clone()), SetElementList::Set(set.to_string())],
-        });
-        let lists = self.dump_each(msg, |m| match m {
-            NfTablesMessage::NewSetElement(m) => {
-                Some(m.attributes.into_iter().flat_map(elements_left).collect::<Vec<_>>())
-            }
-            _ => None,
-        })?;
-        Ok(lists.into_iter().flatten().collect())
-    }
-
-    /// The named counters of this table and their packets (a `GETOBJ` dump of counter
-    /// objects; empty when the table does not exist). What the agent reads every few
-    /// seconds: `nft -j list counters` first reads the whole table into its cache
-    /// (0.3 s of CPU and a 76 MB process at 100k rules), this reads the nine counters.
-    pub(crate) fn counters(&mut self) -> io::Result<Vec<(String, u64)>> {
-        const NFTA_OBJ_TABLE: u16 = 1;
-        const NFTA_OBJ_TYPE: u16 = 3;
-        const NFT_OBJECT_COUNTER: u32 = 1;
-        let mut table = self.table.clone().into_bytes();
-        table.push(0);
-        let msg = NfTablesMessage::GetObject(vec![
-            DefaultNla::new(NFTA_OBJ_TABLE, table),
-            DefaultNla::new(NFTA_OBJ_TYPE, NFT_OBJECT_COUNTER.to_be_bytes().to_vec()),
-        ]);
-        self.dump_each(msg, |m| match m {
-            NfTablesMessage::NewObject(attrs) => counter_read(&attrs),
-            _ => None,
-        })
-    }
-
-    /// Every rule of this table, or of its chain `chain`, as counted: chain, comment,
-    /// the packets and bytes of its anonymous counters, its verdict (a `GETRULE` dump;
-    /// nothing when the table or chain does not exist). `nft -j list chain` read the
-    /// whole table first, for every chain asked for.
-    pub(crate) fn rules(&mut self, chain: Option<&str>) -> io::Result<Vec<RuleRead>> {
-        let mut attributes = vec![RuleAttribute::Table(self.table.clone())];
-        attributes.extend(chain.map(|c| RuleAttribute::Chain(c.to_string())));
-        let msg = NfTablesMessage::GetRule(RuleMessage { attributes });
-        self.dump_each(msg, |m| match m {
-            NfTablesMessage::NewRule(m) => Some(rule_read(m)),
-            _ => None,
-        })
-    }
-
-    /// Send `msg` as a dump request and collect what `each` makes of every message of
-    /// the reply (nothing when what it names does not exist).
-    fn dump_each<T>(
-        &mut self,
-        msg: NfTablesMessage,
-        mut each: impl FnMut(NfTablesMessage) -> Option<T>,
-    ) -> io::Result<Vec<T>> {
-        let out = self.message(NLM_F_REQUEST | netlink_packet_core::NLM_F_DUMP, msg, 0);
-        self.socket.send(&out, 0)?;
-        let mut found = Vec::new();
-        super::recv_until(&self.socket, &mut self.buf, |msg| match msg.payload {
-            NetlinkPayload::Done(_) => Some(Ok(())),
-            NetlinkPayload::Error(e) => Some(super::ack(e.code).map(|_| ())),
-            NetlinkPayload::InnerMessage(NetfilterMessage {
-                inner: netlink_packet_netfilter::NetfilterMessageInner::NfTables(m),
-                ..
-            }) => {
-                found.extend(each(m));
-                None
-            }
-            _ => None,
-        })?;
-        Ok(found)
-    }
-
     /// Add `elements`: in one transaction when they fit ([`ELEMENTS_PER_MESSAGE`] per
     /// message, [`BATCH_BYTES`] per transaction), else in as many as needed. Replies
     /// are matched to messages by sequence number. On an error (an unknown set, a full
@@ -531,7 +402,7 @@ impl ElementWriter {
         // The kernel answers every message with NLM_F_ACK, also when the transaction
         // fails (then with the error on the message that failed).
         let mut error = None;
-        super::recv_until(&self.socket, &mut self.buf, |msg| {
+        crate::dataplane::recv_until(&self.socket, &mut self.buf, |msg| {
             let NetlinkPayload::Error(e) = msg.payload else { return None };
             let at = waiting.iter().position(|s| *s == msg.header.sequence_number)?;
             waiting.swap_remove(at);
@@ -599,128 +470,6 @@ fn unsupported(what: String) -> io::Error {
     io::Error::new(io::ErrorKind::Unsupported, what)
 }
 
-/// A counter object as [`ElementWriter::counters`] reports it: name and packets.
-fn counter_read(attrs: &[DefaultNla]) -> Option<(String, u64)> {
-    const NFTA_OBJ_NAME: u16 = 2;
-    const NFTA_OBJ_DATA: u16 = 4;
-    const NFTA_COUNTER_PACKETS: u16 = 2;
-    let (mut name, mut packets) = (None, None);
-    for a in attrs {
-        let value = nla_value(a);
-        match a.kind() & NLA_TYPE_MASK {
-            NFTA_OBJ_NAME => {
-                name = Some(String::from_utf8_lossy(value.split(|b| *b == 0).next().unwrap_or_default()).into_owned())
-            }
-            NFTA_OBJ_DATA => {
-                packets = netlink_packet_core::NlasIterator::new(&value[..])
-                    .filter_map(Result::ok)
-                    .find(|n| n.kind() & NLA_TYPE_MASK == NFTA_COUNTER_PACKETS)
-                    .and_then(|n| Some(u64::from_be_bytes(n.value().try_into().ok()?)));
-            }
-            _ => {}
-        }
-    }
-    Some((name?, packets?))
-}
-
-/// A rule as [`ElementWriter::rules`] reports it.
-/// One rule as read back, before rules are matched to policy rules.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct RuleRead {
-    /// Its chain.
-    pub(crate) chain: String,
-    /// Its comment.
-    pub(crate) comment: Option<String>,
-    /// Its anonymous counters, summed (a named counter reference is not one).
-    pub(crate) packets: u64,
-    /// Bytes of the same.
-    pub(crate) bytes: u64,
-    /// `accept`, `drop`, `return`, else `continue`.
-    pub(crate) verdict: &'static str,
-}
-
-impl Default for RuleRead {
-    fn default() -> Self {
-        Self { chain: String::new(), comment: None, packets: 0, bytes: 0, verdict: "continue" }
-    }
-}
-
-fn rule_read(m: RuleMessage) -> RuleRead {
-    const NFTA_COUNTER_BYTES: u16 = 1;
-    const NFTA_COUNTER_PACKETS: u16 = 2;
-    /// `NFTNL_UDATA_RULE_COMMENT`: the comment in the rule's user data (type, length,
-    /// value records).
-    const COMMENT: u8 = 0;
-    let mut rule = RuleRead::default();
-    for attribute in m.attributes {
-        match attribute {
-            RuleAttribute::Chain(chain) => rule.chain = chain,
-            RuleAttribute::UserData(data) => {
-                let mut rest = &data[..];
-                while let [kind, len, tail @ ..] = rest {
-                    let Some(value) = tail.get(..usize::from(*len)) else { break };
-                    if *kind == COMMENT {
-                        let text = value.split(|b| *b == 0).next().unwrap_or_default();
-                        rule.comment = Some(String::from_utf8_lossy(text).into_owned());
-                    }
-                    rest = &tail[usize::from(*len)..];
-                }
-            }
-            RuleAttribute::Expressions(list) => {
-                for part in list.into_iter().filter_map(|l| match l {
-                    ListAttribute::Element(attrs) => Some(attrs),
-                    _ => None,
-                }) {
-                    let Some(data) = part.into_iter().find_map(|a| match a {
-                        ExpressionAttribute::Data(d) => Some(d),
-                        _ => None,
-                    }) else {
-                        continue;
-                    };
-                    match data {
-                        Expressions::Other { expression_type, attributes } if expression_type == "counter" => {
-                            for a in &attributes {
-                                let Ok(value) = <[u8; 8]>::try_from(nla_value(a).as_slice()) else { continue };
-                                match a.kind() & NLA_TYPE_MASK {
-                                    NFTA_COUNTER_PACKETS => rule.packets += u64::from_be_bytes(value),
-                                    NFTA_COUNTER_BYTES => rule.bytes += u64::from_be_bytes(value),
-                                    _ => {}
-                                }
-                            }
-                        }
-                        Expressions::Immediate(attrs) => {
-                            for a in attrs {
-                                let Immediate::Data(DataAttribute::Verdict(v)) = a else { continue };
-                                for code in v {
-                                    rule.verdict = match code {
-                                        VerdictAttribute::Code(Verdict::Other(1)) => "accept",
-                                        VerdictAttribute::Code(Verdict::Other(0)) => "drop",
-                                        VerdictAttribute::Code(Verdict::Return) => "return",
-                                        _ => continue,
-                                    };
-                                }
-                            }
-                        }
-                        _ => {}
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    rule
-}
-
-/// An attribute's type without the nested and byte-order flags.
-const NLA_TYPE_MASK: u16 = !(netlink_packet_core::NLA_F_NESTED | netlink_packet_core::NLA_F_NET_BYTEORDER);
-
-/// The value bytes of a parsed attribute.
-fn nla_value(nla: &DefaultNla) -> Vec<u8> {
-    let mut value = vec![0; nla.value_len()];
-    nla.emit_value(&mut value);
-    value
-}
-
 /// Most elements in one `NEWSETELEM` message: its element list is one netlink attribute
 /// with a 16-bit length (a tagged IPv6 element with its timeout takes 52 bytes; 1,024 of
 /// them 53 KB).
@@ -728,146 +477,3 @@ pub(crate) const ELEMENTS_PER_MESSAGE: usize = 1024;
 /// Most bytes of element messages in one transaction (one `send`): well under the
 /// socket's default send buffer (~212 KB), beyond which the send fails with EMSGSIZE.
 pub(crate) const BATCH_BYTES: usize = 128 * 1024;
-
-/// Append one element (or a range's two kernel elements) to an element list, as the
-/// kernel reads it: `NFTA_LIST_ELEM` { key, flags, timeout, expiration, verdict } (values
-/// only when adding).
-fn encode_element(out: &mut Vec<u8>, key: &Key, value: &Value, with_value: bool) {
-    use crate::nft::wire::{nest, put, put_str, put_u32};
-    const INTERVAL_END: u32 = 1;
-    // A ported piece (an interval concatenation): one element, its first key and its
-    // last (`NFTA_SET_ELEM_KEY_END`), each field in its own 4-byte register.
-    if let Key::Ported(proto, port, net) = *key {
-        const KEY_END: u16 = 10;
-        nest(out, 1, |o| {
-            nest(o, 1, |o| put(o, 1, &key_bytes(key)));
-            nest(o, KEY_END, |o| put(o, 1, &key_bytes(&Key::Ported(proto, port, last_of(net)))));
-        });
-        return;
-    }
-    let one = |out: &mut Vec<u8>, key: &Key, end: bool| {
-        nest(out, 1, |o| {
-            nest(o, 1, |o| put(o, 1, &key_bytes(key)));
-            if end {
-                put_u32(o, 3, INTERVAL_END);
-            }
-            if with_value && !end {
-                match value {
-                    Value::None => {}
-                    Value::Timeout(t) => {
-                        // The timeout, and the expiration with it: re-adding an element
-                        // the set has restarts its clock only when the expiration is
-                        // given (or the timeout differs), as `nft add element … expires`.
-                        let ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX).to_be_bytes();
-                        put(o, 4, &ms);
-                        put(o, 5, &ms);
-                    }
-                    Value::Jump(chain) => nest(o, 2, |o| {
-                        nest(o, 2, |o| {
-                            put(o, 1, &(-3i32).to_be_bytes());
-                            put_str(o, 2, chain);
-                        })
-                    }),
-                }
-            }
-        })
-    };
-    one(out, key, false);
-    // A range: its first address, then (flagged as the end) the address after its last.
-    if let Key::Net(net) = *key
-        && let Some(after) = after_prefix(net.addr(), net.prefix_len())
-    {
-        one(out, &Key::Addr(after), true);
-    }
-}
-
-/// A prefix as the single-address prefix of its last address.
-fn last_of(net: ipnet::IpNet) -> ipnet::IpNet {
-    let last = net.broadcast();
-    ipnet::IpNet::new(last, if last.is_ipv4() { 32 } else { 128 }).unwrap_or(net)
-}
-
-/// The address right after the prefix `ip/len`, or `None` when it ends the family's
-/// address space.
-fn after_prefix(ip: IpAddr, len: u8) -> Option<IpAddr> {
-    match ip {
-        IpAddr::V4(v4) => {
-            let host = u32::MAX.checked_shr(u32::from(len)).unwrap_or(0);
-            (u32::from(v4) | host).checked_add(1).map(|a| IpAddr::from(std::net::Ipv4Addr::from(a)))
-        }
-        IpAddr::V6(v6) => {
-            let host = u128::MAX.checked_shr(u32::from(len)).unwrap_or(0);
-            (u128::from(v6) | host).checked_add(1).map(|a| IpAddr::from(std::net::Ipv6Addr::from(a)))
-        }
-    }
-}
-
-/// A key's bytes as the kernel holds them: an address (after its tag's two halves, in
-/// a tagged set; a prefix's first address), a mark (host byte order, as the registers
-/// hold it), a ported key's three 4-byte registers.
-fn key_bytes(key: &Key) -> Vec<u8> {
-    let octets = |ip: IpAddr| match ip {
-        IpAddr::V4(v4) => v4.octets().to_vec(),
-        IpAddr::V6(v6) => v6.octets().to_vec(),
-    };
-    match *key {
-        Key::Mark(m) => m.to_ne_bytes().to_vec(),
-        Key::Ported(proto, port, net) => {
-            // Each field in a 4-byte register: the protocol byte, the port (network
-            // order), the address.
-            let mut out = vec![proto.number(), 0, 0, 0];
-            out.extend(port.to_be_bytes());
-            out.extend([0, 0]);
-            out.extend(octets(net.addr()));
-            out
-        }
-        Key::Tagged(tag, ip) => Slot::key_bytes(tag.get(), ip),
-        Key::Addr(ip) => octets(ip),
-        Key::Net(net) => octets(net.addr()),
-    }
-}
-
-/// The (tag, address, time left) of the elements in one element list attribute.
-fn elements_left(list: SetElementList) -> Vec<(Option<u64>, IpAddr, Duration)> {
-    let SetElementList::Elements(elements) = list else { return Vec::new() };
-    let mut out = Vec::new();
-    for element in elements {
-        let ListAttribute::Element(attrs) = element else { continue };
-        let mut key = None;
-        let mut left = None;
-        for a in attrs {
-            match a {
-                SetElementAttribute::Key(DataAttribute::Value(v)) => {
-                    key = match v.len() {
-                        4 => <[u8; 4]>::try_from(v.as_slice()).ok().map(|a| (None, IpAddr::from(a))),
-                        16 => <[u8; 16]>::try_from(v.as_slice()).ok().map(|a| (None, IpAddr::from(a))),
-                        _ => Slot::from_key_bytes(&v).map(|(tag, ip)| (Some(tag), ip)),
-                    }
-                }
-                SetElementAttribute::Expiration(ms) => left = Some(Duration::from_millis(ms)),
-                _ => {}
-            }
-        }
-        if let (Some((tag, ip)), Some(left)) = (key, left) {
-            out.push((tag, ip, left));
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_range_ends_at_the_address_after_its_last_one() {
-        let after = |ip: &str, len| after_prefix(ip.parse().unwrap(), len).map(|a| a.to_string());
-        assert_eq!(after("198.51.100.0", 25).as_deref(), Some("198.51.100.128"));
-        assert_eq!(after("203.0.113.7", 32).as_deref(), Some("203.0.113.8"));
-        assert_eq!(after("0.0.0.0", 0), None, "the whole space has no end element");
-        assert_eq!(after("240.0.0.0", 4), None);
-        assert_eq!(after("2001:db8::", 32).as_deref(), Some("2001:db9::"));
-        assert_eq!(after("ff00::", 8), None);
-        assert_eq!(after("::", 0), None);
-    }
-}
