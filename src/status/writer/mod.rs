@@ -41,6 +41,8 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
+mod events;
+
 use super::board::StatusBoard;
 use super::{GLOBAL_ZONE, StatusSink, StatusZones, ZoneForm};
 use crate::api::{Kind, ObjectKey};
@@ -51,6 +53,8 @@ use crate::compile::{
 use crate::leader::Leadership;
 use crate::view::ClusterView;
 use crate::view::observed::{Held, Observed, entry_digest, said};
+pub(crate) use events::record_event;
+use events::{EventKind, EventLog, emit_once, node_problems, rejections};
 
 /// One server-side apply of a status.
 #[derive(Debug, Clone, PartialEq)]
@@ -474,44 +478,6 @@ impl LeaderRound<'_> {
     }
 }
 
-/// Rejected objects: (object, error). Every agent's snapshot carries them (a scan of the
-/// view without copies); only the leader emits their Events.
-fn rejections(view: &ClusterView) -> Vec<(ObjectKey, String)> {
-    let mut out: Vec<(ObjectKey, String)> = Vec::new();
-    out.extend(view.firewalls.values().filter_map(|e| e.error.clone().map(|m| (e.key.clone(), m))));
-    out.extend(view.qos.values().filter_map(|e| e.error.clone().map(|m| (e.key.clone(), m))));
-    out.extend(
-        view.egress_ips
-            .values()
-            .filter_map(|e| e.error.as_deref().map(|m| (e.key.clone(), egress_ip_event(&e.key.name, m)))),
-    );
-    out.extend(view.cloud_ips.values().filter_map(|e| e.error.clone().map(|m| (e.key.clone(), m))));
-    out
-}
-
-/// The `InvalidEgressIP` Event's message: the reference's wording for an address that
-/// does not parse, the error itself otherwise.
-fn egress_ip_event(name: &str, error: &str) -> String {
-    match error
-        .strip_prefix("spec.egressIPs: unable to parse provided EgressIP: ")
-        .and_then(|rest| rest.strip_suffix(", invalid"))
-    {
-        Some(ip) => format!("egress IP: {ip} for object EgressIP: {name} is not a valid IP address"),
-        None => error.to_string(),
-    }
-}
-
-/// EgressIP objects this node failed to apply for reasons of its own (not invalidity,
-/// which the leader reports).
-fn node_problems(desired: &Desired) -> Vec<(ObjectKey, String)> {
-    desired
-        .statuses
-        .iter()
-        .filter(|s| s.key.kind == Kind::EgressIP && matches!(s.outcome, Outcome::Failed(_)) && !s.cluster_only)
-        .map(|s| (s.key.clone(), s.message()))
-        .collect()
-}
-
 /// Apply `w`; returns the object's `status` as the API server stored it.
 async fn apply_status(client: &Client, w: &StatusWrite) -> Result<Option<Value>, kube::Error> {
     let ar = w.key.kind.api_resource();
@@ -554,99 +520,6 @@ fn pruned(w: &StatusWrite, stored: Option<&Value>) -> Option<Kind> {
     }
     let kept = stored.and_then(|s| s.get(field)).and_then(Value::as_array);
     (!kept.is_some_and(|k| wrote.iter().all(|v| k.contains(v)))).then_some(w.key.kind)
-}
-
-/// Why an Event is recorded: the object was rejected (leader), or this node could not
-/// apply it (every node, for its own problems).
-#[derive(Debug, Clone, Copy)]
-enum EventKind {
-    Invalid,
-    NotApplied,
-}
-
-async fn emit_event(
-    client: &Client,
-    node: &str,
-    key: &ObjectKey,
-    message: &str,
-    kind: EventKind,
-) -> Result<(), kube::Error> {
-    let (reason, action) = match kind {
-        EventKind::Invalid => (format!("Invalid{}", key.kind), "Validate"),
-        EventKind::NotApplied => (format!("{}NotApplied", key.kind), "Apply"),
-    };
-    record_event(client, node, key, &reason, action, message).await
-}
-
-/// Record a Warning Event about `key` (reported by `node`), with the reference's
-/// `reason`.
-pub(crate) async fn record_event(
-    client: &Client,
-    node: &str,
-    key: &ObjectKey,
-    reason: &str,
-    action: &str,
-    message: &str,
-) -> Result<(), kube::Error> {
-    let reason = reason.to_string();
-    let ns = if key.namespace.is_empty() { "default" } else { key.namespace.as_str() };
-    let now = jiff::Timestamp::now();
-    let event = Event {
-        metadata: ObjectMeta {
-            generate_name: Some(format!("{}.", key.name)),
-            namespace: Some(ns.into()),
-            ..Default::default()
-        },
-        involved_object: ObjectReference {
-            api_version: Some(key.kind.api_version().into()),
-            kind: Some(key.kind.as_str().into()),
-            name: Some(key.name.to_string()),
-            namespace: (!key.namespace.is_empty()).then(|| key.namespace.to_string()),
-            ..Default::default()
-        },
-        reason: Some(reason),
-        message: Some(message.chars().take(1024).collect()),
-        type_: Some("Warning".into()),
-        source: Some(EventSource { component: Some("egressd".into()), host: Some(node.into()) }),
-        first_timestamp: Some(Time(now)),
-        last_timestamp: Some(Time(now)),
-        // New-style fields only for namespaced objects: the API server's validation of
-        // new-style Events wants the Event's namespace to be the object's, which a
-        // cluster-scoped object (EgressIP) does not have.
-        event_time: (!key.namespace.is_empty()).then_some(MicroTime(now)),
-        reporting_component: Some("egressd".into()),
-        reporting_instance: Some(bounded(node, NAME_LIMIT)),
-        action: (!key.namespace.is_empty()).then(|| action.into()),
-        count: Some(1),
-        ..Default::default()
-    };
-    Api::<Event>::namespaced(client.clone(), ns).create(&PostParams::default(), &event).await.map(drop)
-}
-
-/// Events already recorded: (object, uid) → message; a re-created object gets its own.
-type EventLog = BTreeMap<(ObjectKey, Option<String>), String>;
-
-/// Record an Event for each (object, message) not recorded yet.
-async fn emit_once(
-    client: &Client,
-    node: &str,
-    done: &mut EventLog,
-    items: Vec<(ObjectKey, String)>,
-    kind: EventKind,
-    observed: &ObservedObjects,
-) {
-    for (key, message) in items {
-        let id = (key.clone(), observed.get(&key).and_then(|o| o.uid.clone()));
-        if done.get(&id) == Some(&message) {
-            continue;
-        }
-        match emit_event(client, node, &key, &message, kind).await {
-            Ok(()) => {
-                done.insert(id, message);
-            }
-            Err(e) => tracing::warn!(object = %key, error = %e, "event not recorded"),
-        }
-    }
 }
 
 async fn writer_task(
@@ -1065,15 +938,6 @@ mod tests {
         );
         assert!(leader("n2", &nodes, &desired(), &held, &legacy).is_empty());
         assert_eq!(node_writes("n1", &held, &desired(), "t", &legacy)[0].status, json!({}));
-    }
-
-    #[test]
-    fn an_unparsable_egress_ip_is_reported_in_the_references_words() {
-        assert_eq!(
-            egress_ip_event("e1", "spec.egressIPs: unable to parse provided EgressIP: 1.2.3, invalid"),
-            "egress IP: 1.2.3 for object EgressIP: e1 is not a valid IP address"
-        );
-        assert_eq!(egress_ip_event("e1", "spec.namespaceSelector: bad"), "spec.namespaceSelector: bad");
     }
 
     proptest::proptest! {
