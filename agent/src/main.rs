@@ -192,7 +192,7 @@ fn cleanup(args: &CleanupArgs) -> ExitCode {
             rt.block_on(async {
                 let net = egressd::dataplane::netlink::Netlink::connect(settings.clone()).map_err(|e| e.to_string())?;
                 let owned = net.cleanup().await.map_err(|e| e.to_string())?;
-                Ok(owned + egressd::dataplane::dns_proxy::cleanup(&settings).await?)
+                Ok(owned + egressd::dataplane::dns_proxy::cleanup(&settings).await.map_err(|e| e.to_string())?)
             })
         });
     match removed {
