@@ -123,6 +123,7 @@ fn explain(args: &ExplainArgs) -> ExitCode {
             .transpose()
             .map_err(|e| format!("cannot read the dnsName sets: {e}"))?;
         egressd::explain::explain(view, node, &DnsKnowledge { resolved: None, kernel }, &query)
+            .map_err(|e| e.to_string())
     };
     let node = &args.node;
     let explained = match (&args.manifests, &args.kubeconfig) {

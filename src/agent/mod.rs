@@ -494,7 +494,7 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
             resolved: Some(self.dns.as_ref().map(DnsWorker::answers).unwrap_or_default()),
             kernel,
         };
-        crate::explain::explain(view, &self.config.node, &dns, query)
+        crate::explain::explain(view, &self.config.node, &dns, query).map_err(|e| e.to_string())
     }
 
     /// Write the status file when something was applied or the problems changed.

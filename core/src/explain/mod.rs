@@ -23,6 +23,11 @@ use crate::dns::DnsAnswers;
 use crate::view::policy::{Action, FirewallRule, Protocol, QosRule, Target};
 use crate::view::{ClusterView, PodInfo};
 
+mod answer;
+pub use answer::{
+    DnsAddress, DnsDetail, EgressIpAnswer, Explanation, FirewallAnswer, KernelCheck, QosAnswer, RuleRef, Verdict,
+};
+
 /// Where the connection comes from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum From {
@@ -35,6 +40,33 @@ pub enum From {
     },
     /// A source address (a pod's, usually).
     Ip(IpAddr),
+}
+
+/// Why the command line does not name one connection ([`Query::parse`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueryError {
+    /// `--pod` is not `NAMESPACE/NAME`.
+    #[error("--pod {0:?}: expected NAMESPACE/NAME")]
+    Pod(String),
+    /// Neither or both of `--pod` and `--src`.
+    #[error("give one of --pod NAMESPACE/NAME or --src IP")]
+    Source,
+    /// `--to` is not `IP[:PORT[/PROTOCOL]]`.
+    #[error("--to {given:?}: {why} (expected IP[:PORT[/tcp|udp|sctp]], IPv6 as [IP]:PORT)")]
+    Destination {
+        /// What was given.
+        given: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// The pod is not in the view.
+    #[error("pod {namespace}/{name} is not known (no such pod in the view)")]
+    UnknownPod {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+    },
 }
 
 /// One connection to explain.
@@ -52,17 +84,17 @@ impl Query {
     /// `--pod NAMESPACE/NAME` or `--src IP`, and `--to IP[:PORT[/tcp|udp|sctp]]`
     /// (IPv6 with a port in brackets: `[2001:db8::1]:443/tcp`; the protocol defaults
     /// to tcp).
-    pub fn parse(pod: Option<&str>, src: Option<IpAddr>, to: &str) -> Result<Self, String> {
+    pub fn parse(pod: Option<&str>, src: Option<IpAddr>, to: &str) -> Result<Self, QueryError> {
         let from = match (pod, src) {
             (Some(p), None) => {
                 let (namespace, name) = p
                     .split_once('/')
                     .filter(|(ns, n)| !ns.is_empty() && !n.is_empty() && !n.contains('/'))
-                    .ok_or_else(|| format!("--pod {p:?}: expected NAMESPACE/NAME"))?;
+                    .ok_or_else(|| QueryError::Pod(p.into()))?;
                 From::Pod { namespace: namespace.into(), name: name.into() }
             }
             (None, Some(ip)) => From::Ip(ip),
-            _ => return Err("give one of --pod NAMESPACE/NAME or --src IP".into()),
+            _ => return Err(QueryError::Source),
         };
         let (to, port) = parse_destination(to)?;
         Ok(Self { from, to, port })
@@ -78,8 +110,8 @@ impl Query {
     }
 }
 
-fn parse_destination(s: &str) -> Result<(IpAddr, Option<(Protocol, u16)>), String> {
-    let bad = |why: &str| format!("--to {s:?}: {why} (expected IP[:PORT[/tcp|udp|sctp]], IPv6 as [IP]:PORT)");
+fn parse_destination(s: &str) -> Result<(IpAddr, Option<(Protocol, u16)>), QueryError> {
+    let bad = |why: &'static str| QueryError::Destination { given: s.into(), why };
     let (ip, rest) = if let Some(inner) = s.strip_prefix('[') {
         let (ip, rest) = inner.split_once(']').ok_or_else(|| bad("missing ']'"))?;
         let rest = match rest {
@@ -116,121 +148,6 @@ pub struct DnsKnowledge {
     /// The addresses in the kernel's sets, by absolute name: resolved and snooped
     /// (`None`: not read).
     pub kernel: Option<BTreeMap<String, BTreeSet<IpAddr>>>,
-}
-
-/// The firewall's verdict.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Verdict {
-    /// The packet goes on.
-    Allowed,
-    /// The packet is dropped.
-    Dropped,
-}
-
-/// The rule that decided, marked or selected.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RuleRef {
-    /// `namespace/name` of the object.
-    pub object: String,
-    /// The rule's index in `spec.egress`.
-    pub index: usize,
-    /// The rule as written.
-    pub rule: String,
-}
-
-/// An address of a `dnsName` and where it came from (`resolved`, `snooped`, or
-/// `kernel` when the agent's answers are not known).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DnsAddress {
-    /// The address.
-    pub address: IpAddr,
-    /// `resolved`, `snooped` or `kernel`.
-    pub origin: String,
-}
-
-/// A `dnsName` rule looked at on the way to the verdict.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DnsDetail {
-    /// The rule's index.
-    pub index: usize,
-    /// The name as written.
-    pub name: String,
-    /// Its addresses of the destination's family (`None`: not known here).
-    pub addresses: Option<Vec<DnsAddress>>,
-}
-
-/// The EgressFirewall part.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FirewallAnswer {
-    /// Allowed or dropped.
-    pub verdict: Verdict,
-    /// Why, in one line.
-    pub reason: String,
-    /// The deciding rule, when one matched.
-    pub rule: Option<RuleRef>,
-    /// Whether the deciding rule is a Deny in audit mode (logged and counted, not dropped).
-    pub audit: bool,
-    /// The `dnsName` rules evaluated up to the decision.
-    pub dns: Vec<DnsDetail>,
-    /// Rules passed over for another reason than not matching (not enforced, no port given, ...).
-    pub notes: Vec<String>,
-    /// The namespace's chain, when its EgressFirewall is applied (the pod's address is
-    /// then in the `fw-pods` map on its node).
-    pub chain: Option<String>,
-}
-
-/// The EgressQoS part: the rule that marks, and the DSCP.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct QosAnswer {
-    /// The DSCP value set.
-    pub dscp: u8,
-    /// The rule.
-    pub rule: RuleRef,
-}
-
-/// The EgressIP part.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EgressIpAnswer {
-    /// The EgressIP that selects the pod, if any.
-    pub egress_ip: Option<String>,
-    /// Its IPs of the destination's family placed on nodes, as (address, node).
-    pub hosts: Vec<(IpAddr, String)>,
-    /// The source address the packet leaves the cluster with, as text (an address, or
-    /// "its node's address"), or `None` when it does not leave (dropped, exempt).
-    pub source: Option<String>,
-    /// Why, in one line.
-    pub reason: String,
-    /// Dropped because no node hosts its EgressIP (`--egress-ip-fail-closed`).
-    #[serde(default)]
-    pub dropped: bool,
-}
-
-/// The answer to a [`Query`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Explanation {
-    /// The pod, `namespace/name`, when one owns the source address.
-    pub pod: Option<String>,
-    /// The source address.
-    pub source: Option<IpAddr>,
-    /// The node the pod runs on (where its rules are enforced).
-    pub node: Option<String>,
-    /// The destination as given.
-    pub destination: String,
-    /// The EgressFirewall verdict.
-    pub firewall: FirewallAnswer,
-    /// The DSCP mark, if any rule marks it.
-    pub qos: Option<QosAnswer>,
-    /// The EgressIP outcome.
-    pub egress_ip: EgressIpAnswer,
-    /// The node this was explained for (the agent's, or `--node-name`) and its nft
-    /// table (for `--kernel`).
-    pub here: String,
-    /// The nft table enforcing it.
-    pub table: String,
-    /// The kernel cross-check (`--kernel`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kernel: Option<KernelCheck>,
 }
 
 /// A rule as written in `spec.egress`.
@@ -318,11 +235,11 @@ pub fn explain(
     node: &NodeConfig,
     dns: &DnsKnowledge,
     query: &Query,
-) -> Result<Explanation, String> {
+) -> Result<Explanation, QueryError> {
     if let From::Pod { namespace, name } = &query.from
         && !view.pods.contains_key(&(namespace.clone(), name.clone()))
     {
-        return Err(format!("pod {namespace}/{name} is not known (no such pod in the view)"));
+        return Err(QueryError::UnknownPod { namespace: namespace.clone(), name: name.clone() });
     }
     Ok(explain_known(view, node, dns, query))
 }
@@ -633,96 +550,6 @@ fn egress_ip(view: &ClusterView, node: &NodeConfig, pod: &PodInfo, q: &Query) ->
     answer
 }
 
-impl std::fmt::Display for Explanation {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let from = match (&self.pod, self.source) {
-            (Some(p), Some(ip)) => format!("{p} ({ip})"),
-            (Some(p), None) => p.clone(),
-            (None, Some(ip)) => ip.to_string(),
-            (None, None) => "?".into(),
-        };
-        let on = self.node.as_deref().map(|n| format!(", node {n}")).unwrap_or_default();
-        writeln!(f, "connection  {from}{on} → {}", self.destination)?;
-        let fw = &self.firewall;
-        let verdict = match fw.verdict {
-            Verdict::Allowed => "ALLOWED",
-            Verdict::Dropped => "DROPPED",
-        };
-        writeln!(f, "firewall    {verdict}: {}", fw.reason)?;
-        for d in &fw.dns {
-            let addrs = match &d.addresses {
-                None => "addresses not known here (ask the running agent, or add --kernel)".to_string(),
-                Some(a) if a.is_empty() => "no addresses of this family".to_string(),
-                Some(a) => a.iter().map(|a| format!("{} ({})", a.address, a.origin)).collect::<Vec<_>>().join(", "),
-            };
-            writeln!(f, "            rule {} dnsName {}: {addrs}", d.index, d.name)?;
-        }
-        for n in &fw.notes {
-            writeln!(f, "            note: {n}")?;
-        }
-        match &self.qos {
-            Some(q) => {
-                writeln!(f, "qos         DSCP {} by {} rule {}: {}", q.dscp, q.rule.object, q.rule.index, q.rule.rule)?
-            }
-            None => writeln!(f, "qos         not marked (no EgressQoS rule matches)")?,
-        }
-        let eip = &self.egress_ip;
-        writeln!(f, "egress ip   {}", eip.reason)?;
-        match (&eip.source, fw.verdict) {
-            (_, Verdict::Dropped) => writeln!(f, "source      none: the firewall drops it on the pod's node")?,
-            (None, Verdict::Allowed) if eip.dropped => {
-                writeln!(f, "source      none: dropped on the pod's node (--egress-ip-fail-closed)")?
-            }
-            (Some(s), Verdict::Allowed) => writeln!(f, "source      leaves the cluster with {s}")?,
-            (None, Verdict::Allowed) => {}
-        }
-        if let Some(k) = &self.kernel {
-            write!(f, "{k}")?;
-        }
-        Ok(())
-    }
-}
-
-/// What the kernel shows for one explanation.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KernelCheck {
-    /// The node this was read on.
-    pub node: String,
-    /// Whether the pod's address is in the `fw-pods` map, jumping to its namespace's
-    /// chain (`None`: not looked up).
-    pub pod_in_map: Option<bool>,
-    /// The deciding rule's counter: (packets, bytes).
-    pub rule_counter: Option<(u64, u64)>,
-    /// The rules sharing that counter (a merged run of same-action rules), first and last.
-    #[serde(default)]
-    pub shared: Option<(usize, usize)>,
-    /// What disagrees with the explanation, or could not be read.
-    pub problems: Vec<String>,
-}
-
-impl std::fmt::Display for KernelCheck {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.pod_in_map {
-            Some(true) => writeln!(f, "kernel      node {}: the pod's address is in the fw-pods map", self.node)?,
-            Some(false) => writeln!(f, "kernel      node {}: the pod's address is NOT in the fw-pods map", self.node)?,
-            None => writeln!(f, "kernel      node {}", self.node)?,
-        }
-        if let Some((packets, bytes)) = self.rule_counter {
-            writeln!(
-                f,
-                "            the deciding rule's counter: {packets} packets, {bytes} bytes (retry the connection: it moves)"
-            )?;
-        }
-        if let Some((first, last)) = self.shared {
-            writeln!(f, "            (rules {first}..{last} have the same action and share one nft rule and counter)")?;
-        }
-        for p in &self.problems {
-            writeln!(f, "            problem: {p}")?;
-        }
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -740,7 +567,7 @@ mod tests {
         for bad in ["192.0.2.1:0", "192.0.2.1:70000", "192.0.2.1:80/icmp", "[2001:db8::1", "nope", "192.0.2.1:x"] {
             assert!(q(bad).is_err(), "{bad}");
         }
-        assert!(Query::parse(Some("a"), None, "192.0.2.1").unwrap_err().contains("NAMESPACE/NAME"));
+        assert!(Query::parse(Some("a"), None, "192.0.2.1").unwrap_err().to_string().contains("NAMESPACE/NAME"));
         assert!(Query::parse(None, None, "192.0.2.1").is_err());
         let q = Query::parse(Some("a/b"), None, "[2001:db8::1]:80").unwrap();
         assert_eq!(q.destination(), "[2001:db8::1]:80/tcp");
