@@ -512,44 +512,7 @@ pub(super) fn compile(
     if cache.chains.len() > view.firewalls.len() {
         cache.chains.retain(|ns, _| view.firewalls.contains_key(ns));
     }
-    // Local pods (by the pod-identity rule) of namespaces with a firewall policy jump to
-    // their namespace's chain.
-    let mut policed: Vec<&str> = Vec::with_capacity(view.firewalls.len());
-    policed.extend(view.firewalls.iter().filter(|(_, e)| e.policy.is_some()).map(|(ns, _)| ns.as_str()));
-    let stamp = view.pods.stamp();
-    let jump = |ns: &str| Value::Jump(chain_name("fw", ns).into());
-    // With the same policed namespaces, only the addresses the pod changes since the
-    // last compile touched can differ (none: the maps as they are); else every owner.
-    let touched = match &cache.pods_from {
-        Some((s, p)) if p.iter().map(String::as_str).eq(policed.iter().copied()) => view.pods.touched_since(*s),
-        _ => None,
-    };
-    let (v4, v6) = match touched {
-        Some(touched) if touched.is_empty() => cache.pods.maps(),
-        Some(touched) => {
-            let wanted = touched.into_iter().map(|ip| {
-                let pod = owners
-                    .get(&ip)
-                    .filter(|pod| policed.binary_search(&pod.namespace.as_str()).is_ok() && node.is_local(pod));
-                (ip, pod.map(|pod| pod.namespace.as_str()))
-            });
-            let maps = cache.pods.patch(wanted, jump);
-            if let Some((s, _)) = &mut cache.pods_from {
-                *s = stamp;
-            }
-            maps
-        }
-        None => {
-            let lookup: std::collections::HashSet<&str> = policed.iter().copied().collect();
-            let wanted = owners
-                .iter()
-                .filter(|(_, pod)| lookup.contains(pod.namespace.as_str()) && node.is_local(pod))
-                .map(|(ip, pod)| (*ip, pod.namespace.as_str()));
-            let maps = cache.pods.update(wanted, jump);
-            cache.pods_from = Some((stamp, policed.iter().map(|ns| ns.to_string()).collect()));
-            maps
-        }
-    };
+    let (v4, v6) = pod_maps(view, node, owners, cache);
     // No EgressFirewall, no hook: packets pay nothing for an empty policy.
     if view.firewalls.is_empty() {
         cache.out = Output::default();
@@ -561,22 +524,9 @@ pub(super) fn compile(
     // stays the same.
     let ctx = Ctx { view, node, dns, exempt, nodes_epoch: view.nodes.stamp() };
 
-    // The namespaces whose inputs may differ since the last compile: those the view's
-    // journals list (their EgressFirewall, their Namespace), those whose local pods came
-    // or went, and, when the nodes changed, those with nodeSelector rules. Unknown (the
-    // first compile, a journal too far behind): every namespace.
     let out = &mut cache.out;
     let presence = cache.pods.presence_changed();
-    let dirty: Option<BTreeSet<String>> = out.from.and_then(|(fw, ns, nodes)| {
-        let mut dirty: BTreeSet<String> = view.firewalls.touched_since(fw)?.into_iter().map(str::to_string).collect();
-        dirty.extend(view.namespaces.touched_since(ns)?.into_iter().map(str::to_string));
-        dirty.extend(presence.iter().map(|t| t.to_string()));
-        if nodes != ctx.nodes_epoch {
-            dirty.extend(out.reads_nodes.iter().cloned());
-        }
-        Some(dirty)
-    });
-    let dirty = dirty.unwrap_or_else(|| view.firewalls.keys().chain(out.parts.keys()).cloned().collect());
+    let dirty = dirty_namespaces(view, out, &presence, ctx.nodes_epoch);
     for namespace in &dirty {
         let Some(entry) = view.firewalls.get(namespace) else {
             out.forget(namespace);
@@ -588,44 +538,7 @@ pub(super) fn compile(
         if out.parts.get(namespace).is_some_and(|p| p.same(entry, logging, present, ctx.nodes_epoch)) {
             continue;
         }
-        out.forget(namespace);
-        let mut problems: Vec<String> = entry.error.iter().cloned().collect();
-        let (mut chain, mut sets, mut nodes_epoch, mut dns) = (None, Vec::new(), None, Vec::new());
-        if let Some(policy) = &entry.policy {
-            let compiled = namespace_chain(policy, &ctx, &mut cache.chains);
-            problems.extend(compiled.errors);
-            (nodes_epoch, dns) = (compiled.nodes_epoch, compiled.dns);
-            // Only namespaces with local pods have their chain (and its sets) here.
-            if present {
-                let name: Text = chain_name("fw", namespace).into();
-                out.chains.insert(name.clone(), compiled.chain);
-                sets = compiled.sets.iter().map(|(name, _)| name.clone()).collect();
-                out.sets.extend(compiled.sets);
-                chain = Some(name);
-            }
-        }
-        let mut warnings = entry.policy.as_ref().map(|p| p.warnings.clone()).unwrap_or_default();
-        if let Some(Err(e)) = logging {
-            warnings.push(format!("namespace annotation {ACL_LOGGING_ANNOTATION}: {e}"));
-        }
-        let outcome = if problems.is_empty() { Outcome::Applied } else { Outcome::Failed(problems.join("; ")) };
-        let mut status = ObjectStatus::new(entry.key.clone(), &node.node_name, outcome).with_warnings(warnings);
-        if entry.policy.as_ref().is_some_and(|p| p.audit) {
-            status = status.with_detail("audit mode: Deny rules log and count, nothing is dropped".into());
-        }
-        out.set_status(namespace, Some(status));
-        let part = Part {
-            key: entry.key.clone(),
-            policy: entry.policy.clone(),
-            error: entry.error.clone(),
-            logging: logging.cloned(),
-            present,
-            nodes_epoch,
-            chain,
-            sets,
-            dns,
-        };
-        out.keep(namespace, Box::new(part));
+        namespace_part(namespace, entry, logging, present, &ctx, &mut cache.chains, out);
     }
     out.from = Some((view.firewalls.stamp(), view.namespaces.stamp(), ctx.nodes_epoch));
     statuses.extend(out.statuses.iter().cloned());
@@ -651,4 +564,118 @@ pub(super) fn compile(
         table.sets.insert(verified::EPOCH_SET.into(), Set::new(KeyType::Mark, false));
         table.chains.insert(verified::CHAIN.into(), Chain::regular(verified::marking_rules(node.verified_mark_mask)));
     }
+}
+
+/// The `fw-pods` maps: local pods (by the pod-identity rule) of namespaces with a
+/// firewall policy jump to their namespace's chain. With the same policed namespaces,
+/// only the addresses the pod changes since the last compile touched can differ (none:
+/// the maps as they are); else every owner.
+fn pod_maps(
+    view: &ClusterView,
+    node: &NodeConfig,
+    owners: &crate::view::Owners,
+    cache: &mut FirewallCache,
+) -> (crate::nft::Elements, crate::nft::Elements) {
+    let mut policed: Vec<&str> = Vec::with_capacity(view.firewalls.len());
+    policed.extend(view.firewalls.iter().filter(|(_, e)| e.policy.is_some()).map(|(ns, _)| ns.as_str()));
+    let stamp = view.pods.stamp();
+    let jump = |ns: &str| Value::Jump(chain_name("fw", ns).into());
+    let touched = match &cache.pods_from {
+        Some((s, p)) if p.iter().map(String::as_str).eq(policed.iter().copied()) => view.pods.touched_since(*s),
+        _ => None,
+    };
+    match touched {
+        Some(touched) if touched.is_empty() => cache.pods.maps(),
+        Some(touched) => {
+            let wanted = touched.into_iter().map(|ip| {
+                let pod = owners
+                    .get(&ip)
+                    .filter(|pod| policed.binary_search(&pod.namespace.as_str()).is_ok() && node.is_local(pod));
+                (ip, pod.map(|pod| pod.namespace.as_str()))
+            });
+            let maps = cache.pods.patch(wanted, jump);
+            if let Some((s, _)) = &mut cache.pods_from {
+                *s = stamp;
+            }
+            maps
+        }
+        None => {
+            let lookup: std::collections::HashSet<&str> = policed.iter().copied().collect();
+            let wanted = owners
+                .iter()
+                .filter(|(_, pod)| lookup.contains(pod.namespace.as_str()) && node.is_local(pod))
+                .map(|(ip, pod)| (*ip, pod.namespace.as_str()));
+            let maps = cache.pods.update(wanted, jump);
+            cache.pods_from = Some((stamp, policed.iter().map(|ns| ns.to_string()).collect()));
+            maps
+        }
+    }
+}
+
+/// The namespaces whose inputs may differ since the last compile: those the view's
+/// journals list (their EgressFirewall, their Namespace), those whose local pods came
+/// or went (`presence`), and, when the nodes changed, those with nodeSelector rules.
+/// Unknown (the first compile, a journal too far behind): every namespace.
+fn dirty_namespaces(view: &ClusterView, out: &Output, presence: &[Text], nodes_epoch: u64) -> BTreeSet<String> {
+    let dirty: Option<BTreeSet<String>> = out.from.and_then(|(fw, ns, nodes)| {
+        let mut dirty: BTreeSet<String> = view.firewalls.touched_since(fw)?.into_iter().map(str::to_string).collect();
+        dirty.extend(view.namespaces.touched_since(ns)?.into_iter().map(str::to_string));
+        dirty.extend(presence.iter().map(|t| t.to_string()));
+        if nodes != nodes_epoch {
+            dirty.extend(out.reads_nodes.iter().cloned());
+        }
+        Some(dirty)
+    });
+    dirty.unwrap_or_else(|| view.firewalls.keys().chain(out.parts.keys()).cloned().collect())
+}
+
+/// `namespace`'s part of the output made anew: its chain and sets (only with local pods,
+/// `present`), its status, what it read.
+fn namespace_part(
+    namespace: &str,
+    entry: &crate::view::Entry<FirewallPolicy>,
+    logging: Option<&Result<crate::view::AclLogging, String>>,
+    present: bool,
+    ctx: &Ctx,
+    chains: &mut ChainCache,
+    out: &mut Output,
+) {
+    out.forget(namespace);
+    let mut problems: Vec<String> = entry.error.iter().cloned().collect();
+    let (mut chain, mut sets, mut nodes_epoch, mut dns) = (None, Vec::new(), None, Vec::new());
+    if let Some(policy) = &entry.policy {
+        let compiled = namespace_chain(policy, ctx, chains);
+        problems.extend(compiled.errors);
+        (nodes_epoch, dns) = (compiled.nodes_epoch, compiled.dns);
+        // Only namespaces with local pods have their chain (and its sets) here.
+        if present {
+            let name: Text = chain_name("fw", namespace).into();
+            out.chains.insert(name.clone(), compiled.chain);
+            sets = compiled.sets.iter().map(|(name, _)| name.clone()).collect();
+            out.sets.extend(compiled.sets);
+            chain = Some(name);
+        }
+    }
+    let mut warnings = entry.policy.as_ref().map(|p| p.warnings.clone()).unwrap_or_default();
+    if let Some(Err(e)) = logging {
+        warnings.push(format!("namespace annotation {ACL_LOGGING_ANNOTATION}: {e}"));
+    }
+    let outcome = if problems.is_empty() { Outcome::Applied } else { Outcome::Failed(problems.join("; ")) };
+    let mut status = ObjectStatus::new(entry.key.clone(), &ctx.node.node_name, outcome).with_warnings(warnings);
+    if entry.policy.as_ref().is_some_and(|p| p.audit) {
+        status = status.with_detail("audit mode: Deny rules log and count, nothing is dropped".into());
+    }
+    out.set_status(namespace, Some(status));
+    let part = Part {
+        key: entry.key.clone(),
+        policy: entry.policy.clone(),
+        error: entry.error.clone(),
+        logging: logging.cloned(),
+        present,
+        nodes_epoch,
+        chain,
+        sets,
+        dns,
+    };
+    out.keep(namespace, Box::new(part));
 }
