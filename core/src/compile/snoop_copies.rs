@@ -28,7 +28,7 @@ use compact_str::format_compact;
 use super::NodeConfig;
 use crate::dns::targets::{
     COUNTED_ONLY_RATE, PREFIX_ANSWER, PREFIX_QUERY, PREFIX_SPOOFED, PREFIX_UNTRACKED, PREFIX_UNTRUSTED, SnoopName,
-    SnoopTargets,
+    SnoopSettings, SnoopTargets,
 };
 use crate::nft::rule::{AddrField, Direction, Family, MarkOf, Match, PortField, Proto, Rule, Statement, Verdict};
 use crate::nft::{Chain, Hook, Key, KeyType, Set, Table, Value};
@@ -52,6 +52,19 @@ pub(super) fn compile(node: &NodeConfig, targets: &SnoopTargets, table: &mut Tab
     if targets.names.is_empty() {
         return;
     }
+    sets(settings, targets, table);
+    copy_chains(settings, table);
+    table.chains.insert("dns-snoop-check".into(), check_chain());
+    table.chains.insert("dns-snoop".into(), base_chain(node, "forward"));
+    table.chains.insert("dns-snoop-in".into(), base_chain(node, "input"));
+    table.chains.insert("dns-snoop-out".into(), base_chain(node, "output"));
+    if let Some(proxy) = &node.dns_proxy {
+        proxy_intercept(proxy, table);
+    }
+}
+
+/// The snooped pods' and the trusted servers' addresses, by family.
+fn sets(settings: &SnoopSettings, targets: &SnoopTargets, table: &mut Table) {
     let mut pods = [Set::new(KeyType::Ipv4, false), Set::new(KeyType::Ipv6, false)];
     for ip in targets.pods.keys() {
         pods[usize::from(ip.is_ipv6())].elements.insert(Key::Addr(*ip), Value::None);
@@ -66,10 +79,12 @@ pub(super) fn compile(node: &NodeConfig, targets: &SnoopTargets, table: &mut Tab
     let [s4, s6] = servers;
     table.sets.insert("dns-servers-v4".into(), s4);
     table.sets.insert("dns-servers-v6".into(), s6);
+}
 
-    // One chain per class of copy: a rate limit (what it holds back is counted in a
-    // named counter the agent reads), then the copy. Reached by `goto`, so a packet is
-    // copied once at most and the base chain's policy (accept) applies after it.
+/// One chain per class of copy: a rate limit (what it holds back is counted in a named
+/// counter the agent reads), then the copy. Reached by `goto`, so a packet is copied
+/// once at most and the base chain's policy (accept) applies after it.
+fn copy_chains(settings: &SnoopSettings, table: &mut Table) {
     let classes = [
         (PREFIX_QUERY, "query", settings.rate),
         (PREFIX_ANSWER, "answer", settings.rate),
@@ -93,6 +108,11 @@ pub(super) fn compile(node: &NodeConfig, targets: &SnoopTargets, table: &mut Tab
             ]),
         );
     }
+}
+
+/// Which class a pod's DNS packet is copied as: a query to a trusted server, an answer
+/// from one, or an answer from anyone else.
+fn check_chain() -> Chain {
     let mut check = Vec::new();
     for (family, v) in [(Family::V4, "v4"), (Family::V6, "v6")] {
         let servers =
@@ -118,62 +138,59 @@ pub(super) fn compile(node: &NodeConfig, targets: &SnoopTargets, table: &mut Tab
                 .verdict(Verdict::goto("dns-copy-untrusted")),
         );
     }
-    table.chains.insert("dns-snoop-check".into(), Chain::regular(check));
-    let base = |hook: &'static str| {
-        let mut rules = Vec::new();
-        if let Some(proxy) = &node.dns_proxy
-            && hook != "forward"
-        {
-            // The proxy's traffic is not copied: a taken query passes input with the
-            // intercept mark, the proxy's answer passes output with the answer mark;
-            // the proxy reads both itself.
-            rules.push(Rule::new().when(Match::mark_any(MarkOf::Packet, proxy.mark_mask)).verdict(Verdict::Return));
-        }
+    Chain::regular(check)
+}
+
+/// The base chain at `hook` (`forward`, `input`, `output`) that sends DNS packets of
+/// snooped pods to [`check_chain`], and what is not tracked or spoofed to their copies.
+fn base_chain(node: &NodeConfig, hook: &'static str) -> Chain {
+    let mut rules = Vec::new();
+    if let Some(proxy) = &node.dns_proxy
+        && hook != "forward"
+    {
+        // The proxy's traffic is not copied: a taken query passes input with the
+        // intercept mark, the proxy's answer passes output with the answer mark;
+        // the proxy reads both itself.
+        rules.push(Rule::new().when(Match::mark_any(MarkOf::Packet, proxy.mark_mask)).verdict(Verdict::Return));
+    }
+    for (family, v) in [(Family::V4, "v4"), (Family::V6, "v6")] {
+        rules.push(
+            Rule::new()
+                .when(Match::ProtoIn(vec![Proto::Udp, Proto::Tcp]))
+                .when(Match::ThPort(PortField::Sport, 53))
+                .when(Match::CtDirection(Direction::Original))
+                .when(Match::daddr_in(family, format_compact!("snoop-pods-{v}")))
+                .verdict(Verdict::goto("dns-copy-untracked")),
+        );
+    }
+    if hook == "forward" {
+        // Anti-spoofing: an answer to a pod that entered from where the server's
+        // address is not routed (a pod forging the server's address into its own
+        // flow) fails the reverse-path lookup. (`iif` exists on forward and input
+        // only; answers of a server on the node itself come through output.)
         for (family, v) in [(Family::V4, "v4"), (Family::V6, "v6")] {
-            rules.push(
-                Rule::new()
-                    .when(Match::ProtoIn(vec![Proto::Udp, Proto::Tcp]))
-                    .when(Match::ThPort(PortField::Sport, 53))
-                    .when(Match::CtDirection(Direction::Original))
-                    .when(Match::daddr_in(family, format_compact!("snoop-pods-{v}")))
-                    .verdict(Verdict::goto("dns-copy-untracked")),
-            );
-        }
-        if hook == "forward" {
-            // Anti-spoofing: an answer to a pod that entered from where the server's
-            // address is not routed (a pod forging the server's address into its own
-            // flow) fails the reverse-path lookup. (`iif` exists on forward and input
-            // only; answers of a server on the node itself come through output.)
-            for (family, v) in [(Family::V4, "v4"), (Family::V6, "v6")] {
-                for proto in [Proto::Udp, Proto::Tcp] {
-                    rules.push(
-                        Rule::new()
-                            .when(Match::Proto(proto))
-                            .when(Match::CtOriginalProtoDst(53))
-                            .when(Match::CtDirection(Direction::Reply))
-                            .when(Match::daddr_in(family, format_compact!("snoop-pods-{v}")))
-                            .when(Match::FibSaddrIifMissing)
-                            .verdict(Verdict::goto("dns-copy-spoofed")),
-                    );
-                }
+            for proto in [Proto::Udp, Proto::Tcp] {
+                rules.push(
+                    Rule::new()
+                        .when(Match::Proto(proto))
+                        .when(Match::CtOriginalProtoDst(53))
+                        .when(Match::CtDirection(Direction::Reply))
+                        .when(Match::daddr_in(family, format_compact!("snoop-pods-{v}")))
+                        .when(Match::FibSaddrIifMissing)
+                        .verdict(Verdict::goto("dns-copy-spoofed")),
+                );
             }
         }
-        for proto in [Proto::Udp, Proto::Tcp] {
-            rules.push(
-                Rule::new()
-                    .when(Match::Proto(proto))
-                    .when(Match::CtOriginalProtoDst(53))
-                    .verdict(Verdict::jump("dns-snoop-check")),
-            );
-        }
-        Chain::base(Hook { chain_type: "filter", hook, priority: "filter - 5" }, rules)
-    };
-    table.chains.insert("dns-snoop".into(), base("forward"));
-    table.chains.insert("dns-snoop-in".into(), base("input"));
-    table.chains.insert("dns-snoop-out".into(), base("output"));
-    if let Some(proxy) = &node.dns_proxy {
-        proxy_intercept(proxy, table);
     }
+    for proto in [Proto::Udp, Proto::Tcp] {
+        rules.push(
+            Rule::new()
+                .when(Match::Proto(proto))
+                .when(Match::CtOriginalProtoDst(53))
+                .verdict(Verdict::jump("dns-snoop-check")),
+        );
+    }
+    Chain::base(Hook { chain_type: "filter", hook, priority: "filter - 5" }, rules)
 }
 
 /// The DNS proxy's intercept (`--dns-mode proxy`): a snooped pod's query (UDP and TCP

@@ -113,9 +113,30 @@ pub(super) fn emit(
     if !steering && plan.hosted.is_empty() {
         return None;
     }
-    let m = settings.mark_mask;
-    let keep = !m;
-    let port = settings.vxlan_port;
+    sets(plan, table);
+    let rx = receive_rules(settings, plan, bit, steering);
+    chains(settings, bit, rx, table);
+    for v6 in [false, true] {
+        net.rules.insert(MarkRule {
+            v6,
+            mark: bit,
+            mask: bit,
+            table: settings.tunnel_table(),
+            priority: settings.rule_priority,
+        });
+    }
+    net.tunnel = Some(TunnelDesired {
+        port: settings.vxlan_port,
+        mac: plan.mac,
+        local: plan.self_addr,
+        peers: plan.peers.clone(),
+        return_routes: !plan.hosted.is_empty(),
+    });
+    Some(snat_rules(settings, plan))
+}
+
+/// The peers' and this node's addresses, and the gateways steered to, by family.
+fn sets(plan: &TunnelPlan, table: &mut Table) {
     let mut peers = [Set::new(KeyType::Ipv4, false), Set::new(KeyType::Ipv6, false)];
     for ip in plan.peers.keys() {
         peers[family(*ip)].elements.insert(Key::Addr(*ip), Value::None);
@@ -130,6 +151,22 @@ pub(super) fn emit(
             gateways[f].elements.insert(Key::Addr(*ip), Value::None);
         }
     }
+    let [p4, p6] = peers;
+    let [s4, s6] = mine;
+    let [g4, g6] = gateways;
+    for (name, set) in [(PEERS[0], p4), (PEERS[1], p6), (SELF[0], s4), (SELF[1], s6)] {
+        table.sets.insert(name.into(), set);
+    }
+    table.sets.insert(TUNNEL_GATEWAYS[0].into(), g4);
+    table.sets.insert(TUNNEL_GATEWAYS[1].into(), g6);
+}
+
+/// What arrives on the tunnel's port: from a peer, with a key this node knows (the
+/// replies' key when it steers, each hosted egress IP's), marked for its table; anything
+/// else dropped and counted.
+fn receive_rules(settings: &EgressSettings, plan: &TunnelPlan, bit: u32, steering: bool) -> Vec<Rule> {
+    let keep = !settings.mark_mask;
+    let port = settings.vxlan_port;
     let reply = settings.tunnel_mark(REPLY_KEY).unwrap_or(bit);
     let mut rx = Vec::new();
     for (f, fam) in [Family::V4, Family::V6].into_iter().enumerate() {
@@ -165,14 +202,14 @@ pub(super) fn emit(
         }
         rx.push(outer.then(Statement::NamedCounter("eip-tunnel-unknown-key".into())).verdict(Verdict::Drop));
     }
-    let [p4, p6] = peers;
-    let [s4, s6] = mine;
-    let [g4, g6] = gateways;
-    for (name, set) in [(PEERS[0], p4), (PEERS[1], p6), (SELF[0], s4), (SELF[1], s6)] {
-        table.sets.insert(name.into(), set);
-    }
-    table.sets.insert(TUNNEL_GATEWAYS[0].into(), g4);
-    table.sets.insert(TUNNEL_GATEWAYS[1].into(), g6);
+    rx
+}
+
+/// The tunnel's base chains: receiving (`rx`), the connection mark of what came through
+/// it, and the MSS clamp of what is sent into it.
+fn chains(settings: &EgressSettings, bit: u32, rx: Vec<Rule>, table: &mut Table) {
+    let m = settings.mark_mask;
+    let keep = !m;
     table.chains.insert(
         TUNNEL_IN_CHAIN.into(),
         Chain::base(Hook { chain_type: "filter", hook: "prerouting", priority: "mangle - 1" }, rx),
@@ -200,23 +237,6 @@ pub(super) fn emit(
             [Rule::new().when(Match::mark_any(MarkOf::Packet, m)).when(Match::TcpSyn).then(Statement::MssToRoute)],
         ),
     );
-    for v6 in [false, true] {
-        net.rules.insert(MarkRule {
-            v6,
-            mark: bit,
-            mask: bit,
-            table: settings.tunnel_table(),
-            priority: settings.rule_priority,
-        });
-    }
-    net.tunnel = Some(TunnelDesired {
-        port,
-        mac: plan.mac,
-        local: plan.self_addr,
-        peers: plan.peers.clone(),
-        return_routes: !plan.hosted.is_empty(),
-    });
-    Some(snat_rules(settings, plan))
 }
 
 /// The postrouting rule that clears egressd's mark bits once the route is chosen (the
