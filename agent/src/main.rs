@@ -238,25 +238,8 @@ fn resolv_conf_servers() -> Vec<std::net::IpAddr> {
 fn run(args: RunArgs) -> ExitCode {
     // Before any thread exists: every thread shares one heap arena.
     egressd::telemetry::memory::one_arena();
-    if let Err(e) = args.node.check() {
+    if let Err(e) = check_run_args(&args) {
         eprintln!("egressd run: {e}");
-        return ExitCode::from(EXIT_CONFIG);
-    }
-    if let Some(dir) = &args.manifests
-        && !dir.is_dir()
-    {
-        eprintln!("egressd run: --manifests {}: not a directory", dir.display());
-        return ExitCode::from(EXIT_CONFIG);
-    }
-    if args.manifests.is_none() && args.kubeconfig.is_none() && std::env::var_os("KUBERNETES_SERVICE_HOST").is_none() {
-        eprintln!("egressd run: give --manifests DIR or --kubeconfig PATH (or run in a pod for the in-cluster config)");
-        return ExitCode::from(EXIT_CONFIG);
-    }
-    if args.lease_renew_secs >= args.lease_duration_secs {
-        eprintln!(
-            "egressd run: --lease-renew-secs {} must be less than --lease-duration-secs {}",
-            args.lease_renew_secs, args.lease_duration_secs
-        );
         return ExitCode::from(EXIT_CONFIG);
     }
     let nft = NftCli::new(&args.nft);
@@ -269,25 +252,7 @@ fn run(args: RunArgs) -> ExitCode {
     }
     let nft_version = nft.version().ok();
     let telemetry = std::sync::Arc::new(Telemetry::default());
-    let mut node = args.node.config();
-    if let Some(snoop) = &mut node.snoop {
-        // Trusted servers: the cluster DNS addresses, and the servers egressd itself asks.
-        let own = if args.dns_servers.is_empty() { resolv_conf_servers() } else { args.dns_servers.clone() };
-        for ip in own {
-            if !snoop.servers.contains(&ip) {
-                snoop.servers.push(ip);
-            }
-        }
-    }
-    let config = RunConfig {
-        node,
-        state_dir: Some(args.state_dir.clone()),
-        dns_servers: args.dns_servers.clone(),
-        dns_timeout: Duration::from_millis(args.dns_timeout_ms),
-        telemetry: telemetry.clone(),
-        net_check: Duration::from_secs(args.net_check_secs),
-        acl_log_file: args.acl_log_file.clone(),
-    };
+    let config = run_config(&args, telemetry.clone());
     // Threads named `egressd…`: the kernel names nf_tables changes after the thread that
     // made them, and egressd's own are told apart by that name.
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -335,63 +300,7 @@ fn run(args: RunArgs) -> ExitCode {
             let source = ManifestsWatch::open(dir, debounce, resync).await?;
             return egressd::agent::run(config, source, syncer, (), shutdown).instrument(info_span!("agent")).await;
         }
-        let client = egressd::source::kube::client(args.kubeconfig.as_deref()).await?;
-        let leadership = Leadership::default();
-        let lease = LeaseConfig {
-            namespace: args.lease_namespace.clone(),
-            name: args.lease_name.clone(),
-            identity: args.node.node_name.clone(),
-            duration: Duration::from_secs(args.lease_duration_secs),
-            renew_every: Duration::from_secs(args.lease_renew_secs),
-        };
-        tokio::spawn(
-            egressd::leader::run(client.clone(), lease, leadership.clone()).instrument(info_span!("leader_lease")),
-        );
-        let view = tokio::select! {
-            v = KubeWatch::start(&client, PodScope::Node(args.node.node_name.clone()), telemetry.clone()) => v,
-            _ = &mut shutdown => return Ok(()),
-        };
-        let p = &args.placement;
-        if p.egress_ip_health_port != 0 {
-            match egressd::placement::health::bind(p.egress_ip_health_port) {
-                Ok(l) => {
-                    tokio::spawn(
-                        egressd::placement::health::serve(l, telemetry.clone())
-                            .instrument(info_span!("egress_ip_health")),
-                    );
-                }
-                Err(e) => {
-                    return Err(AgentError::Config(format!(
-                        "--egress-ip-health-port {}: {e}",
-                        p.egress_ip_health_port
-                    )));
-                }
-            }
-        }
-        let settings = egressd::placement::controller::PlacementSettings {
-            node: args.node.node_name.clone(),
-            health_port: p.egress_ip_health_port,
-            probe_interval: Duration::from_millis(p.egress_ip_probe_interval_ms),
-            probe_timeout: Duration::from_millis(p.egress_ip_probe_timeout_ms),
-            probe_misses: p.egress_ip_probe_misses,
-            cluster_cidrs: args.node.cluster_cidrs.clone(),
-            mode: args.node.egress.settings().mode,
-            aws: p
-                .cloud_provider
-                .map(|CloudProvider::Aws| egressd::aws::controller::AwsSettings { endpoint: p.cloud_endpoint.clone() }),
-        };
-        if settings.aws.is_some() && settings.mode != egressd::net::EgressIpMode::Cloud {
-            return Err(AgentError::Config("--cloud-provider needs --egress-ip-mode cloud".into()));
-        }
-        let placement = PlacementSink::start(client.clone(), settings, leadership.clone());
-        let writer = KubeStatusWriter::start(
-            client,
-            args.node.node_name.clone(),
-            leadership,
-            view.status_board(),
-            args.status_zones.into(),
-        );
-        egressd::agent::run(config, view, syncer, (writer, placement), shutdown).instrument(info_span!("agent")).await
+        run_kube(&args, config, syncer, telemetry, shutdown).await
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -404,6 +313,113 @@ fn run(args: RunArgs) -> ExitCode {
             ExitCode::from(EXIT_FAILURE)
         }
     }
+}
+
+/// The checks of `egressd run`'s arguments that clap cannot make.
+fn check_run_args(args: &RunArgs) -> Result<(), String> {
+    args.node.check()?;
+    if let Some(dir) = &args.manifests
+        && !dir.is_dir()
+    {
+        return Err(format!("--manifests {}: not a directory", dir.display()));
+    }
+    if args.manifests.is_none() && args.kubeconfig.is_none() && std::env::var_os("KUBERNETES_SERVICE_HOST").is_none() {
+        return Err("give --manifests DIR or --kubeconfig PATH (or run in a pod for the in-cluster config)".into());
+    }
+    if args.lease_renew_secs >= args.lease_duration_secs {
+        return Err(format!(
+            "--lease-renew-secs {} must be less than --lease-duration-secs {}",
+            args.lease_renew_secs, args.lease_duration_secs
+        ));
+    }
+    Ok(())
+}
+
+/// The agent's configuration from `egressd run`'s arguments.
+fn run_config(args: &RunArgs, telemetry: std::sync::Arc<Telemetry>) -> RunConfig {
+    let mut node = args.node.config();
+    if let Some(snoop) = &mut node.snoop {
+        // Trusted servers: the cluster DNS addresses, and the servers egressd itself asks.
+        let own = if args.dns_servers.is_empty() { resolv_conf_servers() } else { args.dns_servers.clone() };
+        for ip in own {
+            if !snoop.servers.contains(&ip) {
+                snoop.servers.push(ip);
+            }
+        }
+    }
+    RunConfig {
+        node,
+        state_dir: Some(args.state_dir.clone()),
+        dns_servers: args.dns_servers.clone(),
+        dns_timeout: Duration::from_millis(args.dns_timeout_ms),
+        telemetry,
+        net_check: Duration::from_secs(args.net_check_secs),
+        acl_log_file: args.acl_log_file.clone(),
+    }
+}
+
+/// `egressd run` against the API server: the leader lease, the watches, the EgressIP
+/// health listener, placement and the status writer beside the agent.
+async fn run_kube(
+    args: &RunArgs,
+    config: RunConfig,
+    syncer: NftSyncer<NftCli>,
+    telemetry: std::sync::Arc<Telemetry>,
+    mut shutdown: impl std::future::Future<Output = ()> + Unpin,
+) -> Result<(), AgentError> {
+    let client = egressd::source::kube::client(args.kubeconfig.as_deref()).await?;
+    let leadership = Leadership::default();
+    let lease = LeaseConfig {
+        namespace: args.lease_namespace.clone(),
+        name: args.lease_name.clone(),
+        identity: args.node.node_name.clone(),
+        duration: Duration::from_secs(args.lease_duration_secs),
+        renew_every: Duration::from_secs(args.lease_renew_secs),
+    };
+    tokio::spawn(
+        egressd::leader::run(client.clone(), lease, leadership.clone()).instrument(info_span!("leader_lease")),
+    );
+    let view = tokio::select! {
+        v = KubeWatch::start(&client, PodScope::Node(args.node.node_name.clone()), telemetry.clone()) => v,
+        _ = &mut shutdown => return Ok(()),
+    };
+    let p = &args.placement;
+    if p.egress_ip_health_port != 0 {
+        match egressd::placement::health::bind(p.egress_ip_health_port) {
+            Ok(l) => {
+                tokio::spawn(
+                    egressd::placement::health::serve(l, telemetry.clone()).instrument(info_span!("egress_ip_health")),
+                );
+            }
+            Err(e) => {
+                return Err(AgentError::Config(format!("--egress-ip-health-port {}: {e}", p.egress_ip_health_port)));
+            }
+        }
+    }
+    let settings = egressd::placement::controller::PlacementSettings {
+        node: args.node.node_name.clone(),
+        health_port: p.egress_ip_health_port,
+        probe_interval: Duration::from_millis(p.egress_ip_probe_interval_ms),
+        probe_timeout: Duration::from_millis(p.egress_ip_probe_timeout_ms),
+        probe_misses: p.egress_ip_probe_misses,
+        cluster_cidrs: args.node.cluster_cidrs.clone(),
+        mode: args.node.egress.settings().mode,
+        aws: p
+            .cloud_provider
+            .map(|CloudProvider::Aws| egressd::aws::controller::AwsSettings { endpoint: p.cloud_endpoint.clone() }),
+    };
+    if settings.aws.is_some() && settings.mode != egressd::net::EgressIpMode::Cloud {
+        return Err(AgentError::Config("--cloud-provider needs --egress-ip-mode cloud".into()));
+    }
+    let placement = PlacementSink::start(client.clone(), settings, leadership.clone());
+    let writer = KubeStatusWriter::start(
+        client,
+        args.node.node_name.clone(),
+        leadership,
+        view.status_board(),
+        args.status_zones.into(),
+    );
+    egressd::agent::run(config, view, syncer, (writer, placement), shutdown).instrument(info_span!("agent")).await
 }
 
 /// Check the prerequisites at start and every 30 s; log what changed.
