@@ -178,26 +178,8 @@ pub fn plan_with(
             claimant.entry(*ip).or_insert(r.name.as_str());
         }
     }
-    let mut load: BTreeMap<&str, usize> = BTreeMap::new();
-    let mut placed: BTreeMap<&str, BTreeMap<IpAddr, &str>> = BTreeMap::new();
     // Pass 1: what stays.
-    for r in requests {
-        let mine = placed.entry(r.name.as_str()).or_default();
-        let mut used: BTreeSet<&str> = BTreeSet::new();
-        for (ip, node) in &r.items {
-            let keep = r.ips.contains(ip)
-                && claimant.get(ip) == Some(&r.name.as_str())
-                && !node_of_addr.contains_key(ip)
-                && !held.contains_key(ip)
-                && !mine.contains_key(ip)
-                && nodes.get(node).is_some_and(|c| c.may_keep(*ip))
-                && used.insert(node.as_str());
-            if keep {
-                mine.insert(*ip, node.as_str());
-                *load.entry(node.as_str()).or_default() += 1;
-            }
-        }
-    }
+    let (mut placed, mut load) = kept(requests, nodes, held, &claimant, &node_of_addr);
     // Every placed IP's tunnel key per node (see `crate::net::tunnel_key`).
     let mut placed_keys: BTreeSet<(&str, bool, u32)> =
         placed.values().flat_map(|m| m.iter().map(|(ip, n)| (*n, ip.is_ipv6(), tunnel_key(*ip)))).collect();
@@ -227,42 +209,8 @@ pub fn plan_with(
             ));
         } else {
             for ip in missing {
-                if let Some(node) = node_of_addr.get(&ip) {
-                    events.push(event(
-                        &r.name,
-                        "EgressIPConflict",
-                        format!(
-                            "Egress IP {} with IP {ip} is conflicting with a host ({node}) IP address and will not be assigned",
-                            r.name
-                        ),
-                    ));
-                    continue;
-                }
-                if let Some(holder) = held.get(&ip) {
-                    events.push(event(
-                        &r.name,
-                        "EgressIPConflict",
-                        format!(
-                            "Egress IP {} with IP {ip} is conflicting with an address allocated by {holder} and will not be assigned",
-                            r.name
-                        ),
-                    ));
-                    continue;
-                }
-                if let Some(other) = claimant.get(&ip).filter(|c| **c != r.name) {
-                    let on = requests
-                        .iter()
-                        .find(|o| o.name == *other)
-                        .and_then(|o| o.items.iter().find(|(i, _)| *i == ip))
-                        .map_or("no node", |(_, n)| n.as_str());
-                    events.push(event(
-                        &r.name,
-                        "UnsupportedRequest",
-                        format!(
-                            "IP: \"{ip}\" for EgressIP: {} is already allocated for EgressIP: {other} on {on}",
-                            r.name
-                        ),
-                    ));
+                if let Some((reason, message)) = conflict(r, ip, requests, &claimant, &node_of_addr, held) {
+                    events.push(event(&r.name, reason, message));
                     continue;
                 }
                 let used: BTreeSet<&str> = mine.values().copied().collect();
@@ -284,29 +232,110 @@ pub fn plan_with(
                     *load.entry(n).or_default() += 1;
                 }
             }
-            if !r.ips.is_empty() && mine.is_empty() {
-                let list: Vec<String> = r.ips.iter().map(ToString::to_string).collect();
-                events.push(event(
-                    &r.name,
-                    "NoMatchingNodeFound",
-                    format!(
-                        "No matching nodes found, which can host any of the egress IPs: [{}] for object EgressIP: {}",
-                        list.join(" "),
-                        r.name
-                    ),
-                ));
-            } else if mine.len() < r.ips.len() {
-                events.push(event(
-                    &r.name,
-                    "UnassignedRequest",
-                    format!("Not all egress IPs for EgressIP: {} could be assigned, please tag more nodes", r.name),
-                ));
-            }
+            events.extend(shortfall(r, mine.len()));
         }
         let items = r.ips.iter().filter_map(|ip| mine.get(ip).map(|n| (*ip, n.to_string()))).collect();
         out.insert(r.name.clone(), items);
     }
     Placement { items: out, events }
+}
+
+/// Pass 1 of [`plan_with`]: the items that stay where they are (still listed, claimed
+/// by this EgressIP, no node's or allocator's address, on a node that may keep it, one
+/// per node), by EgressIP; and how many each node keeps.
+#[allow(clippy::type_complexity)]
+fn kept<'a>(
+    requests: &'a [Request],
+    nodes: &BTreeMap<String, Candidate>,
+    held: &BTreeMap<IpAddr, String>,
+    claimant: &BTreeMap<IpAddr, &str>,
+    node_of_addr: &BTreeMap<IpAddr, &str>,
+) -> (BTreeMap<&'a str, BTreeMap<IpAddr, &'a str>>, BTreeMap<&'a str, usize>) {
+    let mut load: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut placed: BTreeMap<&str, BTreeMap<IpAddr, &str>> = BTreeMap::new();
+    for r in requests {
+        let mine = placed.entry(r.name.as_str()).or_default();
+        let mut used: BTreeSet<&str> = BTreeSet::new();
+        for (ip, node) in &r.items {
+            let keep = r.ips.contains(ip)
+                && claimant.get(ip) == Some(&r.name.as_str())
+                && !node_of_addr.contains_key(ip)
+                && !held.contains_key(ip)
+                && !mine.contains_key(ip)
+                && nodes.get(node).is_some_and(|c| c.may_keep(*ip))
+                && used.insert(node.as_str());
+            if keep {
+                mine.insert(*ip, node.as_str());
+                *load.entry(node.as_str()).or_default() += 1;
+            }
+        }
+    }
+    (placed, load)
+}
+
+/// The event when `r` got fewer of its IPs placed (`placed`) than it lists: none at
+/// all, or not all.
+fn shortfall(r: &Request, placed: usize) -> Option<PlacementEvent> {
+    if !r.ips.is_empty() && placed == 0 {
+        let list: Vec<String> = r.ips.iter().map(ToString::to_string).collect();
+        return Some(event(
+            &r.name,
+            "NoMatchingNodeFound",
+            format!(
+                "No matching nodes found, which can host any of the egress IPs: [{}] for object EgressIP: {}",
+                list.join(" "),
+                r.name
+            ),
+        ));
+    }
+    (placed < r.ips.len()).then(|| {
+        event(
+            &r.name,
+            "UnassignedRequest",
+            format!("Not all egress IPs for EgressIP: {} could be assigned, please tag more nodes", r.name),
+        )
+    })
+}
+
+/// Why `ip` of `r` cannot be placed at all: a node's own address, an address a
+/// neighbouring allocator holds, or the IP of an older EgressIP (`claimant`); the
+/// reference's reason and message.
+fn conflict(
+    r: &Request,
+    ip: IpAddr,
+    requests: &[Request],
+    claimant: &BTreeMap<IpAddr, &str>,
+    node_of_addr: &BTreeMap<IpAddr, &str>,
+    held: &BTreeMap<IpAddr, String>,
+) -> Option<(&'static str, String)> {
+    if let Some(node) = node_of_addr.get(&ip) {
+        return Some((
+            "EgressIPConflict",
+            format!(
+                "Egress IP {} with IP {ip} is conflicting with a host ({node}) IP address and will not be assigned",
+                r.name
+            ),
+        ));
+    }
+    if let Some(holder) = held.get(&ip) {
+        return Some((
+            "EgressIPConflict",
+            format!(
+                "Egress IP {} with IP {ip} is conflicting with an address allocated by {holder} and will not be assigned",
+                r.name
+            ),
+        ));
+    }
+    let other = claimant.get(&ip).filter(|c| **c != r.name)?;
+    let on = requests
+        .iter()
+        .find(|o| o.name == *other)
+        .and_then(|o| o.items.iter().find(|(i, _)| *i == ip))
+        .map_or("no node", |(_, n)| n.as_str());
+    Some((
+        "UnsupportedRequest",
+        format!("IP: \"{ip}\" for EgressIP: {} is already allocated for EgressIP: {other} on {on}", r.name),
+    ))
 }
 
 #[cfg(test)]
