@@ -96,9 +96,25 @@ pub(crate) async fn apply_once<B: NftBackend>(
             s.fail(&format!("kernel error: {e}"));
         }
     }
+    let result = sync_nft(syncer, snoop, &mut desired, &mut phases);
+    report(&mut desired, &result, started, seen, &phases);
+    let result = match (result, net_error) {
+        (Ok(_), Some(e)) => Err(e),
+        (r, _) => r,
+    };
+    (desired, result, links_read.then_some(host), phases)
+}
+
+/// Sync the nft table to `desired` (a full replace keeps what DNS snooping learned, which
+/// the table does not hold, in its transaction); the time of the nft program and the
+/// kernel, and of egressd's diff, into `phases`.
+fn sync_nft<B: NftBackend>(
+    syncer: &mut NftSyncer<B>,
+    snoop: Option<&crate::dataplane::nflog::SnoopHandle>,
+    desired: &mut Desired,
+    phases: &mut Phases,
+) -> Result<SyncKind, SyncError> {
     let t = std::time::Instant::now();
-    // A full replace keeps what DNS snooping learned (the table does not hold it) in
-    // its transaction.
     let mut kept = 0;
     let keep = || {
         let mut slots: BTreeSet<crate::nft::Slot> =
@@ -115,8 +131,20 @@ pub(crate) async fn apply_once<B: NftBackend>(
     }
     phases.nft = syncer.backend_time();
     phases.diff = t.elapsed().saturating_sub(phases.nft);
+    result
+}
+
+/// Log the sync's outcome and where its time went (a failed one fails every status),
+/// and the view's warnings.
+fn report(
+    desired: &mut Desired,
+    result: &Result<SyncKind, SyncError>,
+    started: std::time::Instant,
+    seen: Option<std::time::Instant>,
+    phases: &Phases,
+) {
     let ms = |d: Duration| (d.as_secs_f64() * 1e4).round() / 10.0;
-    match &result {
+    match result {
         Ok(kind) => tracing::info!(
             sync = ?kind,
             rules = desired.table.rule_count(),
@@ -142,11 +170,6 @@ pub(crate) async fn apply_once<B: NftBackend>(
     for w in &desired.warnings {
         tracing::warn!(warning = %w, "cluster view");
     }
-    let result = match (result, net_error) {
-        (Ok(_), Some(e)) => Err(e),
-        (r, _) => r,
-    };
-    (desired, result, links_read.then_some(host), phases)
 }
 
 /// Where one sync's time went: egressd's own work (`compile`, `diff`: the delta and its
