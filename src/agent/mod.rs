@@ -40,7 +40,9 @@ use counters::COUNTERS_EVERY;
 use drift::next_drift;
 use net::{check_net, report_net_changes};
 pub use render::{compile_manifests, render_manifests};
-use services::{start_dns_proxy, start_snooping};
+use services::{
+    listen_explain, saved_last_good, start_acl_log, start_dns, start_dns_proxy, start_drift_watch, start_snooping,
+};
 
 /// Errors that stop the agent.
 #[derive(Debug, thiserror::Error)]
@@ -265,25 +267,9 @@ pub struct Agent<S, B, K> {
 impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
     /// Set up and apply the source's first complete view.
     pub async fn start(mut config: RunConfig, source: S, mut syncer: NftSyncer<B>, sink: K) -> Self {
-        let families = config.node.families();
-        let telemetry = config.telemetry.clone();
         let mut names_cache = DnsNamesCache::default();
         let names = names_cache.names(source.view());
-        // Names are resolved in the background: applying the view never waits for DNS.
-        let mut dns = match DnsResolver::new(&config.dns_servers, config.dns_timeout) {
-            Ok(r) => Some(DnsWorker::start(r, families, names.clone(), config.node.dns_max_ttl, telemetry.clone())),
-            Err(e) => {
-                tracing::error!(error = %e, "dnsName rules cannot be resolved");
-                None
-            }
-        };
-        // At start-up only, the first answers get one query timeout to arrive, so Allow
-        // rules by name hold their addresses in the first table when the server answers.
-        if let Some(d) = dns.as_mut().filter(|_| !names.is_empty())
-            && d.first_round(config.dns_timeout).await.is_none()
-        {
-            tracing::warn!("DNS answers are late; applying without them (they follow as their own change)");
-        }
+        let dns = start_dns(&config, &names).await;
         let net = match Netlink::connect(config.node.egress.clone()) {
             Ok(n) => Some(n),
             Err(e) => {
@@ -291,17 +277,7 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
                 None
             }
         };
-        let acl = match crate::dataplane::acl_log::AclHandle::start(
-            config.node.acl_log.group,
-            config.acl_log_file.clone(),
-            telemetry.clone(),
-        ) {
-            Ok(h) => Some(h),
-            Err(e) => {
-                tracing::warn!(group = config.node.acl_log.group, error = %e, "ACL logging unavailable (NFLOG group in use?)");
-                None
-            }
-        };
+        let acl = start_acl_log(&config);
         let snoop = start_snooping(&config, source.view());
         if snoop.is_none() {
             // Without a listener nothing fills the wildcard sets: say so in the statuses.
@@ -310,42 +286,13 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
         if !start_dns_proxy(&config, snoop.as_ref()) {
             config.node.dns_proxy = None;
         }
-        // Last good versions of invalid objects, saved by an earlier run: a restart keeps
-        // filtering with them instead of failing open.
-        let saved = match config.state_dir.as_deref().map(crate::state::load_last_good) {
-            Some(Ok(s)) => s,
-            Some(Err(e)) => {
-                tracing::warn!(error = %e, "saved last good versions not used");
-                Default::default()
-            }
-            None => Default::default(),
-        };
+        let saved = saved_last_good(&config);
         let last_links = match &net {
             Some(n) => n.links().await.ok(),
             None => None,
         };
-        let route_filter = crate::dataplane::drift::RouteFilter {
-            own_port: net.as_ref().map(Netlink::port),
-            settings: config.node.egress.clone(),
-        };
-        let drift = match crate::dataplane::drift::start(&config.node.table_name, route_filter) {
-            Ok((rx, quiet)) => {
-                syncer.set_quiet(Box::new(quiet));
-                Some(rx)
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "changes by others are found by the periodic check only");
-                None
-            }
-        };
-        let queries = match config.state_dir.as_deref().map(crate::explain::socket::listen) {
-            Some(Ok(rx)) => Some(rx),
-            Some(Err(e)) => {
-                tracing::warn!(error = %e, "`egressd explain` cannot ask this agent (its socket could not be created)");
-                None
-            }
-            None => None,
-        };
+        let drift = start_drift_watch(&config, net.as_ref(), &mut syncer);
+        let queries = listen_explain(&config);
         let empty = Desired {
             table: std::sync::Arc::new(crate::nft::Table::new(config.node.table_name.clone())),
             net: Default::default(),
