@@ -17,7 +17,7 @@ use netlink_packet_netfilter::nflog::{ConfigCmd, ConfigFlags, ConfigMode, Packet
 use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily};
 use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
 
-use crate::dataplane::elements::{Element, ElementWriter, by_slot};
+use crate::dataplane::elements::{Element, ElementWriter, by_set};
 use crate::dns::snoop::{Dropped, Ignored, Snooper, parse_packet};
 use crate::dns::targets::{
     PREFIX_ANSWER, PREFIX_QUERY, PREFIX_SPOOFED, PREFIX_UNTRACKED, PREFIX_UNTRUSTED, SnoopTargets,
@@ -393,7 +393,7 @@ impl SnoopHandle {
         alive: bool,
         writer: &mut ElementWriter,
     ) -> std::io::Result<()> {
-        let list = by_slot(elements);
+        let list = by_set(elements);
         let delta =
             crate::nft::delta::ElementDelta { delete: if alive { list.clone() } else { Vec::new() }, add: list };
         match writer.apply(&delta) {

@@ -90,7 +90,7 @@ pub(super) fn replace_by_script<B: NftBackend + ?Sized>(
 ) -> Result<Transport, NftError> {
     backend.apply(&table.replace_script())?;
     if !kept.is_empty() {
-        let delta = ElementDelta { delete: Vec::new(), add: super::elements::by_slot(kept) };
+        let delta = ElementDelta { delete: Vec::new(), add: super::elements::by_set(kept) };
         backend.apply_elements(&table.name, &delta)?;
     }
     Ok(Transport::Nft)

@@ -1,7 +1,7 @@
 //! Set and map elements as typed values: a [`Key`] (an address, a prefix, a tagged
 //! address, a mark, a protocol-port-prefix) and a [`Value`] (nothing, a timeout, a
-//! jump). Their nft text is their `Display`; [`read`] reads it back (tests and the
-//! nft-semantics model in `diff`'s tests). The netlink path takes them as they are
+//! jump). Their nft text is their `Display`, read back by `FromStr` (tests; `read` checks
+//! the element against a set's declaration too). The netlink path takes them as they are
 //! ([`super::delta`]), so no element is parsed back from text.
 
 use std::fmt;
@@ -82,15 +82,6 @@ impl Key {
         Key::Tagged(tag.into(), ip)
     }
 
-    /// The address the key's prefix or address starts with (`None` for a mark).
-    pub fn addr(&self) -> Option<IpAddr> {
-        match *self {
-            Key::Addr(ip) | Key::Tagged(_, ip) => Some(ip),
-            Key::Net(net) | Key::Ported(_, _, net) => Some(net.addr()),
-            Key::Mark(_) => None,
-        }
-    }
-
     /// Whether a set declared as `set` may hold this key: the variant its key type and
     /// flags call for, of its family, a prefix with its host bits clear.
     pub fn fits(&self, set: &Set) -> bool {
@@ -120,11 +111,6 @@ impl Value {
             Value::None => !set.verdict_map && !set.timeout,
         }
     }
-
-    /// Whether there is nothing besides the key.
-    pub fn is_none(&self) -> bool {
-        *self == Value::None
-    }
 }
 
 impl fmt::Display for Key {
@@ -151,13 +137,15 @@ impl fmt::Display for Value {
 
 /// An element of `set` from its nft text, as [`Key`] and [`Value`] print it (the
 /// canonical form only: `None` for any other text, or for one the set cannot hold).
-pub fn read(set: &Set, key: &str, value: &str) -> Option<(Key, Value)> {
+#[cfg(test)]
+pub(crate) fn read(set: &Set, key: &str, value: &str) -> Option<(Key, Value)> {
     let value: Value = value.parse().ok()?;
     Some((read_key(set, key)?, value)).filter(|(_, v)| v.fits(set))
 }
 
 /// A key of `set` from its nft text ([`read`], the key alone).
-pub fn read_key(set: &Set, text: &str) -> Option<Key> {
+#[cfg(test)]
+pub(crate) fn read_key(set: &Set, text: &str) -> Option<Key> {
     text.parse::<Key>().ok().filter(|k| k.fits(set))
 }
 

@@ -272,7 +272,7 @@ fn release_local(shared: &Shared, guard: &mut Vec<Element>, writer: &mut Element
         let (gone, kept): (Vec<Element>, Vec<Element>) = guard.iter().partition(|(_, ip, _)| *ip == server);
         *guard = kept;
         let delta =
-            crate::nft::delta::ElementDelta { delete: crate::dataplane::elements::by_slot(&gone), add: Vec::new() };
+            crate::nft::delta::ElementDelta { delete: crate::dataplane::elements::by_set(&gone), add: Vec::new() };
         if let Err(e) = writer.apply(&delta)
             && e.raw_os_error() != Some(libc::ENOENT)
         {

@@ -15,7 +15,7 @@ pub(super) fn encode_element(out: &mut Vec<u8>, key: &Key, value: &Value, with_v
         const KEY_END: u16 = 10;
         nest(out, 1, |o| {
             nest(o, 1, |o| put(o, 1, &key_bytes(key)));
-            nest(o, KEY_END, |o| put(o, 1, &key_bytes(&Key::Ported(proto, port, last_of(net)))));
+            nest(o, KEY_END, |o| put(o, 1, &ported_bytes(proto, port, net.broadcast())));
         });
         return;
     }
@@ -55,12 +55,6 @@ pub(super) fn encode_element(out: &mut Vec<u8>, key: &Key, value: &Value, with_v
     }
 }
 
-/// A prefix as the single-address prefix of its last address.
-fn last_of(net: ipnet::IpNet) -> ipnet::IpNet {
-    let last = net.broadcast();
-    ipnet::IpNet::new(last, if last.is_ipv4() { 32 } else { 128 }).unwrap_or(net)
-}
-
 /// The address right after the prefix `ip/len`, or `None` when it ends the family's
 /// address space.
 fn after_prefix(ip: IpAddr, len: u8) -> Option<IpAddr> {
@@ -80,24 +74,30 @@ fn after_prefix(ip: IpAddr, len: u8) -> Option<IpAddr> {
 /// a tagged set; a prefix's first address), a mark (host byte order, as the registers
 /// hold it), a ported key's three 4-byte registers.
 pub(super) fn key_bytes(key: &Key) -> Vec<u8> {
-    let octets = |ip: IpAddr| match ip {
-        IpAddr::V4(v4) => v4.octets().to_vec(),
-        IpAddr::V6(v6) => v6.octets().to_vec(),
-    };
     match *key {
         Key::Mark(m) => m.to_ne_bytes().to_vec(),
-        Key::Ported(proto, port, net) => {
-            // Each field in a 4-byte register: the protocol byte, the port (network
-            // order), the address.
-            let mut out = vec![proto.number(), 0, 0, 0];
-            out.extend(port.to_be_bytes());
-            out.extend([0, 0]);
-            out.extend(octets(net.addr()));
-            out
-        }
+        Key::Ported(proto, port, net) => ported_bytes(proto, port, net.addr()),
         Key::Tagged(tag, ip) => Slot::key_bytes(tag.get(), ip),
         Key::Addr(ip) => octets(ip),
         Key::Net(net) => octets(net.addr()),
+    }
+}
+
+/// A ported key (or a ported range's last key, at its prefix's last address): each
+/// field in a 4-byte register — the protocol byte, the port (network order), the
+/// address.
+fn ported_bytes(proto: crate::view::policy::Protocol, port: u16, ip: IpAddr) -> Vec<u8> {
+    let mut out = vec![proto.number(), 0, 0, 0];
+    out.extend(port.to_be_bytes());
+    out.extend([0, 0]);
+    out.extend(octets(ip));
+    out
+}
+
+fn octets(ip: IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(v4) => v4.octets().to_vec(),
+        IpAddr::V6(v6) => v6.octets().to_vec(),
     }
 }
 

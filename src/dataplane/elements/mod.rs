@@ -186,7 +186,7 @@ impl ElementWriter {
         let empty = crate::nft::Table::new(table.name.as_str());
         let mut elements = crate::nft::delta::ElementDelta::of_sets(&crate::nft::Comparison::of(&empty, table))
             .ok_or_else(|| unsupported("an element the netlink path does not write".into()))?;
-        elements.add.extend(by_slot(kept));
+        elements.add.extend(by_set(kept));
         // Every set is created by this transaction: its elements follow its NEWSET.
         let (fresh, rest) = fresh_and_rest(&elements, |name| table.sets.contains_key(name));
         // The messages go into the transaction's buffer as they are made: a replace of
@@ -371,7 +371,7 @@ impl ElementWriter {
         let mut first_error = None;
         let mut batch: Vec<u8> = Vec::new();
         let mut waiting: Vec<u32> = Vec::new();
-        for crate::nft::delta::SetElements { set, elements: list } in by_slot(elements) {
+        for crate::nft::delta::SetElements { set, elements: list } in by_set(elements) {
             for chunk in list.chunks(ELEMENTS_PER_MESSAGE) {
                 // Room for one more message of at most 56 bytes per element?
                 if !batch.is_empty()
@@ -448,21 +448,16 @@ fn fresh_and_rest<'e>(
     (fresh, rest)
 }
 
-/// `elements` as element lists, one per set, in slot order (the keys of a slot next to
-/// each other).
-pub(crate) fn by_slot(elements: &[Element]) -> Vec<crate::nft::delta::SetElements> {
-    let mut by_slot: std::collections::BTreeMap<Slot, Vec<(Key, Value)>> = Default::default();
+/// `elements` as element lists, one per set (a key carries its slot's tag).
+pub(crate) fn by_set(elements: &[Element]) -> Vec<crate::nft::delta::SetElements> {
+    let mut by_set: std::collections::BTreeMap<&str, Vec<(Key, Value)>> = Default::default();
     for (slot, ip, timeout) in elements {
-        by_slot.entry(*slot).or_default().push((slot.key(*ip), Value::Timeout(*timeout)));
+        by_set.entry(slot.set).or_default().push((slot.key(*ip), Value::Timeout(*timeout)));
     }
-    let mut out: Vec<crate::nft::delta::SetElements> = Vec::new();
-    for (slot, elements) in by_slot {
-        match out.last_mut() {
-            Some(last) if last.set == slot.set => last.elements.extend(elements),
-            _ => out.push(crate::nft::delta::SetElements { set: slot.set.to_string(), elements }),
-        }
-    }
-    out
+    by_set
+        .into_iter()
+        .map(|(set, elements)| crate::nft::delta::SetElements { set: set.to_string(), elements })
+        .collect()
 }
 
 /// What the netlink path does not write, as an `Unsupported` error.
