@@ -352,26 +352,12 @@ struct LeaderRound<'a> {
 impl LeaderRound<'_> {
     /// The leader's writes for one object (see [`leader_writes`]).
     fn object(&self, key: &ObjectKey, obs: &Observed) -> Vec<StatusWrite> {
-        let Self { me, ready, form, managers, mine, now, shapes } = self;
-        let (me, now) = (*me, *now);
-        let mut out = Vec::new();
-        let mut buf = String::new();
-        let legacy = shapes.legacy.contains(&key.kind);
-        // Entries of nodes that are gone.
-        let gone = obs
-            .held
-            .iter()
-            .filter(|(m, h)| m.as_str() != LEADER && !h.is_empty() && !managers.contains_key(m.as_str()));
-        for (m, _) in gone {
-            out.push(StatusWrite {
-                key: key.clone(),
-                manager: m.clone(),
-                status: release(key.kind, legacy),
-                force: true,
-            });
-        }
-        let Some(status) = mine.get(key) else { return out };
-        if matches!(status.outcome, Outcome::Ignored(_)) || ready.is_empty() || (legacy && key.kind == Kind::EgressQoS)
+        let legacy = self.shapes.legacy.contains(&key.kind);
+        let mut out = self.releases(key, obs, legacy);
+        let Some(status) = self.mine.get(key).copied() else { return out };
+        if matches!(status.outcome, Outcome::Ignored(_))
+            || self.ready.is_empty()
+            || (legacy && key.kind == Kind::EgressQoS)
         {
             return out;
         }
@@ -380,102 +366,150 @@ impl LeaderRound<'_> {
             .held
             .iter()
             .filter(|(_, h)| !h.is_empty())
-            .filter_map(|(m, h)| Some((*managers.get(m.as_str())?, h)))
+            .filter_map(|(m, h)| Some((*self.managers.get(m.as_str())?, h)))
             .collect();
         // A node that holds its own entry (or is about to write one: this node, with a
         // problem of its own) reports itself.
-        let own = |n: &str| nodes_held.contains_key(n) || (n == me && status.local_problem());
+        let own = |n: &str| nodes_held.contains_key(n) || (n == self.me && status.local_problem());
         // The zones the leader reports: every Ready node that does not report itself, or
         // one for all of them.
-        let mut reported: Vec<&str> = ready.iter().copied().filter(|n| !own(n)).collect();
-        if *form == ZoneForm::Global && !reported.is_empty() {
+        let mut reported: Vec<&str> = self.ready.iter().copied().filter(|n| !own(n)).collect();
+        if self.form == ZoneForm::Global && !reported.is_empty() {
             reported = vec![GLOBAL_ZONE];
         }
         let nothing = Held::default();
-        let holds = obs.held.get(LEADER).unwrap_or(&nothing);
-        let stored_text = obs.text.as_deref();
-        let write = |status: Value| StatusWrite { key: key.clone(), manager: LEADER.into(), status, force: true };
-        // This node's own report, written in the same round (not stored yet).
-        let own_report: Option<String> = status.local_problem().then(|| status.message());
-        let common = status.as_on(me);
-        match key.kind {
-            Kind::EgressFirewall if legacy => {
-                // One field: a node's failure, forced, stays until that node releases it.
-                if nodes_held.values().any(|h| h.status) {
-                    return out;
-                }
-                let text = if matches!(common.outcome, Outcome::Failed(_)) { EF_NOT_APPLIED } else { EF_APPLIED };
-                if stored_text != Some(text) || !holds.status {
-                    out.push(write(json!({ "status": text })));
-                }
-            }
-            Kind::EgressFirewall => {
-                // Every node's message is `<node>: <the same words>`.
-                let mine_text = common.message();
-                let words = mine_text.strip_prefix(&format!("{me}: ")).unwrap_or(&mine_text).to_string();
-                let message = |n: &str, buf: &mut String| {
-                    buf.clear();
-                    buf.push_str(n);
-                    buf.push_str(": ");
-                    buf.push_str(&words);
-                };
-                let mut digest = 0u64;
-                for n in &reported {
-                    message(n, &mut buf);
-                    digest = digest.wrapping_add(entry_digest(&buf));
-                }
-                let failed = matches!(common.outcome, Outcome::Failed(_)) && !reported.is_empty()
-                    || nodes_held
-                        .values()
-                        .flat_map(|h| h.entries.iter())
-                        .chain(own_report.iter())
-                        .filter_map(|m| parse_message(m))
-                        .any(|(_, applied)| !applied);
-                let text = if failed { EF_NOT_APPLIED } else { EF_APPLIED };
-                if stored_text != Some(text) || !holds.status || holds.count != reported.len() || holds.digest != digest
-                {
-                    let entries: Vec<String> = reported
-                        .iter()
-                        .map(|n| {
-                            message(n, &mut buf);
-                            buf.clone()
-                        })
-                        .collect();
-                    out.push(write(json!({ "status": text, "messages": entries })));
-                }
-            }
-            _ => {
-                let Some(c) = common.condition() else { return out };
-                let rest = |n: &str| crate::compile::StatusCondition {
-                    type_: format!("{QOS_CONDITION_PREFIX}{n}"),
-                    ..c.clone()
-                };
-                let mut digest = 0u64;
-                let mut stored_all = true;
-                for n in &reported {
-                    let cn = rest(n);
-                    digest = digest.wrapping_add(entry_digest(&cn.type_));
-                    stored_all &= has_condition(Some(obs), &cn);
-                }
-                let own_types: BTreeSet<&String> = nodes_held.values().flat_map(|h| h.entries.iter()).collect();
-                let failed = (c.status == "False" && !reported.is_empty())
-                    || own_types.iter().any(|t| obs.conditions.get(*t).is_some_and(|s| s.status == "False"))
-                    || (status.local_problem() && matches!(status.outcome, Outcome::Failed(_)));
-                let text = if failed { QOS_NOT_APPLIED } else { QOS_APPLIED };
-                if stored_text != Some(text)
-                    || !holds.status
-                    || holds.count != reported.len()
-                    || holds.digest != digest
-                    || !stored_all
-                {
-                    let wanted: Vec<Value> =
-                        reported.iter().map(|n| condition_value(&rest(n), Some(obs), now)).collect();
-                    out.push(write(json!({ "status": text, "conditions": wanted })));
-                }
-            }
-        }
+        let one = LeaderObject {
+            key,
+            obs,
+            status,
+            common: status.as_on(self.me),
+            holds: obs.held.get(LEADER).unwrap_or(&nothing),
+            nodes_held,
+            reported,
+            me: self.me,
+            now: self.now,
+        };
+        out.extend(match key.kind {
+            Kind::EgressFirewall if legacy => one.legacy_firewall(),
+            Kind::EgressFirewall => one.firewall(),
+            _ => one.qos(),
+        });
         out
     }
+
+    /// The releases of `key`'s entries held by nodes that are gone.
+    fn releases(&self, key: &ObjectKey, obs: &Observed, legacy: bool) -> Vec<StatusWrite> {
+        obs.held
+            .iter()
+            .filter(|(m, h)| m.as_str() != LEADER && !h.is_empty() && !self.managers.contains_key(m.as_str()))
+            .map(|(m, _)| StatusWrite {
+                key: key.clone(),
+                manager: m.clone(),
+                status: release(key.kind, legacy),
+                force: true,
+            })
+            .collect()
+    }
+}
+
+/// What the leader knows of one object it reports in a round.
+struct LeaderObject<'a> {
+    key: &'a ObjectKey,
+    obs: &'a Observed,
+    /// This node's compiled status of the object.
+    status: &'a ObjectStatus,
+    /// That status as every node computes it (this node's kernel aside).
+    common: ObjectStatus,
+    /// What the leader's field manager holds.
+    holds: &'a Held,
+    /// What the nodes that exist hold themselves, by node.
+    nodes_held: BTreeMap<&'a str, &'a Held>,
+    /// The zones the leader reports.
+    reported: Vec<&'a str>,
+    me: &'a str,
+    now: &'a str,
+}
+
+impl LeaderObject<'_> {
+    fn write(&self, status: Value) -> StatusWrite {
+        StatusWrite { key: self.key.clone(), manager: LEADER.into(), status, force: true }
+    }
+
+    /// Whether the stored aggregate and the leader's entries differ from `text` and
+    /// entries with this digest.
+    fn differs(&self, text: &str, digest: u64) -> bool {
+        let h = self.holds;
+        self.obs.text.as_deref() != Some(text) || !h.status || h.count != self.reported.len() || h.digest != digest
+    }
+
+    /// A CRD with only `status.status`: one field; a node's failure, forced, stays until
+    /// that node releases it.
+    fn legacy_firewall(&self) -> Option<StatusWrite> {
+        if self.nodes_held.values().any(|h| h.status) {
+            return None;
+        }
+        let text = if matches!(self.common.outcome, Outcome::Failed(_)) { EF_NOT_APPLIED } else { EF_APPLIED };
+        (self.obs.text.as_deref() != Some(text) || !self.holds.status).then(|| self.write(json!({ "status": text })))
+    }
+
+    /// Every reported node's message is `<node>: <the same words>`.
+    fn firewall(&self) -> Option<StatusWrite> {
+        let mine_text = self.common.message();
+        let words = mine_text.strip_prefix(&format!("{}: ", self.me)).unwrap_or(&mine_text);
+        let mut buf = String::new();
+        let digest =
+            self.reported.iter().fold(0u64, |d, n| d.wrapping_add(entry_digest(node_message(&mut buf, n, words))));
+        // This node's own report, written in the same round (not stored yet).
+        let own_report: Option<String> = self.status.local_problem().then(|| self.status.message());
+        let failed = matches!(self.common.outcome, Outcome::Failed(_)) && !self.reported.is_empty()
+            || self
+                .nodes_held
+                .values()
+                .flat_map(|h| h.entries.iter())
+                .chain(own_report.iter())
+                .filter_map(|m| parse_message(m))
+                .any(|(_, applied)| !applied);
+        let text = if failed { EF_NOT_APPLIED } else { EF_APPLIED };
+        if !self.differs(text, digest) {
+            return None;
+        }
+        let entries: Vec<String> = self.reported.iter().map(|n| node_message(&mut buf, n, words).to_string()).collect();
+        Some(self.write(json!({ "status": text, "messages": entries })))
+    }
+
+    /// A condition `Ready-In-Zone-<node>` per reported node.
+    fn qos(&self) -> Option<StatusWrite> {
+        let c = self.common.condition()?;
+        let rest =
+            |n: &str| crate::compile::StatusCondition { type_: format!("{QOS_CONDITION_PREFIX}{n}"), ..c.clone() };
+        let mut digest = 0u64;
+        let mut stored_all = true;
+        for n in &self.reported {
+            let cn = rest(n);
+            digest = digest.wrapping_add(entry_digest(&cn.type_));
+            stored_all &= has_condition(Some(self.obs), &cn);
+        }
+        let own_types: BTreeSet<&String> = self.nodes_held.values().flat_map(|h| h.entries.iter()).collect();
+        let failed = (c.status == "False" && !self.reported.is_empty())
+            || own_types.iter().any(|t| self.obs.conditions.get(*t).is_some_and(|s| s.status == "False"))
+            || (self.status.local_problem() && matches!(self.status.outcome, Outcome::Failed(_)));
+        let text = if failed { QOS_NOT_APPLIED } else { QOS_APPLIED };
+        if !self.differs(text, digest) && stored_all {
+            return None;
+        }
+        let wanted: Vec<Value> =
+            self.reported.iter().map(|n| condition_value(&rest(n), Some(self.obs), self.now)).collect();
+        Some(self.write(json!({ "status": text, "conditions": wanted })))
+    }
+}
+
+/// `<node>: <words>` in `buf` (reused: a status holds one message per node).
+fn node_message<'b>(buf: &'b mut String, node: &str, words: &str) -> &'b str {
+    buf.clear();
+    buf.push_str(node);
+    buf.push_str(": ");
+    buf.push_str(words);
+    buf
 }
 
 /// Apply `w`; returns the object's `status` as the API server stored it.
@@ -520,6 +554,46 @@ fn pruned(w: &StatusWrite, stored: Option<&Value>) -> Option<Kind> {
     }
     let kept = stored.and_then(|s| s.get(field)).and_then(Value::as_array);
     (!kept.is_some_and(|k| wrote.iter().all(|v| k.contains(v)))).then_some(w.key.kind)
+}
+
+/// Send the `writes` that are needed, learning the CRDs' shapes from what is stored;
+/// the leader's only while this node leads.
+async fn send(
+    client: &Client,
+    node: &str,
+    leadership: &Leadership,
+    writes: impl Iterator<Item = StatusWrite>,
+    log: &mut WriteLog,
+    shapes: &mut Shapes,
+    observed: &ObservedObjects,
+) {
+    for w in writes {
+        if !log.needed(&w, observed) {
+            continue;
+        }
+        if w.manager != manager(node) && !leadership.is_leader() {
+            continue;
+        }
+        match apply_status(client, &w).await {
+            Ok(stored) => {
+                tracing::debug!(object = %w.key, manager = %w.manager, "status written");
+                if let Some(kind) = pruned(&w, stored.as_ref()) {
+                    shapes.learn(kind);
+                }
+                log.record(w, observed);
+            }
+            // Older API servers refuse a field the schema lacks instead of pruning it.
+            Err(kube::Error::Api(e))
+                if e.message.contains("field not declared in schema") && pruned(&w, None).is_some() =>
+            {
+                shapes.learn(w.key.kind);
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 && !w.force => {
+                tracing::debug!(object = %w.key, "status.status held by a node that failed; not taken");
+            }
+            Err(e) => tracing::warn!(object = %w.key, error = %e, "status write failed; will retry"),
+        }
+    }
 }
 
 async fn writer_task(
@@ -571,33 +645,8 @@ async fn writer_task(
         let leader = leadership
             .is_leader()
             .then(|| leader_writes(&node, &snap.nodes, &snap.desired, &observed, &now, &round, this_form));
-        for w in writes.into_iter().chain(leader.into_iter().flatten()) {
-            if !log.needed(&w, &observed) {
-                continue;
-            }
-            if w.manager != manager(&node) && !leadership.is_leader() {
-                continue;
-            }
-            match apply_status(&client, &w).await {
-                Ok(stored) => {
-                    tracing::debug!(object = %w.key, manager = %w.manager, "status written");
-                    if let Some(kind) = pruned(&w, stored.as_ref()) {
-                        shapes.learn(kind);
-                    }
-                    log.record(w, &observed);
-                }
-                // Older API servers refuse a field the schema lacks instead of pruning it.
-                Err(kube::Error::Api(e))
-                    if e.message.contains("field not declared in schema") && pruned(&w, None).is_some() =>
-                {
-                    shapes.learn(w.key.kind);
-                }
-                Err(kube::Error::Api(e)) if e.code == 409 && !w.force => {
-                    tracing::debug!(object = %w.key, "status.status held by a node that failed; not taken");
-                }
-                Err(e) => tracing::warn!(object = %w.key, error = %e, "status write failed; will retry"),
-            }
-        }
+        let writes = writes.into_iter().chain(leader.into_iter().flatten());
+        send(&client, &node, &leadership, writes, &mut log, &mut shapes, &observed).await;
         if leadership.is_leader() {
             let invalid = snap.rejections.clone();
             emit_once(&client, &node, &mut evented, invalid, EventKind::Invalid, &observed).await;
