@@ -33,7 +33,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use super::{Candidate, Reach, Request, allocators, cloud, plan_with};
+use super::{Candidate, Placement, PlacementEvent, Reach, Request, allocators, cloud, plan_with};
 use crate::api::{Kind, ObjectKey};
 use crate::compile::Desired;
 use crate::leader::Leadership;
@@ -352,6 +352,9 @@ async fn publish_subnets(client: &Client, settings: &PlacementSettings, snap: &S
     }
 }
 
+/// An EgressIP whose items are to be written: its request, the planned items, their set.
+type Pending = (Request, Vec<(IpAddr, String)>, BTreeSet<(IpAddr, String)>);
+
 /// Plan, write the items that differ, record the Events.
 async fn place(
     client: &Client,
@@ -390,6 +393,17 @@ async fn place(
             *items = cloud::published(items, &configs);
         }
     }
+    let todo = pending(snap, &requests, &placement, st);
+    if !leadership.is_leader() {
+        return;
+    }
+    write_placements(client, leadership, todo, st).await;
+    record_events(client, settings, leadership, placement.events, st).await;
+}
+
+/// The EgressIPs whose `status.items` differ from the plan and were not just written:
+/// (the request, its planned items, their set).
+fn pending(snap: &Snapshot, requests: &[Request], placement: &Placement, st: &mut State) -> Vec<Pending> {
     let rejected: BTreeSet<&str> = snap.egress_ips.iter().filter(|e| e.2).map(|e| e.0.as_str()).collect();
     let now = Instant::now();
     st.written.retain(|name, (items, until)| {
@@ -397,7 +411,7 @@ async fn place(
         !seen && now < *until
     });
     let mut todo = Vec::new();
-    for r in &requests {
+    for r in requests {
         if rejected.contains(r.name.as_str()) {
             continue;
         }
@@ -408,10 +422,12 @@ async fn place(
         }
         todo.push((r.clone(), desired, want));
     }
-    if !leadership.is_leader() {
-        return;
-    }
-    // Several at a time: a node hosting many egress IPs dies, all of them move at once.
+    todo
+}
+
+/// Write the `todo` items (several at a time: a node hosting many egress IPs dies, all
+/// of them move at once), each only while this node still leads.
+async fn write_placements(client: &Client, leadership: &Leadership, todo: Vec<Pending>, st: &mut State) {
     let done: Vec<_> = futures::stream::iter(todo.into_iter().map(|(r, desired, want)| async move {
         // Right before each write: a leader that lost its lease writes nothing more.
         let result = if leadership.is_leader() { write_items(client, &r, &desired).await } else { Ok(false) };
@@ -437,9 +453,18 @@ async fn place(
         };
         st.written.insert(r.name.clone(), (want, Instant::now() + hold));
     }
-    // Events: once per distinct (reason, message) while it lasts.
+}
+
+/// Record the plan's Events, once per distinct (reason, message) while it lasts.
+async fn record_events(
+    client: &Client,
+    settings: &PlacementSettings,
+    leadership: &Leadership,
+    events: Vec<PlacementEvent>,
+    st: &mut State,
+) {
     let mut now: BTreeMap<String, BTreeSet<(&'static str, String)>> = BTreeMap::new();
-    for e in placement.events {
+    for e in events {
         now.entry(e.name).or_default().insert((e.reason, e.message));
     }
     st.evented.retain(|name, _| now.contains_key(name));
