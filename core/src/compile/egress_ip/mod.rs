@@ -286,7 +286,6 @@ fn place<'a>(
     policy: &'a EgressIpPolicy,
     net: &mut NetDesired,
 ) -> Plan<'a> {
-    let me = ctx.node.node_name.as_str();
     let mut plan = Plan {
         entry,
         policy,
@@ -302,6 +301,40 @@ fn place<'a>(
         snat_here: BTreeSet::new(),
         fallback: BTreeSet::new(),
     };
+    claims(ctx, policy, &mut plan);
+    let mut seen = BTreeSet::new();
+    for (ip, host_node) in &policy.placement {
+        if ctx.node_addrs.contains(ip)
+            || unusable(*ip, ctx.host).is_some()
+            || ctx.ip_owner.get(ip) != Some(&policy.name.as_str())
+            || !seen.insert(*ip)
+        {
+            continue;
+        }
+        if *host_node == ctx.node.node_name {
+            host_here(ctx, *ip, &mut plan, net);
+            continue;
+        }
+        match steering_hop(ctx, *ip, host_node) {
+            Ok(hop) => {
+                let hops = &mut plan.remote[fam(*ip)];
+                if !hops.contains(&hop) {
+                    hops.push(hop);
+                }
+                plan.remote_nodes.insert(host_node.clone());
+            }
+            Err(problem) => plan.problems.push(problem),
+        }
+    }
+    for hops in &mut plan.remote {
+        hops.sort();
+    }
+    plan
+}
+
+/// The problems of `policy`'s IPs that keep them out wherever they are placed, and the
+/// claimable IPs no node is placed on yet.
+fn claims(ctx: &Ctx, policy: &EgressIpPolicy, plan: &mut Plan) {
     for ip in &policy.ips {
         if let Some(why) = unusable(*ip, ctx.host) {
             plan.problems.push(format!("egress IP {ip} is {why}; not used"));
@@ -320,58 +353,39 @@ fn place<'a>(
             plan.unplaced.push(*ip);
         }
     }
-    let mut seen = BTreeSet::new();
-    for (ip, host_node) in &policy.placement {
-        if ctx.node_addrs.contains(ip)
-            || unusable(*ip, ctx.host).is_some()
-            || ctx.ip_owner.get(ip) != Some(&policy.name.as_str())
-            || !seen.insert(*ip)
-        {
-            continue;
-        }
-        let f = fam(*ip);
-        if host_node == me {
-            if let Some(who) = ctx.host.conflicts.get(ip) {
-                plan.problems.push(format!(
-                    "egress IP {ip} is in use by another host ({who}): it answered the duplicate address probe; not hosted on node {me}"
-                ));
-                continue;
-            }
-            if !ctx.node.egress.address_tags {
-                plan.problems.push(format!(
-                    "egress IP {ip} cannot be hosted on node {me}: its kernel cannot tag addresses (IFA_PROTO, Linux 6.1 or later), so egressd could not find them again; not hosted"
-                ));
-                continue;
-            }
-            match ctx.host.link_for(*ip) {
-                None => plan.problems.push(format!(
-                    "egress IP {ip} cannot be hosted on node {me}: no up link has a subnet containing it"
-                )),
-                Some(_) if plan.hosted[f].is_some() => plan.problems.push(format!(
-                    "egress IP {ip}: node {me} already hosts another IP of this EgressIP in its family; not hosted"
-                )),
-                Some(link) => {
-                    plan.hosted[f] = Some(*ip);
-                    plan.hosted_list.push((*ip, link.name.clone()));
-                    net.addresses.insert(*ip, (link.index, link.name.clone()));
-                }
-            }
-            continue;
-        }
-        match steering_hop(ctx, *ip, host_node) {
-            Ok(hop) => {
-                if !plan.remote[f].contains(&hop) {
-                    plan.remote[f].push(hop);
-                }
-                plan.remote_nodes.insert(host_node.clone());
-            }
-            Err(problem) => plan.problems.push(problem),
+}
+
+/// Host `ip`, placed on this node: on the up link whose subnet contains it, unless
+/// another host answers for it, the kernel cannot tag it, or this node already hosts an
+/// IP of the same EgressIP and family.
+fn host_here(ctx: &Ctx, ip: IpAddr, plan: &mut Plan, net: &mut NetDesired) {
+    let me = ctx.node.node_name.as_str();
+    let f = fam(ip);
+    if let Some(who) = ctx.host.conflicts.get(&ip) {
+        plan.problems.push(format!(
+            "egress IP {ip} is in use by another host ({who}): it answered the duplicate address probe; not hosted on node {me}"
+        ));
+        return;
+    }
+    if !ctx.node.egress.address_tags {
+        plan.problems.push(format!(
+            "egress IP {ip} cannot be hosted on node {me}: its kernel cannot tag addresses (IFA_PROTO, Linux 6.1 or later), so egressd could not find them again; not hosted"
+        ));
+        return;
+    }
+    match ctx.host.link_for(ip) {
+        None => plan
+            .problems
+            .push(format!("egress IP {ip} cannot be hosted on node {me}: no up link has a subnet containing it")),
+        Some(_) if plan.hosted[f].is_some() => plan.problems.push(format!(
+            "egress IP {ip}: node {me} already hosts another IP of this EgressIP in its family; not hosted"
+        )),
+        Some(link) => {
+            plan.hosted[f] = Some(ip);
+            plan.hosted_list.push((ip, link.name.clone()));
+            net.addresses.insert(ip, (link.index, link.name.clone()));
         }
     }
-    for hops in &mut plan.remote {
-        hops.sort();
-    }
-    plan
 }
 
 /// How this node reaches `host_node` for egress IP `ip`: on-link or through the tunnel
