@@ -105,6 +105,25 @@ pub(super) fn emit_tables(ctx: &Ctx, t: Tables, table: &mut Table) {
             .concat(),
         ),
     );
+    table.chains.insert(
+        SNAT_CHAIN.into(),
+        Chain::base(
+            Hook { chain_type: "nat", hook: "postrouting", priority: "srcnat - 1" },
+            snat_rules(settings, tunnel_snat),
+        ),
+    );
+    table.chains.insert(
+        GUARD_CHAIN.into(),
+        Chain::base(
+            Hook { chain_type: "filter", hook: "postrouting", priority: "srcnat + 1" },
+            guard_rules(settings, tunnel_on),
+        ),
+    );
+}
+
+/// The SNAT chain: exempt destinations return; the tunnel's SNAT; a null SNAT (and the
+/// connection marked) for what is routed to a hosting node; the SNAT maps by source.
+fn snat_rules(settings: &EgressSettings, tunnel_snat: Option<Vec<Rule>>) -> Vec<Rule> {
     let m = settings.mark_mask;
     let mut snat_rules = exempt_returns();
     snat_rules.extend(tunnel_snat.into_iter().flatten());
@@ -119,14 +138,15 @@ pub(super) fn emit_tables(ctx: &Ctx, t: Tables, table: &mut Table) {
         );
     }
     snat_rules.extend(saddr_maps([SNAT_V4, SNAT_V6]));
-    table.chains.insert(
-        SNAT_CHAIN.into(),
-        Chain::base(Hook { chain_type: "nat", hook: "postrouting", priority: "srcnat - 1" }, snat_rules),
-    );
-    // A connection that got the null SNAT keeps the pod's address for its lifetime (NAT
-    // is decided once per connection): if its packets are later routed anywhere but to a
-    // hosting node (its EgressIP went away, a route is missing), they would leave with
-    // the pod's address. They are dropped instead.
+    snat_rules
+}
+
+/// The guard: a connection that got the null SNAT keeps the pod's address for its
+/// lifetime (NAT is decided once per connection): if its packets are later routed
+/// anywhere but to a hosting node (its EgressIP went away, a route is missing), they
+/// would leave with the pod's address. They are dropped instead.
+fn guard_rules(settings: &EgressSettings, tunnel_on: bool) -> Vec<Rule> {
+    let m = settings.mark_mask;
     let mut guard: Vec<Rule> = [(Family::V4, GATEWAYS_V4), (Family::V6, GATEWAYS_V6)]
         .into_iter()
         .map(|(family, gateways)| {
@@ -142,10 +162,7 @@ pub(super) fn emit_tables(ctx: &Ctx, t: Tables, table: &mut Table) {
     if tunnel_on {
         guard.push(tunnel::clear_mark_rule(settings));
     }
-    table.chains.insert(
-        GUARD_CHAIN.into(),
-        Chain::base(Hook { chain_type: "filter", hook: "postrouting", priority: "srcnat + 1" }, guard),
-    );
+    guard
 }
 
 /// The status text of one EgressIP on this node: its problems, and what the node does
