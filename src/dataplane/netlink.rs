@@ -456,26 +456,7 @@ impl Netlink {
                 self.handle.address().del(msg).execute().await.map_err(err(format!("removing address {ip}")))?;
                 changes.removed.push(ip);
             }
-            Step::AddAddress(ip, link, name) => {
-                if !self.settings.dad_wait.is_zero()
-                    && let Some(who) = probe(ip, link, &name, self.settings.dad_wait).await
-                {
-                    tracing::warn!(%ip, %who, "another host answers for the egress IP; not taking it");
-                    if let Ok(mut c) = self.conflicts.lock() {
-                        c.insert(ip, Conflict { who, link: (link, name), probed: std::time::Instant::now() });
-                    }
-                    changes.conflicts.push(ip);
-                    return Ok(());
-                }
-                let mut req = self.handle.address().add(link, ip, host_prefix(ip));
-                let msg = req.message_mut();
-                msg.attributes.push(AddressAttribute::Protocol(AddressProtocol::from(self.settings.address_protocol)));
-                if ip.is_ipv6() {
-                    msg.attributes.push(AddressAttribute::Flags(AddressFlags::Nodad));
-                }
-                req.execute().await.map_err(err(format!("adding address {ip} to {name}")))?;
-                changes.added.push((ip, link, name));
-            }
+            Step::AddAddress(ip, link, name) => self.add_address(ip, link, name, changes).await?,
             Step::Tunnel => {
                 // The device (and its neighbours and return routes) before the routes
                 // through it; removed once nothing routes through it.
@@ -497,21 +478,48 @@ impl Netlink {
                 changes.routing += 1;
             }
             Step::AddRule(rule) => {
-                let mut req = self.handle.rule().add().fw_mark(rule.mark).table_id(rule.table).priority(rule.priority);
-                req.message_mut().attributes.push(RuleAttribute::FwMask(rule.mask));
-                req.message_mut()
-                    .attributes
-                    .push(RuleAttribute::Protocol(RouteProtocol::from(self.settings.route_protocol)));
-                let result = if rule.v6 {
-                    req.v6().action(RuleAction::ToTable).execute().await
-                } else {
-                    req.v4().action(RuleAction::ToTable).execute().await
-                };
-                result.map_err(err(format!("adding {rule:?}")))?;
+                self.add_rule(&rule).await?;
                 changes.routing += 1;
             }
         }
         Ok(())
+    }
+
+    /// Add egress IP `ip` to link `link` (`name`), tagged, unless another host answers
+    /// the duplicate address probe for it (then it is a conflict).
+    async fn add_address(&self, ip: IpAddr, link: u32, name: String, changes: &mut NetChanges) -> Result<(), NetError> {
+        if !self.settings.dad_wait.is_zero()
+            && let Some(who) = probe(ip, link, &name, self.settings.dad_wait).await
+        {
+            tracing::warn!(%ip, %who, "another host answers for the egress IP; not taking it");
+            if let Ok(mut c) = self.conflicts.lock() {
+                c.insert(ip, Conflict { who, link: (link, name), probed: std::time::Instant::now() });
+            }
+            changes.conflicts.push(ip);
+            return Ok(());
+        }
+        let mut req = self.handle.address().add(link, ip, host_prefix(ip));
+        let msg = req.message_mut();
+        msg.attributes.push(AddressAttribute::Protocol(AddressProtocol::from(self.settings.address_protocol)));
+        if ip.is_ipv6() {
+            msg.attributes.push(AddressAttribute::Flags(AddressFlags::Nodad));
+        }
+        req.execute().await.map_err(err(format!("adding address {ip} to {name}")))?;
+        changes.added.push((ip, link, name));
+        Ok(())
+    }
+
+    /// Add policy-routing rule `rule`, with egressd's protocol.
+    async fn add_rule(&self, rule: &MarkRule) -> Result<(), NetError> {
+        let mut req = self.handle.rule().add().fw_mark(rule.mark).table_id(rule.table).priority(rule.priority);
+        req.message_mut().attributes.push(RuleAttribute::FwMask(rule.mask));
+        req.message_mut().attributes.push(RuleAttribute::Protocol(RouteProtocol::from(self.settings.route_protocol)));
+        let result = if rule.v6 {
+            req.v6().action(RuleAction::ToTable).execute().await
+        } else {
+            req.v4().action(RuleAction::ToTable).execute().await
+        };
+        result.map_err(err(format!("adding {rule:?}")))
     }
 
     /// Remove everything egressd owns; returns how many entries were removed.
