@@ -366,56 +366,8 @@ pub fn firewall_policy(ef: &EgressFirewall) -> Conversion<FirewallPolicy> {
                 Action::Deny
             }
         };
-        let to = &rule.to;
-        let set = [to.cidr_selector.is_some(), to.dns_name.is_some(), to.node_selector.is_some()];
-        if set.iter().filter(|b| **b).count() != 1 {
-            return invalid(format!(
-                "{path}.to: Invalid value: exactly one of cidrSelector, dnsName and nodeSelector must be set"
-            ));
-        }
-        let target = if let Some(cidr) = &to.cidr_selector {
-            match canonical_cidr(cidr) {
-                Some(net) => Target::Cidr(net),
-                None => {
-                    return invalid(format!("{path}.to.cidrSelector: invalid CIDR address: {cidr}"));
-                }
-            }
-        } else if let Some(dns) = &to.dns_name {
-            Target::Dns(Box::new(normalise_dns_name(dns)))
-        } else if let Some(sel) = &to.node_selector {
-            Target::Nodes(Box::new(parse_selector(sel, &format!("{path}.to.nodeSelector"))?))
-        } else {
-            return invalid(format!("{path}.to: Required value"));
-        };
-        let mut ports = Ports::default();
-        let mut unknown = 0;
-        for (j, p) in rule.ports.iter().flatten().enumerate() {
-            // The CRD admits `TCPX`, `xUDPx`, ...; the reference skips such entries. So
-            // does egressd (warned); a rule left with none of its ports is kept only when
-            // it denies (then on every port), so nothing is ever allowed by accident.
-            let protocol = match p.protocol.as_str() {
-                "TCP" => Protocol::Tcp,
-                "UDP" => Protocol::Udp,
-                "SCTP" => Protocol::Sctp,
-                other => {
-                    warnings.push(format!(
-                        "{path}.ports[{j}].protocol: {other:?} is not \"TCP\", \"UDP\" or \"SCTP\": entry skipped"
-                    ));
-                    unknown += 1;
-                    continue;
-                }
-            };
-            let port = match u16::try_from(p.port) {
-                Ok(port) if port >= 1 => port,
-                _ => {
-                    return invalid(format!(
-                        "{path}.ports[{j}].port: Invalid value: {}: must be between 1 and 65535",
-                        p.port
-                    ));
-                }
-            };
-            ports.insert((protocol, port));
-        }
+        let target = firewall_target(&rule.to, &path)?;
+        let (ports, unknown) = firewall_ports(rule.ports.iter().flatten(), &path, &mut warnings)?;
         if unknown > 0 && ports.is_empty() {
             if action == Action::Allow {
                 warnings.push(format!("{path}: no known protocol left: the Allow rule is not used"));
@@ -427,6 +379,66 @@ pub fn firewall_policy(ef: &EgressFirewall) -> Conversion<FirewallPolicy> {
     }
     let audit = ef.metadata.annotations.as_ref().and_then(|a| a.get(AUDIT_ANNOTATION)).is_some_and(|v| v == "true");
     Ok(FirewallPolicy { namespace, rules, warnings, audit })
+}
+
+/// The destination of EgressFirewall rule `path`: exactly one of its selectors.
+fn firewall_target(to: &crate::api::types::EgressFirewallDestination, path: &str) -> Conversion<Target> {
+    let set = [to.cidr_selector.is_some(), to.dns_name.is_some(), to.node_selector.is_some()];
+    if set.iter().filter(|b| **b).count() != 1 {
+        return invalid(format!(
+            "{path}.to: Invalid value: exactly one of cidrSelector, dnsName and nodeSelector must be set"
+        ));
+    }
+    if let Some(cidr) = &to.cidr_selector {
+        match canonical_cidr(cidr) {
+            Some(net) => Ok(Target::Cidr(net)),
+            None => invalid(format!("{path}.to.cidrSelector: invalid CIDR address: {cidr}")),
+        }
+    } else if let Some(dns) = &to.dns_name {
+        Ok(Target::Dns(Box::new(normalise_dns_name(dns))))
+    } else if let Some(sel) = &to.node_selector {
+        Ok(Target::Nodes(Box::new(parse_selector(sel, &format!("{path}.to.nodeSelector"))?)))
+    } else {
+        invalid(format!("{path}.to: Required value"))
+    }
+}
+
+/// The ports of EgressFirewall rule `path`, and how many entries were skipped for an
+/// unknown protocol. The CRD admits `TCPX`, `xUDPx`, ...; the reference skips such
+/// entries. So does egressd (warned); a rule left with none of its ports is kept only
+/// when it denies (then on every port), so nothing is ever allowed by accident.
+fn firewall_ports<'a>(
+    entries: impl Iterator<Item = &'a crate::api::types::EgressFirewallPort>,
+    path: &str,
+    warnings: &mut Vec<String>,
+) -> Conversion<(Ports, usize)> {
+    let mut ports = Ports::default();
+    let mut unknown = 0;
+    for (j, p) in entries.enumerate() {
+        let protocol = match p.protocol.as_str() {
+            "TCP" => Protocol::Tcp,
+            "UDP" => Protocol::Udp,
+            "SCTP" => Protocol::Sctp,
+            other => {
+                warnings.push(format!(
+                    "{path}.ports[{j}].protocol: {other:?} is not \"TCP\", \"UDP\" or \"SCTP\": entry skipped"
+                ));
+                unknown += 1;
+                continue;
+            }
+        };
+        let port = match u16::try_from(p.port) {
+            Ok(port) if port >= 1 => port,
+            _ => {
+                return invalid(format!(
+                    "{path}.ports[{j}].port: Invalid value: {}: must be between 1 and 65535",
+                    p.port
+                ));
+            }
+        };
+        ports.insert((protocol, port));
+    }
+    Ok((ports, unknown))
 }
 
 /// Convert an EgressQoS.
