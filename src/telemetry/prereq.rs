@@ -86,43 +86,10 @@ pub fn check(sysctls: &Sysctls, v4: bool, v6: bool, nft_version: Option<&str>, m
         if !needed {
             continue;
         }
-        let mut have = sysctls.get(key);
-        if manage && have.as_deref() != Some(want) {
-            match sysctls.set(key, want) {
-                Ok(()) => {
-                    tracing::info!(sysctl = key, value = want, "sysctl set (--manage-sysctls)");
-                    have = sysctls.get(key);
-                }
-                Err(e) => tracing::warn!(sysctl = key, error = %e, "cannot set sysctl"),
-            }
-        }
-        let ok = have.as_deref() == Some(want);
-        let detail = match &have {
-            Some(v) if ok => format!("is {v}"),
-            Some(v) if required => format!("is {v}, needs {want} (set it, or run with --manage-sysctls)"),
-            Some(v) => format!(
-                "is {v}; EgressIP flows spread over several hosting nodes by L3 only (set {want}, or run with --manage-sysctls)"
-            ),
-            None => "not available on this kernel".to_string(),
-        };
-        out.push(Check { name: key.to_string(), ok, required, detail });
+        out.push(sysctl_check(sysctls, key, want, required, manage));
     }
     if v4 {
-        let rp = sysctls.get("net.ipv4.conf.all.rp_filter");
-        out.push(Check {
-            name: "net.ipv4.conf.all.rp_filter".into(),
-            ok: rp.as_deref() != Some("1"),
-            required: false,
-            detail: match rp.as_deref() {
-                Some("1") => {
-                    "is 1 (strict): a hosting node drops EgressIP traffic steered to it unless the pod's range \
-                              routes back over the link it arrived on; 2 (loose) is safe"
-                        .into()
-                }
-                Some(v) => format!("is {v}"),
-                None => "not available".into(),
-            },
-        });
+        out.push(rp_filter_check(sysctls));
     }
     let conntrack = sysctls.exists("net.netfilter.nf_conntrack_max");
     out.push(Check {
@@ -131,13 +98,7 @@ pub fn check(sysctls: &Sysctls, v4: bool, v6: bool, nft_version: Option<&str>, m
         required: true,
         detail: if conntrack { "available".into() } else { "nf_conntrack not loaded".into() },
     });
-    out.push(match nft_version {
-        Some(v) if nft_version_ok(v) => Check { name: "nft".into(), ok: true, required: true, detail: v.to_string() },
-        Some(v) => {
-            Check { name: "nft".into(), ok: false, required: true, detail: format!("{v}: needs 0.9.3 or later") }
-        }
-        None => Check { name: "nft".into(), ok: false, required: true, detail: "not found".into() },
-    });
+    out.push(nft_check(nft_version));
     if let Some(release) = kernel_release() {
         let ok = crate::net::kernel_tags_addresses(&release);
         out.push(Check {
@@ -151,8 +112,66 @@ pub fn check(sysctls: &Sysctls, v4: bool, v6: bool, nft_version: Option<&str>, m
             },
         });
     }
+    out.push(bridge_check(sysctls));
+    out
+}
+
+/// Sysctl `key` is `want` (set first with `manage`).
+fn sysctl_check(sysctls: &Sysctls, key: &str, want: &str, required: bool, manage: bool) -> Check {
+    let mut have = sysctls.get(key);
+    if manage && have.as_deref() != Some(want) {
+        match sysctls.set(key, want) {
+            Ok(()) => {
+                tracing::info!(sysctl = key, value = want, "sysctl set (--manage-sysctls)");
+                have = sysctls.get(key);
+            }
+            Err(e) => tracing::warn!(sysctl = key, error = %e, "cannot set sysctl"),
+        }
+    }
+    let ok = have.as_deref() == Some(want);
+    let detail = match &have {
+        Some(v) if ok => format!("is {v}"),
+        Some(v) if required => format!("is {v}, needs {want} (set it, or run with --manage-sysctls)"),
+        Some(v) => format!(
+            "is {v}; EgressIP flows spread over several hosting nodes by L3 only (set {want}, or run with --manage-sysctls)"
+        ),
+        None => "not available on this kernel".to_string(),
+    };
+    Check { name: key.to_string(), ok, required, detail }
+}
+
+/// Strict reverse-path filtering drops steered EgressIP traffic.
+fn rp_filter_check(sysctls: &Sysctls) -> Check {
+    let rp = sysctls.get("net.ipv4.conf.all.rp_filter");
+    Check {
+        name: "net.ipv4.conf.all.rp_filter".into(),
+        ok: rp.as_deref() != Some("1"),
+        required: false,
+        detail: match rp.as_deref() {
+            Some("1") => "is 1 (strict): a hosting node drops EgressIP traffic steered to it unless the pod's range \
+                          routes back over the link it arrived on; 2 (loose) is safe"
+                .into(),
+            Some(v) => format!("is {v}"),
+            None => "not available".into(),
+        },
+    }
+}
+
+/// The `nft` program, 0.9.3 or later.
+fn nft_check(nft_version: Option<&str>) -> Check {
+    match nft_version {
+        Some(v) if nft_version_ok(v) => Check { name: "nft".into(), ok: true, required: true, detail: v.to_string() },
+        Some(v) => {
+            Check { name: "nft".into(), ok: false, required: true, detail: format!("{v}: needs 0.9.3 or later") }
+        }
+        None => Check { name: "nft".into(), ok: false, required: true, detail: "not found".into() },
+    }
+}
+
+/// Same-node bridged pod traffic passes netfilter only with br_netfilter's sysctl.
+fn bridge_check(sysctls: &Sysctls) -> Check {
     let bridge = sysctls.get("net.bridge.bridge-nf-call-iptables");
-    out.push(Check {
+    Check {
         name: "net.bridge.bridge-nf-call-iptables".into(),
         ok: bridge.as_deref() == Some("1"),
         required: false,
@@ -160,8 +179,7 @@ pub fn check(sysctls: &Sysctls, v4: bool, v6: bool, nft_version: Option<&str>, m
             Some(v) => format!("is {v}; same-node bridged pod traffic is filtered and marked only when 1"),
             None => "br_netfilter not loaded; same-node bridged pod traffic is not filtered or marked".into(),
         },
-    });
-    out
+    }
 }
 
 /// This machine's kernel release, if readable.
