@@ -120,24 +120,9 @@ async fn round(
     {
         return b.until - Instant::now();
     }
-    let inv = match inventory(settings, input, st).await {
-        Ok(inv) => {
-            st.describe_backoff = None;
-            if st.last_error.take().is_some() {
-                tracing::info!("EC2 answers again");
-            }
-            inv
-        }
-        Err(e) => {
-            let b = Backoff::next(st.describe_backoff, Duration::from_secs(5));
-            st.describe_backoff = Some(b);
-            let text = e.to_string();
-            if st.last_error.as_deref() != Some(&text) {
-                tracing::warn!(error = %text, retry_in = ?b.delay, "EC2 not described; configs wait");
-            }
-            st.last_error = Some(text);
-            return b.delay;
-        }
+    let inv = match described(settings, input, st).await {
+        Ok(inv) => inv,
+        Err(wait) => return wait,
     };
     let config_ips: BTreeSet<IpAddr> = input.configs.iter().map(|c| c.ip).collect();
     publish_capacity(client, leadership, input, &inv, &config_ips, st).await;
@@ -151,51 +136,81 @@ async fn round(
         if !leadership.is_leader() {
             return Duration::from_secs(1);
         }
-        if let Some(add) = d.finalizer
-            && st.pending.take(cloud::key(c.ip, "finalizer", &json!(add)), Duration::from_secs(2))
-        {
-            match cloud::set_finalizer(client, c.ip, add).await {
-                Ok(()) => tracing::info!(ip = %c.ip, add, "CloudPrivateIPConfig finalizer updated"),
-                Err(e) => {
-                    tracing::warn!(ip = %c.ip, error = %e, "CloudPrivateIPConfig finalizer not updated; will retry")
-                }
+        carry_out(client, c, d, st).await;
+    }
+    st.call_backoff.retain(|ip, _| config_ips.contains(ip));
+    if unsettled { Duration::from_secs(1) } else { Duration::from_secs(30) }
+}
+
+/// The nodes' instances as EC2 describes them, or how long to wait after an error (which
+/// is logged once while it lasts).
+async fn described(settings: &AwsSettings, input: &Input, st: &mut State) -> Result<Inventory, Duration> {
+    match inventory(settings, input, st).await {
+        Ok(inv) => {
+            st.describe_backoff = None;
+            if st.last_error.take().is_some() {
+                tracing::info!("EC2 answers again");
+            }
+            Ok(inv)
+        }
+        Err(e) => {
+            let b = Backoff::next(st.describe_backoff, Duration::from_secs(5));
+            st.describe_backoff = Some(b);
+            let text = e.to_string();
+            if st.last_error.as_deref() != Some(&text) {
+                tracing::warn!(error = %text, retry_in = ?b.delay, "EC2 not described; configs wait");
+            }
+            st.last_error = Some(text);
+            Err(b.delay)
+        }
+    }
+}
+
+/// Carry out decision `d` for config `c`: the finalizer, the EC2 call (unless it backs
+/// off), the status.
+async fn carry_out(client: &Client, c: &CloudPrivateIp, d: super::Decision, st: &mut State) {
+    if let Some(add) = d.finalizer
+        && st.pending.take(cloud::key(c.ip, "finalizer", &json!(add)), Duration::from_secs(2))
+    {
+        match cloud::set_finalizer(client, c.ip, add).await {
+            Ok(()) => tracing::info!(ip = %c.ip, add, "CloudPrivateIPConfig finalizer updated"),
+            Err(e) => {
+                tracing::warn!(ip = %c.ip, error = %e, "CloudPrivateIPConfig finalizer not updated; will retry")
             }
         }
-        let mut status = d.status;
-        if let Some(call) = &d.call {
-            if st.call_backoff.get(&c.ip).is_some_and(|b| Instant::now() < b.until) {
-                continue;
+    }
+    let mut status = d.status;
+    if let Some(call) = &d.call {
+        if st.call_backoff.get(&c.ip).is_some_and(|b| Instant::now() < b.until) {
+            return;
+        }
+        match execute(st, call).await {
+            Ok(()) => {
+                st.call_backoff.remove(&c.ip);
+                tracing::info!(call = ?call, "EC2 call done");
             }
-            match execute(st, call).await {
+            Err(e) => {
+                let b = Backoff::next(st.call_backoff.get(&c.ip).copied(), Duration::from_secs(30));
+                st.call_backoff.insert(c.ip, b);
+                tracing::warn!(call = ?call, error = %e, retry_in = ?b.delay, "EC2 call failed");
+                let s = call_failed(call, &e);
+                status = (!s.matches(c)).then_some(s);
+            }
+        }
+    }
+    if let Some(s) = status {
+        let k = json!([s.node, s.status, s.reason, s.message]);
+        if st.pending.take(cloud::key(c.ip, "status", &k), Duration::from_secs(2)) {
+            match cloud::write_status(client, c.ip, &s).await {
                 Ok(()) => {
-                    st.call_backoff.remove(&c.ip);
-                    tracing::info!(call = ?call, "EC2 call done");
+                    tracing::info!(ip = %c.ip, node = ?s.node, reason = s.reason, message = %s.message, "CloudPrivateIPConfig status written")
                 }
                 Err(e) => {
-                    let b = Backoff::next(st.call_backoff.get(&c.ip).copied(), Duration::from_secs(30));
-                    st.call_backoff.insert(c.ip, b);
-                    tracing::warn!(call = ?call, error = %e, retry_in = ?b.delay, "EC2 call failed");
-                    let s = call_failed(call, &e);
-                    status = (!s.matches(c)).then_some(s);
-                }
-            }
-        }
-        if let Some(s) = status {
-            let k = json!([s.node, s.status, s.reason, s.message]);
-            if st.pending.take(cloud::key(c.ip, "status", &k), Duration::from_secs(2)) {
-                match cloud::write_status(client, c.ip, &s).await {
-                    Ok(()) => {
-                        tracing::info!(ip = %c.ip, node = ?s.node, reason = s.reason, message = %s.message, "CloudPrivateIPConfig status written")
-                    }
-                    Err(e) => {
-                        tracing::warn!(ip = %c.ip, error = %e, "CloudPrivateIPConfig status not written; will retry")
-                    }
+                    tracing::warn!(ip = %c.ip, error = %e, "CloudPrivateIPConfig status not written; will retry")
                 }
             }
         }
     }
-    st.call_backoff.retain(|ip, _| config_ips.contains(ip));
-    if unsettled { Duration::from_secs(1) } else { Duration::from_secs(30) }
 }
 
 /// The status of a config whose call failed: `CloudResponseError`, the call and EC2's
