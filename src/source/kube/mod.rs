@@ -398,69 +398,14 @@ impl KubeObjects {
                 self.relisting.insert(kind, BTreeSet::new());
                 false
             }
-            KubeMsg::Apply { key, object, observed } => {
-                self.errors.remove(&key.kind);
-                self.available(key.kind);
-                if let Some(seen) = self.relisting.get_mut(&key.kind) {
-                    seen.insert(key.clone());
-                }
-                self.present.entry(key.kind).or_default().insert(key.clone());
-                if let Some(o) = observed {
-                    self.board.set(&key, o);
-                }
-                match object {
-                    Ok(o) => {
-                        self.rejected.remove(&key);
-                        self.view.upsert(&o)
-                    }
-                    Err(e) => {
-                        tracing::warn!(object = %key, error = %e, "object rejected");
-                        self.rejected.insert(key.clone(), e.clone());
-                        self.view.reject(&key, e)
-                    }
-                }
-            }
+            KubeMsg::Apply { key, object, observed } => self.applied(key, object, observed),
             KubeMsg::Delete(key) => {
                 self.remove(&key);
                 true
             }
-            KubeMsg::InitDone(kind) => {
-                self.errors.remove(&kind);
-                self.available(kind);
-                let seen = self.relisting.remove(&kind).unwrap_or_default();
-                let gone: Vec<ObjectKey> =
-                    self.present.get(&kind).map(|p| p.difference(&seen).cloned().collect()).unwrap_or_default();
-                for key in &gone {
-                    self.remove(key);
-                }
-                let first = self.synced.insert(kind);
-                tracing::debug!(kind = %kind, listed = seen.len(), removed = gone.len(), "list complete");
-                first || !gone.is_empty()
-            }
+            KubeMsg::InitDone(kind) => self.listed(kind),
             KubeMsg::Error(kind, problem @ (WatchProblem::Missing | WatchProblem::Forbidden), e) => {
-                self.relisting.remove(&kind);
-                let first = self.unavailable.insert(kind, (problem, e.clone())).is_none_or(|(p, _)| p != problem);
-                if first {
-                    match problem {
-                        WatchProblem::Missing => tracing::warn!(
-                            kind = %kind, error = %e,
-                            "kind not served (CRD not installed?): treated as empty, re-checked with backoff"
-                        ),
-                        _ => tracing::error!(
-                            kind = %kind, error = %e,
-                            "listing this kind is forbidden: treated as empty; grant get/list/watch (daemonset/rbac.yaml)"
-                        ),
-                    }
-                }
-                // A kind listed before keeps its objects: a restarting API server
-                // answers 403 and 404 until its RBAC and CRD caches are filled, and that
-                // must not empty the view (found by 60 s without the API server). A CRD
-                // that is really deleted takes its objects first, each a Delete event;
-                // the next successful list reconciles the rest.
-                if self.synced.contains(&kind) {
-                    return false;
-                }
-                first
+                self.unavailable_kind(kind, problem, e)
             }
             KubeMsg::Error(kind, WatchProblem::Other, e) => {
                 // Each different error is logged once (a 410 after connection errors
@@ -473,6 +418,72 @@ impl KubeObjects {
                 false
             }
         }
+    }
+
+    /// An object was added, changed or listed.
+    fn applied(&mut self, key: ObjectKey, object: Result<Box<Object>, String>, observed: Option<Observed>) -> bool {
+        self.errors.remove(&key.kind);
+        self.available(key.kind);
+        if let Some(seen) = self.relisting.get_mut(&key.kind) {
+            seen.insert(key.clone());
+        }
+        self.present.entry(key.kind).or_default().insert(key.clone());
+        if let Some(o) = observed {
+            self.board.set(&key, o);
+        }
+        match object {
+            Ok(o) => {
+                self.rejected.remove(&key);
+                self.view.upsert(&o)
+            }
+            Err(e) => {
+                tracing::warn!(object = %key, error = %e, "object rejected");
+                self.rejected.insert(key.clone(), e.clone());
+                self.view.reject(&key, e)
+            }
+        }
+    }
+
+    /// The (re-)list of `kind` is complete: what it did not list is gone.
+    fn listed(&mut self, kind: Kind) -> bool {
+        self.errors.remove(&kind);
+        self.available(kind);
+        let seen = self.relisting.remove(&kind).unwrap_or_default();
+        let gone: Vec<ObjectKey> =
+            self.present.get(&kind).map(|p| p.difference(&seen).cloned().collect()).unwrap_or_default();
+        for key in &gone {
+            self.remove(key);
+        }
+        let first = self.synced.insert(kind);
+        tracing::debug!(kind = %kind, listed = seen.len(), removed = gone.len(), "list complete");
+        first || !gone.is_empty()
+    }
+
+    /// `kind` is not served or forbidden.
+    fn unavailable_kind(&mut self, kind: Kind, problem: WatchProblem, e: String) -> bool {
+        self.relisting.remove(&kind);
+        let first = self.unavailable.insert(kind, (problem, e.clone())).is_none_or(|(p, _)| p != problem);
+        if first {
+            match problem {
+                WatchProblem::Missing => tracing::warn!(
+                    kind = %kind, error = %e,
+                    "kind not served (CRD not installed?): treated as empty, re-checked with backoff"
+                ),
+                _ => tracing::error!(
+                    kind = %kind, error = %e,
+                    "listing this kind is forbidden: treated as empty; grant get/list/watch (daemonset/rbac.yaml)"
+                ),
+            }
+        }
+        // A kind listed before keeps its objects: a restarting API server
+        // answers 403 and 404 until its RBAC and CRD caches are filled, and that
+        // must not empty the view (found by 60 s without the API server). A CRD
+        // that is really deleted takes its objects first, each a Delete event;
+        // the next successful list reconciles the rest.
+        if self.synced.contains(&kind) {
+            return false;
+        }
+        first
     }
 
     fn remove(&mut self, key: &ObjectKey) {
