@@ -41,7 +41,19 @@ pub fn diff(old: &Table, new: &Table) -> Option<String> {
         let _ = writeln!(out, "add {} {t} {name} {{ {} }}", set.keyword(), set.declaration());
     }
     // 3. Rules of new or changed regular chains.
-    for (name, chain) in new.chains.iter().filter(|(_, c)| c.hook.is_none()) {
+    chain_rules(&mut out, &t, old, new, false);
+    // 4. Element deletions (also where a map element's verdict changes), then additions.
+    element_changes(&mut out, &t, old, new);
+    // 5. New and changed base chains.
+    chain_rules(&mut out, &t, old, new, true);
+    // 6. Chains and sets that are gone.
+    removals(&mut out, &t, old, new);
+    Some(out)
+}
+
+/// Flush and fill the new or changed chains (base chains or regular ones).
+fn chain_rules(out: &mut String, t: &str, old: &Table, new: &Table, base: bool) {
+    for (name, chain) in new.chains.iter().filter(|(_, c)| c.hook.is_some() == base) {
         let before = old.chains.get(name);
         if before.is_some_and(|b| b.rules == chain.rules) {
             continue;
@@ -53,7 +65,10 @@ pub fn diff(old: &Table, new: &Table) -> Option<String> {
             let _ = writeln!(out, "add rule {t} {name} {rule}");
         }
     }
-    // 4. Element deletions (also where a map element's verdict changes), then additions.
+}
+
+/// The elements of the sets both tables have: deletions first, then additions.
+fn element_changes(out: &mut String, t: &str, old: &Table, new: &Table) {
     for (name, set) in &new.sets {
         let Some(before) = old.sets.get(name) else {
             continue;
@@ -83,22 +98,12 @@ pub fn diff(old: &Table, new: &Table) -> Option<String> {
             let _ = writeln!(out, "add element {t} {name} {{ {} }}", elements(added.into_iter()));
         }
     }
-    // 5. New and changed base chains.
-    for (name, chain) in new.chains.iter().filter(|(_, c)| c.hook.is_some()) {
-        let before = old.chains.get(name);
-        if before.is_some_and(|b| b.rules == chain.rules) {
-            continue;
-        }
-        if before.is_some() {
-            let _ = writeln!(out, "flush chain {t} {name}");
-        }
-        for rule in chain.rules.iter() {
-            let _ = writeln!(out, "add rule {t} {name} {rule}");
-        }
-    }
-    // 6. Chains and sets that are gone. Chains may still jump to each other and use
-    //    sets, and gone maps may still jump to gone chains: flush the chains, delete the
-    //    sets and maps, then delete the chains.
+}
+
+/// Chains and sets that are gone. Chains may still jump to each other and use sets, and
+/// gone maps may still jump to gone chains: flush the chains, delete the sets and maps,
+/// then delete the chains.
+fn removals(out: &mut String, t: &str, old: &Table, new: &Table) {
     let gone_chains: Vec<&Text> = old.chains.keys().filter(|n| !new.chains.contains_key(*n)).collect();
     for name in &gone_chains {
         let _ = writeln!(out, "flush chain {t} {name}");
@@ -109,7 +114,6 @@ pub fn diff(old: &Table, new: &Table) -> Option<String> {
     for name in &gone_chains {
         let _ = writeln!(out, "delete chain {t} {name}");
     }
-    Some(out)
 }
 
 #[cfg(test)]
