@@ -187,6 +187,8 @@ impl std::fmt::Debug for Metrics {
 }
 
 impl Default for Metrics {
+    /// Every metric registered with its help text: a table, kept whole (ARCHITECTURE.md,
+    /// units).
     fn default() -> Self {
         let mut registry = Registry::with_prefix("egressd");
         let sync_duration = Family::<SyncLabels, Histogram>::new_with_constructor(|| {

@@ -134,42 +134,7 @@ pub fn parse_document(doc: &Value, default_namespace: &str, as_created_by_user: 
     };
     let key = (!name.is_empty()).then(|| ObjectKey::new(kind, namespace, name));
 
-    let mut violations = meta::check(doc.get("metadata"), kind.is_custom() || kind == Kind::Node);
-    if kind == Kind::Namespace && !name.is_empty() && !meta::is_dns1123_label(name) {
-        violations.push(format!("metadata.name: Invalid value: {name:?}: a namespace name must be a DNS-1123 label"));
-    }
-    if kind.is_custom() {
-        violations.extend(schema::validate(crds::schema(kind), &doc).into_iter().map(|v| v.message));
-    }
-    if kind == Kind::Pod {
-        // As the API server validates a pod's status: every pod IP is an IP address.
-        let ips = doc.pointer("/status/podIPs").and_then(Value::as_array).into_iter().flatten();
-        for (i, ip) in ips.enumerate() {
-            if let Some(s) = ip.get("ip").and_then(Value::as_str)
-                && s.parse::<std::net::IpAddr>().is_err()
-            {
-                violations.push(format!("status.podIPs[{i}].ip: Invalid value: {s:?}: must be a valid IP address"));
-            }
-        }
-        if let Some(s) = doc.pointer("/status/podIP").and_then(Value::as_str)
-            && !s.is_empty()
-            && s.parse::<std::net::IpAddr>().is_err()
-        {
-            violations.push(format!("status.podIP: Invalid value: {s:?}: must be a valid IP address"));
-        }
-    }
-    if as_created_by_user
-        && kind == Kind::EgressIP
-        && doc
-            .pointer("/metadata/annotations")
-            .and_then(Value::as_object)
-            .is_some_and(|a| a.contains_key(EGRESSIP_MARK_ANNOTATION))
-    {
-        violations.push(format!(
-            "metadata.annotations: EgressIP resources cannot be created with the \
-             \"{EGRESSIP_MARK_ANNOTATION}\" annotation. This annotation is managed by the system."
-        ));
-    }
+    let violations = violations(kind, &doc, name, as_created_by_user);
     if !violations.is_empty() {
         return Err(fail(key, violations));
     }
@@ -188,6 +153,52 @@ pub fn parse_document(doc: &Value, default_namespace: &str, as_created_by_user: 
         Kind::Node => Object::Node(decode(doc, &key)?),
     };
     Ok(Parsed::Object(object))
+}
+
+/// What the API server's validation (and, with `as_created_by_user`, the admission
+/// policies guarding user-created objects) would refuse in `doc`, a `kind` named `name`.
+fn violations(kind: Kind, doc: &Value, name: &str, as_created_by_user: bool) -> Vec<String> {
+    let mut violations = meta::check(doc.get("metadata"), kind.is_custom() || kind == Kind::Node);
+    if kind == Kind::Namespace && !name.is_empty() && !meta::is_dns1123_label(name) {
+        violations.push(format!("metadata.name: Invalid value: {name:?}: a namespace name must be a DNS-1123 label"));
+    }
+    if kind.is_custom() {
+        violations.extend(schema::validate(crds::schema(kind), doc).into_iter().map(|v| v.message));
+    }
+    if kind == Kind::Pod {
+        pod_ip_violations(doc, &mut violations);
+    }
+    if as_created_by_user
+        && kind == Kind::EgressIP
+        && doc
+            .pointer("/metadata/annotations")
+            .and_then(Value::as_object)
+            .is_some_and(|a| a.contains_key(EGRESSIP_MARK_ANNOTATION))
+    {
+        violations.push(format!(
+            "metadata.annotations: EgressIP resources cannot be created with the \
+             \"{EGRESSIP_MARK_ANNOTATION}\" annotation. This annotation is managed by the system."
+        ));
+    }
+    violations
+}
+
+/// As the API server validates a pod's status: every pod IP is an IP address.
+fn pod_ip_violations(doc: &Value, violations: &mut Vec<String>) {
+    let ips = doc.pointer("/status/podIPs").and_then(Value::as_array).into_iter().flatten();
+    for (i, ip) in ips.enumerate() {
+        if let Some(s) = ip.get("ip").and_then(Value::as_str)
+            && s.parse::<std::net::IpAddr>().is_err()
+        {
+            violations.push(format!("status.podIPs[{i}].ip: Invalid value: {s:?}: must be a valid IP address"));
+        }
+    }
+    if let Some(s) = doc.pointer("/status/podIP").and_then(Value::as_str)
+        && !s.is_empty()
+        && s.parse::<std::net::IpAddr>().is_err()
+    {
+        violations.push(format!("status.podIP: Invalid value: {s:?}: must be a valid IP address"));
+    }
 }
 
 /// Whether two apiVersions are of the same group (`v1` is the core group).

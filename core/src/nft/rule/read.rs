@@ -155,7 +155,8 @@ impl<'a> Words<'a> {
 }
 
 impl Words<'_> {
-    /// A match at the front, if one starts there.
+    /// A match at the front, if one starts there. One arm per phrase of the vocabulary
+    /// ([`Match`]'s variants): a table, kept whole (ARCHITECTURE.md, units).
     fn a_match(&mut self) -> Result<Option<Match>, ParseError> {
         let m = match (self.peek(0), self.peek(1)) {
             (Some("meta"), Some("nfproto")) => {

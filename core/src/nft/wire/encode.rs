@@ -173,6 +173,8 @@ impl Encoder {
         Ok(())
     }
 
+    /// The expressions of one match. One arm per [`Match`] variant: a table, kept whole
+    /// (ARCHITECTURE.md, units).
     fn a_match(&mut self, m: &Match) -> Result<(), Unencodable> {
         let e = &mut self.exprs;
         match m {

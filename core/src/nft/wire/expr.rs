@@ -194,7 +194,8 @@ impl Expr {
     }
 
     /// The expression's `NFTA_EXPR_DATA` contents, attribute for attribute as nft
-    /// 1.0.6 (libnftnl) sends them.
+    /// 1.0.6 (libnftnl) sends them. One arm per expression: a table, kept whole
+    /// (ARCHITECTURE.md, units).
     fn data(&self, out: &mut Vec<u8>, anon_ids: &[u32]) {
         match self {
             Expr::Meta { key, dreg } => {
@@ -388,7 +389,8 @@ pub(super) fn words_hex(bytes: &[u8]) -> String {
         .join(" ")
 }
 
-/// The expression as `nft --debug=netlink` prints it (the tests compare the two).
+/// The expression as `nft --debug=netlink` prints it (the tests compare the two). One
+/// arm per expression: a table, kept whole (ARCHITECTURE.md, units).
 impl fmt::Display for Expr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let meta = |k: u32| match k {
