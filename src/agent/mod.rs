@@ -162,8 +162,8 @@ fn publish(
     problems: &[String],
 ) {
     let Some(dir) = &config.state_dir else { return };
-    let sync = sync.as_ref().map(|_| ()).map_err(ToString::to_string);
-    let report = crate::status::file::report(&config.node, desired, statuses, &sync, problems);
+    let error = sync.as_ref().err().map(|e| e as &dyn std::fmt::Display);
+    let report = crate::status::file::report(&config.node, desired, statuses, error, problems);
     if let Err(e) = crate::status::file::write(dir, &report) {
         tracing::warn!(dir = %dir.display(), error = %e, "cannot write the status file");
     }

@@ -7,18 +7,18 @@ use std::path::Path;
 use crate::compile::{Desired, NodeConfig};
 pub use crate::state::STATUS_FILE;
 
-/// The report: `statuses` is `desired`'s statuses rendered ([`crate::compile::render_statuses`]); `sync`
-/// is how the last sync went (`Err` with the kernel's message).
+/// The report: `statuses` is `desired`'s statuses rendered ([`crate::compile::render_statuses`]);
+/// `sync_error` is why the last sync failed (`None`: it succeeded).
 pub(crate) fn report(
     node: &NodeConfig,
     desired: &Desired,
     statuses: &str,
-    sync: &Result<(), String>,
+    sync_error: Option<&dyn std::fmt::Display>,
     problems: &[String],
 ) -> String {
-    let outcome = match sync {
-        Ok(()) => "dataplane in sync".to_string(),
-        Err(e) => format!("dataplane NOT in sync: {e}"),
+    let outcome = match sync_error {
+        None => "dataplane in sync".to_string(),
+        Some(e) => format!("dataplane NOT in sync: {e}"),
     };
     let pid = std::process::id();
     let me = process_start(pid).map(|start| format!(" (pid {pid}, start {start})")).unwrap_or_default();
@@ -81,13 +81,8 @@ mod tests {
     fn the_report_names_the_node_the_sync_and_the_problems() {
         let node = NodeConfig::new("n1", vec!["198.18.0.0/16".parse().unwrap()]);
         let desired = crate::compile::compile(&Default::default(), &node, &Default::default());
-        let text = report(
-            &node,
-            &desired,
-            &render_statuses(&desired.statuses),
-            &Err("nft said no".into()),
-            &["a problem".into()],
-        );
+        let text =
+            report(&node, &desired, &render_statuses(&desired.statuses), Some(&"nft said no"), &["a problem".into()]);
         assert!(text.starts_with("# egressd on node n1 at "), "{text}");
         assert!(text.contains(": dataplane NOT in sync: nft said no\n"), "{text}");
         assert!(text.ends_with("# problems\na problem\n"), "{text}");
@@ -100,7 +95,7 @@ mod tests {
     fn a_report_whose_writer_is_gone_is_told_apart() {
         let node = NodeConfig::new("n1", vec!["198.18.0.0/16".parse().unwrap()]);
         let desired = crate::compile::compile(&Default::default(), &node, &Default::default());
-        let text = report(&node, &desired, &render_statuses(&desired.statuses), &Ok(()), &[]);
+        let text = report(&node, &desired, &render_statuses(&desired.statuses), None, &[]);
         let pid = std::process::id();
         assert!(text.contains(&format!(" (pid {pid}, start ")), "{text}");
         assert_eq!(writer_gone(&text), None, "this process wrote it and runs");

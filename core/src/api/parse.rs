@@ -246,13 +246,16 @@ pub fn split_documents(text: &str) -> Vec<(usize, usize, String)> {
     docs
 }
 
+/// A YAML document that does not parse: the first line of the parser's message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid YAML: {0}")]
+pub struct YamlError(pub String);
+
 /// Decode a YAML document's text to a JSON value.
-pub fn yaml_to_value(text: &str) -> Result<Value, String> {
+pub fn yaml_to_value(text: &str) -> Result<Value, YamlError> {
     let options = serde_saphyr::options! { with_snippet: false };
-    serde_saphyr::from_str_with_options::<Value>(text, options).map_err(|e| {
-        let message = e.to_string();
-        format!("invalid YAML: {}", message.lines().next().unwrap_or_default())
-    })
+    serde_saphyr::from_str_with_options::<Value>(text, options)
+        .map_err(|e| YamlError(e.to_string().lines().next().unwrap_or_default().to_string()))
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ pub use element::{Key, Value};
 
 /// The kernel expressions of `rule` as `nft --debug=netlink` prints them, or why the
 /// netlink path does not write it ([`wire`]; the tests compare them with nft's).
-pub fn wire_debug(rule: &str) -> Result<Vec<String>, String> {
+pub fn wire_debug(rule: &str) -> Result<Vec<String>, wire::WireError> {
     Ok(wire::parse(rule)?.exprs.iter().map(|e| e.to_string()).collect())
 }
 
@@ -295,17 +295,28 @@ pub struct Hook {
     pub priority: &'static str,
 }
 
+/// A hook or priority egressd does not write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum HookError {
+    /// Not one of the five netfilter hooks.
+    #[error("hook {0}")]
+    Hook(&'static str),
+    /// Not a priority keyword, a number, or a keyword plus or minus a number.
+    #[error("priority {0}")]
+    Priority(&'static str),
+}
+
 impl Hook {
     /// The hook's number and numeric priority, as the kernel knows them (an error names
     /// a hook or priority egressd does not write).
-    pub(crate) fn numbers(&self) -> Result<(u32, i32), String> {
+    pub(crate) fn numbers(&self) -> Result<(u32, i32), HookError> {
         let number = match self.hook {
             "prerouting" => 0,
             "input" => 1,
             "forward" => 2,
             "output" => 3,
             "postrouting" => 4,
-            other => return Err(format!("hook {other}")),
+            other => return Err(HookError::Hook(other)),
         };
         let base = |name: &str| match name {
             "raw" => Some(-300),
@@ -325,7 +336,7 @@ impl Hook {
                 _ => None,
             },
         }
-        .ok_or_else(|| format!("priority {p}"))?;
+        .ok_or(HookError::Priority(p))?;
         Ok((number, priority))
     }
 

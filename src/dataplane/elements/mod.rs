@@ -185,7 +185,7 @@ impl ElementWriter {
     pub fn replace(&mut self, table: &crate::nft::Table, kept: &[Element]) -> io::Result<()> {
         let empty = crate::nft::Table::new(table.name.as_str());
         let mut elements = crate::nft::delta::ElementDelta::of_sets(&crate::nft::Comparison::of(&empty, table))
-            .ok_or_else(|| unsupported("an element the netlink path does not write".into()))?;
+            .ok_or_else(|| unsupported(crate::nft::wire::WireError::Element))?;
         elements.add.extend(by_set(kept));
         // Every set is created by this transaction: its elements follow its NEWSET.
         let (fresh, rest) = fresh_and_rest(&elements, |name| table.sets.contains_key(name));
@@ -208,7 +208,7 @@ impl ElementWriter {
             return self.replace(c.new, &[]);
         };
         let elements = crate::nft::delta::ElementDelta::of_sets(c)
-            .ok_or_else(|| unsupported("an element the netlink path does not write".into()))?;
+            .ok_or_else(|| unsupported(crate::nft::wire::WireError::Element))?;
         self.send_described(&c.new.name, &before, &elements, &after)
     }
 
@@ -461,7 +461,7 @@ pub(crate) fn by_set(elements: &[Element]) -> Vec<crate::nft::delta::SetElements
 }
 
 /// What the netlink path does not write, as an `Unsupported` error.
-fn unsupported(what: String) -> io::Error {
+fn unsupported(what: crate::nft::wire::WireError) -> io::Error {
     io::Error::new(io::ErrorKind::Unsupported, what)
 }
 

@@ -15,7 +15,7 @@ use crate::view::Update;
 #[allow(clippy::large_enum_variant)] // short-lived: only while a changed file is applied
 pub(super) enum ParsedDoc {
     /// Not YAML.
-    Unreadable { number: usize, line: usize, error: String },
+    Unreadable { number: usize, line: usize, error: crate::api::parse::YamlError },
     /// Parsed (or rejected with a known or unknown key).
     Parsed { number: usize, line: usize, result: Result<Doc, crate::api::ParseError> },
 }
@@ -35,7 +35,7 @@ pub(super) enum Doc {
 #[derive(Debug, Clone)]
 pub(super) enum DocSummary {
     /// Not YAML.
-    Unreadable { number: usize, line: usize, error: String },
+    Unreadable { number: usize, line: usize, error: crate::api::parse::YamlError },
     /// A kind egressd does not read.
     Ignored { number: usize, what: String },
     /// An object.
@@ -69,7 +69,7 @@ impl DocSummary {
     /// The error this document reports by itself (not YAML, or refused), in `file`.
     pub(super) fn error(&self, file: &Path) -> Option<DocumentError> {
         let (document, line, key, message) = match self {
-            Self::Unreadable { number, line, error } => (*number, *line, None, error.clone()),
+            Self::Unreadable { number, line, error } => (*number, *line, None, error.to_string()),
             Self::Rejected { number, line, key, message } => (*number, *line, key.clone(), message.clone()),
             _ => return None,
         };

@@ -39,9 +39,52 @@ use expr::*;
 
 /// Read one rule of the compiler's vocabulary (module docs) as kernel expressions (the
 /// tests' way from rendered text to what the netlink path sends).
-pub(crate) fn parse(rule: &str) -> Result<KernelRule, String> {
-    let typed: super::rule::Rule = rule.parse().map_err(|e: super::rule::ParseError| e.to_string())?;
-    encode(&typed).map_err(|e| e.to_string())
+pub(crate) fn parse(rule: &str) -> Result<KernelRule, WireError> {
+    let typed: super::rule::Rule = rule.parse().map_err(WireError::Read)?;
+    encode(&typed).map_err(WireError::Encode)
+}
+
+/// What the netlink path does not write (the caller then sends the table through `nft`),
+/// naming the chain, rule or set.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// A rule the encoder refuses.
+    #[error("chain {chain} rule {index} ({rule}): {source}")]
+    Rule {
+        /// The chain.
+        chain: String,
+        /// The rule's position in it.
+        index: usize,
+        /// The rule's text.
+        rule: String,
+        /// Why.
+        source: Unencodable,
+    },
+    /// A base chain's hook or priority.
+    #[error("chain {chain}: {source}")]
+    Hook {
+        /// The chain.
+        chain: String,
+        /// Why.
+        source: super::HookError,
+    },
+    /// A set declaration.
+    #[error("set {set}: {why}")]
+    Set {
+        /// The set.
+        set: String,
+        /// What it declares.
+        why: &'static str,
+    },
+    /// An element its set cannot hold ([`super::Key::fits`]).
+    #[error("an element the netlink path does not write")]
+    Element,
+    /// Rule text that is not of the vocabulary ([`parse`], for the tests).
+    #[error("{0}")]
+    Read(super::rule::ParseError),
+    /// A rule the encoder refuses ([`parse`], for the tests).
+    #[error("{0}")]
+    Encode(Unencodable),
 }
 
 // --- netlink attributes -----------------------------------------------------------
@@ -192,7 +235,8 @@ fn daddr_load(v6: bool, dreg: u32) -> Expr {
 }
 
 /// `NEWSET` attributes of `set` (created empty; its elements are sent after).
-fn set_body(table: &str, name: &str, set: &Set, id: u32) -> Result<Vec<u8>, String> {
+fn set_body(table: &str, name: &str, set: &Set, id: u32) -> Result<Vec<u8>, WireError> {
+    let refused = |why| Err(WireError::Set { set: name.to_string(), why });
     const INTERVAL: u32 = 0x4;
     const MAP: u32 = 0x8;
     const TIMEOUT: u32 = 0x10;
@@ -206,17 +250,17 @@ fn set_body(table: &str, name: &str, set: &Set, id: u32) -> Result<Vec<u8>, Stri
         (KeyType::Mark, false) => (19, 4, UDATA_MARK),
         (KeyType::PortIpv4, false) => (0xc347, 12, UDATA_PORT_V4),
         (KeyType::PortIpv6, false) => (0xc348, 24, UDATA_PORT_V6),
-        (_, true) => return Err(format!("set {name}: a verdict map keyed by a tag or a mark")),
+        (_, true) => return refused("a verdict map keyed by a tag or a mark"),
     };
     const CONCAT: u32 = 0x80;
     let flags = match (set.interval, set.timeout, set.verdict_map, set.key.is_tagged()) {
         _ if set.key.is_ported() && set.interval && !set.timeout && !set.verdict_map => INTERVAL | CONCAT,
-        _ if set.key.is_ported() => return Err(format!("set {name}: a ported set is a plain interval set")),
+        _ if set.key.is_ported() => return refused("a ported set is a plain interval set"),
         (false, false, false, false) => 0,
         (true, false, false, false) => INTERVAL,
         (false, true, false, _) => TIMEOUT,
         (false, false, true, false) => MAP,
-        _ => return Err(format!("set {name}: a declaration the netlink path does not write")),
+        _ => return refused("a declaration the netlink path does not write"),
     };
     let mut b = Vec::new();
     put_str(&mut b, 1, table);
@@ -256,7 +300,7 @@ fn set_body(table: &str, name: &str, set: &Set, id: u32) -> Result<Vec<u8>, Stri
 ///
 /// Each message goes to `emit` as soon as it is made (a replace of 100k rules builds
 /// them into the transaction's buffer one at a time, never all at once).
-pub fn replace_messages(table: &Table, emit: &mut dyn FnMut(Message)) -> Result<(), String> {
+pub fn replace_messages(table: &Table, emit: &mut dyn FnMut(Message)) -> Result<(), WireError> {
     let name = table.name.as_str();
     let mut tbl = Vec::new();
     put_str(&mut tbl, 1, name);
@@ -279,7 +323,7 @@ pub fn replace_messages(table: &Table, emit: &mut dyn FnMut(Message)) -> Result<
     // In `nft`'s order (the rendered block's): plain sets, regular chains, maps (their
     // elements jump to those chains), base chains; `nft list` shows them in it.
     let mut id = 0u32;
-    let mut sets = |emit: &mut dyn FnMut(Message), maps: bool| -> Result<(), String> {
+    let mut sets = |emit: &mut dyn FnMut(Message), maps: bool| -> Result<(), WireError> {
         for (set_name, set) in table.sets.iter().filter(|(_, s)| s.verdict_map == maps) {
             id += 1;
             emit(set_message(name, set_name, set, id)?);
@@ -307,19 +351,20 @@ fn message(kind: u16, create: bool, body: Vec<u8>, what: impl Into<What>) -> Mes
 }
 
 /// `NEWSET` of `set` (created empty) with transaction id `id`.
-fn set_message(table: &str, name: &str, set: &Set, id: u32) -> Result<Message, String> {
+fn set_message(table: &str, name: &str, set: &Set, id: u32) -> Result<Message, WireError> {
     let mut m = message(MSG_NEWSET, true, set_body(table, name, set, id)?, format!("set {name}"));
     m.new_set = Some((name.to_string(), id));
     Ok(m)
 }
 
 /// `NEWCHAIN` of `chain` (empty).
-fn chain_message(table: &str, name: &str, chain: &super::Chain) -> Result<Message, String> {
+fn chain_message(table: &str, name: &str, chain: &super::Chain) -> Result<Message, WireError> {
     let mut b = Vec::new();
     put_str(&mut b, 1, table);
     put_str(&mut b, 3, name);
     if let Some(hook) = &chain.hook {
-        let (number, priority) = hook.numbers().map_err(|e| format!("chain {name}: {e}"))?;
+        let (number, priority) =
+            hook.numbers().map_err(|source| WireError::Hook { chain: name.to_string(), source })?;
         put_str(&mut b, 7, hook.chain_type);
         put_u32(&mut b, 5, 1);
         nest(&mut b, 4, |o| {
@@ -347,9 +392,14 @@ fn rule_messages(
     chain_name: &super::Text,
     chain: &super::Chain,
     id: &mut u32,
-) -> Result<(), String> {
+) -> Result<(), WireError> {
     for (i, chain_rule) in chain.rules.iter().enumerate() {
-        let rule = encode(chain_rule).map_err(|e| format!("chain {chain_name} rule {i} ({chain_rule}): {e}"))?;
+        let rule = encode(chain_rule).map_err(|source| WireError::Rule {
+            chain: chain_name.to_string(),
+            index: i,
+            rule: chain_rule.to_string(),
+            source,
+        })?;
         let what = What::Rule { chain: chain_name.clone(), rules: chain.rules.clone(), index: i };
         let mut ids = Vec::new();
         for set in &rule.anon {
@@ -380,7 +430,7 @@ pub(crate) type BeforeAfter = (Vec<Message>, Vec<Message>);
 /// change only a full replace makes ([`super::Comparison::needs_replace`]); an error
 /// names what the netlink path does not write. A new base chain is declared with its
 /// hook among the new chains, and gets its rules after the element changes.
-pub fn delta_messages(c: &super::Comparison<'_>) -> Result<Option<BeforeAfter>, String> {
+pub fn delta_messages(c: &super::Comparison<'_>) -> Result<Option<BeforeAfter>, WireError> {
     use itertools::EitherOrBoth::{Both, Left, Right};
     if c.needs_replace() {
         return Ok(None);
@@ -668,7 +718,10 @@ mod tests {
                 "[ immediate reg 0 accept ]",
             ]
         );
-        assert!(parse("ip saddr 192.0.2.1 tproxy ip to :53").unwrap_err().contains("transport protocol"));
+        assert_eq!(
+            parse("ip saddr 192.0.2.1 tproxy ip to :53"),
+            Err(WireError::Encode(Unencodable::NoProtocol("tproxy")))
+        );
         assert_eq!(
             debug("ip saddr 198.18.0.1 udp dport 53 notrack")[4..],
             [
@@ -756,6 +809,6 @@ mod tests {
         ] {
             assert!(parse(rule).is_err(), "{rule}");
         }
-        assert!(parse("log prefix \"x\" drop").unwrap_err().contains("log"));
+        assert!(parse("log prefix \"x\" drop").unwrap_err().to_string().contains("log"));
     }
 }
