@@ -30,9 +30,9 @@ pub enum Kind {
 
 impl Kind {
     /// The dynamic API resource (group, version, kind, plural) of this kind.
-    pub fn api_resource(self) -> kube::core::ApiResource {
-        let gvk = kube::core::GroupVersionKind::gvk(self.group(), "v1", self.as_str());
-        kube::core::ApiResource::from_gvk_with_plural(&gvk, self.plural())
+    pub fn api_resource(self) -> kube_core::ApiResource {
+        let gvk = kube_core::GroupVersionKind::gvk(self.group(), "v1", self.as_str());
+        kube_core::ApiResource::from_gvk_with_plural(&gvk, self.plural())
     }
 
     /// The kind's name as in `kind:`.

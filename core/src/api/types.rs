@@ -7,11 +7,12 @@
 //! what it cannot use.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
-use kube::CustomResource;
+use kube_derive::CustomResource;
 use serde::{Deserialize, Serialize};
 
 /// EgressFirewall spec: the ordered rules of one namespace.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(crates(kube_core = "::kube_core"))]
 #[kube(
     group = "k8s.ovn.org",
     version = "v1",
@@ -75,6 +76,7 @@ pub struct EgressFirewallStatus {
 
 /// EgressQoS spec: DSCP marking rules of one namespace.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(crates(kube_core = "::kube_core"))]
 #[kube(
     group = "k8s.ovn.org",
     version = "v1",
@@ -116,6 +118,7 @@ pub struct EgressQoSStatus {
 
 /// EgressIP spec: which pods leave with which source addresses.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(crates(kube_core = "::kube_core"))]
 #[kube(group = "k8s.ovn.org", version = "v1", kind = "EgressIP", status = "EgressIPStatus", schema = "disabled")]
 #[serde(rename_all = "camelCase")]
 pub struct EgressIPSpec {
@@ -149,6 +152,7 @@ pub struct EgressIPStatusItem {
 /// CloudPrivateIPConfig spec: the node a private IP should be assigned to. The object's
 /// name is the IP (IPv6 fully expanded with dots instead of colons).
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[kube(crates(kube_core = "::kube_core"))]
 #[kube(
     group = "cloud.network.openshift.io",
     version = "v1",
