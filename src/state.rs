@@ -20,6 +20,21 @@ pub const STATUS_FILE: &str = "status";
 /// The last good versions of invalid objects.
 pub(crate) const LAST_GOOD_FILE: &str = "last-good.json";
 
+/// Make `dir` (and its missing parents) a private directory: mode 0700. One that exists
+/// with a wider mode — the DaemonSet's `hostPath` is created 0755 by the kubelet — is
+/// narrowed, so the explain socket and the files in it are reachable by root only
+/// whoever created the directory.
+pub(crate) fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    let mode = std::fs::metadata(dir)?.permissions().mode();
+    if mode & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        tracing::info!(dir = %dir.display(), was = format!("{:o}", mode & 0o777), "state directory narrowed to 0700");
+    }
+    Ok(())
+}
+
 /// Write `dir/name` privately and atomically (see the module docs).
 pub(crate) fn write_private(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
     write_private_as(dir, name, bytes, true)
@@ -27,7 +42,7 @@ pub(crate) fn write_private(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Re
 
 /// [`write_private`], synced to disk before the rename only when `durable`.
 pub(crate) fn write_private_as(dir: &Path, name: &str, bytes: &[u8], durable: bool) -> std::io::Result<()> {
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    private_dir(dir)?;
     let tmp = dir.join(format!(".{name}.tmp"));
     // A left-over temporary file (or anything planted there) goes first; unlink never
     // follows a symlink.
@@ -148,6 +163,19 @@ mod tests {
         std::os::unix::fs::symlink(&victim, state.join("status")).unwrap();
         assert!(read_private(&state, "status").is_err());
         assert_eq!(read_private(&state, "absent").unwrap(), None);
+    }
+
+    #[test]
+    fn a_state_directory_created_wider_is_narrowed_to_0700() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        std::fs::create_dir(&state).unwrap();
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).unwrap();
+        write_private(&state, "status", b"one").unwrap();
+        assert_eq!(std::fs::metadata(&state).unwrap().permissions().mode() & 0o777, 0o700);
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o750)).unwrap();
+        private_dir(&state).unwrap();
+        assert_eq!(std::fs::metadata(&state).unwrap().permissions().mode() & 0o777, 0o700);
     }
 
     #[test]

@@ -25,8 +25,10 @@ const MAX_LINE: u64 = 64 * 1024;
 /// Listen on `dir/explain.sock` (replacing a stale one); queries arrive on the returned
 /// channel, for the agent loop to answer.
 pub fn listen(dir: &Path) -> std::io::Result<mpsc::Receiver<Request>> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    use std::os::unix::fs::PermissionsExt;
+    // The socket is created with the process's umask; in the 0700 directory nobody but
+    // root reaches it before its own mode is narrowed too.
+    crate::state::private_dir(dir)?;
     let path = dir.join(SOCKET);
     match std::fs::remove_file(&path) {
         Ok(()) => {}
@@ -89,4 +91,44 @@ pub fn ask(dir: &Path, query: &Query, timeout: Duration) -> Result<Explanation, 
     std::io::BufReader::new(stream).read_line(&mut answer).map_err(|e| format!("{}: {e}", path.display()))?;
     serde_json::from_str::<Result<Explanation, String>>(&answer)
         .map_err(|e| format!("{}: unexpected answer: {e}", path.display()))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_socket_is_root_only_and_answers_one_line_each_way() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        std::fs::create_dir(&state).unwrap();
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut rx = listen(&state).unwrap();
+        assert_eq!(mode(&state), 0o700, "a directory created wider is narrowed");
+        assert_eq!(mode(&state.join(SOCKET)), 0o600);
+        let asked = tokio::spawn(async move {
+            let (query, reply) = rx.recv().await.unwrap();
+            let _ = reply.send(Err("no such pod".into()));
+            query
+        });
+        let query = Query::parse(Some("team-a/web"), None, "192.0.2.1:443/tcp").unwrap();
+        let sent = query.clone();
+        let state_dir = state.clone();
+        let answer = tokio::task::spawn_blocking(move || ask(&state_dir, &sent, Duration::from_secs(5))).await.unwrap();
+        assert_eq!(answer.unwrap_err(), "no such pod");
+        assert_eq!(asked.await.unwrap(), query, "the agent got the query as sent");
+
+        // A line that is not a query is answered with why, and reaches nothing.
+        let mut stream = tokio::net::UnixStream::connect(state.join(SOCKET)).await.unwrap();
+        stream.write_all(b"{\"from\": 1}\n").await.unwrap();
+        let mut line = String::new();
+        tokio::io::BufReader::new(stream).read_line(&mut line).await.unwrap();
+        let answer: Result<Explanation, String> = serde_json::from_str(&line).unwrap();
+        assert!(answer.unwrap_err().starts_with("bad query: "), "{line}");
+    }
 }
