@@ -169,7 +169,11 @@ fn ask_udp_to(server: &str, bytes: &[u8], timeout: Duration) -> Option<(Message,
 }
 
 fn ask_tcp(bytes: &[u8]) -> Option<Message> {
-    let mut s = TcpStream::connect_timeout(&(SERVER, 53).into_sock(), Duration::from_secs(2)).ok()?;
+    ask_tcp_to((SERVER, 53).into_sock(), bytes)
+}
+
+fn ask_tcp_to(to: SocketAddr, bytes: &[u8]) -> Option<Message> {
+    let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(2)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
     let mut framed = (bytes.len() as u16).to_be_bytes().to_vec();
     framed.extend(bytes);
@@ -410,6 +414,43 @@ fn udp_and_tcp_truncation_edns_ids_and_ports_pass_unchanged() {
     // The flooding pod itself is held to its bound while its queries wait.
     let flooder = resolve_and_connect(&t.pods[0], 1, true, 700_000);
     assert_eq!(flooder.len(), 1, "the flooding pod was not bounded");
+}
+
+/// The proxy relays only what tproxy hands it: a pod (or a process on the node) that
+/// connects to the proxy's own port gets nothing, over TCP or UDP.
+#[test]
+fn a_query_sent_to_the_proxys_own_port_gets_no_answer() {
+    let t = Topology::new(&["team-a"]);
+    let _server = Server::start(&t.ext);
+    policed(&t);
+    let agent = t.start_agent_with("agent", &AGENT_ARGS);
+    let ready = wait_for(Duration::from_secs(5), || {
+        resolve_and_connect(&t.pods[0], 1, true, 800_000).is_empty() && proxied(&t, "udp") >= 1
+    });
+    assert!(ready.is_some(), "the proxy does not answer:\n{}", agent.log_text());
+    let not_taken = |transport: &str| {
+        metric(&t, &format!("egressd_dns_proxied_total{{transport=\"{transport}\",result=\"not_taken\"}}"))
+    };
+    let (tcp_before, udp_before) = (not_taken("tcp"), not_taken("udp"));
+    let q = query(5, "x2.fresh.example.com.", RecordType::A, None);
+    let port = "53053";
+    let (q2, q3) = (q.clone(), q.clone());
+    let from_pod = t.pods[0].run(move || {
+        let node: SocketAddr = format!("198.18.1.1:{port}").parse().unwrap();
+        let tcp = ask_tcp_to(node, &q2);
+        let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        s.send_to(&q2, node).unwrap();
+        let mut buf = [0u8; 4096];
+        (tcp, s.recv_from(&mut buf).ok().map(|(n, _)| n))
+    });
+    assert!(from_pod.0.is_none() && from_pod.1.is_none(), "the proxy answered a pod on its own port: {from_pod:?}");
+    let local: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    assert!(t.node.run(move || ask_tcp_to(local, &q3)).is_none(), "the proxy answered on the node's loopback");
+    // They reached the proxy, which closed them (not a port nobody listens on).
+    let counted =
+        wait_for(Duration::from_secs(3), || not_taken("tcp") >= tcp_before + 2 && not_taken("udp") > udp_before);
+    assert!(counted.is_some(), "tcp {tcp_before} → {}, udp {udp_before} → {}", not_taken("tcp"), not_taken("udp"));
 }
 
 #[test]
