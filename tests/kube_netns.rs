@@ -360,6 +360,44 @@ fn daemonset_manifests_pass_a_server_side_dry_run() {
     assert!(!can("update", cpic, "--subresource=status"));
     assert!(!can("get", "secrets", ""));
     assert!(!can("create", "customresourcedefinitions.apiextensions.k8s.io", ""));
+
+    // The split layout (examples/kustomize-split: the base and daemonset/modes/split), applied for real: the node identity
+    // loses the cluster-wide writes, the controller's identity has them and nothing of
+    // a node's.
+    let split = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/kustomize-split");
+    let (ok, out) = api.kubectl(&["apply", "-k", split.to_str().unwrap()], "");
+    assert!(ok, "{out}");
+    assert!(out.contains("deployment.apps/egressd-controller created"), "{out}");
+    let controller = |verb: &str, what: &str, sub: &str| {
+        let who = "system:serviceaccount:egressd:egressd-controller";
+        let mut args = vec!["auth", "can-i", verb, what, "--as", who, "-n", "egressd"];
+        if !sub.is_empty() {
+            args.push(sub);
+        }
+        // The answer first; kubectl warns after it that `-n` means nothing to a
+        // cluster-scoped kind (the Lease is namespaced).
+        api.kubectl(&args, "").1.lines().next().map(str::trim) == Some("yes")
+    };
+    let node_can = |verb: &str, what: &str| {
+        let who = "system:serviceaccount:egressd:egressd";
+        let said = api.kubectl(&["auth", "can-i", verb, what, "--as", who, "-n", "egressd"], "").1;
+        said.lines().next().map(str::trim) == Some("yes")
+    };
+    assert!(!can("update", "egressips.k8s.ovn.org", ""), "a node can still move egress IPs");
+    assert!(!node_can("update", "leases.coordination.k8s.io"), "a node can still take the Lease");
+    assert!(can("patch", "nodes", "") && can("patch", "egressfirewalls.k8s.ovn.org", "--subresource=status"));
+    assert!(can("watch", "pods", "") && can("create", "events", ""));
+    assert!(controller("update", "egressips.k8s.ovn.org", ""));
+    assert!(controller("update", "leases.coordination.k8s.io", ""));
+    assert!(controller("patch", "egressqoses.k8s.ovn.org", "--subresource=status"));
+    assert!(!controller("patch", "nodes", ""), "the controller has no Node to write");
+    assert!(!controller("delete", "egressips.k8s.ovn.org", ""));
+    assert!(!controller("get", "secrets", ""));
+    let (ok, role) = api.kubectl(
+        &["get", "daemonset", "egressd", "-n", "egressd", "-o", "jsonpath={.spec.template.spec.containers[0].env}"],
+        "",
+    );
+    assert!(ok && role.contains(r#"{"name":"EGRESSD_ROLE","value":"node"}"#), "{role}");
 }
 
 /// A cluster without OpenShift's CloudPrivateIPConfig CRD, where RBAC does not grant

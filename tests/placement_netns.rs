@@ -459,3 +459,90 @@ fn an_ip_another_allocator_holds_is_not_placed_and_the_event_names_the_holder() 
     assert!(placed.is_some(), "{}", logs(&agents));
     assert!(items(&api, "e2").is_empty(), "the claim still holds EIP_C");
 }
+
+/// The controller's identity in the Lease (a Deployment's pod name).
+const CONTROLLER: &str = "egressd-controller-0";
+
+/// `egressd run --role controller` in the external host's namespace (beside the API
+/// server, reaching the nodes' health ports over the LAN), as the split layout's
+/// controller identity: no dataplane there.
+fn start_controller(k: &Kube, api: &ApiServer) -> Agent {
+    let kubeconfig = api.kubeconfig_controller();
+    let state = k.c.dir.path().join("state-controller");
+    let args = [
+        "run",
+        "--role",
+        "controller",
+        "--kubeconfig",
+        &kubeconfig,
+        "--node-name",
+        CONTROLLER,
+        "--cluster-cidr",
+        "198.18.0.0/16",
+        "--cluster-cidr",
+        "2001:db8:1::/48",
+        "--lease-duration-secs",
+        "3",
+        "--lease-renew-secs",
+        "1",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--health-addr",
+        "127.0.0.1:9799",
+    ];
+    Agent::start(&k.c.ext, &args, k.c.dir.path().join("controller.log"))
+}
+
+/// Two identities (issue #41): the controller (`--role controller`, no dataplane)
+/// holds the Lease and does the cluster-wide work; node agents (`--role node`) never
+/// campaign. Placement, steering, the statuses' aggregate and failover work as with
+/// agents that lead.
+#[test]
+fn a_controller_places_and_fails_over_while_node_agents_never_lead() {
+    let k = new_cluster();
+    let api = ApiServer::start(&k.c.ext, k.dir.clone(), API_HOST);
+    declare(&api, &k.c);
+    // The split layout's RBAC: node credentials cannot update EgressIPs nor the Lease.
+    let split = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/kustomize-split");
+    let (ok, out) = api.kubectl(&["apply", "-k", split.to_str().unwrap()], "");
+    assert!(ok, "{out}");
+    let holder = || api.get(&["lease", "egressd-leader", "-n", "egressd", "-o", "jsonpath={.spec.holderIdentity}"]);
+    let controller = start_controller(&k, &api);
+    let led = wait_for(Duration::from_secs(15), || holder() == CONTROLLER);
+    assert!(led.is_some(), "the controller never led ({}):\n{}", holder(), controller.log_text());
+    let mut agents: Vec<Option<Agent>> = (0..3).map(|n| Some(start_with(&k, &api, n, &["--role", "node"]))).collect();
+    let all_logs = |agents: &[Option<Agent>]| format!("--- controller\n{}\n{}", controller.log_text(), logs(agents));
+
+    // Placement by the controller: node-b (labelled, first by name); node-a's pod is
+    // steered to it.
+    egress_ip(&api, "e1", &[EIP_B]);
+    let placed = wait_for(Duration::from_secs(15), || host_of(&api) == Some(1) && k.c.has_addr(1, EIP_B));
+    assert!(placed.is_some(), "{}\n{}", api.get(&["egressip", "-o", "yaml"]), all_logs(&agents));
+    let a_pod = &k.c.nodes[0].pods[0];
+    assert!(wait_for(Duration::from_secs(5), || quick_source(a_pod).as_deref() == Some(EIP_B)).is_some());
+
+    // The aggregate of an EgressFirewall's status, one entry per Ready node, written by
+    // the controller (the nodes agree and write nothing).
+    api.apply(
+        "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {name: default, namespace: prod}\n\
+         spec:\n  egress:\n  - {type: Allow, to: {cidrSelector: 203.0.113.0/24}}\n",
+    );
+    let messages = || api.get(&["egressfirewall", "default", "-n", "prod", "-o", "jsonpath={.status.messages}"]);
+    let written = wait_for(Duration::from_secs(15), || {
+        let m = messages();
+        ["node-a", "node-b", "node-c"].iter().all(|n| m.contains(&format!("{n}: EgressFirewall Rules applied")))
+    });
+    assert!(written.is_some(), "{}\n{}", messages(), all_logs(&agents));
+
+    // node-b dies: the controller moves its egress IP to node-c.
+    let took = measure_failover(&k, &mut agents, 1);
+    assert!(took.is_some_and(|t| t < Duration::from_secs(5)), "failover took {took:?}\n{}", all_logs(&agents));
+    assert_eq!(host_of(&api), Some(2));
+
+    // No node agent ever campaigned: the Lease stayed the controller's.
+    assert_eq!(holder(), CONTROLLER);
+    for a in agents.iter().flatten() {
+        assert!(a.log_text().contains("not campaigning for the Lease"), "{}", a.log_text());
+    }
+    assert!(!controller.log_text().contains("dataplane in sync"), "the controller has no dataplane");
+}

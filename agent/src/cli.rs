@@ -329,6 +329,17 @@ pub(crate) struct EgressArgs {
     pub(crate) egress_ip_vxlan_port: u16,
 }
 
+/// `--role`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Role {
+    /// The node's dataplane, and the cluster-wide work while it holds the leader Lease.
+    All,
+    /// The node's dataplane only: never takes the Lease.
+    Node,
+    /// The cluster-wide work only (no dataplane, no nft): a Deployment.
+    Controller,
+}
+
 /// `--status-zones`.
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub(crate) enum ZonesArg {
@@ -486,6 +497,14 @@ pub(crate) struct RunArgs {
     /// account (as in the DaemonSet).
     #[arg(long, env = "EGRESSD_KUBECONFIG")]
     pub(crate) kubeconfig: Option<PathBuf>,
+    /// What this process does in Kubernetes mode. `all`: the node's dataplane, and the
+    /// cluster-wide work (EgressIP placement, CloudPrivateIPConfigs, the statuses'
+    /// aggregates, Events) while it holds the leader Lease. `node`: the dataplane and the
+    /// node's own writes only, never the Lease. `controller`: the cluster-wide work only,
+    /// no dataplane (run it as a Deployment under its own identity, so node credentials
+    /// need not write EgressIPs: docs/security.md).
+    #[arg(long, env = "EGRESSD_ROLE", value_enum, default_value_t = Role::All)]
+    pub(crate) role: Role,
     /// Namespace of the leader Lease (cluster-wide work: status aggregation).
     #[arg(long, env = "POD_NAMESPACE", default_value = "egressd")]
     pub(crate) lease_namespace: String,

@@ -242,6 +242,9 @@ fn run(args: RunArgs) -> ExitCode {
         eprintln!("egressd run: {e}");
         return ExitCode::from(EXIT_CONFIG);
     }
+    if args.role == Role::Controller {
+        return run_controller(args);
+    }
     let nft = NftCli::new(&args.nft);
     match nft.version() {
         Ok(v) => tracing::info!(nft = %v, "nft found"),
@@ -323,6 +326,9 @@ fn check_run_args(args: &RunArgs) -> Result<(), String> {
     {
         return Err(format!("--manifests {}: not a directory", dir.display()));
     }
+    if args.manifests.is_some() && args.role != Role::All {
+        return Err("--role node and --role controller are for Kubernetes mode, not --manifests".into());
+    }
     if args.manifests.is_none() && args.kubeconfig.is_none() && std::env::var_os("KUBERNETES_SERVICE_HOST").is_none() {
         return Err("give --manifests DIR or --kubeconfig PATH (or run in a pod for the in-cluster config)".into());
     }
@@ -368,17 +374,7 @@ async fn run_kube(
     mut shutdown: impl std::future::Future<Output = ()> + Unpin,
 ) -> Result<(), AgentError> {
     let client = egressd::source::kube::client(args.kubeconfig.as_deref()).await?;
-    let leadership = Leadership::default();
-    let lease = LeaseConfig {
-        namespace: args.lease_namespace.clone(),
-        name: args.lease_name.clone(),
-        identity: args.node.node_name.clone(),
-        duration: Duration::from_secs(args.lease_duration_secs),
-        renew_every: Duration::from_secs(args.lease_renew_secs),
-    };
-    tokio::spawn(
-        egressd::leader::run(client.clone(), lease, leadership.clone()).instrument(info_span!("leader_lease")),
-    );
+    let leadership = campaign(args, &client);
     let view = tokio::select! {
         v = KubeWatch::start(&client, PodScope::Node(args.node.node_name.clone()), telemetry.clone()) => v,
         _ = &mut shutdown => return Ok(()),
@@ -396,6 +392,42 @@ async fn run_kube(
             }
         }
     }
+    let settings = placement_settings(args)?;
+    let placement = PlacementSink::start(client.clone(), settings, leadership.clone());
+    let writer = KubeStatusWriter::start(
+        client,
+        args.node.node_name.clone(),
+        leadership,
+        view.status_board(),
+        args.status_zones.into(),
+    );
+    egressd::agent::run(config, view, syncer, (writer, placement), shutdown).instrument(info_span!("agent")).await
+}
+
+/// The leader Lease this process campaigns for (none with `--role node`: the handle then
+/// never leads).
+fn campaign(args: &RunArgs, client: &kube::Client) -> Leadership {
+    let leadership = Leadership::default();
+    if args.role == Role::Node {
+        tracing::info!("role node: the cluster-wide work is left to the controller; not campaigning for the Lease");
+        return leadership;
+    }
+    let lease = LeaseConfig {
+        namespace: args.lease_namespace.clone(),
+        name: args.lease_name.clone(),
+        identity: args.node.node_name.clone(),
+        duration: Duration::from_secs(args.lease_duration_secs),
+        renew_every: Duration::from_secs(args.lease_renew_secs),
+    };
+    tokio::spawn(
+        egressd::leader::run(client.clone(), lease, leadership.clone()).instrument(info_span!("leader_lease")),
+    );
+    leadership
+}
+
+/// Placement's settings from `egressd run`'s arguments.
+fn placement_settings(args: &RunArgs) -> Result<egressd::placement::controller::PlacementSettings, AgentError> {
+    let p = &args.placement;
     let settings = egressd::placement::controller::PlacementSettings {
         node: args.node.node_name.clone(),
         health_port: p.egress_ip_health_port,
@@ -411,15 +443,65 @@ async fn run_kube(
     if settings.aws.is_some() && settings.mode != egressd::net::EgressIpMode::Cloud {
         return Err(AgentError::Config("--cloud-provider needs --egress-ip-mode cloud".into()));
     }
-    let placement = PlacementSink::start(client.clone(), settings, leadership.clone());
-    let writer = KubeStatusWriter::start(
-        client,
-        args.node.node_name.clone(),
-        leadership,
-        view.status_board(),
-        args.status_zones.into(),
-    );
-    egressd::agent::run(config, view, syncer, (writer, placement), shutdown).instrument(info_span!("agent")).await
+    Ok(settings)
+}
+
+/// `egressd run --role controller`: the leader Lease, the watches (no pods: nothing the
+/// cluster-wide work reads), placement and the status writer, no dataplane.
+fn run_controller(args: RunArgs) -> ExitCode {
+    let telemetry = std::sync::Arc::new(Telemetry::default());
+    let config = run_config(&args, telemetry.clone());
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("egressd run: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    let result: Result<(), AgentError> = runtime.block_on(async {
+        let shutdown = match ShutdownSignal::install() {
+            Ok(s) => s,
+            Err(e) => return Err(AgentError::Config(format!("cannot install signal handlers: {e}"))),
+        };
+        let shutdown = shutdown.wait();
+        tokio::pin!(shutdown);
+        if let Err(e) = egressd::telemetry::server::serve(args.health_addr, telemetry.clone()).await {
+            return Err(AgentError::Config(format!("--health-addr {}: {e}", args.health_addr)));
+        }
+        let settings = placement_settings(&args)?;
+        let client = egressd::source::kube::client(args.kubeconfig.as_deref()).await?;
+        let leadership = campaign(&args, &client);
+        // Pods are read by no cluster-wide decision: the watch is scoped to a node name
+        // no pod has (this process's own).
+        let scope = PodScope::Node(args.node.node_name.clone());
+        let view = tokio::select! {
+            v = KubeWatch::start(&client, scope, telemetry.clone()) => v,
+            _ = &mut shutdown => return Ok(()),
+        };
+        let placement = PlacementSink::start(client.clone(), settings, leadership.clone());
+        let writer = KubeStatusWriter::start(
+            client,
+            args.node.node_name.clone(),
+            leadership,
+            view.status_board(),
+            args.status_zones.into(),
+        );
+        tracing::info!(identity = %args.node.node_name, "role controller: cluster-wide work only, no dataplane");
+        egressd::agent::run_controller(config, view, (writer, placement), shutdown)
+            .instrument(info_span!("controller"))
+            .await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e @ (AgentError::Kube(_) | AgentError::Config(_))) => {
+            eprintln!("egressd run: {e}");
+            ExitCode::from(EXIT_CONFIG)
+        }
+        Err(e) => {
+            eprintln!("egressd run: {e}");
+            ExitCode::from(EXIT_FAILURE)
+        }
+    }
 }
 
 /// Check the prerequisites at start and every 30 s; log what changed.

@@ -9,6 +9,7 @@
 //!   agent restarts. `egressd cleanup` is the explicit way to remove it.
 
 mod apply;
+mod controller;
 mod counters;
 mod drift;
 mod net;
@@ -547,6 +548,8 @@ async fn next_query(
 
 /// The shortest gap between two probes of held-back egress IPs from the run loop.
 const REPROBE_GAP: Duration = Duration::from_millis(500);
+
+pub use controller::run_controller;
 
 /// Run until `shutdown` completes: resolve DNS names, compile, sync, report; again on
 /// every change of the source and whenever a DNS name falls due.

@@ -6,13 +6,15 @@
 #   tests/kube/apiserver.sh stop DIR
 #
 # DIR/env holds KUBE_URL, ADMIN_TOKEN, EGRESSD_TOKEN, ETCD_URL, ETCD_PID, APISERVER_PID.
-# Tokens: `admin` (group system:masters) and the ServiceAccount identity
-# system:serviceaccount:egressd:egressd (bound only to the RBAC in daemonset/).
-# DIR/kubeconfig-admin and DIR/kubeconfig-egressd are ready-made kubeconfigs. There is
-# no controller-manager, scheduler or kubelet.
+# Tokens: `admin` (group system:masters) and the ServiceAccount identities
+# system:serviceaccount:egressd:egressd (node agents) and
+# system:serviceaccount:egressd:egressd-controller (the controller of the split layout,
+# daemonset/modes/split), bound only to the RBAC in daemonset/. DIR/kubeconfig-admin,
+# DIR/kubeconfig-egressd and DIR/kubeconfig-egressd-controller are ready-made
+# kubeconfigs. There is no controller-manager, scheduler or kubelet.
 #
 #   BIND        address kube-apiserver listens on (default 127.0.0.1)
-#   KUBE_HOST   address written into kubeconfig-egressd (default: BIND, or 127.0.0.1)
+#   KUBE_HOST   address written into the egressd kubeconfigs (default: BIND, or 127.0.0.1)
 set -euo pipefail
 cmd=$1 dir=$2 port=${3:-}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -70,7 +72,12 @@ start)
   read -r etcd_port peer_port <<<"$(free_ports 2 "$port" | tr '\n' ' ')"
   admin=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
   agent=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
-  printf '%s,admin,admin,system:masters\n%s,system:serviceaccount:egressd:egressd,sa-egressd,"system:serviceaccounts,system:serviceaccounts:egressd,system:authenticated"\n' "$admin" "$agent" >"$dir/tokens.csv"
+  controller=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  {
+    printf '%s,admin,admin,system:masters\n' "$admin"
+    printf '%s,system:serviceaccount:egressd:egressd,sa-egressd,"system:serviceaccounts,system:serviceaccounts:egressd,system:authenticated"\n' "$agent"
+    printf '%s,system:serviceaccount:egressd:egressd-controller,sa-egressd-controller,"system:serviceaccounts,system:serviceaccounts:egressd,system:authenticated"\n' "$controller"
+  } >"$dir/tokens.csv"
   [ -f "$dir/sa.key" ] || openssl genrsa -out "$dir/sa.key" 2048 2>/dev/null
   etcd --data-dir "$dir/etcd" --listen-client-urls "http://127.0.0.1:$etcd_port" \
     --advertise-client-urls "http://127.0.0.1:$etcd_port" --listen-peer-urls "http://127.0.0.1:$peer_port" \
@@ -107,9 +114,10 @@ PORT=$port
 ETCD_PID=$etcd_pid
 APISERVER_PID=$api_pid
 ENV
-  for who in admin egressd; do
+  for who in admin egressd egressd-controller; do
     token=$admin server=127.0.0.1
     [ "$who" = egressd ] && token=$agent server=$host
+    [ "$who" = egressd-controller ] && token=$controller server=$host
     cat >"$dir/kubeconfig-$who" <<KC
 apiVersion: v1
 kind: Config

@@ -87,6 +87,11 @@ impl<'a> ApiServer<'a> {
     pub fn kubeconfig_egressd(&self) -> String {
         self.dir.join("kubeconfig-egressd").to_str().unwrap().to_string()
     }
+
+    /// The controller's identity of the split layout (daemonset/modes/split).
+    pub fn kubeconfig_controller(&self) -> String {
+        self.dir.join("kubeconfig-egressd-controller").to_str().unwrap().to_string()
+    }
 }
 
 impl Drop for ApiServer<'_> {
