@@ -546,3 +546,50 @@ fn a_controller_places_and_fails_over_while_node_agents_never_lead() {
     }
     assert!(!controller.log_text().contains("dataplane in sync"), "the controller has no dataplane");
 }
+
+/// Moving a running cluster from one identity to two (docs/install.md): the split's RBAC
+/// applied under running `--role all` agents, the controller started, the agents rolled
+/// to `--role node` one by one. The placement never moves, pods keep leaving as the
+/// egress IP, the Lease ends with the controller, and failover works afterwards.
+#[test]
+fn moving_to_two_identities_keeps_the_placement_and_hands_the_lease_to_the_controller() {
+    let k = new_cluster();
+    let api = ApiServer::start(&k.c.ext, k.dir.clone(), API_HOST);
+    declare(&api, &k.c);
+    let mut agents = start_all(&k, &api);
+    egress_ip(&api, "e1", &[EIP_B]);
+    assert!(wait_for(Duration::from_secs(15), || host_of(&api) == Some(1)).is_some(), "e1 on node-b (by name)");
+    let a_pod = &k.c.nodes[0].pods[0];
+    assert!(wait_for(Duration::from_secs(5), || quick_source(a_pod).as_deref() == Some(EIP_B)).is_some());
+
+    let split = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/kustomize-split");
+    let (ok, out) = api.kubectl(&["apply", "-k", split.to_str().unwrap()], "");
+    assert!(ok, "{out}");
+    let controller = start_controller(&k, &api);
+    let holder = || api.get(&["lease", "egressd-leader", "-n", "egressd", "-o", "jsonpath={.spec.holderIdentity}"]);
+    let led = wait_for(Duration::from_secs(20), || holder() == CONTROLLER);
+    assert!(led.is_some(), "the Lease stayed with {}:\n{}\n{}", holder(), controller.log_text(), logs(&agents));
+    // The nodes that do not host first: nothing moves. Then the host, whose restart
+    // the controller may take for a failure (as any agent's restart on a host).
+    for n in [0, 2, 1] {
+        if let Some(mut a) = agents[n].take() {
+            a.kill();
+        }
+        agents[n] = Some(start_with(&k, &api, n, &["--role", "node"]));
+        if n != 1 {
+            assert_eq!(host_of(&api), Some(1), "the placement moved while node {n} rolled");
+            assert_eq!(quick_source(a_pod).as_deref(), Some(EIP_B), "node-a's pod while node {n} rolled");
+        }
+    }
+    let steered = wait_for(Duration::from_secs(10), || {
+        host_of(&api).is_some_and(|h| h != 0 && k.c.has_addr(h, EIP_B)) && quick_source(a_pod).as_deref() == Some(EIP_B)
+    });
+    assert!(steered.is_some(), "after the roll: {:?}\n{}", host_of(&api), logs(&agents));
+    assert_eq!(holder(), CONTROLLER);
+
+    let host = host_of(&api).unwrap();
+    let took = measure_failover(&k, &mut agents, host);
+    let all = format!("--- controller\n{}\n{}", controller.log_text(), logs(&agents));
+    assert!(took.is_some_and(|t| t < Duration::from_secs(5)), "failover took {took:?}\n{all}");
+    assert_eq!(host_of(&api), Some(3 - host), "moved to the other labelled node");
+}
