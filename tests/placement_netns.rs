@@ -520,6 +520,10 @@ fn a_controller_places_and_fails_over_while_node_agents_never_lead() {
     assert!(placed.is_some(), "{}\n{}", api.get(&["egressip", "-o", "yaml"]), all_logs(&agents));
     let a_pod = &k.c.nodes[0].pods[0];
     assert!(wait_for(Duration::from_secs(5), || quick_source(a_pod).as_deref() == Some(EIP_B)).is_some());
+    // The controller hosts and steers nothing: it reports no problem of its own.
+    let all_events =
+        || api.get(&["events", "-A", "-o", r#"jsonpath={range .items[*]}{.reason}: {.message}{"\n"}{end}"#]);
+    assert!(!all_events().contains(CONTROLLER), "{}", all_events());
 
     // The aggregate of an EgressFirewall's status, one entry per Ready node, written by
     // the controller (the nodes agree and write nothing).
@@ -545,6 +549,7 @@ fn a_controller_places_and_fails_over_while_node_agents_never_lead() {
         assert!(a.log_text().contains("not campaigning for the Lease"), "{}", a.log_text());
     }
     assert!(!controller.log_text().contains("dataplane in sync"), "the controller has no dataplane");
+    assert!(!all_events().contains(CONTROLLER), "{}", all_events());
 }
 
 /// Moving a running cluster from one identity to two (docs/install.md): the split's RBAC

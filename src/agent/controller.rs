@@ -10,6 +10,7 @@
 use std::future::Future;
 
 use super::{AgentError, RunConfig};
+use crate::api::Kind;
 use crate::compile::CompileCache;
 use crate::net::HostLinks;
 use crate::source::ViewSource;
@@ -29,9 +30,13 @@ pub async fn run_controller<S: ViewSource, K: StatusSink>(
     loop {
         if changed {
             let view = source.view();
-            let desired = tokio::task::block_in_place(|| {
+            let mut desired = tokio::task::block_in_place(|| {
                 crate::compile::compile_cached(view, &config.node, &dns, &links, &mut cache)
             });
+            // What a node alone says of an EgressIP (hosting it, steering its pods from
+            // its links) means nothing here: a process without links would report every
+            // placed IP as not steered. Only the cluster-wide problems stay.
+            desired.statuses.retain(|s| s.key.kind != Kind::EgressIP || s.cluster_only);
             sink.applied(view, &desired, None);
             // Ready once the view is compiled: there is no dataplane to wait for.
             config.telemetry.health.set_synced(true);
