@@ -25,6 +25,13 @@ fn missing_or_invalid_cluster_cidr_exits_64_with_a_clear_message() {
         egressd(&["run", "--manifests", "/nonexistent", "--node-name", "n1", "--cluster-cidr", "198.18.0.0/16"]);
     assert_eq!(code, Some(64), "{err}");
     assert!(err.contains("not a directory"), "{err}");
+    // The roles are Kubernetes mode's: with manifests there is no Lease to split.
+    for role in ["node", "controller"] {
+        let args = ["run", "--manifests", d, "--node-name", "n1", "--cluster-cidr", "198.18.0.0/16", "--role", role];
+        let (code, _, err) = egressd(&args);
+        assert_eq!(code, Some(64), "{err}");
+        assert!(err.contains("--role node and --role controller are for Kubernetes mode"), "{err}");
+    }
 }
 
 #[test]
