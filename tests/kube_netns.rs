@@ -398,6 +398,19 @@ fn daemonset_manifests_pass_a_server_side_dry_run() {
         "",
     );
     assert!(ok && role.contains(r#"{"name":"EGRESSD_ROLE","value":"node"}"#), "{role}");
+    // With a cloud mode in the same overlay, the leader's CloudPrivateIPConfig writes
+    // (and the AWS provider's) are the controller's; cloud-local's node side stays the
+    // nodes'.
+    for mode in ["cloud-local", "aws"] {
+        let dir = t.dir.path().join(format!("split-{mode}"));
+        apply_overlay(&api, &dir, &["daemonset", &format!("daemonset/modes/{mode}")], &["daemonset/modes/split"]);
+    }
+    assert!(!node_can("create", cpic) && !node_can("delete", cpic), "nodes still create or delete configs");
+    assert!(node_can("patch", cpic), "cloud-local: a node sets the finalizer of its configs");
+    assert!(can("patch", cpic, "--subresource=status"), "cloud-local: a node writes its configs' status");
+    assert!(controller("create", cpic, "") && controller("delete", cpic, "") && controller("patch", cpic, ""));
+    assert!(controller("patch", cpic, "--subresource=status"), "aws: the provider writes the statuses");
+    assert!(controller("patch", "nodes", ""), "aws: the capacity annotation");
 }
 
 /// A cluster without OpenShift's CloudPrivateIPConfig CRD, where RBAC does not grant

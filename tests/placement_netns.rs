@@ -309,16 +309,37 @@ const FINALIZER: &str = "cloudprivateipconfig.cloud.network.openshift.io/finaliz
 
 #[test]
 fn cloud_local_assigns_moves_and_releases_cloud_private_ip_configs() {
+    cloud_local_flow(false);
+}
+
+/// The same under the split layout: the controller does the leader's part (configs
+/// created, moved, deleted; statuses for nodes that cannot), node agents theirs.
+#[test]
+fn cloud_local_works_under_the_split_layout() {
+    cloud_local_flow(true);
+}
+
+fn cloud_local_flow(split: bool) {
     let k = new_cluster();
     let api = ApiServer::start(&k.c.ext, k.dir.clone(), API_HOST);
     declare(&api, &k.c);
-    apply_mode_rbac(&api, &["cloud/rbac.yaml", "cloud-local/rbac.yaml"]);
-    let mut agents = start_all_with(&k, &api, &["--egress-ip-mode", "cloud-local"]);
+    let mode = ["--egress-ip-mode", "cloud-local"];
+    let (controller, mut agents) = if split {
+        let modes = ["daemonset", "daemonset/modes/cloud-local"];
+        apply_overlay(&api, &k.dir.join("split-cloud-local"), &modes, &["daemonset/modes/split"]);
+        let controller = start_controller_with(&k, &api, &mode);
+        let node = ["--egress-ip-mode", "cloud-local", "--role", "node"];
+        (Some(controller), (0..3).map(|n| Some(start_with(&k, &api, n, &node))).collect())
+    } else {
+        apply_mode_rbac(&api, &["cloud/rbac.yaml", "cloud-local/rbac.yaml"]);
+        (None, start_all_with(&k, &api, &mode))
+    };
     let dump = |what: &str| {
         format!(
-            "{what}\n{}\n{}\n{}",
+            "{what}\n{}\n{}\n--- controller\n{}\n{}",
             api.get(&["cloudprivateipconfig", "-o", "yaml"]),
             api.get(&["egressip", "-o", "yaml"]),
+            controller.as_ref().map(Agent::log_text).unwrap_or_default(),
             logs(&agents)
         )
     };
@@ -467,9 +488,13 @@ const CONTROLLER: &str = "egressd-controller-0";
 /// server, reaching the nodes' health ports over the LAN), as the split layout's
 /// controller identity: no dataplane there.
 fn start_controller(k: &Kube, api: &ApiServer) -> Agent {
+    start_controller_with(k, api, &[])
+}
+
+fn start_controller_with(k: &Kube, api: &ApiServer, extra: &[&str]) -> Agent {
     let kubeconfig = api.kubeconfig_controller();
     let state = k.c.dir.path().join("state-controller");
-    let args = [
+    let mut args = vec![
         "run",
         "--role",
         "controller",
@@ -490,7 +515,12 @@ fn start_controller(k: &Kube, api: &ApiServer) -> Agent {
         "--health-addr",
         "127.0.0.1:9799",
     ];
-    Agent::start(&k.c.ext, &args, k.c.dir.path().join("controller.log"))
+    args.extend_from_slice(extra);
+    let controller = Agent::start(&k.c.ext, &args, k.c.dir.path().join("controller.log"));
+    let holder = || api.get(&["lease", "egressd-leader", "-n", "egressd", "-o", "jsonpath={.spec.holderIdentity}"]);
+    let led = wait_for(Duration::from_secs(20), || holder() == CONTROLLER);
+    assert!(led.is_some(), "the controller never led ({}):\n{}", holder(), controller.log_text());
+    controller
 }
 
 /// Two identities (issue #41): the controller (`--role controller`, no dataplane)

@@ -246,6 +246,21 @@ pub fn signal(agent: &Agent, sig: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(agent.pid() as i32), sig).unwrap();
 }
 
+/// Apply (for real) an overlay of the repository's kustomize directories `resources`
+/// and `components` (paths from the repository's root), written in `dir`.
+pub fn apply_overlay(api: &ApiServer, dir: &Path, resources: &[&str], components: &[&str]) {
+    std::fs::create_dir_all(dir).unwrap();
+    // kustomize takes relative paths only.
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let up = "../".repeat(dir.components().count() - 1);
+    let path = |p: &&str| format!("- {up}{}/{p}\n", repo.strip_prefix("/").unwrap().display());
+    let list = |items: &[&str]| items.iter().map(path).collect::<String>();
+    let text = format!("resources:\n{}components:\n{}", list(resources), list(components));
+    std::fs::write(dir.join("kustomization.yaml"), text).unwrap();
+    let (ok, out) = api.kubectl(&["apply", "-k", dir.to_str().unwrap()], "");
+    assert!(ok, "{}: {out}", dir.display());
+}
+
 /// An EgressIP `name` of `ips` for the namespaces labelled `team: prod`.
 pub fn egress_ip(api: &ApiServer, name: &str, ips: &[&str]) {
     let list: Vec<String> = ips.iter().map(|i| format!("\"{i}\"")).collect();
