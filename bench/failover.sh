@@ -9,6 +9,8 @@
 #
 #   bench/failover.sh                    # RUNS=10, one L2 segment
 #   TOPOLOGY=routed bench/failover.sh    # hosting and steering nodes in different subnets
+#   SPLIT=1 bench/failover.sh            # one L2 segment, the split layout: a controller leads, agents
+#                                        # run --role node (docs/security.md)
 #
 # TOPOLOGY=routed: tests/tunnel_kube_netns.rs — node-a and node-b (assignable) in one
 # subnet, node-c (the leader, never hosting) in another behind a router that drops pod

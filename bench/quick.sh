@@ -24,9 +24,10 @@ echo "== quick: kube-pods.sh" >&2
 N=50 CHANGES=3 bench/kube-pods.sh | tail -n 1
 echo "== quick: cluster-scale.sh" >&2
 AGENTS=3 PODS=600 NAMESPACES=20 CHANGES=2 bench/cluster-scale.sh | tail -n 1
-echo "== quick: failover.sh (one segment, routed)" >&2
+echo "== quick: failover.sh (one segment, routed, split layout)" >&2
 RUNS=1 bench/failover.sh | tail -n 1
 RUNS=1 TOPOLOGY=routed bench/failover.sh | tail -n 1
+RUNS=1 SPLIT=1 bench/failover.sh | tail -n 1
 echo "== quick: cargo benches in test mode (criterion: each benchmark once)" >&2
 log=$(mktemp)
 if ! N=3 CONNECTS_SNOOP=20 CONNECTS_PROXY=20 LATENCY_QUERIES=50 CLIENTS=2 SECS=1 \

@@ -268,15 +268,24 @@ fn a_dead_node_loses_its_egress_ip_a_recovered_one_does_not_take_it_back_and_a_n
 }
 
 /// The failover figure: RUNS (default 10) kills of the hosting node (never the leader),
-/// each followed by its recovery; prints a table. `bench/failover.sh` runs it.
+/// each followed by its recovery; prints a table. `bench/failover.sh` runs it. With
+/// SPLIT=1 the split layout's controller leads and the agents run `--role node`.
 #[test]
 #[ignore = "a benchmark: run by bench/failover.sh"]
 fn failover_bench() {
     let runs: usize = std::env::var("RUNS").ok().and_then(|r| r.parse().ok()).unwrap_or(10);
+    let split = std::env::var("SPLIT").is_ok_and(|s| s == "1");
     let k = new_cluster();
     let api = ApiServer::start(&k.c.ext, k.dir.clone(), API_HOST);
     declare(&api, &k.c);
-    let mut agents = start_all(&k, &api);
+    let (controller, mut agents) = if split {
+        apply_overlay(&api, &k.dir.join("split"), &["daemonset"], &["daemonset/modes/split"]);
+        let controller = start_controller(&k, &api);
+        (Some(controller), (0..3).map(|n| Some(start_with(&k, &api, n, &["--role", "node"]))).collect())
+    } else {
+        (None, start_all(&k, &api))
+    };
+    let extra: &[&str] = if split { &["--role", "node"] } else { &[] };
     egress_ip(&api, "e1", &[EIP_B]);
     assert!(wait_for(Duration::from_secs(15), || host_of(&api).is_some()).is_some());
     let a_pod = &k.c.nodes[0].pods[0];
@@ -290,10 +299,11 @@ fn failover_bench() {
         println!("| {run} | {} | {} | {} |", k.c.nodes[host].name, k.c.nodes[new].name, took.as_millis());
         times.push(took);
         // Counted before the revival: the leader may see it answer before start() returns.
-        let seen = failover::reachable_count(agents[0].as_ref());
-        revive_node(&k, &api, &mut agents, host);
+        let seen = failover::reachable_count(controller.as_ref().or(agents[0].as_ref()));
+        k.c.uplink_up(host);
+        agents[host] = Some(start_with(&k, &api, host, extra));
         assert!(wait_for(Duration::from_secs(5), || !k.c.has_addr(host, EIP_B)).is_some());
-        failover::leader_sees_it_again(agents[0].as_ref(), seen);
+        failover::leader_sees_it_again(controller.as_ref().or(agents[0].as_ref()), seen);
     }
     failover::print_summary(times);
 }
