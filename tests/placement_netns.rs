@@ -418,11 +418,37 @@ fn cloud_local_flow(split: bool) {
 
 #[test]
 fn cloud_mode_waits_for_the_cloud_controller_before_hosting() {
+    cloud_flow(false);
+}
+
+/// The same under the split layout: the controller creates and deletes the configs.
+#[test]
+fn cloud_mode_works_under_the_split_layout() {
+    cloud_flow(true);
+}
+
+fn cloud_flow(split: bool) {
     let k = new_cluster();
     let api = ApiServer::start(&k.c.ext, k.dir.clone(), API_HOST);
     declare(&api, &k.c);
-    apply_mode_rbac(&api, &["cloud/rbac.yaml"]);
-    let agents = start_all_with(&k, &api, &["--egress-ip-mode", "cloud"]);
+    let mode = ["--egress-ip-mode", "cloud"];
+    let (controller, agents) = if split {
+        apply_overlay(
+            &api,
+            &k.dir.join("split-cloud"),
+            &["daemonset", "daemonset/modes/cloud"],
+            &["daemonset/modes/split"],
+        );
+        let controller = start_controller_with(&k, &api, &mode);
+        let node = ["--egress-ip-mode", "cloud", "--role", "node"];
+        (Some(controller), (0..3).map(|n| Some(start_with(&k, &api, n, &node))).collect())
+    } else {
+        apply_mode_rbac(&api, &["cloud/rbac.yaml"]);
+        (None, start_all_with(&k, &api, &mode))
+    };
+    let logs = |agents: &[Option<Agent>]| {
+        format!("--- controller\n{}\n{}", controller.as_ref().map(Agent::log_text).unwrap_or_default(), logs(agents))
+    };
     egress_ip(&api, "e1", &[EIP_B]);
     let requested = wait_for(Duration::from_secs(15), || config(&api, EIP_B) == "node-b|||||");
     assert!(requested.is_some(), "{}\n{}", config(&api, EIP_B), logs(&agents));
