@@ -210,16 +210,23 @@ fn measure_failover(k: &Kube, agents: &mut [Option<Agent>], host: usize) -> Opti
     failover::until_all_leave_as(&pods, SocketAddr::new(EXT_V4.parse().unwrap(), ECHO_PORT), EIP_B, t0)
 }
 
+/// EgressIP `e1` of `EIP_B`, placed on node-b (the first labelled node by name) and used
+/// by node-a's pod, which is returned.
+fn e1_on_node_b<'k>(k: &'k Kube, api: &ApiServer) -> &'k netns::Netns {
+    egress_ip(api, "e1", &[EIP_B]);
+    assert!(wait_for(Duration::from_secs(15), || host_of(api) == Some(1)).is_some(), "e1 on node-b (by name)");
+    let a_pod = &k.c.nodes[0].pods[0];
+    assert!(wait_for(Duration::from_secs(5), || quick_source(a_pod).as_deref() == Some(EIP_B)).is_some());
+    a_pod
+}
+
 #[test]
 fn a_dead_node_loses_its_egress_ip_a_recovered_one_does_not_take_it_back_and_a_new_leader_adopts() {
     let k = new_cluster();
     let api = ApiServer::start(&k.c.ext, k.dir.clone(), API_HOST);
     declare(&api, &k.c);
     let mut agents = start_all(&k, &api);
-    egress_ip(&api, "e1", &[EIP_B]);
-    assert!(wait_for(Duration::from_secs(15), || host_of(&api) == Some(1)).is_some(), "e1 on node-b (by name)");
-    let a_pod = &k.c.nodes[0].pods[0];
-    assert!(wait_for(Duration::from_secs(5), || quick_source(a_pod).as_deref() == Some(EIP_B)).is_some());
+    let a_pod = e1_on_node_b(&k, &api);
 
     // node-b dies: its egress IP moves to node-c, whose announcement the router follows.
     let took = measure_failover(&k, &mut agents, 1);
@@ -628,10 +635,7 @@ fn moving_to_two_identities_keeps_the_placement_and_hands_the_lease_to_the_contr
     let api = ApiServer::start(&k.c.ext, k.dir.clone(), API_HOST);
     declare(&api, &k.c);
     let mut agents = start_all(&k, &api);
-    egress_ip(&api, "e1", &[EIP_B]);
-    assert!(wait_for(Duration::from_secs(15), || host_of(&api) == Some(1)).is_some(), "e1 on node-b (by name)");
-    let a_pod = &k.c.nodes[0].pods[0];
-    assert!(wait_for(Duration::from_secs(5), || quick_source(a_pod).as_deref() == Some(EIP_B)).is_some());
+    let a_pod = e1_on_node_b(&k, &api);
 
     let split = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/kustomize-split");
     let (ok, out) = api.kubectl(&["apply", "-k", split.to_str().unwrap()], "");

@@ -256,35 +256,16 @@ fn run(args: RunArgs) -> ExitCode {
     let nft_version = nft.version().ok();
     let telemetry = std::sync::Arc::new(Telemetry::default());
     let config = run_config(&args, telemetry.clone());
-    // Threads named `egressd…`: the kernel names nf_tables changes after the thread that
-    // made them, and egressd's own are told apart by that name.
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("egressd-worker")
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("egressd run: cannot start the runtime: {e}");
-            return ExitCode::from(EXIT_FAILURE);
-        }
+        Err(code) => return code,
     };
     let families = args.node.config().families();
     let verified_mask = args.node.verified_mark_mask();
     let manage = args.manage_sysctls;
     let result = runtime.block_on(async {
-        // The handlers first: every later step (listener, first sync) can be interrupted
-        // cleanly. The signals blocked in `main` are delivered from here on.
-        let shutdown = match ShutdownSignal::install() {
-            Ok(s) => s,
-            Err(e) => return Err(AgentError::Config(format!("cannot install signal handlers: {e}"))),
-        };
-        let shutdown = shutdown.wait();
+        let shutdown = signals_and_health(&args, &telemetry).await?;
         tokio::pin!(shutdown);
-        if let Err(e) = egressd::telemetry::server::serve(args.health_addr, telemetry.clone()).await {
-            return Err(AgentError::Config(format!("--health-addr {}: {e}", args.health_addr)));
-        }
         tokio::spawn(
             prerequisites(telemetry.clone(), families, nft_version, manage).instrument(info_span!("prerequisites")),
         );
@@ -305,6 +286,41 @@ fn run(args: RunArgs) -> ExitCode {
         }
         run_kube(&args, config, syncer, telemetry, shutdown).await
     });
+    exit_code(result)
+}
+
+/// `egressd run`'s runtime: two workers, threads named `egressd…` (the kernel names
+/// nf_tables changes after the thread that made them, and egressd's own are told apart by
+/// that name).
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("egressd-worker")
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("egressd run: cannot start the runtime: {e}");
+            ExitCode::from(EXIT_FAILURE)
+        })
+}
+
+/// The signal handlers first (every later step — listener, first sync — can be
+/// interrupted cleanly; the signals blocked in `main` are delivered from here on), then
+/// the health listener. Returns what completes on SIGTERM or SIGINT.
+async fn signals_and_health(
+    args: &RunArgs,
+    telemetry: &std::sync::Arc<Telemetry>,
+) -> Result<impl std::future::Future<Output = ()> + use<>, AgentError> {
+    let shutdown =
+        ShutdownSignal::install().map_err(|e| AgentError::Config(format!("cannot install signal handlers: {e}")))?;
+    egressd::telemetry::server::serve(args.health_addr, telemetry.clone())
+        .await
+        .map_err(|e| AgentError::Config(format!("--health-addr {}: {e}", args.health_addr)))?;
+    Ok(shutdown.wait())
+}
+
+/// How `egressd run` ended: a configuration or Kubernetes client error is 64.
+fn exit_code(result: Result<(), AgentError>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e @ (AgentError::Kube(_) | AgentError::Config(_))) => {
@@ -392,7 +408,19 @@ async fn run_kube(
             }
         }
     }
-    let settings = placement_settings(args)?;
+    let sinks = sinks(args, client, leadership, &view, placement_settings(args)?);
+    egressd::agent::run(config, view, syncer, sinks, shutdown).instrument(info_span!("agent")).await
+}
+
+/// What each applied state is handed to in Kubernetes mode: the status writer and
+/// placement.
+fn sinks(
+    args: &RunArgs,
+    client: kube::Client,
+    leadership: Leadership,
+    view: &KubeWatch,
+    settings: egressd::placement::controller::PlacementSettings,
+) -> (KubeStatusWriter, PlacementSink) {
     let placement = PlacementSink::start(client.clone(), settings, leadership.clone());
     let writer = KubeStatusWriter::start(
         client,
@@ -401,7 +429,7 @@ async fn run_kube(
         view.status_board(),
         args.status_zones.into(),
     );
-    egressd::agent::run(config, view, syncer, (writer, placement), shutdown).instrument(info_span!("agent")).await
+    (writer, placement)
 }
 
 /// The leader Lease this process campaigns for (none with `--role node`: the handle then
@@ -451,23 +479,13 @@ fn placement_settings(args: &RunArgs) -> Result<egressd::placement::controller::
 fn run_controller(args: RunArgs) -> ExitCode {
     let telemetry = std::sync::Arc::new(Telemetry::default());
     let config = run_config(&args, telemetry.clone());
-    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+    let runtime = match runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("egressd run: cannot start the runtime: {e}");
-            return ExitCode::from(EXIT_FAILURE);
-        }
+        Err(code) => return code,
     };
     let result: Result<(), AgentError> = runtime.block_on(async {
-        let shutdown = match ShutdownSignal::install() {
-            Ok(s) => s,
-            Err(e) => return Err(AgentError::Config(format!("cannot install signal handlers: {e}"))),
-        };
-        let shutdown = shutdown.wait();
+        let shutdown = signals_and_health(&args, &telemetry).await?;
         tokio::pin!(shutdown);
-        if let Err(e) = egressd::telemetry::server::serve(args.health_addr, telemetry.clone()).await {
-            return Err(AgentError::Config(format!("--health-addr {}: {e}", args.health_addr)));
-        }
         let settings = placement_settings(&args)?;
         let client = egressd::source::kube::client(args.kubeconfig.as_deref()).await?;
         let leadership = campaign(&args, &client);
@@ -478,30 +496,11 @@ fn run_controller(args: RunArgs) -> ExitCode {
             v = KubeWatch::start(&client, scope, telemetry.clone()) => v,
             _ = &mut shutdown => return Ok(()),
         };
-        let placement = PlacementSink::start(client.clone(), settings, leadership.clone());
-        let writer = KubeStatusWriter::start(
-            client,
-            args.node.node_name.clone(),
-            leadership,
-            view.status_board(),
-            args.status_zones.into(),
-        );
+        let sinks = sinks(&args, client, leadership, &view, settings);
         tracing::info!(identity = %args.node.node_name, "role controller: cluster-wide work only, no dataplane");
-        egressd::agent::run_controller(config, view, (writer, placement), shutdown)
-            .instrument(info_span!("controller"))
-            .await
+        egressd::agent::run_controller(config, view, sinks, shutdown).instrument(info_span!("controller")).await
     });
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e @ (AgentError::Kube(_) | AgentError::Config(_))) => {
-            eprintln!("egressd run: {e}");
-            ExitCode::from(EXIT_CONFIG)
-        }
-        Err(e) => {
-            eprintln!("egressd run: {e}");
-            ExitCode::from(EXIT_FAILURE)
-        }
-    }
+    exit_code(result)
 }
 
 /// Check the prerequisites at start and every 30 s; log what changed.
