@@ -69,10 +69,14 @@ fn start_all(k: &Kube, api: &ApiServer) -> Vec<Option<Agent>> {
 }
 
 fn start_all_with(k: &Kube, api: &ApiServer, extra: &[&str]) -> Vec<Option<Agent>> {
-    let holder = || api.get(&["lease", "egressd-leader", "-n", "egressd", "-o", "jsonpath={.spec.holderIdentity}"]);
     let a = start_with(k, api, 0, extra);
-    assert!(wait_for(Duration::from_secs(10), || holder() == "node-a").is_some(), "node-a never led");
+    assert!(wait_for(Duration::from_secs(10), || holder(api) == "node-a").is_some(), "node-a never led");
     vec![Some(a), Some(start_with(k, api, 1, extra)), Some(start_with(k, api, 2, extra))]
+}
+
+/// Who holds the leader Lease.
+fn holder(api: &ApiServer) -> String {
+    api.get(&["lease", "egressd-leader", "-n", "egressd", "-o", "jsonpath={.spec.holderIdentity}"])
 }
 
 fn node_index(name: &str) -> usize {
@@ -249,9 +253,8 @@ fn a_dead_node_loses_its_egress_ip_a_recovered_one_does_not_take_it_back_and_a_n
     if let Some(mut a) = agents[0].take() {
         a.kill();
     }
-    let holder = || api.get(&["lease", "egressd-leader", "-n", "egressd", "-o", "jsonpath={.spec.holderIdentity}"]);
-    let new_leader = wait_for(Duration::from_secs(15), || matches!(holder().as_str(), "node-b" | "node-c"));
-    assert!(new_leader.is_some(), "no new leader: {}", holder());
+    let new_leader = wait_for(Duration::from_secs(15), || matches!(holder(&api).as_str(), "node-b" | "node-c"));
+    assert!(new_leader.is_some(), "no new leader: {}", holder(&api));
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(host_of(&api), Some(2), "the new leader keeps the placement\n{}", logs(&agents));
 
@@ -286,9 +289,8 @@ fn failover_bench() {
     let api = ApiServer::start(&k.c.ext, k.dir.clone(), API_HOST);
     declare(&api, &k.c);
     let (controller, mut agents) = if split {
-        apply_overlay(&api, &k.dir.join("split"), &["daemonset"], &["daemonset/modes/split"]);
-        let controller = start_controller(&k, &api);
-        (Some(controller), (0..3).map(|n| Some(start_with(&k, &api, n, &["--role", "node"]))).collect())
+        let (controller, agents) = start_split(&k, &api, &[], &[]);
+        (Some(controller), agents)
     } else {
         (None, start_all(&k, &api))
     };
@@ -342,11 +344,8 @@ fn cloud_local_flow(split: bool) {
     declare(&api, &k.c);
     let mode = ["--egress-ip-mode", "cloud-local"];
     let (controller, mut agents) = if split {
-        let modes = ["daemonset", "daemonset/modes/cloud-local"];
-        apply_overlay(&api, &k.dir.join("split-cloud-local"), &modes, &["daemonset/modes/split"]);
-        let controller = start_controller_with(&k, &api, &mode);
-        let node = ["--egress-ip-mode", "cloud-local", "--role", "node"];
-        (Some(controller), (0..3).map(|n| Some(start_with(&k, &api, n, &node))).collect())
+        let (controller, agents) = start_split(&k, &api, &["daemonset/modes/cloud-local"], &mode);
+        (Some(controller), agents)
     } else {
         apply_mode_rbac(&api, &["cloud/rbac.yaml", "cloud-local/rbac.yaml"]);
         (None, start_all_with(&k, &api, &mode))
@@ -440,15 +439,8 @@ fn cloud_flow(split: bool) {
     declare(&api, &k.c);
     let mode = ["--egress-ip-mode", "cloud"];
     let (controller, agents) = if split {
-        apply_overlay(
-            &api,
-            &k.dir.join("split-cloud"),
-            &["daemonset", "daemonset/modes/cloud"],
-            &["daemonset/modes/split"],
-        );
-        let controller = start_controller_with(&k, &api, &mode);
-        let node = ["--egress-ip-mode", "cloud", "--role", "node"];
-        (Some(controller), (0..3).map(|n| Some(start_with(&k, &api, n, &node))).collect())
+        let (controller, agents) = start_split(&k, &api, &["daemonset/modes/cloud"], &mode);
+        (Some(controller), agents)
     } else {
         apply_mode_rbac(&api, &["cloud/rbac.yaml"]);
         (None, start_all_with(&k, &api, &mode))
@@ -530,6 +522,18 @@ const CONTROLLER: &str = "egressd-controller-0";
 /// `egressd run --role controller` in the external host's namespace (beside the API
 /// server, reaching the nodes' health ports over the LAN), as the split layout's
 /// controller identity: no dataplane there.
+/// The split layout: the base and the kustomize directories `modes` (from the
+/// repository's root) with the split component applied, the controller started with
+/// `extra` (it leads before this returns), and the three agents with `extra` and
+/// `--role node`.
+fn start_split(k: &Kube, api: &ApiServer, modes: &[&str], extra: &[&str]) -> (Agent, Vec<Option<Agent>>) {
+    let resources: Vec<&str> = ["daemonset"].into_iter().chain(modes.iter().copied()).collect();
+    apply_overlay(api, &k.dir.join("split"), &resources, &["daemonset/modes/split"]);
+    let controller = start_controller_with(k, api, extra);
+    let node: Vec<&str> = extra.iter().copied().chain(["--role", "node"]).collect();
+    (controller, (0..3).map(|n| Some(start_with(k, api, n, &node))).collect())
+}
+
 fn start_controller(k: &Kube, api: &ApiServer) -> Agent {
     start_controller_with(k, api, &[])
 }
@@ -560,9 +564,8 @@ fn start_controller_with(k: &Kube, api: &ApiServer, extra: &[&str]) -> Agent {
     ];
     args.extend_from_slice(extra);
     let controller = Agent::start(&k.c.ext, &args, k.c.dir.path().join("controller.log"));
-    let holder = || api.get(&["lease", "egressd-leader", "-n", "egressd", "-o", "jsonpath={.spec.holderIdentity}"]);
-    let led = wait_for(Duration::from_secs(20), || holder() == CONTROLLER);
-    assert!(led.is_some(), "the controller never led ({}):\n{}", holder(), controller.log_text());
+    let led = wait_for(Duration::from_secs(20), || holder(api) == CONTROLLER);
+    assert!(led.is_some(), "the controller never led ({}):\n{}", holder(api), controller.log_text());
     controller
 }
 
@@ -576,14 +579,7 @@ fn a_controller_places_and_fails_over_while_node_agents_never_lead() {
     let api = ApiServer::start(&k.c.ext, k.dir.clone(), API_HOST);
     declare(&api, &k.c);
     // The split layout's RBAC: node credentials cannot update EgressIPs nor the Lease.
-    let split = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/kustomize-split");
-    let (ok, out) = api.kubectl(&["apply", "-k", split.to_str().unwrap()], "");
-    assert!(ok, "{out}");
-    let holder = || api.get(&["lease", "egressd-leader", "-n", "egressd", "-o", "jsonpath={.spec.holderIdentity}"]);
-    let controller = start_controller(&k, &api);
-    let led = wait_for(Duration::from_secs(15), || holder() == CONTROLLER);
-    assert!(led.is_some(), "the controller never led ({}):\n{}", holder(), controller.log_text());
-    let mut agents: Vec<Option<Agent>> = (0..3).map(|n| Some(start_with(&k, &api, n, &["--role", "node"]))).collect();
+    let (controller, mut agents) = start_split(&k, &api, &[], &[]);
     let all_logs = |agents: &[Option<Agent>]| format!("--- controller\n{}\n{}", controller.log_text(), logs(agents));
 
     // Placement by the controller: node-b (labelled, first by name); node-a's pod is
@@ -617,7 +613,7 @@ fn a_controller_places_and_fails_over_while_node_agents_never_lead() {
     assert_eq!(host_of(&api), Some(2));
 
     // No node agent ever campaigned: the Lease stayed the controller's.
-    assert_eq!(holder(), CONTROLLER);
+    assert_eq!(holder(&api), CONTROLLER);
     for a in agents.iter().flatten() {
         assert!(a.log_text().contains("not campaigning for the Lease"), "{}", a.log_text());
     }
@@ -637,13 +633,13 @@ fn moving_to_two_identities_keeps_the_placement_and_hands_the_lease_to_the_contr
     let mut agents = start_all(&k, &api);
     let a_pod = e1_on_node_b(&k, &api);
 
+    // The shipped example overlay, applied under running agents.
     let split = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/kustomize-split");
     let (ok, out) = api.kubectl(&["apply", "-k", split.to_str().unwrap()], "");
     assert!(ok, "{out}");
+    // It leads (asserted within 20 s) once the old leader's Lease, no longer renewable,
+    // has expired.
     let controller = start_controller(&k, &api);
-    let holder = || api.get(&["lease", "egressd-leader", "-n", "egressd", "-o", "jsonpath={.spec.holderIdentity}"]);
-    let led = wait_for(Duration::from_secs(20), || holder() == CONTROLLER);
-    assert!(led.is_some(), "the Lease stayed with {}:\n{}\n{}", holder(), controller.log_text(), logs(&agents));
     // The nodes that do not host first: nothing moves. Then the host, whose restart
     // the controller may take for a failure (as any agent's restart on a host).
     for n in [0, 2, 1] {
@@ -660,7 +656,7 @@ fn moving_to_two_identities_keeps_the_placement_and_hands_the_lease_to_the_contr
         host_of(&api).is_some_and(|h| h != 0 && k.c.has_addr(h, EIP_B)) && quick_source(a_pod).as_deref() == Some(EIP_B)
     });
     assert!(steered.is_some(), "after the roll: {:?}\n{}", host_of(&api), logs(&agents));
-    assert_eq!(holder(), CONTROLLER);
+    assert_eq!(holder(&api), CONTROLLER);
 
     let host = host_of(&api).unwrap();
     let took = measure_failover(&k, &mut agents, host);
