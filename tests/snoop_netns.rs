@@ -345,30 +345,46 @@ fn thousands_of_learned_addresses_survive_a_full_replace_and_a_restart() {
     let mut agent = t.start_agent_with("agent", &["--dns-mode", "snoop", "--dns-server", TRUSTED]);
     let p0 = &t.pods[0];
     let target = SocketAddr::new(TRUSTED.parse().unwrap(), 53);
-    let answered: usize = p0.run(move || {
-        let s = UdpSocket::bind("0.0.0.0:0").unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-        let mut total = 0;
-        for i in 0..NAMES {
-            let mut q = query_message(i as u16, &format!("h{i}.bulk.example.com."), RecordType::AAAA);
-            let mut edns = hickory_proto::op::Edns::new();
-            edns.set_max_payload(4096);
-            q.set_edns(edns);
-            s.send_to(&q.to_vec().unwrap(), target).unwrap();
-            let mut buf = [0u8; 4096];
-            let (n, _) = s.recv_from(&mut buf).unwrap();
-            let m = Message::from_vec(&buf[..n]).unwrap();
-            assert!(!m.metadata.truncation, "answer {i} truncated");
-            total += m.answers.len();
-        }
-        total
-    });
-    assert_eq!(answered, NAMES * PER_NAME);
+    let ask_all = || {
+        p0.run(move || {
+            let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            let mut total = 0;
+            for i in 0..NAMES {
+                let mut q = query_message(i as u16, &format!("h{i}.bulk.example.com."), RecordType::AAAA);
+                let mut edns = hickory_proto::op::Edns::new();
+                edns.set_max_payload(4096);
+                q.set_edns(edns);
+                s.send_to(&q.to_vec().unwrap(), target).unwrap();
+                let mut buf = [0u8; 4096];
+                let (n, _) = s.recv_from(&mut buf).unwrap();
+                let m = Message::from_vec(&buf[..n]).unwrap();
+                assert!(!m.metadata.truncation, "answer {i} truncated");
+                total += m.answers.len();
+            }
+            total
+        })
+    };
+    assert_eq!(ask_all(), NAMES * PER_NAME);
     let count = |t: &Topology| {
         let set = t.node.exec(&["nft", "list", "set", "inet", "egressd", "dns-v6"]);
         set.matches("2001:db8:aa:").count()
     };
-    let learned = wait_for(Duration::from_secs(10), || count(&t) == NAMES * PER_NAME);
+    // Snooping is best effort: on a loaded machine the kernel may drop a few copies
+    // (counted in egressd_dns_snoop_dropped_total), and a pod would ask again. Asked
+    // again once a second here: what is under test is what happens to the learned
+    // addresses after.
+    let mut asked = std::time::Instant::now();
+    let learned = wait_for(Duration::from_secs(10), || {
+        if count(&t) == NAMES * PER_NAME {
+            return true;
+        }
+        if asked.elapsed() > Duration::from_secs(1) {
+            ask_all();
+            asked = std::time::Instant::now();
+        }
+        false
+    });
     assert!(learned.is_some(), "{} of {} learned:\n{}", count(&t), NAMES * PER_NAME, agent.log_text());
 
     // A full replace (someone deletes the table: drift repair replaces it).
