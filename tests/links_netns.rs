@@ -163,6 +163,10 @@ async fn apply(step: &Step, settings: &EgressSettings) {
     }
 }
 
+/// How long the cache may lag a fresh read: the time the kernel takes to send a
+/// notification it sends after the change's call returned.
+const NOTIFICATION_WAIT: Duration = Duration::from_secs(2);
+
 fn check(steps: Vec<Step>) -> Result<(), TestCaseError> {
     let ns = Netns::new("links");
     let outcome = ns.run(move || -> Result<(), String> {
@@ -175,11 +179,23 @@ fn check(steps: Vec<Step>) -> Result<(), TestCaseError> {
             for (i, step) in steps.iter().enumerate() {
                 apply(step, &settings).await;
                 let dumps = cached.links_dumps().ok_or("no link notifications")?;
-                let got = cached.links().await.map_err(|e| e.to_string())?;
                 let fresh = Netlink::connect(settings.clone()).map_err(|e| e.to_string())?;
                 let want = fresh.links().await.map_err(|e| e.to_string())?;
-                if got != want {
-                    return Err(format!("after step {i} ({step:?}) of {steps:?}:\ncached {got:#?}\nfresh {want:#?}"));
+                // The kernel announces an IPv6 address from its address work, after
+                // `ip` returned: until that notification arrives the cache may hold
+                // the links before the change. Once it has, the cache must be exact.
+                let deadline = std::time::Instant::now() + NOTIFICATION_WAIT;
+                loop {
+                    let got = cached.links().await.map_err(|e| e.to_string())?;
+                    if got == want {
+                        break;
+                    }
+                    if std::time::Instant::now() > deadline {
+                        return Err(format!(
+                            "after step {i} ({step:?}) of {steps:?}, {NOTIFICATION_WAIT:?} later:\ncached {got:#?}\nfresh {want:#?}"
+                        ));
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
                 }
                 let dumped = cached.links_dumps().ok_or("no link notifications")? > dumps;
                 if !touches_links(step) && dumped {

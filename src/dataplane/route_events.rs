@@ -9,10 +9,14 @@
 //!   requester's port in it) is egressd's own change, not drift. What cannot be read
 //!   touches both.
 //! * [`LinksWatch`]: a socket subscribed to link, address and route notifications,
-//!   drained before each read of the links. The kernel queues a notification before the
-//!   change's system call returns, so when nothing that touches the links is queued,
-//!   the links read last are the kernel's now, and the dumps are skipped. A lost
-//!   notification (a full receive buffer) counts as a change.
+//!   drained before each read of the links. The kernel queues most notifications before
+//!   the change's system call returns, so when nothing that touches the links is
+//!   queued, the links read last are the kernel's now, and the dumps are skipped. One
+//!   exception: an IPv6 address is announced from the kernel's address work, shortly
+//!   after the call returned (seen once in CI: a read in between missed the address).
+//!   That notification, when it comes, is what the drift watch ([`super::drift`])
+//!   reports too: the agent reads again, and that read dumps. A lost notification (a
+//!   full receive buffer) counts as a change.
 
 use std::io;
 
