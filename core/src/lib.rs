@@ -14,6 +14,7 @@
 #![warn(unreachable_pub)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
+pub mod admission;
 pub mod api;
 pub mod compile;
 pub mod dns;
