@@ -17,6 +17,7 @@
 
 pub use egressd_core::{api, compile, net, nft, view};
 
+pub mod admission;
 pub mod agent;
 pub mod aws;
 pub mod dataplane;

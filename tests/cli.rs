@@ -32,6 +32,14 @@ fn missing_or_invalid_cluster_cidr_exits_64_with_a_clear_message() {
         assert_eq!(code, Some(64), "{err}");
         assert!(err.contains("--role node and --role controller are for Kubernetes mode"), "{err}");
     }
+    // The admission webhook is the controller's; a pod's subnets need the pod's name.
+    let kube = ["run", "--kubeconfig", "/nonexistent", "--node-name", "n1", "--cluster-cidr", "198.18.0.0/16"];
+    let (code, _, err) = egressd(&[&kube[..], &["--role", "node", "--webhook-listen", "127.0.0.1:9443"]].concat());
+    assert_eq!(code, Some(64), "{err}");
+    assert!(err.contains("--webhook-listen is served by --role controller only"), "{err}");
+    let (code, _, err) = egressd(&[&kube[..], &["--role", "node", "--subnets-on", "pod"]].concat());
+    assert_eq!(code, Some(64), "{err}");
+    assert!(err.contains("--pod-name"), "{err}");
 }
 
 #[test]

@@ -385,14 +385,22 @@ fn daemonset_manifests_pass_a_server_side_dry_run() {
     };
     assert!(!can("update", "egressips.k8s.ovn.org", ""), "a node can still move egress IPs");
     assert!(!node_can("update", "leases.coordination.k8s.io"), "a node can still take the Lease");
-    assert!(can("patch", "nodes", "") && can("patch", "egressfirewalls.k8s.ovn.org", "--subresource=status"));
+    assert!(!can("patch", "nodes", ""), "a node can still write Nodes");
+    assert!(can("patch", "egressfirewalls.k8s.ovn.org", "--subresource=status"));
     assert!(can("watch", "pods", "") && can("create", "events", ""));
+    // Its subnets on its own pod: RBAC grants the pods of egressd's namespace (the
+    // webhook narrows it to the caller's own), no other namespace's.
+    assert!(node_can("patch", "pods") && !can("patch", "pods", ""));
     assert!(controller("update", "egressips.k8s.ovn.org", ""));
     assert!(controller("update", "leases.coordination.k8s.io", ""));
     assert!(controller("patch", "egressqoses.k8s.ovn.org", "--subresource=status"));
-    assert!(!controller("patch", "nodes", ""), "the controller has no Node to write");
+    assert!(controller("patch", "nodes", ""), "the controller copies the nodes' subnets onto their Nodes");
     assert!(!controller("delete", "egressips.k8s.ovn.org", ""));
-    assert!(!controller("get", "secrets", ""));
+    // The webhook's certificate and configuration, by name only.
+    assert!(!controller("get", "secrets", "") && controller("get", "secrets/egressd-webhook", ""));
+    let vwc = "validatingwebhookconfigurations.admissionregistration.k8s.io";
+    assert!(controller("update", &format!("{vwc}/egressd"), "") && !controller("update", &format!("{vwc}/other"), ""));
+    assert!(!node_can("get", "secrets/egressd-webhook") && !node_can("update", &format!("{vwc}/egressd")));
     let (ok, role) = api.kubectl(
         &["get", "daemonset", "egressd", "-n", "egressd", "-o", "jsonpath={.spec.template.spec.containers[0].env}"],
         "",

@@ -294,7 +294,7 @@ fn failover_bench() {
     } else {
         (None, start_all(&k, &api))
     };
-    let extra: &[&str] = if split { &["--role", "node"] } else { &[] };
+    let node_args: Vec<Vec<String>> = (0..3).map(|n| if split { node_role(&k, &api, n) } else { Vec::new() }).collect();
     egress_ip(&api, "e1", &[EIP_B]);
     assert!(wait_for(Duration::from_secs(15), || host_of(&api).is_some()).is_some());
     let a_pod = &k.c.nodes[0].pods[0];
@@ -310,7 +310,8 @@ fn failover_bench() {
         // Counted before the revival: the leader may see it answer before start() returns.
         let seen = failover::reachable_count(controller.as_ref().or(agents[0].as_ref()));
         k.c.uplink_up(host);
-        agents[host] = Some(start_with(&k, &api, host, extra));
+        let extra: Vec<&str> = node_args[host].iter().map(String::as_str).collect();
+        agents[host] = Some(start_with(&k, &api, host, &extra));
         assert!(wait_for(Duration::from_secs(5), || !k.c.has_addr(host, EIP_B)).is_some());
         failover::leader_sees_it_again(controller.as_ref().or(agents[0].as_ref()), seen);
     }
@@ -530,15 +531,33 @@ fn start_split(k: &Kube, api: &ApiServer, modes: &[&str], extra: &[&str]) -> (Ag
     let resources: Vec<&str> = ["daemonset"].into_iter().chain(modes.iter().copied()).collect();
     apply_overlay(api, &k.dir.join("split"), &resources, &["daemonset/modes/split"]);
     let controller = start_controller_with(k, api, extra);
-    let node: Vec<&str> = extra.iter().copied().chain(["--role", "node"]).collect();
-    (controller, (0..3).map(|n| Some(start_with(k, api, n, &node))).collect())
+    let agents = (0..3)
+        .map(|n| {
+            let node = node_role(k, api, n);
+            let args: Vec<&str> = extra.iter().copied().chain(node.iter().map(String::as_str)).collect();
+            Some(start_with(k, api, n, &args))
+        })
+        .collect();
+    (controller, agents)
 }
+
+/// The split layout's node agent on node `n`: `--role node`, its subnets on its own pod,
+/// with a token bound to that pod (the webhook checks its writes).
+fn node_role(k: &Kube, api: &ApiServer, n: usize) -> Vec<String> {
+    let pod = bind_node_agent(api, &k.c.nodes[n].name);
+    ["--role", "node", "--subnets-on", "pod", "--pod-name", &pod].map(String::from).to_vec()
+}
+
+/// Where the controller serves the admission webhook (in the API server's namespace).
+const WEBHOOK_PORT: u16 = 9443;
 
 fn start_controller(k: &Kube, api: &ApiServer) -> Agent {
     start_controller_with(k, api, &[])
 }
 
 fn start_controller_with(k: &Kube, api: &ApiServer, extra: &[&str]) -> Agent {
+    webhook_at(api, WEBHOOK_PORT);
+    let webhook = format!("127.0.0.1:{WEBHOOK_PORT}");
     let kubeconfig = api.kubeconfig_controller();
     let state = k.c.dir.path().join("state-controller");
     let mut args = vec![
@@ -561,6 +580,10 @@ fn start_controller_with(k: &Kube, api: &ApiServer, extra: &[&str]) -> Agent {
         state.to_str().unwrap(),
         "--health-addr",
         "127.0.0.1:9799",
+        "--webhook-listen",
+        &webhook,
+        "--webhook-host",
+        "127.0.0.1",
     ];
     args.extend_from_slice(extra);
     let controller = Agent::start(&k.c.ext, &args, k.c.dir.path().join("controller.log"));
@@ -619,6 +642,15 @@ fn a_controller_places_and_fails_over_while_node_agents_never_lead() {
     }
     assert!(!controller.log_text().contains("dataplane in sync"), "the controller has no dataplane");
     assert!(!all_events().contains(CONTROLLER), "{}", all_events());
+
+    // The controller, and with it the admission webhook, gone: node agents' shared writes
+    // are refused (a_node_agent_writes_only_what_is_its_own_nodes), every node's
+    // dataplane goes on.
+    let mut controller = controller;
+    controller.kill();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(quick_source(a_pod).as_deref(), Some(EIP_B), "node-a's pod, the controller gone");
+    assert!(k.c.has_addr(2, EIP_B), "the egress IP on node-c, the controller gone");
 }
 
 /// Moving a running cluster from one identity to two (docs/install.md): the split's RBAC
@@ -646,7 +678,8 @@ fn moving_to_two_identities_keeps_the_placement_and_hands_the_lease_to_the_contr
         if let Some(mut a) = agents[n].take() {
             a.kill();
         }
-        agents[n] = Some(start_with(&k, &api, n, &["--role", "node"]));
+        let node = node_role(&k, &api, n);
+        agents[n] = Some(start_with(&k, &api, n, &node.iter().map(String::as_str).collect::<Vec<_>>()));
         if n != 1 {
             assert_eq!(host_of(&api), Some(1), "the placement moved while node {n} rolled");
             assert_eq!(quick_source(a_pod).as_deref(), Some(EIP_B), "node-a's pod while node {n} rolled");
@@ -663,4 +696,177 @@ fn moving_to_two_identities_keeps_the_placement_and_hands_the_lease_to_the_contr
     let all = format!("--- controller\n{}\n{}", controller.log_text(), logs(&agents));
     assert!(took.is_some_and(|t| t < Duration::from_secs(5)), "failover took {took:?}\n{all}");
     assert_eq!(host_of(&api), Some(3 - host), "moved to the other labelled node");
+}
+
+/// `kubectl` as node `node`'s agent (its pod-bound token: [`bind_node_agent`]).
+fn as_node(api: &ApiServer, node: &str, args: &[&str]) -> (bool, String) {
+    kubectl_as(api, &api.dir.join(format!("kubeconfig-egressd-{node}")), args)
+}
+
+fn kubectl_as(api: &ApiServer, kubeconfig: &std::path::Path, args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", &api.ns.name, "kubectl", "--kubeconfig"])
+        .arg(kubeconfig)
+        .args(args)
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+/// Per-node enforcement (issue #41): with node-b's credentials (a token bound to the
+/// egressd pod on node-b) every write that is not node-b's own is refused — by RBAC
+/// (Nodes, EgressIPs, the Lease) or by the controller's admission webhook (another pod,
+/// another node's status entry, another node's CloudPrivateIPConfig) — and node-b's own
+/// writes pass. With the webhook down, node-b's shared writes are refused (fail closed)
+/// while the administrator's writes elsewhere are not.
+#[test]
+fn a_node_agent_writes_only_what_is_its_own_nodes() {
+    let k = new_cluster();
+    let api = ApiServer::start(&k.c.ext, k.dir.clone(), API_HOST);
+    declare(&api, &k.c);
+    let resources = ["daemonset", "daemonset/modes/cloud-local"];
+    apply_overlay(&api, &k.dir.join("split"), &resources, &["daemonset/modes/split"]);
+    let mut controller = start_controller(&k, &api);
+    let (b_pod, c_pod) = (bind_node_agent(&api, "node-b"), bind_node_agent(&api, "node-c"));
+    egress_ip(&api, "e1", &[EIP_B]);
+    api.apply(
+        "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {name: default, namespace: prod}\n\
+         spec:\n  egress:\n  - {type: Allow, to: {cidrSelector: 203.0.113.0/24}}\n",
+    );
+    let messages = || api.get(&["egressfirewall", "default", "-n", "prod", "-o", "jsonpath={.status.messages}"]);
+    let applied = |n: &str| format!("{n}: EgressFirewall Rules applied");
+    let written = wait_for(Duration::from_secs(15), || {
+        let m = messages();
+        ["node-a", "node-b", "node-c"].iter().all(|n| m.contains(&applied(n)))
+    });
+    assert!(written.is_some(), "{}\n{}", messages(), controller.log_text());
+    // node-c's CloudPrivateIPConfig, with egressd's finalizer.
+    api.apply(&format!(
+        "apiVersion: cloud.network.openshift.io/v1\nkind: CloudPrivateIPConfig\n\
+         metadata: {{name: 198.18.9.9, finalizers: [{FINALIZER}]}}\nspec: {{node: node-c}}\n"
+    ));
+    let b = |args: &[&str]| as_node(&api, "node-b", args);
+    // Refused by RBAC, or by the webhook with its reason.
+    let refused = |what: &str, (ok, out): (bool, String)| {
+        assert!(!ok && out.contains("forbidden"), "{what}: not refused by RBAC\n{out}")
+    };
+    let denied = |what: &str, (ok, out): (bool, String)| {
+        assert!(
+            !ok && out.contains("egressd node agent of node \"node-b\""),
+            "{what}: not denied by the webhook\n{out}"
+        )
+    };
+    let allowed =
+        |what: &str, (ok, out): (bool, String)| assert!(ok, "{what}: refused\n{out}\n{}", controller.log_text());
+    let merge = |kind: &str, name: &str, ns: &str, patch: &str, sub: &str| {
+        let mut args = vec!["patch", kind, name, "--type=merge", "-p", patch];
+        if !ns.is_empty() {
+            args.extend(["-n", ns]);
+        }
+        if !sub.is_empty() {
+            args.push(sub);
+        }
+        b(&args)
+    };
+    let subnets = |v: &str| format!(r#"{{"metadata":{{"annotations":{{"egressd.io/egress-subnets":"[\"{v}\"]"}}}}}}"#);
+
+    // RBAC: no Node, no EgressIP, no Lease.
+    refused("patch node-c", merge("node", "node-c", "", &subnets("198.18.3.0/24"), ""));
+    refused("label node-b", b(&["label", "node", "node-b", "k8s.ovn.org/egress-assignable-"]));
+    refused("taint node-b", b(&["taint", "node", "node-b", "x=y:NoSchedule"]));
+    refused(
+        "EgressIP status.items",
+        merge("egressip", "e1", "", r#"{"status":{"items":[{"egressIP":"198.18.0.250","node":"node-b"}]}}"#, ""),
+    );
+    refused("the Lease", merge("lease", "egressd-leader", "egressd", r#"{"spec":{"holderIdentity":"node-b"}}"#, ""));
+    // The webhook: only its own pod's annotation ...
+    allowed("its own pod's subnets", merge("pod", &b_pod, "egressd", &subnets("198.18.2.0/24"), ""));
+    denied("node-c's pod", merge("pod", &c_pod, "egressd", &subnets("198.18.2.0/24"), ""));
+    denied("its own pod's label", merge("pod", &b_pod, "egressd", r#"{"metadata":{"labels":{"x":"y"}}}"#, ""));
+    // ... its own status entry, never node-c's ...
+    let with = |b_entry: &str, c_entry: &str| {
+        format!(r#"{{"status":{{"messages":["{}","{b_entry}","{c_entry}"]}}}}"#, applied("node-a"))
+    };
+    let failed = |n: &str| format!("{n}: EgressFirewall Rules not correctly applied: forged");
+    denied(
+        "node-c's status entry",
+        merge(
+            "egressfirewall",
+            "default",
+            "prod",
+            &with(&applied("node-b"), &failed("node-c")),
+            "--subresource=status",
+        ),
+    );
+    allowed(
+        "its own status entry",
+        merge(
+            "egressfirewall",
+            "default",
+            "prod",
+            &with(&failed("node-b"), &applied("node-c")),
+            "--subresource=status",
+        ),
+    );
+    // ... and not another node's CloudPrivateIPConfig.
+    denied(
+        "node-c's config's finalizer",
+        merge("cloudprivateipconfig", "198.18.9.9", "", r#"{"metadata":{"finalizers":null}}"#, ""),
+    );
+    denied(
+        "node-c's config's status",
+        merge(
+            "cloudprivateipconfig",
+            "198.18.9.9",
+            "",
+            r#"{"status":{"node":"node-b","conditions":[]}}"#,
+            "--subresource=status",
+        ),
+    );
+    assert!(
+        api.get(&["cloudprivateipconfig", "198.18.9.9", "-o", "jsonpath={.metadata.finalizers}"]).contains(FINALIZER)
+    );
+    // A token bound to no pod (the static token of the node identity) speaks for no node.
+    let unbound = std::path::PathBuf::from(api.kubeconfig_egressd());
+    let patch = subnets("198.18.2.0/24");
+    let (ok, out) =
+        kubectl_as(&api, &unbound, &["patch", "pod", &b_pod, "-n", "egressd", "--type=merge", "-p", &patch]);
+    assert!(!ok && out.contains("bound to its pod"), "{out}");
+
+    // The webhook down: node-b's shared writes are refused; the administrator's writes
+    // outside egressd's own objects are not.
+    controller.kill();
+    let down = |what: &str, (ok, out): (bool, String)| {
+        assert!(!ok && out.contains("failed calling webhook"), "{what}: not refused for want of the webhook\n{out}")
+    };
+    down("its own pod, webhook down", merge("pod", &b_pod, "egressd", &subnets("198.18.4.0/24"), ""));
+    down(
+        "its own status entry, webhook down",
+        merge(
+            "egressfirewall",
+            "default",
+            "prod",
+            &with(&applied("node-b"), &applied("node-c")),
+            "--subresource=status",
+        ),
+    );
+    let (ok, out) = api.kubectl(&["label", "node", "node-b", "example=1"], "");
+    assert!(ok, "admin label, webhook down: {out}");
+    let (ok, out) = api.kubectl(&["annotate", "pod", "node-a-pod0", "-n", "prod", "example=1"], "");
+    assert!(ok, "admin pod annotation, webhook down: {out}");
+    let (ok, out) = api.kubectl(
+        &[
+            "patch",
+            "egressfirewall",
+            "default",
+            "-n",
+            "prod",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"egress":[{"type":"Deny","to":{"cidrSelector":"0.0.0.0/0"}}]}}"#,
+        ],
+        "",
+    );
+    assert!(ok, "admin EgressFirewall spec, webhook down: {out}");
 }

@@ -532,6 +532,8 @@ pub(crate) struct RunArgs {
     pub(crate) node: NodeArgs,
     #[command(flatten)]
     pub(crate) placement: PlacementArgs,
+    #[command(flatten)]
+    pub(crate) webhook: WebhookArgs,
     /// The nft program.
     #[arg(long, env = "EGRESSD_NFT", default_value = "nft")]
     pub(crate) nft: PathBuf,
@@ -620,6 +622,57 @@ pub(crate) struct PlacementArgs {
     /// e.g. https://ec2.eu-west-1.amazonaws.com/.
     #[arg(long, env = "EGRESSD_CLOUD_ENDPOINT", requires = "cloud_provider")]
     pub(crate) cloud_endpoint: Option<String>,
+}
+
+/// The admission webhook of `--role controller` (docs/security.md): node agents may
+/// change only their own Node's annotation, their own status entries and their own
+/// node's CloudPrivateIPConfigs.
+#[derive(Debug, Args)]
+pub(crate) struct WebhookArgs {
+    /// Serve the validating admission webhook (HTTPS, `POST /validate`) on this address;
+    /// `--role controller` only. Off without it.
+    #[arg(long, env = "EGRESSD_WEBHOOK_LISTEN")]
+    pub(crate) webhook_listen: Option<std::net::SocketAddr>,
+    /// A DNS name or IP address the webhook's certificate is for (repeat, or
+    /// comma-separated): the Service's names.
+    #[arg(
+        long = "webhook-host",
+        env = "EGRESSD_WEBHOOK_HOSTS",
+        value_delimiter = ',',
+        default_value = "egressd-controller.egressd.svc"
+    )]
+    pub(crate) webhook_hosts: Vec<String>,
+    /// The Secret (in the controller's namespace, POD_NAMESPACE) that keeps the
+    /// webhook's certificate; the first replica makes it.
+    #[arg(long, env = "EGRESSD_WEBHOOK_SECRET", default_value = "egressd-webhook")]
+    pub(crate) webhook_secret: String,
+    /// The ValidatingWebhookConfiguration whose caBundle the controller writes.
+    #[arg(long, env = "EGRESSD_WEBHOOK_CONFIGURATION", default_value = "egressd")]
+    pub(crate) webhook_configuration: String,
+    /// The node agents' user name, whose writes the webhook checks (everyone else's
+    /// pass).
+    #[arg(long, env = "EGRESSD_WEBHOOK_NODE_USER", default_value = "system:serviceaccount:egressd:egressd")]
+    pub(crate) webhook_node_user: String,
+    /// Where a node agent publishes its hosting subnets (the egressd.io/egress-subnets
+    /// annotation): `node`, its Node; `pod`, its own pod (`--pod-name` in
+    /// POD_NAMESPACE), which the controller copies onto the Node — node credentials
+    /// then need not write Nodes (the split layout).
+    #[arg(long, env = "EGRESSD_SUBNETS_ON", value_enum, default_value_t = SubnetsOnArg::Node)]
+    pub(crate) subnets_on: SubnetsOnArg,
+    /// This agent's pod (with `--subnets-on pod`).
+    #[arg(long, env = "POD_NAME", required_if_eq("subnets_on", "pod"))]
+    pub(crate) pod_name: Option<String>,
+    /// The label selector of the node agents' pods in the controller's namespace, whose
+    /// published subnets `--role controller` copies onto their Nodes.
+    #[arg(long, env = "EGRESSD_NODE_AGENT_SELECTOR", default_value = "app.kubernetes.io/name=egressd")]
+    pub(crate) node_agent_selector: String,
+}
+
+/// `--subnets-on`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum SubnetsOnArg {
+    Node,
+    Pod,
 }
 
 /// `--cloud-provider`.

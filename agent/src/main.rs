@@ -14,7 +14,7 @@ use egressd::compile::NodeConfig;
 use egressd::dataplane::nft_cli::NftCli;
 use egressd::dataplane::nft_sync::NftSyncer;
 use egressd::leader::{Leadership, LeaseConfig};
-use egressd::placement::controller::PlacementSink;
+use egressd::placement::controller::{PlacementSink, SubnetsOn};
 use egressd::source::kube::{KubeWatch, PodScope};
 use egressd::source::manifests::ManifestsWatch;
 use egressd::status::writer::KubeStatusWriter;
@@ -345,6 +345,9 @@ fn check_run_args(args: &RunArgs) -> Result<(), String> {
     if args.manifests.is_some() && args.role != Role::All {
         return Err("--role node and --role controller are for Kubernetes mode, not --manifests".into());
     }
+    if args.webhook.webhook_listen.is_some() && args.role != Role::Controller {
+        return Err("--webhook-listen is served by --role controller only".into());
+    }
     if args.manifests.is_none() && args.kubeconfig.is_none() && std::env::var_os("KUBERNETES_SERVICE_HOST").is_none() {
         return Err("give --manifests DIR or --kubeconfig PATH (or run in a pod for the in-cluster config)".into());
     }
@@ -467,6 +470,10 @@ fn placement_settings(args: &RunArgs) -> Result<egressd::placement::controller::
         aws: p
             .cloud_provider
             .map(|CloudProvider::Aws| egressd::aws::controller::AwsSettings { endpoint: p.cloud_endpoint.clone() }),
+        subnets_on: match (args.webhook.subnets_on, &args.webhook.pod_name) {
+            (SubnetsOnArg::Pod, Some(pod)) => SubnetsOn::Pod(args.lease_namespace.clone(), pod.clone()),
+            _ => SubnetsOn::Node,
+        },
     };
     if settings.aws.is_some() && settings.mode != egressd::net::EgressIpMode::Cloud {
         return Err(AgentError::Config("--cloud-provider needs --egress-ip-mode cloud".into()));
@@ -496,6 +503,20 @@ fn run_controller(args: RunArgs) -> ExitCode {
             v = KubeWatch::start(&client, scope, telemetry.clone()) => v,
             _ = &mut shutdown => return Ok(()),
         };
+        if let Some(listen) = args.webhook.webhook_listen {
+            let w = &args.webhook;
+            let settings = egressd::admission::WebhookSettings {
+                listen,
+                hosts: w.webhook_hosts.clone(),
+                namespace: args.lease_namespace.clone(),
+                secret: w.webhook_secret.clone(),
+                configuration: w.webhook_configuration.clone(),
+                node_user: w.webhook_node_user.clone(),
+            };
+            egressd::admission::start(client.clone(), settings).await.map_err(|e| AgentError::Config(e.to_string()))?;
+        }
+        let w = &args.webhook;
+        egressd::placement::relay::start(client.clone(), args.lease_namespace.clone(), w.node_agent_selector.clone());
         let sinks = sinks(&args, client, leadership, &view, settings);
         tracing::info!(identity = %args.node.node_name, "role controller: cluster-wide work only, no dataplane");
         egressd::agent::run_controller(config, view, sinks, shutdown).instrument(info_span!("controller")).await

@@ -65,6 +65,18 @@ pub struct PlacementSettings {
     pub mode: EgressIpMode,
     /// `--cloud-provider aws`: the leader is the CloudPrivateIPConfig controller.
     pub aws: Option<crate::aws::controller::AwsSettings>,
+    /// Where this node publishes its hosting subnets.
+    pub subnets_on: SubnetsOn,
+}
+
+/// Where a node agent publishes its hosting subnets ([`EGRESS_SUBNETS_ANNOTATION`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubnetsOn {
+    /// Its Node (the node identity patches Nodes).
+    Node,
+    /// Its own pod (namespace, name): the controller copies the annotation onto the Node
+    /// ([`super::relay`]), so node credentials need not write Nodes (the split layout).
+    Pod(String, String),
 }
 
 /// What the task needs of each applied state.
@@ -332,18 +344,29 @@ async fn publish_subnets(client: &Client, settings: &PlacementSettings, snap: &S
     let Some(links) = &snap.links else { return };
     let Some(me) = snap.nodes.get(&settings.node) else { return };
     let subnets = hosting_subnets(links, &settings.cluster_cidrs);
-    if me.egress_subnets == subnets {
+    // On the pod, what was written stays: the Node follows when the controller copies it.
+    let on_pod = matches!(settings.subnets_on, SubnetsOn::Pod(..));
+    if me.egress_subnets == subnets && !on_pod {
         st.published = None;
         return;
     }
-    if st.published.as_ref().is_some_and(|(s, t)| *s == subnets && t.elapsed() < Duration::from_secs(5)) {
+    if st.published.as_ref().is_some_and(|(s, t)| *s == subnets && (on_pod || t.elapsed() < Duration::from_secs(5))) {
         return;
     }
     let text = serde_json::to_string(&subnets.iter().map(ToString::to_string).collect::<Vec<_>>())
         .unwrap_or_else(|_| "[]".into());
     let patch = json!({ "metadata": { "annotations": { EGRESS_SUBNETS_ANNOTATION: text } } });
-    let api: Api<Node> = Api::all(client.clone());
-    match api.patch(&settings.node, &PatchParams::default(), &Patch::Merge(&patch)).await {
+    let written = match &settings.subnets_on {
+        SubnetsOn::Node => {
+            let api: Api<Node> = Api::all(client.clone());
+            api.patch(&settings.node, &PatchParams::default(), &Patch::Merge(&patch)).await.map(drop)
+        }
+        SubnetsOn::Pod(namespace, name) => {
+            let api: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), namespace);
+            api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map(drop)
+        }
+    };
+    match written {
         Ok(_) => {
             tracing::info!(subnets = %text, "published this node's egress subnets");
             st.published = Some((subnets, Instant::now()));

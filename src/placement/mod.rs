@@ -5,13 +5,15 @@
 //! * [`plan`] (pure): the desired items of every EgressIP and the Events to record.
 //! * [`health`]: the endpoint every agent serves (`--egress-ip-health-port`) and the
 //!   leader's prober.
-//! * [`controller`]: the task — every agent publishes its links' subnets on its Node;
-//!   the leader probes, plans and writes `status.items`.
+//! * [`controller`]: the task — every agent publishes its links' subnets on its Node
+//!   (or its pod, which [`relay`] copies onto the Node); the leader probes, plans and
+//!   writes `status.items`.
 
 pub mod allocators;
 pub mod cloud;
 pub mod controller;
 pub mod health;
+pub mod relay;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;

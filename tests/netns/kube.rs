@@ -130,7 +130,9 @@ pub fn start_kube_agent_env(
 ) -> Agent {
     static STARTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let run = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let kubeconfig = api.kubeconfig_egressd();
+    // A node's own kubeconfig (a token bound to its pod: `bind_node_agent`) if it has one.
+    let own = api.dir.join(format!("kubeconfig-egressd-{name}"));
+    let kubeconfig = if own.exists() { own.to_str().unwrap().to_string() } else { api.kubeconfig_egressd() };
     let state = dir.join(format!("state-{name}")).to_str().unwrap().to_string();
     let mut args = vec!["run", "--kubeconfig", &kubeconfig, "--node-name", name];
     for cidr in cluster_cidrs {
@@ -293,4 +295,51 @@ pub fn config(api: &ApiServer, name: &str) -> String {
         "",
     );
     if ok { out } else { String::new() }
+}
+
+/// The split layout's node agent of `node` as in a cluster: a pod `egressd-<node>` of
+/// the DaemonSet (namespace egressd, its labels, on `node`) and a token bound to it (a
+/// TokenRequest, as the kubelet's projected volume holds), written as
+/// `kubeconfig-egressd-<node>`, which [`start_kube_agent`] then uses. Returns the pod's
+/// name (`--pod-name`).
+pub fn bind_node_agent(api: &ApiServer, node: &str) -> String {
+    let pod = format!("egressd-{node}");
+    api.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {pod}, namespace: egressd, labels: {{app.kubernetes.io/name: egressd}}}}\n\
+         spec: {{nodeName: {node}, serviceAccountName: egressd, containers: [{{name: egressd, image: egressd}}]}}\n"
+    ));
+    let (ok, token) = api.kubectl(
+        &["create", "token", "egressd", "-n", "egressd", "--bound-object-kind", "Pod", "--bound-object-name", &pod],
+        "",
+    );
+    assert!(ok, "token for {pod}: {token}");
+    let shared = std::fs::read_to_string(api.kubeconfig_egressd()).unwrap();
+    let own: String = shared
+        .lines()
+        .map(|l| {
+            if l.trim_start().starts_with("user: {token:") {
+                format!("  user: {{token: \"{}\"}}", token.trim())
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert_ne!(own, shared.trim_end(), "no token line in {}", api.kubeconfig_egressd());
+    std::fs::write(api.dir.join(format!("kubeconfig-egressd-{node}")), own + "\n").unwrap();
+    pod
+}
+
+/// Point the split layout's admission webhooks (daemonset/modes/split/webhook.yaml) at
+/// `https://127.0.0.1:<port>/validate`: the test API server has no Service network.
+pub fn webhook_at(api: &ApiServer, port: u16) {
+    let url = format!("https://127.0.0.1:{port}/validate");
+    let ops: Vec<String> = (0..2)
+        .map(|i| format!(r#"{{"op":"replace","path":"/webhooks/{i}/clientConfig","value":{{"url":"{url}"}}}}"#))
+        .collect();
+    let (ok, out) = api.kubectl(
+        &["patch", "validatingwebhookconfiguration", "egressd", "--type=json", "-p", &format!("[{}]", ops.join(","))],
+        "",
+    );
+    assert!(ok, "webhook url: {out}");
 }
