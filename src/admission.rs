@@ -31,6 +31,9 @@ use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
 use serde_json::Value;
 
+use crate::telemetry::Telemetry;
+use crate::telemetry::metrics::AdmissionLabels;
+
 /// The largest review body read.
 const MAX_BODY: usize = 3 * 1024 * 1024;
 
@@ -73,14 +76,15 @@ pub enum WebhookError {
 
 /// Provision the certificate, bind the listener and serve in the background; the
 /// `caBundle` is kept in a task of its own.
-pub async fn start(client: Client, settings: WebhookSettings) -> Result<(), WebhookError> {
+pub async fn start(client: Client, settings: WebhookSettings, telemetry: Arc<Telemetry>) -> Result<(), WebhookError> {
     let (cert, key) = certificate(&client, &settings).await?;
     let config = tls_config(&cert, &key).map_err(|e| WebhookError::Unusable(settings.secret.clone(), e))?;
     let listener =
         tokio::net::TcpListener::bind(settings.listen).await.map_err(|e| WebhookError::Bind(settings.listen, e))?;
     tracing::info!(listen = %settings.listen, configuration = %settings.configuration, "admission webhook serving");
     tokio::spawn(keep_ca_bundle(client.clone(), settings.configuration.clone(), cert));
-    tokio::spawn(serve(listener, tokio_rustls::TlsAcceptor::from(Arc::new(config)), client, settings.node_user));
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    tokio::spawn(serve(listener, acceptor, Judge { client, node_user: settings.node_user.into(), telemetry }));
     Ok(())
 }
 
@@ -188,13 +192,15 @@ async fn set_ca_bundle(
     Ok(changed)
 }
 
-async fn serve(
-    listener: tokio::net::TcpListener,
-    acceptor: tokio_rustls::TlsAcceptor,
+/// What answering a review needs.
+#[derive(Clone)]
+struct Judge {
     client: Client,
-    node_user: String,
-) {
-    let node_user: Arc<str> = node_user.into();
+    node_user: Arc<str>,
+    telemetry: Arc<Telemetry>,
+}
+
+async fn serve(listener: tokio::net::TcpListener, acceptor: tokio_rustls::TlsAcceptor, judge: Judge) {
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
@@ -204,14 +210,14 @@ async fn serve(
                 continue;
             }
         };
-        let (acceptor, client, node_user) = (acceptor.clone(), client.clone(), node_user.clone());
+        let (acceptor, judge) = (acceptor.clone(), judge.clone());
         tokio::spawn(async move {
             let Ok(Ok(tls)) = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream)).await else {
                 return;
             };
             let service = hyper::service::service_fn(move |req| {
-                let (client, node_user) = (client.clone(), node_user.clone());
-                async move { Ok::<_, std::convert::Infallible>(answer(req, &client, &node_user).await) }
+                let judge = judge.clone();
+                async move { Ok::<_, std::convert::Infallible>(answer(req, &judge).await) }
             });
             let io = hyper_util::rt::TokioIo::new(tls);
             if let Err(e) = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await {
@@ -221,7 +227,7 @@ async fn serve(
     }
 }
 
-async fn answer(req: Request<hyper::body::Incoming>, client: &Client, node_user: &str) -> Response<Full<Bytes>> {
+async fn answer(req: Request<hyper::body::Incoming>, judge: &Judge) -> Response<Full<Bytes>> {
     let reply = |code: StatusCode, body: String| {
         let mut r = Response::new(Full::new(Bytes::from(body)));
         *r.status_mut() = code;
@@ -240,7 +246,12 @@ async fn answer(req: Request<hyper::body::Incoming>, client: &Client, node_user:
         return reply(StatusCode::BAD_REQUEST, r#"{"error":"not an AdmissionReview"}"#.into());
     };
     let request = &review_request["request"];
-    let verdict = judge(request, client, node_user).await;
+    let who = caller(request, &judge.node_user);
+    let labels = AdmissionLabels {
+        caller: if who == Caller::Other { "other" } else { "node" }.into(),
+        verdict: "allowed".into(),
+    };
+    let verdict = verdict(request, who, judge).await;
     if let Err(why) = &verdict {
         tracing::warn!(
             user = request["userInfo"]["username"].as_str().unwrap_or(""),
@@ -250,19 +261,27 @@ async fn answer(req: Request<hyper::body::Incoming>, client: &Client, node_user:
             "admission webhook refused a node agent's write"
         );
     }
+    let verdict_label = if verdict.is_ok() { "allowed" } else { "denied" };
+    judge
+        .telemetry
+        .metrics
+        .admission_reviews
+        .get_or_create(&AdmissionLabels { verdict: verdict_label.into(), ..labels })
+        .inc();
     reply(StatusCode::OK, review(request, &verdict).to_string())
 }
 
 /// The verdict on one request: anyone but the node identity passes; the node identity
 /// speaks for the node of the pod its token is bound to.
-async fn judge(request: &Value, client: &Client, node_user: &str) -> Result<(), String> {
-    match caller(request, node_user) {
+async fn verdict(request: &Value, who: Caller, judge: &Judge) -> Result<(), String> {
+    match who {
         Caller::Other => Ok(()),
-        Caller::Unbound => {
-            Err(format!("{node_user} writes only with a token bound to its pod (a projected service-account token)"))
-        }
+        Caller::Unbound => Err(format!(
+            "{} writes only with a token bound to its pod (a projected service-account token)",
+            judge.node_user
+        )),
         Caller::NodeAgent { namespace, pod, uid } => {
-            let node = node_of(client, &namespace, &pod, &uid).await?;
+            let node = node_of(&judge.client, &namespace, &pod, &uid).await?;
             decide(request, &NodeAgent { node: &node, namespace: &namespace, pod: &pod })
         }
     }

@@ -834,6 +834,13 @@ fn a_node_agent_writes_only_what_is_its_own_nodes() {
         kubectl_as(&api, &unbound, &["patch", "pod", &b_pod, "-n", "egressd", "--type=merge", "-p", &patch]);
     assert!(!ok && out.contains("bound to its pod"), "{out}");
 
+    // The controller counts what it answered.
+    let (_, metrics) = netns::http_get(&k.c.ext, "127.0.0.1:9799", "/metrics").unwrap();
+    for verdict in ["allowed", "denied"] {
+        let line = format!(r#"egressd_admission_reviews_total{{caller="node",verdict="{verdict}"}}"#);
+        assert!(metrics.contains(&line), "{line}\n{metrics}");
+    }
+
     // The webhook down: node-b's shared writes are refused; the administrator's writes
     // outside egressd's own objects are not.
     controller.kill();

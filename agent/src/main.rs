@@ -513,7 +513,9 @@ fn run_controller(args: RunArgs) -> ExitCode {
                 configuration: w.webhook_configuration.clone(),
                 node_user: w.webhook_node_user.clone(),
             };
-            egressd::admission::start(client.clone(), settings).await.map_err(|e| AgentError::Config(e.to_string()))?;
+            egressd::admission::start(client.clone(), settings, telemetry.clone())
+                .await
+                .map_err(|e| AgentError::Config(e.to_string()))?;
         }
         let w = &args.webhook;
         egressd::placement::relay::start(client.clone(), args.lease_namespace.clone(), w.node_agent_selector.clone());

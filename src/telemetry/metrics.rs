@@ -125,6 +125,15 @@ pub(crate) struct DriftLabels {
     pub(crate) what: String,
 }
 
+/// Labels of `egressd_admission_reviews` (`--role controller --webhook-listen`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AdmissionLabels {
+    /// `node` (the node identity) or `other` (anyone else: always allowed).
+    pub caller: String,
+    /// `allowed` or `denied`.
+    pub verdict: String,
+}
+
 /// `result` label of DNS lookups.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DnsLabels {
@@ -178,6 +187,8 @@ pub struct Metrics {
     pub kind_unavailable: Family<KindLabels, Gauge>,
     /// Changes by someone else to what egressd owns, undone.
     pub(crate) drift_repairs: Family<DriftLabels, Counter>,
+    /// Admission reviews the controller's webhook answered, by caller and verdict.
+    pub admission_reviews: Family<AdmissionLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -219,6 +230,7 @@ impl Default for Metrics {
             last_sync_timestamp: Gauge::default(),
             kind_unavailable: Family::default(),
             drift_repairs: Family::default(),
+            admission_reviews: Family::default(),
             registry: Registry::default(),
         };
         registry.register("sync_duration_seconds", "Compile and apply time of a sync", m.sync_duration.clone());
@@ -285,6 +297,11 @@ impl Default for Metrics {
             "drift_repairs",
             "Changes by someone else to egressd's table (nft) or its addresses, rules and routes (netlink), undone",
             m.drift_repairs.clone(),
+        );
+        registry.register(
+            "admission_reviews",
+            "Admission reviews the controller's webhook answered, by caller (node: the node identity; other) and verdict",
+            m.admission_reviews.clone(),
         );
         Self { registry, ..m }
     }
