@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# What the kernel spends adding one set element, by the element's kind (issue #39, the
+# Kubernetes "pod added" figure): a jump element of a verdict map (egressd's pod maps),
+# a data map element (address -> mark), a plain set element; in a table of NS chains of
+# RULES rules each (alternating accept/drop, each rule its own port) whose base chain
+# looks the pod map up, holding PODS elements. Timed as the `sendmsg` of nft's batch
+# (`strace -T`): the kernel processes the batch, commit included, inside that call.
+# Run as root inside a scratch network namespace:
+#
+#   ip netns add jexp && ip netns exec jexp bench/jump-elements.sh; ip netns del jexp
+#   NS=1000 RULES=10 PODS=20000 …                   # another table size
+set -euo pipefail
+NS=${NS:-1000} RULES=${RULES:-100} PODS=${PODS:-20000}
+f=$(mktemp)
+{
+echo "table inet t {"
+for i in $(seq 0 $((NS-1))); do
+  echo " chain ns$i {"
+  for r in $(seq 0 $((RULES-1))); do
+    a=$(( (r % 2) ))
+    v=accept; [ $a = 1 ] && v=drop
+    echo "  ip daddr 203.0.113.$((r % 250)) tcp dport $((1000 + r)) $v"
+  done
+  echo " }"
+done
+echo " map pods { type ipv4_addr : verdict; }"
+echo " map podns { type ipv4_addr : mark; }"
+echo " set plain { type ipv4_addr; }"
+echo " chain base { type filter hook forward priority 0; ip saddr vmap @pods; }"
+echo "}"
+} > $f
+nft -f $f
+g=$(mktemp)
+{
+echo "add element inet t pods {"
+for p in $(seq 0 $((PODS-1))); do echo "198.18.$((p / 250)).$((p % 250 + 1)) : jump ns$((p % NS)),"; done
+echo "}"
+echo "add element inet t podns {"
+for p in $(seq 0 $((PODS-1))); do echo "198.18.$((p / 250)).$((p % 250 + 1)) : $((p % NS)),"; done
+echo "}"
+} > $g
+nft -f $g
+t() { strace -f -T -e trace=sendmsg nft "$@" 2>&1 | awk -F'<' '/sendmsg/ {gsub(">","",$NF); s+=$NF} END {printf "%.2f ms\n", s*1000}'; }
+for k in 1 2 3; do
+  echo "jump element:  $(t add element inet t pods "{ 198.19.0.$k : jump ns7 }")"
+  echo "data element:  $(t add element inet t podns "{ 198.19.0.$k : 7 }")"
+  echo "plain element: $(t add element inet t plain "{ 198.19.0.$k }")"
+done
