@@ -5,13 +5,23 @@
 # RULES rules each (alternating accept/drop, each rule its own port) whose base chain
 # looks the pod map up, holding PODS elements. Timed as the `sendmsg` of nft's batch
 # (`strace -T`): the kernel processes the batch, commit included, inside that call.
-# Run as root inside a scratch network namespace:
+# Root; it runs in a network namespace of its own, deleted at the end.
 #
-#   ip netns add jexp && ip netns exec jexp bench/jump-elements.sh; ip netns del jexp
-#   NS=1000 RULES=10 PODS=20000 …                   # another table size
+#   bench/jump-elements.sh                          # NS=1000 RULES=100 PODS=20000
+#   NS=1000 RULES=10 PODS=20000 bench/jump-elements.sh   # another table size
 set -euo pipefail
+if [ -z "${JUMP_INSIDE:-}" ]; then
+  cd "$(dirname "$0")/.."
+  bench/prereqs.sh base
+  ns="egjump$$"
+  ip netns add "$ns"
+  trap 'ip netns del "$ns"' EXIT
+  JUMP_INSIDE=1 ip netns exec "$ns" "$(realpath "$0")"
+  exit
+fi
 NS=${NS:-1000} RULES=${RULES:-100} PODS=${PODS:-20000}
-f=$(mktemp)
+f=$(mktemp) g=$(mktemp)
+trap 'rm -f "$f" "$g"' EXIT
 {
 echo "table inet t {"
 for i in $(seq 0 $((NS-1))); do
@@ -30,7 +40,6 @@ echo " chain base { type filter hook forward priority 0; ip saddr vmap @pods; }"
 echo "}"
 } > $f
 nft -f $f
-g=$(mktemp)
 {
 echo "add element inet t pods {"
 for p in $(seq 0 $((PODS-1))); do echo "198.18.$((p / 250)).$((p % 250 + 1)) : jump ns$((p % NS)),"; done
@@ -41,8 +50,10 @@ echo "}"
 } > $g
 nft -f $g
 t() { strace -f -T -e trace=sendmsg nft "$@" 2>&1 | awk -F'<' '/sendmsg/ {gsub(">","",$NF); s+=$NF} END {printf "%.2f ms\n", s*1000}'; }
+echo "| element added | kernel time (${NS} chains × ${RULES} rules, ${PODS} jump elements) |"
+echo "|---|---|"
 for k in 1 2 3; do
-  echo "jump element:  $(t add element inet t pods "{ 198.19.0.$k : jump ns7 }")"
-  echo "data element:  $(t add element inet t podns "{ 198.19.0.$k : 7 }")"
-  echo "plain element: $(t add element inet t plain "{ 198.19.0.$k }")"
+  echo "| jump element | $(t add element inet t pods "{ 198.19.0.$k : jump ns7 }") |"
+  echo "| data map element | $(t add element inet t podns "{ 198.19.0.$k : 7 }") |"
+  echo "| plain set element | $(t add element inet t plain "{ 198.19.0.$k }") |"
 done

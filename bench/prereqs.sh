@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What the benchmarks need on a fresh Debian machine, installed when missing (root):
 # nft, ip, iperf3, iptables-nft (forwarding baselines), bc, taskset, dnsmasq (DNS
-# refresh), python3 (workload generators); kubectl and the test kube-apiserver for the
+# refresh), python3 (workload generators), strace (jump-elements.sh); kubectl and the test kube-apiserver for the
 # Kubernetes benchmarks (`all`, or `kube`). Sourced or run:
 #
 #   bench/prereqs.sh [base|kube|all]     # default: all
@@ -18,6 +18,7 @@ need bc bc
 need taskset util-linux
 need dnsmasq dnsmasq-base
 need python3 python3
+need strace strace
 if [ ${#missing[@]} -gt 0 ]; then
   echo "bench: installing ${missing[*]}" >&2
   apt-get update -qq

@@ -28,6 +28,8 @@ echo "== quick: failover.sh (one segment, routed, split layout)" >&2
 RUNS=1 bench/failover.sh | tail -n 1
 RUNS=1 TOPOLOGY=routed bench/failover.sh | tail -n 1
 RUNS=1 SPLIT=1 bench/failover.sh | tail -n 1
+echo "== quick: jump-elements.sh" >&2
+NS=10 RULES=10 PODS=10 bench/jump-elements.sh | tail -n 1
 echo "== quick: cargo benches in test mode (criterion: each benchmark once)" >&2
 log=$(mktemp)
 if ! N=3 CONNECTS_SNOOP=20 CONNECTS_PROXY=20 LATENCY_QUERIES=50 CLIENTS=2 SECS=1 \
