@@ -643,7 +643,9 @@ pub(crate) struct WebhookArgs {
     )]
     pub(crate) webhook_hosts: Vec<String>,
     /// The Secret (in the controller's namespace, POD_NAMESPACE) that keeps the
-    /// webhook's certificate; the first replica makes it.
+    /// webhook's self-signed certificate; the first replica makes it for the
+    /// `--webhook-host` names. Delete it (and restart the controller) to make a new one,
+    /// e.g. after changing those names.
     #[arg(long, env = "EGRESSD_WEBHOOK_SECRET", default_value = "egressd-webhook")]
     pub(crate) webhook_secret: String,
     /// The ValidatingWebhookConfiguration whose caBundle the controller writes.
