@@ -247,10 +247,7 @@ async fn answer(req: Request<hyper::body::Incoming>, judge: &Judge) -> Response<
     };
     let request = &review_request["request"];
     let who = caller(request, &judge.node_user);
-    let labels = AdmissionLabels {
-        caller: if who == Caller::Other { "other" } else { "node" }.into(),
-        verdict: "allowed".into(),
-    };
+    let caller_label = if who == Caller::Other { "other" } else { "node" };
     let verdict = verdict(request, who, judge).await;
     if let Err(why) = &verdict {
         tracing::warn!(
@@ -261,13 +258,11 @@ async fn answer(req: Request<hyper::body::Incoming>, judge: &Judge) -> Response<
             "admission webhook refused a node agent's write"
         );
     }
-    let verdict_label = if verdict.is_ok() { "allowed" } else { "denied" };
-    judge
-        .telemetry
-        .metrics
-        .admission_reviews
-        .get_or_create(&AdmissionLabels { verdict: verdict_label.into(), ..labels })
-        .inc();
+    let labels = AdmissionLabels {
+        caller: caller_label.into(),
+        verdict: if verdict.is_ok() { "allowed" } else { "denied" }.into(),
+    };
+    judge.telemetry.metrics.admission_reviews.get_or_create(&labels).inc();
     reply(StatusCode::OK, review(request, &verdict).to_string())
 }
 

@@ -518,7 +518,8 @@ fn run_controller(args: RunArgs) -> ExitCode {
                 .map_err(|e| AgentError::Config(e.to_string()))?;
         }
         let w = &args.webhook;
-        egressd::placement::relay::start(client.clone(), args.lease_namespace.clone(), w.node_agent_selector.clone());
+        let (namespace, selector) = (args.lease_namespace.clone(), w.node_agent_selector.clone());
+        egressd::placement::relay::start(client.clone(), namespace, selector, leadership.clone());
         let sinks = sinks(&args, client, leadership, &view, settings);
         tracing::info!(identity = %args.node.node_name, "role controller: cluster-wide work only, no dataplane");
         egressd::agent::run_controller(config, view, sinks, shutdown).instrument(info_span!("controller")).await
