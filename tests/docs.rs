@@ -138,3 +138,158 @@ fn the_readme_stays_a_front_page() {
         assert!(readme.contains(&format!("```sh\n{command}\n```")), "README.md lost its `{command}` block");
     }
 }
+
+/// The prose of a page: paragraphs and list items (a block each), without code blocks,
+/// headings and tables; code spans become one word, links their text.
+fn prose_blocks(text: &str) -> Vec<String> {
+    let mut blocks: Vec<String> = Vec::new();
+    let mut current = String::new();
+    let mut fenced = false;
+    let flush = |current: &mut String, blocks: &mut Vec<String>| {
+        if !current.trim().is_empty() {
+            blocks.push(std::mem::take(current));
+        }
+        current.clear();
+    };
+    for line in text.lines() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with("```") {
+            fenced = !fenced;
+            flush(&mut current, &mut blocks);
+            continue;
+        }
+        if fenced || trimmed.is_empty() || trimmed.starts_with('#') || trimmed.starts_with('|') {
+            flush(&mut current, &mut blocks);
+            continue;
+        }
+        let item = trimmed.strip_prefix("- ").or_else(|| trimmed.strip_prefix("* ")).or_else(|| {
+            let digits = trimmed.chars().take_while(char::is_ascii_digit).count();
+            (digits > 0).then(|| trimmed[digits..].strip_prefix(". ")).flatten()
+        });
+        if let Some(item) = item {
+            flush(&mut current, &mut blocks);
+            current.push_str(item);
+        } else {
+            current.push(' ');
+            current.push_str(trimmed);
+        }
+    }
+    flush(&mut current, &mut blocks);
+    blocks.iter().map(|b| plain(b)).collect()
+}
+
+/// A code span as one word, a link as its text.
+fn plain(block: &str) -> String {
+    let mut out = String::new();
+    for (i, part) in block.split('`').enumerate() {
+        if i % 2 == 1 {
+            out.push_str("CODE");
+            continue;
+        }
+        let mut rest = part;
+        while let Some(at) = rest.find("](") {
+            out.push_str(&rest[..at]);
+            let after = &rest[at + 2..];
+            match after.find(')') {
+                Some(end) => rest = &after[end + 1..],
+                None => {
+                    rest = after;
+                    break;
+                }
+            }
+        }
+        out.push_str(rest);
+    }
+    out.replace('[', "")
+}
+
+/// Sentences end at `.`, `?` or `!` followed by a space (or the block's end).
+fn sentences(block: &str) -> Vec<usize> {
+    let mut words = Vec::new();
+    let mut count = 0;
+    for word in block.split_whitespace() {
+        count += 1;
+        if word.ends_with(['.', '?', '!']) || word.ends_with(".)") || word.ends_with(".*") {
+            words.push(count);
+            count = 0;
+        }
+    }
+    if count > 2 {
+        words.push(count);
+    }
+    words
+}
+
+const MAX_SENTENCE_WORDS: usize = 55;
+const MAX_AVERAGE_WORDS: f64 = 22.0;
+const MAX_CELL_CHARS: usize = 250;
+
+/// What makes a page hard to read: sentences over MAX_SENTENCE_WORDS words, an average
+/// over MAX_AVERAGE_WORDS, table cells over MAX_CELL_CHARS characters.
+fn hard_to_read(text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut all = Vec::new();
+    for block in prose_blocks(text) {
+        let lengths = sentences(&block);
+        let mut words = block.split_whitespace();
+        for n in &lengths {
+            let sentence: Vec<&str> = words.by_ref().take(*n).collect();
+            if *n > MAX_SENTENCE_WORDS {
+                let start: Vec<&str> = sentence.iter().take(12).copied().collect();
+                found.push(format!("a sentence of {n} words: \"{} …\"", start.join(" ")));
+            }
+        }
+        all.extend(lengths);
+    }
+    if !all.is_empty() {
+        let average = all.iter().sum::<usize>() as f64 / all.len() as f64;
+        if average > MAX_AVERAGE_WORDS {
+            found.push(format!("an average sentence of {average:.1} words"));
+        }
+    }
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced && line.starts_with('|') {
+            for cell in line.split('|') {
+                if cell.chars().count() > MAX_CELL_CHARS {
+                    found.push(format!("a table cell of {} characters: \"{} …\"", cell.chars().count(), cell.chars().take(60).collect::<String>().trim()));
+                }
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn the_docs_are_written_in_short_sentences() {
+    // docs/cli.md is clap's help, generated: its own test keeps it.
+    let mut found = Vec::new();
+    let mut read = 0;
+    for page in pages().iter().filter(|p| !p.ends_with("docs/cli.md")) {
+        read += 1;
+        for f in hard_to_read(&std::fs::read_to_string(page).unwrap()) {
+            found.push(format!("{}: {f}", page.strip_prefix(root()).unwrap().display()));
+        }
+    }
+    assert!(read >= 10, "only {read} pages read");
+    assert!(found.is_empty(), "hard to read (split the sentence, or make it a list):\n{}", found.join("\n"));
+}
+
+#[test]
+fn the_reader_finds_a_long_sentence_a_long_average_and_a_long_cell() {
+    let long = vec!["word"; 60].join(" ");
+    let medium = vec!["word"; 30].join(" ");
+    let text = format!(
+        "# Title\n\nShort one. `a b c d e f` is [one link](x.md#y) here.\n\n- {long}.\n\n```\n{long}\n```\n\n| a | {} |\n",
+        "x".repeat(300)
+    );
+    let found = hard_to_read(&text);
+    assert_eq!(found.len(), 3, "{found:?}");
+    assert!(found[0].starts_with("a sentence of 60 words"), "{found:?}");
+    assert!(found[1].starts_with("an average sentence of 22.3"), "{found:?}");
+    assert!(found[2].starts_with("a table cell of 302"), "{found:?}");
+    assert_eq!(sentences(&plain("Short one. `a b c d e f` is [one link](x.md#y) here.")), [2, 5]);
+    assert!(hard_to_read(&format!("{medium}. Two words.")).is_empty(), "an average of 16 is fine");
+}
