@@ -65,13 +65,27 @@ pub enum WebhookError {
     Certificate(#[from] rcgen::Error),
     /// The certificate or key read back is unusable.
     #[error("the webhook certificate in Secret {0}: {1}")]
-    Unusable(String, String),
+    Unusable(String, CertError),
     /// The API server refused or failed.
     #[error("webhook Secret {0}: {1}")]
     Api(String, kube::Error),
     /// The listener could not be bound.
     #[error("binding the webhook listener {0}: {1}")]
     Bind(SocketAddr, std::io::Error),
+}
+
+/// Why a certificate and key read back cannot serve TLS.
+#[derive(Debug, thiserror::Error)]
+pub enum CertError {
+    /// The Secret lacks the field, or it is not UTF-8.
+    #[error("no {0}")]
+    Missing(String),
+    /// Not PEM, or not a certificate or key.
+    #[error("{0}")]
+    Pem(#[from] tokio_rustls::rustls::pki_types::pem::Error),
+    /// rustls refused them.
+    #[error("{0}")]
+    Tls(#[from] tokio_rustls::rustls::Error),
 }
 
 /// Provision the certificate, bind the listener and serve in the background; the
@@ -98,7 +112,7 @@ async fn certificate(client: &Client, settings: &WebhookSettings) -> Result<(Str
         let field = |k: &str| {
             data.get(k)
                 .and_then(|b| String::from_utf8(b.0.clone()).ok())
-                .ok_or_else(|| WebhookError::Unusable(name.clone(), format!("no {k}")))
+                .ok_or_else(|| WebhookError::Unusable(name.clone(), CertError::Missing(k.to_owned())))
         };
         Ok((field("tls.crt")?, field("tls.key")?))
     };
@@ -134,19 +148,17 @@ async fn certificate(client: &Client, settings: &WebhookSettings) -> Result<(Str
     }
 }
 
-fn tls_config(cert: &str, key: &str) -> Result<tokio_rustls::rustls::ServerConfig, String> {
+fn tls_config(cert: &str, key: &str) -> Result<tokio_rustls::rustls::ServerConfig, CertError> {
     use tokio_rustls::rustls::pki_types::pem::PemObject;
     use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let certs: Vec<CertificateDer<'static>> =
-        CertificateDer::pem_slice_iter(cert.as_bytes()).collect::<Result<_, _>>().map_err(|e| e.to_string())?;
-    let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).map_err(|e| e.to_string())?;
+        CertificateDer::pem_slice_iter(cert.as_bytes()).collect::<Result<_, _>>()?;
+    let key = PrivateKeyDer::from_pem_slice(key.as_bytes())?;
     let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
-    tokio_rustls::rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
+    Ok(tokio_rustls::rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
         .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(|e| e.to_string())
+        .with_single_cert(certs, key)?)
 }
 
 /// Write `cert` as the `caBundle` of every webhook of `configuration` where it is not,
@@ -295,4 +307,26 @@ async fn node_of(client: &Client, namespace: &str, pod: &str, uid: &str) -> Resu
         .and_then(|s| s.node_name)
         .filter(|n| !n.is_empty())
         .ok_or_else(|| format!("the token's pod {namespace}/{pod} runs on no node"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_certificate_that_cannot_serve_says_why() {
+        let made = rcgen::generate_simple_self_signed(vec!["egressd-controller.egressd.svc".to_owned()]).unwrap();
+        let (cert, key) = (made.cert.pem(), made.signing_key.serialize_pem());
+        assert!(tls_config(&cert, &key).is_ok());
+        // A key in place of the certificate: no certificate found, rustls refuses.
+        assert!(matches!(tls_config(&key, &key), Err(CertError::Tls(_))), "{:?}", tls_config(&key, &key).err());
+        // Not PEM at all.
+        assert!(
+            matches!(tls_config(&cert, "garbage"), Err(CertError::Pem(_))),
+            "{:?}",
+            tls_config(&cert, "garbage").err()
+        );
+        let e = WebhookError::Unusable("egressd-webhook".into(), CertError::Missing("tls.key".into()));
+        assert_eq!(e.to_string(), "the webhook certificate in Secret egressd-webhook: no tls.key");
+    }
 }

@@ -254,7 +254,11 @@ fn hard_to_read(text: &str) -> Vec<String> {
         } else if !fenced && line.starts_with('|') {
             for cell in line.split('|') {
                 if cell.chars().count() > MAX_CELL_CHARS {
-                    found.push(format!("a table cell of {} characters: \"{} …\"", cell.chars().count(), cell.chars().take(60).collect::<String>().trim()));
+                    found.push(format!(
+                        "a table cell of {} characters: \"{} …\"",
+                        cell.chars().count(),
+                        cell.chars().take(60).collect::<String>().trim()
+                    ));
                 }
             }
         }
