@@ -6,7 +6,7 @@
     cluster-scale.py measure ENV WORK N CHANGES "PIDS" APISERVER_PID PODS NAMESPACES LOCAL
 
 ENV is tests/kube/apiserver.sh's env file; WORK holds the agents' logs (log-<i>)."""
-import datetime, http.client, ipaddress, json, re, ssl, statistics, sys, threading, time
+import datetime, http.client, ipaddress, json, os, re, ssl, statistics, sys, threading, time
 from concurrent.futures import ThreadPoolExecutor
 
 env = dict(l.strip().split("=", 1) for l in open(sys.argv[2]) if "=" in l)
@@ -157,6 +157,58 @@ def metrics():
     return events, pod_events, size, writes
 
 
+class SideWatch:
+    """An EgressFirewall watch of the bench's own, opened once the agents are in sync:
+    when no agent follows a change, it tells the API server's side (the event was not
+    sent to anyone) from the agents' (it was)."""
+
+    def __init__(self):
+        self.events = []  # (time received in ns, event type, resourceVersion)
+        threading.Thread(target=self.follow, daemon=True).start()
+
+    def follow(self):
+        while True:
+            try:
+                conn = http.client.HTTPSConnection(URL, context=CTX, timeout=600)
+                conn.request("GET", "/apis/k8s.ovn.org/v1/egressfirewalls?watch=1&resourceVersion=0"
+                             "&allowWatchBookmarks=true", headers={"Authorization": f"Bearer {env['ADMIN_TOKEN']}"})
+                r = conn.getresponse()
+                while True:
+                    line = r.readline()
+                    if not line:
+                        break
+                    event = json.loads(line)
+                    rv = event.get("object", {}).get("metadata", {}).get("resourceVersion")
+                    self.events.append((time.time_ns(), event.get("type"), rv))
+            except (OSError, http.client.HTTPException, ValueError):
+                time.sleep(1)
+
+    def since(self, sent):
+        return [e for e in self.events if e[0] > sent]
+
+
+def stalled(work, n, pids, sent, side):
+    """What to look at when no agent followed a change: written to WORK/stall."""
+    with open(f"{work}/stall", "w") as out:
+        print(f"change sent at {sent}; the bench's own watch got since then: {side.since(sent)[:20]}", file=out)
+        _, body, _ = call("GET", "/metrics")
+        for line in body.decode().splitlines():
+            if line.startswith("apiserver_watch_events_total{") and "EgressFirewall" in line:
+                print(line, file=out)
+            if line.startswith("apiserver_registered_watchers{") and "EgressFirewall" in line:
+                print(line, file=out)
+        for i, pid in enumerate(pids):
+            threads = []
+            try:
+                for task in sorted(os.listdir(f"/proc/{pid}/task")):
+                    comm = open(f"/proc/{pid}/task/{task}/comm").read().strip()
+                    wchan = open(f"/proc/{pid}/task/{task}/wchan").read().strip()
+                    threads.append(f"{comm}:{wchan}")
+            except OSError as e:
+                threads.append(str(e))
+            print(f"node-{i} pid {pid}: {' '.join(threads)}", file=out)
+
+
 def proc(pid, field):
     for line in open(f"/proc/{pid}/status"):
         if line.startswith(field + ":"):
@@ -213,6 +265,7 @@ def measure(work, n, changes, pids, api_pid, pods, nsn, per_node):
     idle = [100 * (cpu_seconds(p) - c) / 10 for p, c in zip(pids, cpu0)]
     # CPU per second when nothing changes (leases, timers): taken out of each change's.
     idle_rate = [(b - a) / 10 for a, b in zip(all0, cpu_now(pids, api_pid))]
+    side = SideWatch()
     results = {}
 
     def run(kind, write, own, reset=None, settle=None):
@@ -230,7 +283,8 @@ def measure(work, n, changes, pids, api_pid, pods, nsn, per_node):
                     stamp = datetime.datetime.fromtimestamp(acked / 1e9, datetime.timezone.utc).isoformat()
                     print(kind, c, stamp, f"node-{i}", ms, file=trace)
                 if ms is None:
-                    sys.exit(f"{kind}: node-{i} did not sync within 60 s ({work}/log-{i})")
+                    stalled(work, n, pids, sent, side)
+                    sys.exit(f"{kind}: node-{i} did not sync within 60 s ({work}/log-{i}; {work}/stall)")
                 lat.append(ms)
             time.sleep(1.5)  # the change's status writes and Events
             after, window = metrics() + cpu_now(pids, api_pid), time.time() - began

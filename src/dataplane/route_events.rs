@@ -224,6 +224,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(not(feature = "system"), ignore = "needs root (a network namespace): `--features system`, tests/run.sh")]
     fn the_kernel_names_the_requesters_port_in_the_notifications_of_its_changes() {
         // What tells egressd's own changes from drift: its address, rule and route
         // changes come back with its socket's port; the same changes by `ip` do not.
