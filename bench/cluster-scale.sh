@@ -37,7 +37,11 @@
 #
 #   bench/cluster-scale.sh                              # AGENTS="10 50 100" PODS=150000
 #   AGENTS=3 PODS=600 NAMESPACES=20 CHANGES=3 QUICK=1 bench/cluster-scale.sh   # CI
-#   KEEP=1 …                                            # keep the agents' logs
+#   KEEP=1 …                                            # keep the agents' logs (and, when
+#                                                         no agent follows a change,
+#                                                         WORK/stall: the bench's own
+#                                                         watch, the API server's watch
+#                                                         counters, each agent's threads)
 #   KEEP=1 HEAPTRACK_AGENT=2 …                          # node-2 under heaptrack (its RSS
 #                                                         is then not measured)
 #
@@ -69,9 +73,10 @@ cleanup() {
   stop_agents
   ip netns exec "$API" tests/kube/apiserver.sh stop "$WORK/kube"
   ip netns del "$API"
-  if [ -n "${KEEP:-}" ]; then echo "logs kept in $WORK" >&2; else rm -rf "$WORK"; fi
+  [ -n "${KEEP:-}" ] || rm -rf "$WORK"
 } 2>/dev/null
 trap cleanup EXIT
+[ -z "${KEEP:-}" ] || echo "logs kept in $WORK (WORK/stall: what was seen when no agent followed a change)" >&2
 ip netns add "$API"; ip -n "$API" link set lo up
 ip -n "$API" link add br0 type bridge; ip -n "$API" link set br0 up
 ip -n "$API" addr add "$API_IP/16" dev br0
