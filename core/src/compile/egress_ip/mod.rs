@@ -570,6 +570,40 @@ fn number_hop_sets(plans: &[Plan], via: &BTreeMap<IpAddr, Vec<NextHop>>, setting
     set_index
 }
 
+/// The owned addresses of the pods in namespaces that `wanted` (some EgressIP's
+/// namespaceSelector) takes, with their namespace's labels, namespace by namespace. Only
+/// those pods can be selected, so the pods of other namespaces are not walked: on a node
+/// that follows the whole cluster's pods (an egress IP's host), most of them.
+fn candidates<'v>(
+    view: &'v ClusterView,
+    owners: &'v crate::view::Owners,
+    wanted: impl Fn(&BTreeMap<String, String>) -> bool,
+) -> Vec<(std::rc::Rc<BTreeMap<String, String>>, IpAddr, &'v crate::view::PodInfo)> {
+    let pods = &*view.pods;
+    let mut out = Vec::new();
+    let mut next = pods.keys().next().map(|(ns, _)| ns.clone());
+    while let Some(ns) = next {
+        // Every key of a later namespace sorts at or after `ns` + NUL.
+        let after = (format!("{ns}\0"), String::new());
+        let labels = namespace_labels(view, &ns);
+        if wanted(&labels) {
+            let labels = std::rc::Rc::new(labels);
+            for pod in pods.range((ns.clone(), String::new())..after.clone()).map(|(_, pod)| pod) {
+                for (i, ip) in pod.ips.iter().enumerate() {
+                    if pod.ips[..i].contains(ip) {
+                        continue; // listed twice: one address
+                    }
+                    if let Some(owner) = owners.get(ip).filter(|o| o.namespace == pod.namespace && o.name == pod.name) {
+                        out.push((labels.clone(), *ip, &**owner));
+                    }
+                }
+            }
+        }
+        next = pods.range(after..).next().map(|((ns, _), _)| ns.clone());
+    }
+    out
+}
+
 /// Selection: each pod belongs to the first EgressIP selecting it; hosted here → SNAT,
 /// hosted elsewhere → steered (local pods), hosted nowhere → the fallback.
 fn assign_pods<'a>(
@@ -587,12 +621,11 @@ fn assign_pods<'a>(
         drop_used: false,
         overflow: false,
     };
-    let namespace_labels = |ns: &str| namespace_labels(ctx.view, ns);
-    let mut ns_cache: BTreeMap<&str, BTreeMap<String, String>> = BTreeMap::new();
-    for (ip, pod) in owners {
-        let labels = ns_cache.entry(pod.namespace.as_str()).or_insert_with(|| namespace_labels(&pod.namespace));
+    let wanted = |labels: &BTreeMap<String, String>| plans.iter().any(|p| p.policy.namespaces.matches(labels));
+    for (labels, ip, pod) in candidates(ctx.view, owners, wanted) {
+        let ip = &ip;
         let Some(plan) =
-            plans.iter_mut().find(|p| p.policy.namespaces.matches(labels) && p.policy.pods.matches(&pod.labels))
+            plans.iter_mut().find(|p| p.policy.namespaces.matches(&labels) && p.policy.pods.matches(&pod.labels))
         else {
             continue;
         };
@@ -649,6 +682,61 @@ mod tests {
     use crate::compile::{CompileCache, compile_cached};
     use crate::dns::DnsAnswers;
     use crate::net::HostLink;
+
+    proptest::proptest! {
+        /// The candidates are exactly the owned addresses whose pod's namespace is
+        /// wanted: what walking every owner and skipping the other namespaces gives.
+        /// Namespace names that prefix one another check the step to the next namespace.
+        #[test]
+        fn candidates_are_the_owners_of_the_wanted_namespaces(
+            pods in proptest::collection::vec((0usize..5, 0usize..3, proptest::collection::vec(0u8..6, 0..3), proptest::bool::ANY, 0i64..3), 0..25),
+            teams in proptest::collection::vec(proptest::option::of(0u8..2), 5),
+            wanted_team in 0u8..2,
+        ) {
+            const NAMESPACES: [&str; 5] = ["a", "a-b", "ab", "b", "ba"];
+            let mut v = ClusterView::default();
+            for (ns, team) in NAMESPACES.iter().zip(&teams) {
+                if let Some(team) = team {
+                    let labels = BTreeMap::from([("team".to_string(), team.to_string())]);
+                    v.namespaces.insert(ns.to_string(), crate::view::NamespaceInfo { labels, ..Default::default() });
+                }
+            }
+            for (ns, name, ips, running, created) in pods {
+                let info = crate::view::PodInfo {
+                    namespace: NAMESPACES[ns].into(),
+                    name: format!("p{name}"),
+                    labels: BTreeMap::new(),
+                    node: Some("n1".into()),
+                    host_network: false,
+                    phase: Some(if running { "Running" } else { "Succeeded" }.into()),
+                    ips: ips.into_iter().map(|i| IpAddr::from([198, 18, 0, i])).collect(),
+                    created: Some(created),
+                };
+                v.pods.set((info.namespace.clone(), info.name.clone()), Some(info));
+            }
+            let wanted = |labels: &BTreeMap<String, String>| {
+                labels.get("team") == Some(&wanted_team.to_string()) || labels.get(NAMESPACE_NAME_LABEL).map(String::as_str) == Some("ab")
+            };
+            let got: Vec<(IpAddr, String, String)> = candidates(&v, v.pods.owners(), wanted)
+                .into_iter()
+                .map(|(labels, ip, pod)| {
+                    assert_eq!(*labels, namespace_labels(&v, &pod.namespace));
+                    (ip, pod.namespace.clone(), pod.name.clone())
+                })
+                .collect();
+            let mut got_sorted = got.clone();
+            got_sorted.sort();
+            let mut expected: Vec<(IpAddr, String, String)> = v
+                .pods
+                .owners()
+                .iter()
+                .filter(|(_, p)| wanted(&namespace_labels(&v, &p.namespace)))
+                .map(|(ip, p)| (*ip, p.namespace.clone(), p.name.clone()))
+                .collect();
+            expected.sort();
+            proptest::prop_assert_eq!(got_sorted, expected);
+        }
+    }
 
     fn view(docs: &str) -> ClusterView {
         let mut v = ClusterView::default();
