@@ -570,6 +570,9 @@ fn number_hop_sets(plans: &[Plan], via: &BTreeMap<IpAddr, Vec<NextHop>>, setting
     set_index
 }
 
+/// An address, its owner, and the labels of the owner's namespace (shared by its pods).
+type Candidate<'v> = (std::rc::Rc<BTreeMap<String, String>>, IpAddr, &'v crate::view::PodInfo);
+
 /// The owned addresses of the pods in namespaces that `wanted` (some EgressIP's
 /// namespaceSelector) takes, with their namespace's labels, namespace by namespace. Only
 /// those pods can be selected, so the pods of other namespaces are not walked: on a node
@@ -578,7 +581,7 @@ fn candidates<'v>(
     view: &'v ClusterView,
     owners: &'v crate::view::Owners,
     wanted: impl Fn(&BTreeMap<String, String>) -> bool,
-) -> Vec<(std::rc::Rc<BTreeMap<String, String>>, IpAddr, &'v crate::view::PodInfo)> {
+) -> Vec<Candidate<'v>> {
     let pods = &*view.pods;
     let mut out = Vec::new();
     let mut next = pods.keys().next().map(|(ns, _)| ns.clone());
