@@ -82,7 +82,7 @@ pub enum SubnetsOn {
 /// What the task needs of each applied state.
 #[derive(Debug, Default)]
 struct Snapshot {
-    nodes: BTreeMap<String, NodeInfo>,
+    nodes: Arc<BTreeMap<String, NodeInfo>>,
     /// Oldest first: (name, policy, currently rejected).
     egress_ips: Vec<(String, EgressIpPolicy, bool)>,
     links: Option<HostLinks>,
@@ -99,6 +99,7 @@ struct Snapshot {
 pub struct PlacementSink {
     tx: watch::Sender<Option<Arc<Snapshot>>>,
     aws: Option<watch::Sender<Option<Arc<crate::aws::controller::Input>>>>,
+    nodes: crate::status::SharedNodes,
 }
 
 impl PlacementSink {
@@ -108,7 +109,7 @@ impl PlacementSink {
         let aws = settings.aws.clone().map(|s| crate::aws::controller::start(client.clone(), s, leadership.clone()));
         let span = tracing::info_span!("placement", node = %settings.node);
         tokio::spawn(tracing::Instrument::instrument(run(client, settings, leadership, rx), span));
-        Self { tx, aws }
+        Self { tx, aws, nodes: crate::status::SharedNodes::default() }
     }
 }
 
@@ -139,7 +140,7 @@ impl StatusSink for PlacementSink {
             })
             .collect();
         let snap = Snapshot {
-            nodes: std::collections::BTreeMap::clone(&view.nodes),
+            nodes: self.nodes.of(view),
             egress_ips,
             links: links.cloned(),
             cloud_ips: view.cloud_ips.values().filter_map(|e| e.policy.as_deref().cloned()).collect(),
@@ -149,10 +150,12 @@ impl StatusSink for PlacementSink {
         if let Some(aws) = &self.aws {
             // Copied only when the nodes or configs changed.
             aws.send_if_modified(|now| {
-                let same = now.as_deref().is_some_and(|i| i.nodes == snap.nodes && i.configs == snap.cloud_ips);
+                let same = now.as_deref().is_some_and(|i| i.nodes == *snap.nodes && i.configs == snap.cloud_ips);
                 if !same {
-                    let input =
-                        crate::aws::controller::Input { nodes: snap.nodes.clone(), configs: snap.cloud_ips.clone() };
+                    let input = crate::aws::controller::Input {
+                        nodes: BTreeMap::clone(&snap.nodes),
+                        configs: snap.cloud_ips.clone(),
+                    };
                     *now = Some(Arc::new(input));
                 }
                 !same

@@ -86,3 +86,46 @@ impl<A: StatusSink, B: StatusSink> StatusSink for (A, B) {
         self.1.applied(view, desired, links);
     }
 }
+
+/// The view's nodes as a copy the sinks' tasks share, made again only when the nodes
+/// changed (their stamp moved): every agent hands a snapshot on at every sync, and on
+/// a large cluster the Node map is the biggest part of it.
+#[derive(Debug, Default)]
+pub(crate) struct SharedNodes(Option<(u64, std::sync::Arc<std::collections::BTreeMap<String, crate::view::NodeInfo>>)>);
+
+impl SharedNodes {
+    /// The nodes of `view` now.
+    pub(crate) fn of(
+        &mut self,
+        view: &ClusterView,
+    ) -> std::sync::Arc<std::collections::BTreeMap<String, crate::view::NodeInfo>> {
+        let stamp = view.nodes.stamp();
+        match &self.0 {
+            Some((at, nodes)) if *at == stamp => nodes.clone(),
+            _ => {
+                let nodes = std::sync::Arc::new(std::collections::BTreeMap::clone(&view.nodes));
+                self.0 = Some((stamp, nodes.clone()));
+                nodes
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod shared_nodes_tests {
+    use super::*;
+
+    #[test]
+    fn the_nodes_are_copied_only_when_they_changed() {
+        let mut view = ClusterView::default();
+        view.nodes.insert("n1".into(), crate::view::NodeInfo::default());
+        let mut shared = SharedNodes::default();
+        let first = shared.of(&view);
+        assert!(std::sync::Arc::ptr_eq(&first, &shared.of(&view)), "unchanged nodes: the same copy");
+        view.nodes.insert("n2".into(), crate::view::NodeInfo::default());
+        let second = shared.of(&view);
+        assert!(!std::sync::Arc::ptr_eq(&first, &second));
+        assert_eq!(second.keys().collect::<Vec<_>>(), ["n1", "n2"]);
+        assert_eq!(*second, std::collections::BTreeMap::clone(&view.nodes));
+    }
+}

@@ -72,7 +72,7 @@ pub(crate) struct StatusWrite {
 
 struct Snapshot {
     /// The cluster's nodes (who is Ready, whose field managers exist).
-    nodes: BTreeMap<String, crate::view::NodeInfo>,
+    nodes: Arc<BTreeMap<String, crate::view::NodeInfo>>,
     /// The rejected objects ([`rejections`]).
     rejections: Vec<(ObjectKey, String)>,
     desired: Desired,
@@ -109,6 +109,7 @@ impl Shapes {
 /// Sends each applied state to the writer task.
 pub struct KubeStatusWriter {
     tx: watch::Sender<Option<Arc<Snapshot>>>,
+    nodes: crate::status::SharedNodes,
 }
 
 impl KubeStatusWriter {
@@ -119,7 +120,7 @@ impl KubeStatusWriter {
         let span = tracing::info_span!("status_writer", node = %node);
         let task = writer_task(client, node, leadership, rx, board, zones);
         tokio::spawn(tracing::Instrument::instrument(task, span));
-        Self { tx }
+        Self { tx, nodes: crate::status::SharedNodes::default() }
     }
 }
 
@@ -167,8 +168,7 @@ impl StatusSink for KubeStatusWriter {
     fn applied(&mut self, view: &ClusterView, desired: &Desired, _: Option<&crate::net::HostLinks>) {
         // What the writer reads of the view, not a copy of it: every agent sends this at
         // every sync, and the view holds every policy of the cluster.
-        let snapshot =
-            Snapshot { nodes: BTreeMap::clone(&view.nodes), rejections: rejections(view), desired: desired.clone() };
+        let snapshot = Snapshot { nodes: self.nodes.of(view), rejections: rejections(view), desired: desired.clone() };
         let _ = self.tx.send(Some(Arc::new(snapshot)));
     }
 }
