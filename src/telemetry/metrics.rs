@@ -118,6 +118,15 @@ pub struct KindLabels {
     pub reason: String,
 }
 
+/// Labels of `egressd_watch_events`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct WatchEventLabels {
+    /// The kind (one of the seven watched).
+    pub(crate) kind: String,
+    /// `apply` (an object added, changed, or listed), `delete`, or `relist` (a list began).
+    pub(crate) event: &'static str,
+}
+
 /// Labels of `egressd_drift_repairs`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct DriftLabels {
@@ -189,6 +198,8 @@ pub struct Metrics {
     pub(crate) drift_repairs: Family<DriftLabels, Counter>,
     /// Admission reviews the controller's webhook answered, by caller and verdict.
     pub admission_reviews: Family<AdmissionLabels, Counter>,
+    /// Watch events received from the API server, by kind and event.
+    pub(crate) watch_events: Family<WatchEventLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -231,6 +242,7 @@ impl Default for Metrics {
             kind_unavailable: Family::default(),
             drift_repairs: Family::default(),
             admission_reviews: Family::default(),
+            watch_events: Family::default(),
             registry: Registry::default(),
         };
         registry.register("sync_duration_seconds", "Compile and apply time of a sync", m.sync_duration.clone());
@@ -302,6 +314,11 @@ impl Default for Metrics {
             "admission_reviews",
             "Admission reviews the controller's webhook answered, by caller (node: the node identity; other) and verdict",
             m.admission_reviews.clone(),
+        );
+        registry.register(
+            "watch_events",
+            "Watch events received from the API server, by kind and event (apply: added, changed or listed; delete; relist: a list began); bookmarks are not counted",
+            m.watch_events.clone(),
         );
         Self { registry, ..m }
     }

@@ -66,6 +66,17 @@ pub(crate) enum KubeMsg {
 }
 
 impl KubeMsg {
+    /// The `event` label of `egressd_watch_events` (none for what is not an event from
+    /// the API server: the end of a list, an error).
+    fn event(&self) -> Option<&'static str> {
+        match self {
+            Self::Init(_) => Some("relist"),
+            Self::Apply { .. } => Some("apply"),
+            Self::Delete(_) => Some("delete"),
+            Self::InitDone(_) | Self::Error(..) => None,
+        }
+    }
+
     /// The kind the message is about.
     fn kind(&self) -> Kind {
         match self {
@@ -250,9 +261,7 @@ impl KubeWatch {
             }
             match view.rx.recv().await {
                 Some((generation, msg)) => {
-                    if view.pods.current(generation, &msg) {
-                        view.source.handle(msg);
-                    }
+                    view.take(generation, msg);
                 }
                 None => break,
             }
@@ -265,6 +274,16 @@ impl KubeWatch {
             "initial lists complete"
         );
         view
+    }
+
+    /// Count a watch's message (`egressd_watch_events`) and hand it to the view unless
+    /// it comes from a pod watch since replaced. Whether the view changed.
+    fn take(&mut self, generation: u64, msg: KubeMsg) -> bool {
+        if let Some(event) = msg.event() {
+            let labels = crate::telemetry::metrics::WatchEventLabels { kind: msg.kind().to_string(), event };
+            self.telemetry.metrics.watch_events.get_or_create(&labels).inc();
+        }
+        self.pods.current(generation, &msg) && self.source.handle(msg)
     }
 
     /// Whether the pod watch covers every pod of the cluster.
@@ -327,14 +346,12 @@ impl super::ViewSource for KubeWatch {
             return std::future::pending().await;
         };
         self.seen = Some(std::time::Instant::now());
-        let mut changed = self.pods.current(generation, &first) && self.source.handle(first);
+        let mut changed = self.take(generation, first);
         // Coalesce what is queued already (a re-list, a rollout arrive as a burst) into
         // one recompile, without waiting for more: what arrives during that recompile
         // and sync is queued, and coalesced at the next call.
         while let Ok((generation, msg)) = self.rx.try_recv() {
-            if self.pods.current(generation, &msg) {
-                changed |= self.source.handle(msg);
-            }
+            changed |= self.take(generation, msg);
         }
         if changed {
             self.rescope();
