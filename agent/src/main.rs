@@ -424,13 +424,16 @@ fn sinks(
     view: &KubeWatch,
     settings: egressd::placement::controller::PlacementSettings,
 ) -> (KubeStatusWriter, PlacementSink) {
-    let placement = PlacementSink::start(client.clone(), settings, leadership.clone());
+    // One copy of the nodes for both, made again only when they change.
+    let nodes = egressd::status::SharedNodes::default();
+    let placement = PlacementSink::start(client.clone(), settings, leadership.clone(), nodes.clone());
     let writer = KubeStatusWriter::start(
         client,
         args.node.node_name.clone(),
         leadership,
         view.status_board(),
         args.status_zones.into(),
+        nodes,
     );
     (writer, placement)
 }

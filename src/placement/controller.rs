@@ -103,13 +103,18 @@ pub struct PlacementSink {
 }
 
 impl PlacementSink {
-    /// Start the task.
-    pub fn start(client: Client, settings: PlacementSettings, leadership: Leadership) -> Self {
+    /// Start the task; `nodes`: the copy of the nodes shared with the other sink.
+    pub fn start(
+        client: Client,
+        settings: PlacementSettings,
+        leadership: Leadership,
+        nodes: crate::status::SharedNodes,
+    ) -> Self {
         let (tx, rx) = watch::channel(None);
         let aws = settings.aws.clone().map(|s| crate::aws::controller::start(client.clone(), s, leadership.clone()));
         let span = tracing::info_span!("placement", node = %settings.node);
         tokio::spawn(tracing::Instrument::instrument(run(client, settings, leadership, rx), span));
-        Self { tx, aws, nodes: crate::status::SharedNodes::default() }
+        Self { tx, aws, nodes }
     }
 }
 

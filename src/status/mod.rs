@@ -87,24 +87,29 @@ impl<A: StatusSink, B: StatusSink> StatusSink for (A, B) {
     }
 }
 
-/// The view's nodes as a copy the sinks' tasks share, made again only when the nodes
-/// changed (their stamp moved): every agent hands a snapshot on at every sync, and on
-/// a large cluster the Node map is the biggest part of it.
-#[derive(Debug, Default)]
-pub(crate) struct SharedNodes(Option<(u64, std::sync::Arc<std::collections::BTreeMap<String, crate::view::NodeInfo>>)>);
+/// The nodes of a Node map as the sinks' tasks see them.
+pub type NodeMap = std::collections::BTreeMap<String, crate::view::NodeInfo>;
+
+/// The view's nodes as one copy that both sinks and their tasks share, made again only
+/// when the nodes changed (their stamp moved): every agent hands a snapshot on at every
+/// sync, and on a large cluster the Node map is the biggest part of it. The agent makes
+/// one and hands a clone of the handle to each sink.
+#[derive(Debug, Default, Clone)]
+pub struct SharedNodes(std::sync::Arc<std::sync::Mutex<Option<Stamped>>>);
+
+/// The last copy made, with the nodes' stamp it was made at.
+type Stamped = (u64, std::sync::Arc<NodeMap>);
 
 impl SharedNodes {
     /// The nodes of `view` now.
-    pub(crate) fn of(
-        &mut self,
-        view: &ClusterView,
-    ) -> std::sync::Arc<std::collections::BTreeMap<String, crate::view::NodeInfo>> {
+    pub(crate) fn of(&self, view: &ClusterView) -> std::sync::Arc<NodeMap> {
         let stamp = view.nodes.stamp();
-        match &self.0 {
+        let mut last = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match &*last {
             Some((at, nodes)) if *at == stamp => nodes.clone(),
             _ => {
-                let nodes = std::sync::Arc::new(std::collections::BTreeMap::clone(&view.nodes));
-                self.0 = Some((stamp, nodes.clone()));
+                let nodes = std::sync::Arc::new(NodeMap::clone(&view.nodes));
+                *last = Some((stamp, nodes.clone()));
                 nodes
             }
         }
@@ -119,12 +124,15 @@ mod shared_nodes_tests {
     fn the_nodes_are_copied_only_when_they_changed() {
         let mut view = ClusterView::default();
         view.nodes.insert("n1".into(), crate::view::NodeInfo::default());
-        let mut shared = SharedNodes::default();
+        let shared = SharedNodes::default();
+        let other_sink = shared.clone();
         let first = shared.of(&view);
         assert!(std::sync::Arc::ptr_eq(&first, &shared.of(&view)), "unchanged nodes: the same copy");
+        assert!(std::sync::Arc::ptr_eq(&first, &other_sink.of(&view)), "one copy for both sinks");
         view.nodes.insert("n2".into(), crate::view::NodeInfo::default());
-        let second = shared.of(&view);
+        let second = other_sink.of(&view);
         assert!(!std::sync::Arc::ptr_eq(&first, &second));
+        assert!(std::sync::Arc::ptr_eq(&second, &shared.of(&view)), "the other sink gets the new copy");
         assert_eq!(second.keys().collect::<Vec<_>>(), ["n1", "n2"]);
         assert_eq!(*second, std::collections::BTreeMap::clone(&view.nodes));
     }

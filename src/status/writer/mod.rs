@@ -114,13 +114,21 @@ pub struct KubeStatusWriter {
 
 impl KubeStatusWriter {
     /// Start the writer task for node `node`; `board` is what the API stores (the
-    /// Kubernetes source keeps it up to date); `zones`: how the leader names the entries.
-    pub fn start(client: Client, node: String, leadership: Leadership, board: StatusBoard, zones: StatusZones) -> Self {
+    /// Kubernetes source keeps it up to date); `zones`: how the leader names the entries;
+    /// `nodes`: the copy of the nodes shared with the other sink.
+    pub fn start(
+        client: Client,
+        node: String,
+        leadership: Leadership,
+        board: StatusBoard,
+        zones: StatusZones,
+        nodes: crate::status::SharedNodes,
+    ) -> Self {
         let (tx, rx) = watch::channel(None);
         let span = tracing::info_span!("status_writer", node = %node);
         let task = writer_task(client, node, leadership, rx, board, zones);
         tokio::spawn(tracing::Instrument::instrument(task, span));
-        Self { tx, nodes: crate::status::SharedNodes::default() }
+        Self { tx, nodes }
     }
 }
 
