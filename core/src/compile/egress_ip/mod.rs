@@ -570,18 +570,18 @@ fn number_hop_sets(plans: &[Plan], via: &BTreeMap<IpAddr, Vec<NextHop>>, setting
     set_index
 }
 
-/// An address, its owner, and the labels of the owner's namespace (shared by its pods).
-type Candidate<'v> = (std::rc::Rc<BTreeMap<String, String>>, IpAddr, &'v crate::view::PodInfo);
+/// A wanted namespace's labels, and the owned addresses of its pods with their owner.
+type Candidates<'v> = (BTreeMap<String, String>, Vec<(IpAddr, &'v crate::view::PodInfo)>);
 
 /// The owned addresses of the pods in namespaces that `wanted` (some EgressIP's
-/// namespaceSelector) takes, with their namespace's labels, namespace by namespace. Only
-/// those pods can be selected, so the pods of other namespaces are not walked: on a node
-/// that follows the whole cluster's pods (an egress IP's host), most of them.
+/// namespaceSelector) takes, one group per namespace, with its labels. Only those pods
+/// can be selected, so the pods of other namespaces are not walked: on a node that
+/// follows the whole cluster's pods (an egress IP's host), most of them.
 fn candidates<'v>(
     view: &'v ClusterView,
     owners: &'v crate::view::Owners,
     wanted: impl Fn(&BTreeMap<String, String>) -> bool,
-) -> Vec<Candidate<'v>> {
+) -> Vec<Candidates<'v>> {
     let pods = &*view.pods;
     let mut out = Vec::new();
     let mut next = pods.keys().next().map(|(ns, _)| ns.clone());
@@ -590,17 +590,18 @@ fn candidates<'v>(
         let after = (format!("{ns}\0"), String::new());
         let labels = namespace_labels(view, &ns);
         if wanted(&labels) {
-            let labels = std::rc::Rc::new(labels);
+            let mut addresses = Vec::new();
             for pod in pods.range((ns.clone(), String::new())..after.clone()).map(|(_, pod)| pod) {
                 for (i, ip) in pod.ips.iter().enumerate() {
                     if pod.ips[..i].contains(ip) {
                         continue; // listed twice: one address
                     }
                     if let Some(owner) = owners.get(ip).filter(|o| o.namespace == pod.namespace && o.name == pod.name) {
-                        out.push((labels.clone(), *ip, &**owner));
+                        addresses.push((*ip, &**owner));
                     }
                 }
             }
+            out.push((labels, addresses));
         }
         next = pods.range(after..).next().map(|((ns, _), _)| ns.clone());
     }
@@ -625,10 +626,10 @@ fn assign_pods<'a>(
         overflow: false,
     };
     let wanted = |labels: &BTreeMap<String, String>| plans.iter().any(|p| p.policy.namespaces.matches(labels));
-    for (labels, ip, pod) in candidates(ctx.view, owners, wanted) {
-        let ip = &ip;
+    let groups = candidates(ctx.view, owners, wanted);
+    for (labels, ip, pod) in groups.iter().flat_map(|(labels, a)| a.iter().map(move |(ip, pod)| (labels, ip, *pod))) {
         let Some(plan) =
-            plans.iter_mut().find(|p| p.policy.namespaces.matches(&labels) && p.policy.pods.matches(&pod.labels))
+            plans.iter_mut().find(|p| p.policy.namespaces.matches(labels) && p.policy.pods.matches(&pod.labels))
         else {
             continue;
         };
@@ -720,15 +721,14 @@ mod tests {
             let wanted = |labels: &BTreeMap<String, String>| {
                 labels.get("team") == Some(&wanted_team.to_string()) || labels.get(NAMESPACE_NAME_LABEL).map(String::as_str) == Some("ab")
             };
-            let got: Vec<(IpAddr, String, String)> = candidates(&v, v.pods.owners(), wanted)
-                .into_iter()
-                .map(|(labels, ip, pod)| {
-                    assert_eq!(*labels, namespace_labels(&v, &pod.namespace));
-                    (ip, pod.namespace.clone(), pod.name.clone())
-                })
-                .collect();
-            let mut got_sorted = got.clone();
-            got_sorted.sort();
+            let mut got: Vec<(IpAddr, String, String)> = Vec::new();
+            for (labels, addresses) in candidates(&v, v.pods.owners(), wanted) {
+                for (ip, pod) in addresses {
+                    assert_eq!(labels, namespace_labels(&v, &pod.namespace));
+                    got.push((ip, pod.namespace.clone(), pod.name.clone()));
+                }
+            }
+            got.sort();
             let mut expected: Vec<(IpAddr, String, String)> = v
                 .pods
                 .owners()
@@ -737,7 +737,7 @@ mod tests {
                 .map(|(ip, p)| (*ip, p.namespace.clone(), p.name.clone()))
                 .collect();
             expected.sort();
-            proptest::prop_assert_eq!(got_sorted, expected);
+            proptest::prop_assert_eq!(got, expected);
         }
     }
 
