@@ -6,7 +6,7 @@
     cluster-scale.py measure ENV WORK N CHANGES "PIDS" APISERVER_PID PODS NAMESPACES LOCAL
 
 ENV is tests/kube/apiserver.sh's env file; WORK holds the agents' logs (log-<i>)."""
-import datetime, http.client, ipaddress, json, os, re, ssl, statistics, sys, threading, time
+import ctypes, datetime, http.client, ipaddress, json, os, re, ssl, statistics, sys, threading, time
 from concurrent.futures import ThreadPoolExecutor
 
 env = dict(l.strip().split("=", 1) for l in open(sys.argv[2]) if "=" in l)
@@ -157,6 +157,34 @@ def metrics():
     return events, pod_events, size, writes
 
 
+LIBC = ctypes.CDLL(None, use_errno=True)
+SCRAPERS = ThreadPoolExecutor(16)
+
+
+def received(pid):
+    """(watch events, Pod watch events) agent `pid` received so far
+    (egressd_watch_events_total, read in its network namespace: bookmarks are not in it)."""
+    with open(f"/proc/{pid}/ns/net") as ns:
+        if LIBC.setns(ns.fileno(), 0x40000000) != 0:  # CLONE_NEWNET, this thread only
+            raise OSError(ctypes.get_errno(), "setns")
+    conn = http.client.HTTPConnection("127.0.0.1", 9799, timeout=10)
+    conn.request("GET", "/metrics")
+    events = pods = 0.0
+    for line in conn.getresponse().read().decode().splitlines():
+        if line.startswith("egressd_watch_events_total{"):
+            v = float(line.rsplit(" ", 1)[1])
+            events += v
+            if 'kind="Pod"' in line:
+                pods += v
+    return events, pods
+
+
+def agents_received(pids):
+    """(watch events, Pod watch events) all agents received so far."""
+    got = list(SCRAPERS.map(received, pids))
+    return sum(e for e, _ in got), sum(p for _, p in got)
+
+
 class SideWatch:
     """An EgressFirewall watch of the bench's own, opened once the agents are in sync:
     when no agent follows a change, it tells the API server's side (the event was not
@@ -273,6 +301,7 @@ def measure(work, n, changes, pids, api_pid, pods, nsn, per_node):
         change makes several syncs: each node's last one before `settle` returns."""
         lat, per = [], []
         for c in range(changes):
+            got_before = agents_received(pids)
             before, began = metrics() + cpu_now(pids, api_pid), time.time()
             seen_before = len(side.events)
             acked, nodes = write(c)
@@ -294,6 +323,7 @@ def measure(work, n, changes, pids, api_pid, pods, nsn, per_node):
                 per[-1][4 + k] -= rate * window
             per[-1][3] -= own
             per[-1][0] -= len(side.events) - seen_before  # the bench's own watch's events
+            per[-1] += [a - b for a, b in zip(agents_received(pids), got_before)]
             if reset:
                 reset(c)
         results[kind] = (lat, [statistics.median(x) for x in zip(*per)])
@@ -380,7 +410,8 @@ def measure(work, n, changes, pids, api_pid, pods, nsn, per_node):
              f"all in sync {started:.0f} s; start writes {start_writes:.0f} (settled {settled:.0f} s)"]
     for kind, (lat, per) in results.items():
         cells.append(f"{kind}: p50 {pct(lat, 50):.0f} ms, p99 {pct(lat, 99):.0f} ms ({len(lat)}); "
-                     f"per change: {per[0]:.0f} watch events ({per[1]:.0f} Pod, {per[2] / 1024:.0f} KiB), {per[3]:.0f} writes by egressd, "
+                     f"per change: {per[0]:.0f} watch events sent ({per[1]:.0f} Pod, {per[2] / 1024:.0f} KiB; bookmarks included), "
+                     f"{per[7]:.0f} received by the agents ({per[8]:.0f} Pod; no bookmarks), {per[3]:.0f} writes by egressd, "
                      f"CPU {1000 * per[4]:.0f} ms user + {1000 * per[5]:.0f} ms system in the agents, {1000 * per[6]:.0f} ms in the API server")
     cells.append("status writes by egressd per EgressFirewall " +
                  ", ".join(f"{k}: {v:.0f}" for k, v in status_writes.items()))
