@@ -162,27 +162,29 @@ SCRAPERS = ThreadPoolExecutor(16)
 
 
 def received(pid):
-    """(watch events, Pod watch events) agent `pid` received so far
+    """(watch events, Pod watch events, objects listed) agent `pid` received so far
     (egressd_watch_events_total, read in its network namespace: bookmarks are not in it)."""
     with open(f"/proc/{pid}/ns/net") as ns:
         if LIBC.setns(ns.fileno(), 0x40000000) != 0:  # CLONE_NEWNET, this thread only
             raise OSError(ctypes.get_errno(), "setns")
     conn = http.client.HTTPConnection("127.0.0.1", 9799, timeout=10)
     conn.request("GET", "/metrics")
-    events = pods = 0.0
+    events = pods = listed = 0.0
     for line in conn.getresponse().read().decode().splitlines():
         if line.startswith("egressd_watch_events_total{"):
             v = float(line.rsplit(" ", 1)[1])
-            events += v
-            if 'kind="Pod"' in line:
-                pods += v
-    return events, pods
+            if 'event="listed"' in line:
+                listed += v
+            elif 'event="relist"' not in line:
+                events += v
+                if 'kind="Pod"' in line:
+                    pods += v
+    return events, pods, listed
 
 
 def agents_received(pids):
-    """(watch events, Pod watch events) all agents received so far."""
-    got = list(SCRAPERS.map(received, pids))
-    return sum(e for e, _ in got), sum(p for _, p in got)
+    """(watch events, Pod watch events, objects listed) all agents received so far."""
+    return tuple(sum(x) for x in zip(*SCRAPERS.map(received, pids)))
 
 
 class SideWatch:
@@ -411,7 +413,8 @@ def measure(work, n, changes, pids, api_pid, pods, nsn, per_node):
     for kind, (lat, per) in results.items():
         cells.append(f"{kind}: p50 {pct(lat, 50):.0f} ms, p99 {pct(lat, 99):.0f} ms ({len(lat)}); "
                      f"per change: {per[0]:.0f} watch events sent ({per[1]:.0f} Pod, {per[2] / 1024:.0f} KiB; bookmarks included), "
-                     f"{per[7]:.0f} received by the agents ({per[8]:.0f} Pod; no bookmarks), {per[3]:.0f} writes by egressd, "
+                     f"{per[7]:.0f} received by the agents ({per[8]:.0f} Pod; no bookmarks) and {per[9]:.0f} objects listed, "
+                     f"{per[3]:.0f} writes by egressd, "
                      f"CPU {1000 * per[4]:.0f} ms user + {1000 * per[5]:.0f} ms system in the agents, {1000 * per[6]:.0f} ms in the API server")
     cells.append("status writes by egressd per EgressFirewall " +
                  ", ".join(f"{k}: {v:.0f}" for k, v in status_writes.items()))

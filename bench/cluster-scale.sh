@@ -32,8 +32,8 @@
 # idle CPU over 10 s, and from the API server's /metrics per change: watch events sent
 # (all kinds, and Pod alone; bookmarks included: each watch gets one a minute, and the
 # agents' minutes line up as they start together) and writes (excluding Leases), and its
-# RSS; the watch events the agents received per change (egressd_watch_events_total:
-# no bookmarks); and the CPU each
+# RSS; the watch events the agents received per change and the objects they listed
+# (egressd_watch_events_total: no bookmarks); and the CPU each
 # change costs (from the write to 1.5 s after the last node's sync, the idle rate taken
 # out): all agents' user and system time, and the API server's — with N agents on two
 # cores, the latency's tail is mostly this work queued behind itself.

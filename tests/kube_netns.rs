@@ -74,9 +74,10 @@ fn follows_the_cluster_writes_statuses_and_survives_restarts_and_410() {
     let health = format!("127.0.0.1:{}", 9780 + u16::from(b'a') % 16);
     let (_, metrics) = netns::http_get(&t.node, &health, "/metrics").unwrap();
     assert!(metrics.contains("egressd_objects{kind=\"Pod\",valid=\"true\"} 1\n"), "only node-a's pod: {metrics}");
-    // Node-b's pods were never sent to it: one Pod event, its own pod's (listed).
+    // Node-b's pods were never sent to it: one Pod listed, its own, and no event since.
     assert!(
-        metrics.contains("egressd_watch_events_total{kind=\"Pod\",event=\"apply\"} 1\n"),
+        metrics.contains("egressd_watch_events_total{kind=\"Pod\",event=\"listed\"} 1\n")
+            && !metrics.contains("egressd_watch_events_total{kind=\"Pod\",event=\"apply\"}"),
         "only node-a's pod received: {metrics}"
     );
 

@@ -123,7 +123,8 @@ pub struct KindLabels {
 pub(crate) struct WatchEventLabels {
     /// The kind (one of the seven watched).
     pub(crate) kind: String,
-    /// `apply` (an object added, changed, or listed), `delete`, or `relist` (a list began).
+    /// `apply` (an object added or changed), `delete`, `relist` (a list began) or
+    /// `listed` (an object of a list).
     pub(crate) event: &'static str,
 }
 
@@ -317,7 +318,7 @@ impl Default for Metrics {
         );
         registry.register(
             "watch_events",
-            "Watch events received from the API server, by kind and event (apply: added, changed or listed; delete; relist: a list began); bookmarks are not counted",
+            "Watch events and listed objects received from the API server, by kind and event (apply: added or changed; delete; relist: a list began; listed: an object of a list); bookmarks are not counted",
             m.watch_events.clone(),
         );
         Self { registry, ..m }

@@ -66,11 +66,13 @@ pub(crate) enum KubeMsg {
 }
 
 impl KubeMsg {
-    /// The `event` label of `egressd_watch_events` (none for what is not an event from
-    /// the API server: the end of a list, an error).
-    fn event(&self) -> Option<&'static str> {
+    /// The `event` label of `egressd_watch_events`, `listing` while its kind's list
+    /// runs (none for what is not an object or list from the API server: the end of a
+    /// list, an error).
+    fn event(&self, listing: bool) -> Option<&'static str> {
         match self {
             Self::Init(_) => Some("relist"),
+            Self::Apply { .. } if listing => Some("listed"),
             Self::Apply { .. } => Some("apply"),
             Self::Delete(_) => Some("delete"),
             Self::InitDone(_) | Self::Error(..) => None,
@@ -279,7 +281,7 @@ impl KubeWatch {
     /// Count a watch's message (`egressd_watch_events`) and hand it to the view unless
     /// it comes from a pod watch since replaced. Whether the view changed.
     fn take(&mut self, generation: u64, msg: KubeMsg) -> bool {
-        if let Some(event) = msg.event() {
+        if let Some(event) = msg.event(self.source.relisting.contains_key(&msg.kind())) {
             let labels = crate::telemetry::metrics::WatchEventLabels { kind: msg.kind().to_string(), event };
             self.telemetry.metrics.watch_events.get_or_create(&labels).inc();
         }
