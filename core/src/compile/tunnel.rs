@@ -50,6 +50,10 @@ pub(super) struct TunnelPlan {
     pub peers: BTreeMap<IpAddr, [u8; 6]>,
     /// This node's tunnel device's Ethernet address.
     pub mac: [u8; 6],
+    /// This node may be given an egress IP (it is egress-assignable while an EgressIP
+    /// exists, or hosts one): its per-peer entries are kept ready, so that being placed
+    /// or taking over costs no netlink work per peer.
+    pub standby: bool,
 }
 
 fn family(ip: IpAddr) -> usize {
@@ -110,7 +114,7 @@ pub(super) fn emit(
 ) -> Option<Vec<Rule>> {
     let bit = settings.tunnel_bit()?;
     let steering = plan.steer_gateways.iter().any(|g| !g.is_empty());
-    if !steering && plan.hosted.is_empty() {
+    if !steering && plan.hosted.is_empty() && !plan.standby {
         return None;
     }
     sets(plan, table);
@@ -130,7 +134,11 @@ pub(super) fn emit(
         mac: plan.mac,
         local: plan.self_addr,
         peers: plan.peers.clone(),
-        return_routes: !plan.hosted.is_empty(),
+        // A host's replies go back through the tunnel. An egress-assignable node keeps
+        // the routes while any EgressIP exists: at 1,500 nodes they are 1,500 routes and
+        // 1,500 neighbours, ~0.6 s of netlink on a busy node, which would otherwise be
+        // paid at each placement and failover (bench/FINDINGS.md "2026-11-29 (fourth)").
+        return_routes: !plan.hosted.is_empty() || plan.standby,
     });
     Some(snat_rules(settings, plan))
 }

@@ -263,7 +263,15 @@ fn tunnel_plan(ctx: &Ctx, plans: &[Plan], hop_sets: &HopSets) -> TunnelPlan {
     }
     let my_id = ctx.view.nodes.get(me).and_then(|n| identity(&n.addresses));
     let mac = tunnel_mac(my_id.or(ctx.tunnel_addr[0]).or(ctx.tunnel_addr[1]).unwrap_or(IpAddr::from([0, 0, 0, 0])));
-    TunnelPlan { hosted, steer_gateways, self_addr: ctx.tunnel_addr, my_addrs: ctx.my_addrs.clone(), peers, mac }
+    TunnelPlan {
+        hosted,
+        steer_gateways,
+        self_addr: ctx.tunnel_addr,
+        my_addrs: ctx.my_addrs.clone(),
+        peers,
+        mac,
+        standby: ctx.view.needs_cluster_pods(me),
+    }
 }
 
 /// Who owns each egress IP: the oldest EgressIP naming it (`ordered` oldest first).
@@ -1101,6 +1109,23 @@ mod tests {
 
     fn status_of<'d>(d: &'d crate::compile::Desired, name: &str) -> &'d ObjectStatus {
         d.statuses.iter().find(|s| s.key.name == name).unwrap()
+    }
+
+    #[test]
+    fn an_assignable_node_keeps_the_tunnels_per_peer_entries_ready_while_an_egress_ip_exists() {
+        let labelled = CLUSTER
+            .replace("metadata: {name: c}", "metadata: {name: c, labels: {k8s.ovn.org/egress-assignable: \"\"}}");
+        let web = eip("web", "2024-01-01T00:00:00Z", &["198.19.0.100"], &[("198.19.0.100", "b")], "{}");
+        let tunnel_of = |docs: &str| run(docs, "c", "198.19.0.3/24", false).net.tunnel;
+        // c hosts nothing and steers nothing (no pods): ready to be given the egress IP.
+        let ready = tunnel_of(&format!("{labelled}{web}"));
+        assert!(
+            ready.as_ref().is_some_and(|t| t.return_routes && t.peers.len() == 2),
+            "an assignable node while an EgressIP exists: {ready:?}"
+        );
+        // Not assignable, or no EgressIP: nothing.
+        assert_eq!(tunnel_of(&format!("{CLUSTER}{web}")), None);
+        assert_eq!(tunnel_of(&labelled), None);
     }
 
     #[test]
