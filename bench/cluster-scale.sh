@@ -18,7 +18,8 @@
 #
 # Then, CHANGES times each (default 10), timed from the API server's acknowledgement of
 # the write to each affected node's "dataplane in sync" line (after the kernel's ack),
-# p50/p99 over every (change, node) pair:
+# p50/p99 and max over every (change, node) pair, and node-1's max apart (one node in N:
+# a p99 over 100 nodes leaves out its samples, the ones a user waits for when it hosts):
 #   firewall edit   a rule of ns0's EgressFirewall replaced (every agent has a pod in ns0)
 #   pod added       a pod created on node-(i mod N), then its address written (timed:
 #                   the write that matters); only that node is affected

@@ -87,7 +87,7 @@ impl<A: StatusSink, B: StatusSink> StatusSink for (A, B) {
     }
 }
 
-/// The nodes of a Node map as the sinks' tasks see them.
+/// The Node map the sinks hand their tasks.
 pub type NodeMap = std::collections::BTreeMap<String, crate::view::NodeInfo>;
 
 /// The view's nodes as one copy that both sinks and their tasks share, made again only
