@@ -382,6 +382,19 @@ def measure(work, n, changes, pids, api_pid, pods, nsn, per_node):
         call("DELETE", f"/apis/k8s.ovn.org/v1/egressips/bench-{n}-{c}")
         time.sleep(2)
     run("egress IP placed", egress_ip, 1, delete_ip, placed)
+    # The same beside another EgressIP (one selecting no pod, placed on node-1 too): a
+    # cluster that uses EgressIPs, where node-1 already follows every pod and keeps the
+    # tunnel's per-peer entries ready. The first EgressIP of a cluster is the row above.
+    resident = f"/apis/k8s.ovn.org/v1/egressips/bench-{n}-resident"
+    call("POST", "/apis/k8s.ovn.org/v1/egressips", {"apiVersion": "k8s.ovn.org/v1",
+         "kind": "EgressIP", "metadata": {"name": f"bench-{n}-resident"},
+         "spec": {"egressIPs": ["198.19.251.1"],
+         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "bench-none"}}}})
+    time.sleep(5)
+    run("egress IP placed beside another", lambda c: egress_ip(c + changes), 1,
+        lambda c: delete_ip(c + changes), lambda c: placed(c + changes))
+    call("DELETE", resident)
+    time.sleep(2)
 
     # Status writes per policy change whose status changes (one leader write per object):
     # a new EgressFirewall, one made invalid, and fixed again; 3 s each.

@@ -29,6 +29,8 @@
 #                   on node-1 (timed from the create's ack to each node's last sync
 #                   within 2 s of the placement: the whole path), then deleted: every
 #                   agent (steering, or hosting)
+#   egress IP beside another   the same while another EgressIP (selecting no pod) is
+#                   placed on node-1: a cluster that uses EgressIPs
 # Also per N: agents' RSS (current and peak, max and median, the host node-1 apart),
 # idle CPU over 10 s, and from the API server's /metrics per change: watch events sent
 # (all kinds, and Pod alone; bookmarks included: each watch gets one a minute, and the
