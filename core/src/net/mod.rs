@@ -312,7 +312,9 @@ pub struct TunnelDesired {
     /// The outer source per family (this node's address): never left to the kernel's
     /// choice, which may pick a hosted egress IP that peers do not accept.
     pub local: [Option<IpAddr>; 2],
-    /// Every peer node address → its device's Ethernet address (permanent neighbours).
+    /// The peer node addresses tunnelled packets are exchanged with → their device's
+    /// Ethernet address (permanent neighbours). A peer on a shared link, with no cloud
+    /// filtering, steers on-link and has none.
     pub peers: BTreeMap<IpAddr, [u8; 6]>,
     /// Return routes (this node hosts an egress IP reached through the tunnel): each
     /// peer address through the tunnel, in the tunnel table.

@@ -251,14 +251,24 @@ fn tunnel_plan(ctx: &Ctx, plans: &[Plan], hop_sets: &HopSets) -> TunnelPlan {
             steer_gateways[usize::from(*v6)].insert(hop.gateway);
         }
     }
+    let settings = &ctx.node.egress;
     let mut peers = BTreeMap::new();
+    let mut tunnelled = BTreeSet::new();
     for (name, info) in &ctx.view.nodes {
         if name == me {
             continue;
         }
         let Some(id) = identity(&info.addresses) else { continue };
+        // A peer reaches this node through the tunnel as `steering_hop` decides on its
+        // side: always with vxlan or where a cloud filters, else when this node is not on
+        // a shared link (nodes on one subnet see each other on-link).
+        let filtered = settings.mode == EgressIpMode::Cloud || info.cloud || ctx.me_cloud;
         for a in info.addresses.iter().filter(|a| !ctx.my_addrs.contains(a)) {
             peers.insert(*a, tunnel_mac(id));
+            let steered_to = steer_gateways[fam(*a)].contains(a);
+            if steered_to || settings.transport == Transport::Vxlan || filtered || ctx.host.link_for(*a).is_none() {
+                tunnelled.insert(*a);
+            }
         }
     }
     let my_id = ctx.view.nodes.get(me).and_then(|n| identity(&n.addresses));
@@ -269,6 +279,7 @@ fn tunnel_plan(ctx: &Ctx, plans: &[Plan], hop_sets: &HopSets) -> TunnelPlan {
         self_addr: ctx.tunnel_addr,
         my_addrs: ctx.my_addrs.clone(),
         peers,
+        tunnelled,
         mac,
         standby: ctx.view.needs_cluster_pods(me),
     }
@@ -1118,11 +1129,19 @@ mod tests {
         let web = eip("web", "2024-01-01T00:00:00Z", &["198.19.0.100"], &[("198.19.0.100", "b")], "{}");
         let tunnel_of = |docs: &str| run(docs, "c", "198.19.0.3/24", false).net.tunnel;
         // c hosts nothing and steers nothing (no pods): ready to be given the egress IP.
-        let ready = tunnel_of(&format!("{labelled}{web}"));
+        // In another subnet than a and b, they would reach it through the tunnel: a
+        // neighbour and a return route each.
+        let far = run(&format!("{labelled}{web}"), "c", "198.51.100.3/24", false).net.tunnel;
         assert!(
-            ready.as_ref().is_some_and(|t| t.return_routes && t.peers.len() == 2),
-            "an assignable node while an EgressIP exists: {ready:?}"
+            far.as_ref().is_some_and(|t| t.return_routes && t.peers.len() == 2),
+            "an assignable node while an EgressIP exists: {far:?}"
         );
+        // On their subnet they would steer to it on-link: no per-peer entry.
+        let near = tunnel_of(&format!("{labelled}{web}"));
+        assert!(near.as_ref().is_some_and(|t| t.return_routes && t.peers.is_empty()), "{near:?}");
+        // With --egress-ip-transport vxlan every peer tunnels, shared link or not.
+        let vxlan = run_with(&format!("{labelled}{web}"), "c", "198.19.0.3/24", Transport::Vxlan).net.tunnel;
+        assert!(vxlan.as_ref().is_some_and(|t| t.peers.len() == 2), "{vxlan:?}");
         // Not assignable, or no EgressIP: nothing.
         assert_eq!(tunnel_of(&format!("{CLUSTER}{web}")), None);
         assert_eq!(tunnel_of(&labelled), None);
