@@ -48,11 +48,11 @@ pub(super) struct TunnelPlan {
     pub my_addrs: BTreeSet<IpAddr>,
     /// Every other node's address → its tunnel device's Ethernet address.
     pub peers: BTreeMap<IpAddr, [u8; 6]>,
-    /// The peer addresses tunnelled packets are exchanged with: those this node steers
-    /// to through the tunnel, and those that reach it through the tunnel (not on a
+    /// The peers tunnelled packets are exchanged with (of `peers`): those this node
+    /// steers to through the tunnel, and those that reach it through the tunnel (not on a
     /// shared link, or a cloud filters, or `--egress-ip-transport vxlan`). They get a
     /// neighbour entry, and a return route while this node hosts or may host.
-    pub tunnelled: BTreeSet<IpAddr>,
+    pub tunnelled: BTreeMap<IpAddr, [u8; 6]>,
     /// This node's tunnel device's Ethernet address.
     pub mac: [u8; 6],
     /// This node may be given an egress IP (it is egress-assignable while an EgressIP
@@ -138,10 +138,10 @@ pub(super) fn emit(
         port: settings.vxlan_port,
         mac: plan.mac,
         local: plan.self_addr,
-        peers: plan.peers.iter().filter(|(a, _)| plan.tunnelled.contains(*a)).map(|(a, m)| (*a, *m)).collect(),
+        peers: plan.tunnelled.clone(),
         // A host's replies go back through the tunnel. An egress-assignable node keeps
-        // the routes while any EgressIP exists: at 1,500 nodes they are 1,500 routes and
-        // 1,500 neighbours, ~0.6 s of netlink on a busy node, which would otherwise be
+        // the routes while any EgressIP exists: one route and one neighbour per tunnelled
+        // peer (at 1,500 peers ~0.6 s of netlink on a busy node), which would otherwise be
         // paid at each placement and failover (bench/FINDINGS.md "2026-11-29 (fourth)").
         return_routes: !plan.hosted.is_empty() || plan.standby,
     });

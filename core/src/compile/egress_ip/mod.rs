@@ -253,7 +253,7 @@ fn tunnel_plan(ctx: &Ctx, plans: &[Plan], hop_sets: &HopSets) -> TunnelPlan {
     }
     let settings = &ctx.node.egress;
     let mut peers = BTreeMap::new();
-    let mut tunnelled = BTreeSet::new();
+    let mut tunnelled = BTreeMap::new();
     for (name, info) in &ctx.view.nodes {
         if name == me {
             continue;
@@ -262,12 +262,12 @@ fn tunnel_plan(ctx: &Ctx, plans: &[Plan], hop_sets: &HopSets) -> TunnelPlan {
         // A peer reaches this node through the tunnel as `steering_hop` decides on its
         // side: always with vxlan or where a cloud filters, else when this node is not on
         // a shared link (nodes on one subnet see each other on-link).
-        let filtered = settings.mode == EgressIpMode::Cloud || info.cloud || ctx.me_cloud;
+        let filtered = cloud_filters(ctx, info);
         for a in info.addresses.iter().filter(|a| !ctx.my_addrs.contains(a)) {
             peers.insert(*a, tunnel_mac(id));
             let steered_to = steer_gateways[fam(*a)].contains(a);
             if steered_to || settings.transport == Transport::Vxlan || filtered || ctx.host.link_for(*a).is_none() {
-                tunnelled.insert(*a);
+                tunnelled.insert(*a, tunnel_mac(id));
             }
         }
     }
@@ -407,6 +407,13 @@ fn host_here(ctx: &Ctx, ip: IpAddr, plan: &mut Plan, net: &mut NetDesired) {
     }
 }
 
+/// Whether a cloud's fabric filters between this node and `peer` (either is a cloud
+/// instance, or a cloud network controller assigns the IPs: `cloud` mode), so that
+/// `auto` steers through the tunnel even on a shared link.
+fn cloud_filters(ctx: &Ctx, peer: &crate::view::NodeInfo) -> bool {
+    ctx.node.egress.mode == EgressIpMode::Cloud || peer.cloud || ctx.me_cloud
+}
+
 /// How this node reaches `host_node` for egress IP `ip`: on-link or through the tunnel
 /// (`--egress-ip-transport`), or why it cannot.
 fn steering_hop(ctx: &Ctx, ip: IpAddr, host_node: &str) -> Result<NextHop, String> {
@@ -423,8 +430,7 @@ fn steering_hop(ctx: &Ctx, ip: IpAddr, host_node: &str) -> Result<NextHop, Strin
         link: 0,
         key: Some(tunnel_key(ip)),
     });
-    // A cloud network controller assigns the IPs (`cloud`): the fabric is a cloud's.
-    let filtered = settings.mode == EgressIpMode::Cloud || info.cloud || ctx.me_cloud;
+    let filtered = cloud_filters(ctx, info);
     let hop = match settings.transport {
         Transport::Direct => direct,
         Transport::Vxlan => tunnel,
