@@ -143,7 +143,9 @@ fn a_dns_outage_never_delays_other_changes() {
             let ruleset = t.node.nft_list();
             // The rule's address is an element of the namespace's run set.
             let element = [format!("{rule},"), format!("{rule} ")].iter().any(|e| ruleset.contains(e.as_str()));
-            ruleset.contains(&format!("{ip} : jump fw-team-a")) && element
+            // The pod's address maps to its namespace's number, which jumps to its chain.
+            let number = ruleset.split(&format!("{ip} : ")).nth(1).and_then(|rest| rest.split([',', ' ']).next());
+            number.is_some_and(|n| ruleset.contains(&format!("{n} : jump fw-team-a"))) && element
         });
         let took = took.unwrap_or_else(|| panic!("change {k} not applied within 10 s:\n{}", agent.log_text()));
         slowest = slowest.max(took);

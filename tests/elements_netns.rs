@@ -14,16 +14,16 @@ use std::collections::BTreeMap;
 
 use egressd::dataplane::nft_cli::NftCli;
 use egressd::dataplane::nft_sync::{NftSyncer, SyncKind};
-use egressd::nft::{Chain, Hook, KeyType, Set, Slot, Table};
+use egressd::nft::{Chain, Data, Hook, KeyType, Set, Slot, Table};
 use netns::Netns;
 use proptest::prelude::*;
 
 const CHAINS: [&str; 3] = ["fw-a", "fw-b", "fw-h0123456789abcdef"];
 const DNS_SLOTS: [Slot; 2] = [Slot { set: "dns-v4", tag: 0xfedc_ba98_7654_3210 }, Slot { set: "dns-v4", tag: 7 }];
 
-fn set(key: KeyType, verdict_map: bool, timeout: bool, elements: BTreeMap<String, String>) -> Set {
+fn set(key: KeyType, data: Data, timeout: bool, elements: BTreeMap<String, String>) -> Set {
     let elements = elements.into_iter().map(|(k, v)| (k.parse().unwrap(), v.parse().unwrap())).collect();
-    Set { key, verdict_map, interval: false, timeout, elements }
+    Set { key, data, interval: false, timeout, elements }
 }
 
 /// Ranges of the interval sets: the whole space, or prefixes that start at the first
@@ -43,7 +43,10 @@ const PORTED4: [&str; 5] = [
 const PORTED6: [&str; 3] = ["tcp . 443 . 2001:db8::/32", "udp . 53 . ::/0", "tcp . 443 . 2001:db9::1/128"];
 
 fn ranges(key: KeyType, ranges: &[&str]) -> Set {
-    Set { interval: true, ..set(key, false, false, ranges.iter().map(|r| (r.to_string(), String::new())).collect()) }
+    Set {
+        interval: true,
+        ..set(key, Data::None, false, ranges.iter().map(|r| (r.to_string(), String::new())).collect())
+    }
 }
 
 /// The fixed shape (chains, sets, rules) with the given elements, and no ranges.
@@ -69,15 +72,27 @@ fn with_ported(
     t.sets.insert("ported-v4".into(), ranges(KeyType::PortIpv4, ported4));
     t.sets.insert("ported-v6".into(), ranges(KeyType::PortIpv6, ported6));
     let jump = |c: &usize| format!("jump {}", CHAINS[*c % CHAINS.len()]);
+    // IPv4 pods map to a namespace number (a classid: `0:1`, …) that a second map
+    // jumps by, as the firewall's pods do; IPv6 pods jump directly, as EgressQoS's do.
+    let number = |c: &usize| format!("0:{}", c % CHAINS.len() + 1);
     t.sets.insert(
         "fw-pods-v4".into(),
-        set(KeyType::Ipv4, true, false, pods4.iter().map(|(i, c)| (format!("198.18.1.{i}"), jump(c))).collect()),
+        set(
+            KeyType::Ipv4,
+            Data::Classid,
+            false,
+            pods4.iter().map(|(i, c)| (format!("198.18.1.{i}"), number(c))).collect(),
+        ),
+    );
+    t.sets.insert(
+        "fw-namespaces".into(),
+        set(KeyType::Classid, Data::Verdict, false, (0..CHAINS.len()).map(|c| (number(&c), jump(&c))).collect()),
     );
     t.sets.insert(
         "fw-pods-v6".into(),
         set(
             KeyType::Ipv6,
-            true,
+            Data::Verdict,
             false,
             pods6
                 .iter()
@@ -90,7 +105,7 @@ fn with_ported(
         "dns-v4".into(),
         set(
             KeyType::TaggedIpv4,
-            false,
+            Data::None,
             true,
             dns.iter()
                 .map(|(i, s)| {
@@ -104,7 +119,12 @@ fn with_ported(
     );
     t.sets.insert(
         "snoop-servers-v4".into(),
-        set(KeyType::Ipv4, false, false, plain.iter().map(|i| (format!("203.0.113.{i}"), String::new())).collect()),
+        set(
+            KeyType::Ipv4,
+            Data::None,
+            false,
+            plain.iter().map(|i| (format!("203.0.113.{i}"), String::new())).collect(),
+        ),
     );
     for c in CHAINS {
         let rules = [
@@ -124,7 +144,7 @@ fn with_ported(
             Hook { chain_type: "filter", hook: "forward", priority: "filter" },
             egressd::nft::rule::parse_all([
                 "ip daddr @snoop-servers-v4 accept",
-                "ip saddr vmap @fw-pods-v4",
+                "meta priority set ip saddr map @fw-pods-v4 meta priority vmap @fw-namespaces",
                 "ip6 saddr vmap @fw-pods-v6",
             ])
             .unwrap(),
@@ -247,7 +267,7 @@ fn a_refused_delta_is_retried_in_full_and_a_large_one_is_one_transaction() {
             .get_mut("fw-pods-v4")
             .unwrap()
             .elements
-            .insert("198.18.1.3".parse().unwrap(), "jump fw-b".parse().unwrap());
+            .insert("198.18.1.3".parse().unwrap(), "0:2".parse().unwrap());
         kinds.push(syncer.sync(fewer.clone()).unwrap());
         let listed = String::from_utf8(
             std::process::Command::new("nft")
@@ -257,7 +277,7 @@ fn a_refused_delta_is_retried_in_full_and_a_large_one_is_one_transaction() {
                 .stdout,
         )
         .unwrap();
-        assert!(listed.contains("198.18.1.3 : jump fw-b"), "{listed}");
+        assert!(listed.contains("198.18.1.3 : 0:2"), "{listed}");
         // 20,000 map elements (~2.4 MB of netlink messages) in one delta.
         kinds.push(syncer.sync(large.clone()).unwrap());
         kinds.push(syncer.sync(small.clone()).unwrap());

@@ -43,6 +43,17 @@ fn rules_allow_deny_by_cidr_port_and_order_v4_and_v6() {
     ]
     .concat();
     t.set_firewall("team-a", &rules);
+    // Another table's chain right after egressd's on the same hook counts the pods'
+    // packets, and every packet whose priority is not 0: egressd borrows a pod's packet
+    // priority to reach its namespace's chain and must give it back.
+    t.node.exec(&[
+        "nft",
+        "add table inet observer; add counter inet observer seen; add counter inet observer borrowed; \
+         add chain inet observer pre { type filter hook prerouting priority 10; }; \
+         add rule inet observer pre ip saddr 198.18.1.0/24 counter name seen; \
+         add rule inet observer pre ip6 saddr 2001:db8:1::/48 counter name seen; \
+         add rule inet observer pre meta priority != none counter name borrowed",
+    ]);
     let mut agent = t.start_agent("agent");
     let (p0, p1, p2) = (&t.pods[0], &t.pods[1], &t.pods[2]);
 
@@ -73,6 +84,14 @@ fn rules_allow_deny_by_cidr_port_and_order_v4_and_v6() {
     // The node's own address is outside the cluster: filtered in the input hook.
     assert_eq!(tcp(p0, "203.0.113.1", 8080), None, "pod → node address denied");
     assert!(tcp(p2, "203.0.113.1", 8080).is_some(), "team-b → node address allowed");
+    // The pods' packets passed egressd's namespace chains with their priority given back.
+    let counters = t.node.exec(&["nft", "list", "counters", "table", "inet", "observer"]);
+    let packets = |name: &str| -> u64 {
+        let block = counters.split(&format!("counter {name} {{")).nth(1).unwrap_or_default();
+        block.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{counters}"))
+    };
+    assert!(packets("seen") > 20, "{counters}");
+    assert_eq!(packets("borrowed"), 0, "packets left egressd's chain with a priority: {counters}");
     // The running agent's status, as `egressd status` shows it.
     let status = std::process::Command::new(netns::egressd_bin())
         .args(["status", "--state-dir", t.dir.path().join("state").to_str().unwrap()])

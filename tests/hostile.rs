@@ -79,7 +79,14 @@ fn assert_baseline_applies(out: &str, context: &str) {
         out.contains("ip daddr 203.0.113.0/24 counter name \"fw-deny\" counter drop"),
         "{context}: the valid rule is missing:\n{out}"
     );
-    assert!(out.contains("198.18.9.2 : jump fw-ok"), "{context}: the valid pod is not policed");
+    assert!(jumps_to(out, "198.18.9.2", "fw-ok"), "{context}: the valid pod is not policed:\n{out}");
+}
+
+/// Whether the table text maps the pod address `ip` to its namespace's number and
+/// that number to `jump <chain>` (the `fw-pods` and `fw-namespaces` maps).
+fn jumps_to(table: &str, ip: &str, chain: &str) -> bool {
+    let number = table.split(&format!("{ip} : ")).nth(1).and_then(|rest| rest.split([',', ' ']).next());
+    number.is_some_and(|n| table.contains(&format!("{n} : jump {chain}")))
 }
 
 #[test]

@@ -310,9 +310,18 @@ fn expressions_are_the_ones_nft_generates() {
     });
     let table = compile(&view(&docs), &node, &DnsAnswers::new()).table;
     let text = table.render();
-    for shape in
-        ["log prefix", "limit rate over", "ip dscp set", "ip6 dscp set", "fib saddr", "ct original", "th sport"]
-    {
+    for shape in [
+        "log prefix",
+        "limit rate over",
+        "ip dscp set",
+        "ip6 dscp set",
+        "fib saddr",
+        "ct original",
+        "th sport",
+        "meta priority set ip6 saddr map",
+        "meta priority vmap",
+        "meta priority set none",
+    ] {
         assert!(text.contains(shape), "the table has `{shape}`: {text}");
     }
     let (compared, refused) = compare_expressions(&ns, &text);

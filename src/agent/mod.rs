@@ -653,7 +653,12 @@ mod tests {
         a.source.view = view(&format!("{FIREWALL}{}{}", pod("p1", "198.18.1.1"), pod("p2", "198.18.1.2")));
         assert!(a.on_change(true));
         a.apply().await;
-        assert_eq!(a.syncer().backend().scripts[1], "add element inet egressd fw-pods-v4 { 198.18.1.2 : jump fw-a }\n");
+        // Its element maps it to its namespace's number, the key of `fw-a` in `fw-namespaces`.
+        let number = a.desired().table.sets["fw-namespaces"].elements.keys().next().map(ToString::to_string);
+        assert_eq!(
+            a.syncer().backend().scripts[1],
+            format!("add element inet egressd fw-pods-v4 {{ 198.18.1.2 : {} }}\n", number.unwrap_or_default())
+        );
         // The same view again sends nothing.
         a.apply().await;
         assert_eq!(a.syncer().backend().scripts.len(), 2);

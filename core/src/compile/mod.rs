@@ -370,11 +370,20 @@ mod tests {
     fn a_new_pod_is_element_additions_only() {
         let before = format!("{POLICY}{}", pod("p1", "198.18.1.1", "web"));
         let after = format!("{before}{}", pod("p2", "198.18.1.2", "web"));
+        // The firewall's pod element is the namespace's number, the key of its chain's
+        // jump in `fw-namespaces` (no `jump` element: nothing for the kernel to validate).
+        let table = compile(&view(&after), &node(), &DnsAnswers::new()).table;
+        let jumps = &table.sets["fw-namespaces"].elements;
+        assert_eq!(jumps.len(), 1);
+        let (number, jump) = jumps.iter().next().unwrap();
+        assert_eq!(*jump, crate::nft::Value::Jump("fw-a".into()));
         assert_eq!(
             script(&before, &after),
-            "add element inet egressd fw-pods-v4 { 198.18.1.2 : jump fw-a }\n\
-             add element inet egressd qos-a-0-v4 { 198.18.1.2 }\n\
-             add element inet egressd qos-pods-v4 { 198.18.1.2 : jump qos-a }\n"
+            format!(
+                "add element inet egressd fw-pods-v4 {{ 198.18.1.2 : {number} }}\n\
+                 add element inet egressd qos-a-0-v4 {{ 198.18.1.2 }}\n\
+                 add element inet egressd qos-pods-v4 {{ 198.18.1.2 : jump qos-a }}\n"
+            )
         );
     }
 
@@ -414,7 +423,13 @@ mod tests {
         // A small run keeps its destinations in rules: an edit changes rules, no set.
         let small = firewall(&five[..2]);
         let s = script(&small, &firewall(&edited[..2]));
-        assert!(!s.contains("set") && !s.contains("delete table") && s.contains("198.18.9.0/24"), "{s}");
+        assert!(
+            !s.contains(" set inet")
+                && !s.contains("element")
+                && !s.contains("delete table")
+                && s.contains("198.18.9.0/24"),
+            "{s}"
+        );
     }
 
     #[test]
@@ -439,6 +454,34 @@ mod tests {
             compile_cached(&view(&edited), &node(), &dns, &HostLinks::default(), &mut cache),
             compile(&view(&edited), &node(), &dns)
         );
+    }
+
+    #[test]
+    fn a_namespace_number_that_moves_moves_its_pods_elements() {
+        // Two namespaces whose names hash alike: while both have a policy the second
+        // takes the next number; once the first's policy is gone, its own.
+        let docs: String = [("c1170850", "198.18.1.1"), ("c693596", "198.18.1.2")]
+            .iter()
+            .map(|(ns, ip)| {
+                format!(
+                    "---\napiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {{name: default, namespace: {ns}}}\nspec:\n  egress:\n  - {{type: Deny, to: {{cidrSelector: 192.0.2.0/24}}}}\n\
+                     ---\napiVersion: v1\nkind: Pod\nmetadata: {{name: p, namespace: {ns}}}\nspec: {{nodeName: n1}}\nstatus: {{podIP: {ip}}}\n"
+                )
+            })
+            .collect();
+        let (mut v, dns, mut cache) = (view(&docs), DnsAnswers::new(), CompileCache::default());
+        let before = compile_cached(&v, &node(), &dns, &HostLinks::default(), &mut cache);
+        let pods = |d: &Desired| {
+            d.table.sets["fw-pods-v4"].elements.get(&crate::nft::Key::Addr("198.18.1.2".parse().unwrap())).cloned()
+        };
+        v.remove(&crate::api::ObjectKey {
+            kind: crate::api::Kind::EgressFirewall,
+            namespace: "c1170850".into(),
+            name: "default".into(),
+        });
+        let after = compile_cached(&v, &node(), &dns, &HostLinks::default(), &mut cache);
+        assert_ne!(pods(&before), pods(&after), "the number moved");
+        assert_eq!(after, compile(&v, &node(), &dns));
     }
 
     #[test]
@@ -475,7 +518,10 @@ mod tests {
         let key = slot4.key("192.0.2.7".parse().unwrap());
         assert_eq!(v4.elements.iter().collect::<Vec<_>>(), vec![(&key, &"timeout 305s".parse().unwrap())]);
         assert_eq!(desired.table.sets["dns-v6"].elements.len(), 1);
-        let rules = &desired.table.chains["fw-a"].texts();
+        let rules = desired.table.chains["fw-a"].texts();
+        // First, the priority the base chain borrowed to reach the chain is put back.
+        assert_eq!(rules[0], "meta priority set none");
+        let rules = &rules[1..];
         assert!(rules[0].starts_with(&format!("{} ", slot4.matches("ip"))), "{rules:?}");
         assert!(rules[1].starts_with(&format!("{} ", slot6.matches("ip6"))), "{rules:?}");
         assert_eq!(dns_names(&view(&docs)).into_iter().collect::<Vec<_>>(), vec!["api.example.com.".to_string()]);
@@ -492,7 +538,7 @@ mod tests {
         let snoop = Some(crate::dns::targets::SnoopSettings { group: 1, servers: Vec::new(), rate: 100 });
         let chain = |docs: &str, node: &NodeConfig| {
             let t = compile(&view(docs), node, &DnsAnswers::new()).table;
-            (t.chains["fw-a"].texts(), t.chains.contains_key(crate::nft::verified::CHAIN))
+            (t.chains["fw-a"].texts()[1..].to_vec(), t.chains.contains_key(crate::nft::verified::CHAIN))
         };
         let cidr_and_name = fw(
             "  - {type: Allow, to: {cidrSelector: 192.0.2.0/24}}\n  - {type: Allow, to: {dnsName: api.example.com}}\n  - {type: Deny, to: {cidrSelector: 0.0.0.0/0}}\n",

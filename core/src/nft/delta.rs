@@ -186,7 +186,7 @@ fn push_typed(list: &mut Vec<SetElements>, name: &str, set: &Set, items: Vec<(&K
 /// Whether two sets are declared alike (key, kind, flags): else only a new set, which
 /// means a full replace of the table, changes one into the other.
 pub(super) fn same_declaration(a: &Set, b: &Set) -> bool {
-    a.key == b.key && a.verdict_map == b.verdict_map && a.interval == b.interval && a.timeout == b.timeout
+    a.key == b.key && a.data == b.data && a.interval == b.interval && a.timeout == b.timeout
 }
 
 #[cfg(test)]

@@ -422,10 +422,10 @@ mod props {
                     let chains: Vec<String> = t.chains.keys().map(|c| c.to_string()).collect();
                     let set = t.sets.get_mut(name.as_str()).ok_or(format!("{line}: no set"))?;
                     for item in braces(line) {
-                        let (k, v) = if set.verdict_map {
+                        let (k, v) = if set.data != super::super::Data::None {
                             let (k, v) = item.split_once(" : ").ok_or(format!("{line}: {item}"))?;
                             let target = v.strip_prefix("jump ").unwrap_or_default();
-                            if !chains.iter().any(|c| c == target) {
+                            if set.is_verdict_map() && !chains.iter().any(|c| c == target) {
                                 return Err(format!("{line}: no chain {target}"));
                             }
                             (k.to_string(), v.to_string())
@@ -436,8 +436,8 @@ mod props {
                             }
                         };
                         let (k, v) = read(set, &k, &v).ok_or(format!("{line}: {item} is no element of the set"))?;
-                        if set.verdict_map && set.elements.get(&k).is_some_and(|old| *old != v) {
-                            return Err(format!("{line}: {k} exists with another verdict"));
+                        if set.data != super::super::Data::None && set.elements.get(&k).is_some_and(|old| *old != v) {
+                            return Err(format!("{line}: {k} exists with another value"));
                         }
                         set.elements.insert(k, v);
                     }
@@ -454,9 +454,7 @@ mod props {
     fn elements_of(old: &Table, new: &Table) -> Table {
         let mut out = old.clone();
         for (name, set) in out.sets.iter_mut() {
-            let Some(other) =
-                new.sets.get(name).filter(|o| o.timeout == set.timeout && o.verdict_map == set.verdict_map)
-            else {
+            let Some(other) = new.sets.get(name).filter(|o| o.timeout == set.timeout && o.data == set.data) else {
                 continue;
             };
             set.elements = other

@@ -30,6 +30,9 @@ pub enum Key {
     /// A protocol, a destination port and a prefix ([`KeyType::PortIpv4`]):
     /// `tcp . 443 . 192.0.2.0/24`.
     Ported(Protocol, u16, IpNet),
+    /// A packet priority (`type classid`): `<major>:<minor>` in hex, as nft prints it
+    /// ([`classid`]).
+    Classid(u32),
 }
 
 /// A [`super::Slot`]'s 64-bit tag as its two 32-bit halves (`hi`, `lo`: the two
@@ -62,6 +65,33 @@ pub enum Value {
     Timeout(Duration),
     /// `jump <chain>` (a verdict map).
     Jump(Name),
+    /// A packet priority (a map to `classid`): `<major>:<minor>` ([`classid`]).
+    Classid(u32),
+}
+
+/// A `classid` as nft prints it: `none` (0), `root` (`0xffffffff`), else the major and
+/// minor numbers in hex, `<major>:<minor>`.
+pub fn classid(v: u32) -> String {
+    match v {
+        0 => "none".into(),
+        u32::MAX => "root".into(),
+        v => format!("{:x}:{:x}", v >> 16, v & 0xffff),
+    }
+}
+
+/// A `classid` from its printed form ([`classid`]).
+fn read_classid(text: &str) -> Option<u32> {
+    match text {
+        "none" => Some(0),
+        "root" => Some(u32::MAX),
+        _ => {
+            let (major, minor) = text.split_once(':')?;
+            Some(
+                (u32::from(u16::from_str_radix(major, 16).ok()?) << 16)
+                    | u32::from(u16::from_str_radix(minor, 16).ok()?),
+            )
+        }
+    }
 }
 
 impl From<IpAddr> for Key {
@@ -88,6 +118,7 @@ impl Key {
         let family = |ip: IpAddr| ip.is_ipv6() == set.key.is_v6();
         match *self {
             Key::Mark(_) => set.key == KeyType::Mark && !set.interval,
+            Key::Classid(_) => set.key == KeyType::Classid && !set.interval,
             Key::Ported(_, _, net) => set.key.is_ported() && set.interval && net.trunc() == net && family(net.addr()),
             Key::Net(net) => {
                 matches!(set.key, KeyType::Ipv4 | KeyType::Ipv6)
@@ -103,12 +134,14 @@ impl Key {
 
 impl Value {
     /// Whether a set declared as `set` may hold this value: a jump in a verdict map, a
-    /// timeout in a timeout set, nothing in any other.
+    /// priority in a map to `classid`, a timeout in a timeout set, nothing in any other.
     pub fn fits(&self, set: &Set) -> bool {
+        use super::Data;
         match self {
-            Value::Jump(chain) => set.verdict_map && !chain.is_empty(),
-            Value::Timeout(_) => set.timeout && !set.verdict_map,
-            Value::None => !set.verdict_map && !set.timeout,
+            Value::Jump(chain) => set.data == Data::Verdict && !chain.is_empty(),
+            Value::Classid(_) => set.data == Data::Classid,
+            Value::Timeout(_) => set.timeout && set.data == Data::None,
+            Value::None => set.data == Data::None && !set.timeout,
         }
     }
 }
@@ -121,6 +154,7 @@ impl fmt::Display for Key {
             Key::Tagged(Tag([hi, lo]), ip) => write!(f, "{hi} . {lo} . {ip}"),
             Key::Mark(m) => write!(f, "{m:#010x}"),
             Key::Ported(proto, port, net) => write!(f, "{} . {port} . {net}", proto.nft()),
+            Key::Classid(v) => write!(f, "{}", classid(*v)),
         }
     }
 }
@@ -131,6 +165,7 @@ impl fmt::Display for Value {
             Value::None => Ok(()),
             Value::Timeout(t) => write!(f, "timeout {}s", t.as_secs()),
             Value::Jump(chain) => write!(f, "jump {chain}"),
+            Value::Classid(v) => write!(f, "{}", classid(*v)),
         }
     }
 }
@@ -177,6 +212,8 @@ impl std::str::FromStr for Key {
                 }
                 [mark] if mark.starts_with("0x") => Key::Mark(u32::from_str_radix(&mark[2..], 16).ok()?),
                 [net] if net.contains('/') => Key::Net(net.parse().ok()?),
+                [id @ ("none" | "root")] => Key::Classid(read_classid(id)?),
+                [id] if id.contains(':') && id.parse::<IpAddr>().is_err() => Key::Classid(read_classid(id)?),
                 [ip] => Key::Addr(ip.parse().ok()?),
                 _ => return None,
             })
@@ -188,7 +225,8 @@ impl std::str::FromStr for Key {
 impl std::str::FromStr for Value {
     type Err = ParseError;
 
-    /// A value from its text (empty, `jump <chain>`, `timeout <n>s`), canonical only.
+    /// A value from its text (empty, `jump <chain>`, `timeout <n>s`, a classid),
+    /// canonical only.
     fn from_str(text: &str) -> Result<Self, ParseError> {
         let value = || -> Option<Value> {
             if text.is_empty() {
@@ -197,6 +235,9 @@ impl std::str::FromStr for Value {
             if let Some(chain) = text.strip_prefix("jump ") {
                 let name = |b: u8| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.';
                 return (!chain.is_empty() && chain.bytes().all(name)).then(|| Value::Jump(chain.into()));
+            }
+            if let Some(v) = read_classid(text) {
+                return Some(Value::Classid(v));
             }
             let secs = text.strip_prefix("timeout ")?.strip_suffix('s')?.parse().ok()?;
             Some(Value::Timeout(Duration::from_secs(secs)))
@@ -220,8 +261,15 @@ mod tests {
             KeyType::Mark,
             KeyType::PortIpv4,
             KeyType::PortIpv6,
+            KeyType::Classid,
         ] {
-            out.extend([Set::new(key, false), Set::new(key, true), Set::with_timeout(key), Set::verdict_map(key)]);
+            out.extend([
+                Set::new(key, false),
+                Set::new(key, true),
+                Set::with_timeout(key),
+                Set::verdict_map(key),
+                Set::classid_map(key),
+            ]);
         }
         out
     }
@@ -237,6 +285,10 @@ mod tests {
         assert_eq!(Value::Timeout(Duration::from_secs(35)).to_string(), "timeout 35s");
         assert_eq!(Value::Jump("fw-a".into()).to_string(), "jump fw-a");
         assert_eq!(Value::None.to_string(), "");
+        assert_eq!(Value::Classid(0x1234_abcd).to_string(), "1234:abcd");
+        assert_eq!(Value::Classid(1).to_string(), "0:1");
+        assert_eq!(Key::Classid(0x0001_0000).to_string(), "1:0");
+        assert_eq!(Key::Classid(0).to_string(), "none");
     }
 
     #[test]
@@ -282,6 +334,7 @@ mod tests {
             (any::<u64>(), ip).prop_map(|(t, ip)| Key::tagged(t, ip)),
             any::<u32>().prop_map(Key::Mark),
             (proto, any::<u16>(), net).prop_map(|(p, port, n)| Key::Ported(p, port, n)),
+            any::<u32>().prop_map(Key::Classid),
         ]
     }
 
@@ -290,6 +343,7 @@ mod tests {
             Just(Value::None),
             any::<u64>().prop_map(|s| Value::Timeout(Duration::from_secs(s))),
             "[a-z][a-z0-9._-]{0,20}".prop_map(|c| Value::Jump(c.into())),
+            any::<u32>().prop_map(Value::Classid),
         ]
     }
 

@@ -80,6 +80,8 @@ pub enum KeyType {
     PortIpv4,
     /// The same with an IPv6 prefix.
     PortIpv6,
+    /// `classid` (a packet priority, `meta priority`): the firewall's namespace numbers.
+    Classid,
 }
 
 impl KeyType {
@@ -92,6 +94,7 @@ impl KeyType {
             KeyType::Mark => "type mark",
             KeyType::PortIpv4 => "typeof meta l4proto . th dport . ip daddr",
             KeyType::PortIpv6 => "typeof meta l4proto . th dport . ip6 daddr",
+            KeyType::Classid => "type classid",
         }
     }
 
@@ -184,13 +187,25 @@ impl Slot {
     }
 }
 
-/// A named set (`value == None` for every element) or verdict map.
+/// What a map's keys map to (a plain set: nothing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Data {
+    /// A plain set.
+    #[default]
+    None,
+    /// A verdict map (`type K : verdict`): elements `jump <chain>`.
+    Verdict,
+    /// A data map to a packet priority (`type K : classid`): elements [`Value::Classid`].
+    Classid,
+}
+
+/// A named set (`value == None` for every element) or map.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Set {
     /// Key type.
     pub key: KeyType,
-    /// `true` for a verdict map (`type K : verdict`).
-    pub verdict_map: bool,
+    /// What the keys map to (a plain set: [`Data::None`]).
+    pub data: Data,
     /// `flags interval` (prefixes as elements).
     pub interval: bool,
     /// `flags timeout`: elements carry `timeout <n>s` and leave the kernel by themselves
@@ -254,22 +269,35 @@ impl<'a> IntoIterator for &'a Elements {
 impl Set {
     /// An empty plain set.
     pub fn new(key: KeyType, interval: bool) -> Self {
-        Self { key, verdict_map: false, interval, timeout: false, elements: Elements::default() }
+        Self { key, data: Data::None, interval, timeout: false, elements: Elements::default() }
     }
 
     /// An empty set whose elements time out.
     pub fn with_timeout(key: KeyType) -> Self {
-        Self { key, verdict_map: false, interval: false, timeout: true, elements: Elements::default() }
+        Self { key, data: Data::None, interval: false, timeout: true, elements: Elements::default() }
     }
 
     /// An empty verdict map.
     pub(crate) fn verdict_map(key: KeyType) -> Self {
-        Self { key, verdict_map: true, interval: false, timeout: false, elements: Elements::default() }
+        Self { key, data: Data::Verdict, interval: false, timeout: false, elements: Elements::default() }
+    }
+
+    /// An empty map to packet priorities (`type K : classid`).
+    pub(crate) fn classid_map(key: KeyType) -> Self {
+        Self { key, data: Data::Classid, interval: false, timeout: false, elements: Elements::default() }
+    }
+
+    /// Whether it is a verdict map (its elements jump to chains).
+    pub fn is_verdict_map(&self) -> bool {
+        self.data == Data::Verdict
     }
 
     fn declaration(&self) -> String {
-        let ty =
-            if self.verdict_map { format!("{} : verdict;", self.key.nft()) } else { format!("{};", self.key.nft()) };
+        let ty = match self.data {
+            Data::None => format!("{};", self.key.nft()),
+            Data::Verdict => format!("{} : verdict;", self.key.nft()),
+            Data::Classid => format!("{} : classid;", self.key.nft()),
+        };
         let size = if self.key.is_tagged() { SHARED_SET_SIZE } else { TIMEOUT_SET_SIZE };
         match (self.interval, self.timeout) {
             (true, true) => format!("{ty} flags interval,timeout;"),
@@ -280,7 +308,7 @@ impl Set {
     }
 
     fn keyword(&self) -> &'static str {
-        if self.verdict_map { "map" } else { "set" }
+        if self.data == Data::None { "set" } else { "map" }
     }
 }
 

@@ -14,7 +14,7 @@ pub(super) fn elements<'a>(elements: impl Iterator<Item = (&'a Key, &'a Value)>)
         .into_iter()
         .map(|(k, v)| match v {
             Value::None => k,
-            v @ Value::Jump(_) => format!("{k} : {v}"),
+            v @ (Value::Jump(_) | Value::Classid(_)) => format!("{k} : {v}"),
             v @ Value::Timeout(_) => format!("{k} {v}"),
         })
         .collect();
@@ -52,13 +52,13 @@ pub(super) fn table_block(table: &Table) -> String {
     for name in super::COUNTERS {
         let _ = writeln!(out, "\tcounter {name} {{\n\t}}");
     }
-    for (name, set) in table.sets.iter().filter(|(_, s)| !s.verdict_map) {
+    for (name, set) in table.sets.iter().filter(|(_, s)| !s.is_verdict_map()) {
         set_block(&mut out, name, set);
     }
     for (name, chain) in table.chains.iter().filter(|(_, c)| c.hook.is_none()) {
         chain_block(&mut out, name, chain);
     }
-    for (name, set) in table.sets.iter().filter(|(_, s)| s.verdict_map) {
+    for (name, set) in table.sets.iter().filter(|(_, s)| s.is_verdict_map()) {
         set_block(&mut out, name, set);
     }
     for (name, chain) in table.chains.iter().filter(|(_, c)| c.hook.is_some()) {

@@ -235,13 +235,13 @@ mod tests {
         let mut t = Table::new("t");
         t.sets.insert(EPOCH_SET.into(), Set::new(KeyType::Mark, false));
         let mut pods = Set::new(KeyType::Ipv4, false);
-        pods.verdict_map = true;
+        pods.data = crate::nft::Data::Verdict;
         pods.elements = [("198.18.0.2".parse().unwrap(), "jump fw-a".parse().unwrap())].into_iter().collect();
         t.sets.insert("fw-pods-v4".into(), pods);
         t.sets.insert("fw-a-s0".into(), Set::new(KeyType::Ipv4, false));
         t.sets.insert("eip-exempt-v4".into(), Set::new(KeyType::Ipv4, false));
         let mut to_b = Set::new(KeyType::Ipv4, false);
-        to_b.verdict_map = true;
+        to_b.data = crate::nft::Data::Verdict;
         to_b.elements = [("192.0.2.1".parse().unwrap(), "jump fw-b".parse().unwrap())].into_iter().collect();
         t.sets.insert("fw-a-m".into(), to_b);
         let parsed = |rules: &[&str]| rules.iter().map(|r| r.parse().unwrap()).collect::<Vec<Rule>>();

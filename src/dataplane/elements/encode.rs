@@ -36,6 +36,9 @@ pub(super) fn encode_element(out: &mut Vec<u8>, key: &Key, value: &Value, with_v
                         put(o, 4, &ms);
                         put(o, 5, &ms);
                     }
+                    // `NFTA_SET_ELEM_DATA` { `NFTA_DATA_VALUE` }: host byte order, as
+                    // the register the map's lookup writes holds it.
+                    Value::Classid(v) => nest(o, 2, |o| put(o, 1, &v.to_ne_bytes())),
                     Value::Jump(chain) => nest(o, 2, |o| {
                         nest(o, 2, |o| {
                             put(o, 1, &(-3i32).to_be_bytes());
@@ -71,11 +74,11 @@ fn after_prefix(ip: IpAddr, len: u8) -> Option<IpAddr> {
 }
 
 /// A key's bytes as the kernel holds them: an address (after its tag's two halves, in
-/// a tagged set; a prefix's first address), a mark (host byte order, as the registers
-/// hold it), a ported key's three 4-byte registers.
+/// a tagged set; a prefix's first address), a mark or a classid (host byte order, as
+/// the registers hold it), a ported key's three 4-byte registers.
 pub(super) fn key_bytes(key: &Key) -> Vec<u8> {
     match *key {
-        Key::Mark(m) => m.to_ne_bytes().to_vec(),
+        Key::Mark(m) | Key::Classid(m) => m.to_ne_bytes().to_vec(),
         Key::Ported(proto, port, net) => ported_bytes(proto, port, net.addr()),
         Key::Tagged(tag, ip) => Slot::key_bytes(tag.get(), ip),
         Key::Addr(ip) => octets(ip),

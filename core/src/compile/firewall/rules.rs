@@ -11,13 +11,19 @@ use super::*;
 
 /// The base chain: prerouting at priority filter, which every packet a pod sends
 /// passes whether it is forwarded or delivered to the node itself. One base chain (not
-/// forward and input) because the kernel re-validates a verdict map once per base
-/// chain referring to it whenever a `jump` element is added: a pod's cost (bench/FINDINGS.md).
+/// forward and input): the kernel validates the table from every base chain whenever a
+/// `jump` element or a rule is added (bench/FINDINGS.md).
 pub const FIREWALL_CHAIN: &str = "firewall";
 pub(super) const CLUSTER_V4: &str = "cluster-v4";
 pub(super) const CLUSTER_V6: &str = "cluster-v6";
+/// Local pods' addresses → their namespace's number ([`super::numbers`]), as a packet
+/// priority (`type ipv4_addr : classid`): a data map, so a pod added, moved or removed
+/// is an element the kernel does not validate the table for.
 pub(super) const PODS_V4: &str = "fw-pods-v4";
 pub(super) const PODS_V6: &str = "fw-pods-v6";
+/// A namespace's number → `jump` to its chain: one element per namespace with local
+/// pods and a policy (`type classid : verdict`).
+pub(super) const NAMESPACES: &str = "fw-namespaces";
 
 /// Most cluster and Service ranges of one family compared in the base chain's own rules;
 /// a family with more has them in the interval set `cluster-v4` / `cluster-v6`.
@@ -64,8 +70,15 @@ pub(super) fn base_chain(exempt: Vec<Rule>, verified_mask: u32) -> Chain {
     }
     rules.push(Rule::new().when(Match::CtDirection(Direction::Reply)).verdict(Verdict::Accept));
     rules.extend(exempt);
-    let pods =
-        |family, map: &str| Rule::new().verdict(Verdict::Map { family, field: AddrField::Saddr, map: map.into() });
+    // A local pod's packet: its namespace's number borrows the packet's priority (0 on
+    // a packet from a veth: the kernel's `dev_forward_skb` clears it) to pick the
+    // chain, whose first rule puts the 0 back ([`priority_restored`]). nft 1.0.6 has
+    // no other way to chain two lookups in one rule that it can list.
+    let pods = |family, map: &str| {
+        Rule::new()
+            .then(Statement::PriorityFromMap { family, field: AddrField::Saddr, map: map.into() })
+            .verdict(Verdict::PriorityMap(NAMESPACES.into()))
+    };
     rules.push(pods(Family::V4, PODS_V4));
     // Neighbour discovery to the node must never be filtered (ARP is not seen by inet
     // hooks at all).
@@ -79,6 +92,12 @@ pub(super) fn base_chain(exempt: Vec<Rule>, verified_mask: u32) -> Chain {
         rules.push(Rule::new().verdict(mark_verdict()));
     }
     Chain::base(Hook { chain_type: "filter", hook: "prerouting", priority: "filter" }, rules)
+}
+
+/// A namespace chain's first rule: the packet's priority, which the base chain set to
+/// the namespace's number to reach the chain, back to the 0 it arrived with.
+pub(super) fn priority_restored() -> Rule {
+    Rule::new().then(Statement::PriorityNone)
 }
 
 pub(super) fn proto(p: Protocol) -> Proto {

@@ -212,6 +212,11 @@ pub enum Statement {
     Counter,
     /// `counter name "<name>"`.
     NamedCounter(Name),
+    /// `meta priority set ip|ip6 saddr|daddr map @map`: the packet's priority set to
+    /// what the address maps to (no element: the rule goes no further).
+    PriorityFromMap { family: Family, field: AddrField, map: Name },
+    /// `meta priority set none`: the packet's priority back to 0.
+    PriorityNone,
 }
 
 /// A verdict: where the packet goes.
@@ -230,6 +235,8 @@ pub enum Verdict {
     Goto(Name),
     /// `ip|ip6 saddr|daddr vmap @map`: the verdict the address maps to.
     Map { family: Family, field: AddrField, map: Name },
+    /// `meta priority vmap @map`: the verdict the packet's priority maps to.
+    PriorityMap(Name),
 }
 
 /// Why a text is not a rule of the vocabulary: the word where reading stopped (empty
@@ -286,12 +293,16 @@ impl Rule {
             | Match::TaggedIn { set, .. } => Some(set.as_str()),
             _ => None,
         });
+        let maps = self.statements.iter().filter_map(|s| match s {
+            Statement::PriorityFromMap { map, .. } => Some(map.as_str()),
+            _ => None,
+        });
         let verdict = match &self.verdict {
             Some(Verdict::Jump(c) | Verdict::Goto(c)) => Some(c.as_str()),
-            Some(Verdict::Map { map, .. }) => Some(map.as_str()),
+            Some(Verdict::Map { map, .. } | Verdict::PriorityMap(map)) => Some(map.as_str()),
             _ => None,
         };
-        sets.chain(verdict)
+        sets.chain(maps).chain(verdict)
     }
 
     /// With the comment `c` (no `"` inside).
@@ -521,6 +532,10 @@ impl fmt::Display for Statement {
             }
             Statement::Counter => write!(f, "counter"),
             Statement::NamedCounter(name) => write!(f, "counter name \"{name}\""),
+            Statement::PriorityFromMap { family, field, map } => {
+                write!(f, "meta priority set {} {} map @{map}", family.word(), field_word(*field))
+            }
+            Statement::PriorityNone => write!(f, "meta priority set none"),
         }
     }
 }
@@ -534,6 +549,7 @@ impl fmt::Display for Verdict {
             Verdict::Jump(chain) => write!(f, "jump {chain}"),
             Verdict::Goto(chain) => write!(f, "goto {chain}"),
             Verdict::Map { family, field, map } => write!(f, "{} {} vmap @{map}", family.word(), field_word(*field)),
+            Verdict::PriorityMap(map) => write!(f, "meta priority vmap @{map}"),
         }
     }
 }
@@ -612,6 +628,14 @@ mod tests {
             [Match::TaggedIn { tag: (3 << 32) | 4, family: Family::V6, set: "dns-v6".into() }]
         );
         assert_eq!(read("ip saddr vmap @pods").verdict.unwrap().to_string(), "ip saddr vmap @pods");
+        let dispatch = read("meta priority set ip6 saddr map @pods meta priority vmap @ns");
+        assert_eq!(
+            dispatch.statements[..],
+            [Statement::PriorityFromMap { family: Family::V6, field: AddrField::Saddr, map: "pods".into() }]
+        );
+        assert_eq!(dispatch.verdict, Some(Verdict::PriorityMap("ns".into())));
+        assert_eq!(dispatch.names().collect::<Vec<_>>(), ["pods", "ns"]);
+        assert_eq!(read("meta priority set none").statements[..], [Statement::PriorityNone]);
     }
 
     #[test]
@@ -783,6 +807,12 @@ mod tests {
                     .prop_map(|(prefix, group, queue_threshold)| { Statement::Log { prefix, group, queue_threshold } }),
                 Just(Statement::Counter),
                 name().prop_map(Statement::NamedCounter),
+                (family(), field(), name()).prop_map(|(family, field, map)| Statement::PriorityFromMap {
+                    family,
+                    field,
+                    map
+                }),
+                Just(Statement::PriorityNone),
             ]
         }
 
@@ -794,6 +824,7 @@ mod tests {
                 name().prop_map(Verdict::Jump),
                 name().prop_map(Verdict::Goto),
                 (family(), field(), name()).prop_map(|(family, field, map)| Verdict::Map { family, field, map }),
+                name().prop_map(Verdict::PriorityMap),
             ]
         }
 

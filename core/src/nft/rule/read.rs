@@ -393,6 +393,16 @@ impl Words<'_> {
                     if self.eat(&["queue-threshold"]) { Some(self.number("a threshold of 0-65535")?) } else { None };
                 Statement::Log { prefix, group, queue_threshold }
             }
+            (Some("meta"), Some("priority")) if self.peek(2) == Some("set") => {
+                self.i += 3;
+                if self.eat(&["none"]) {
+                    Statement::PriorityNone
+                } else {
+                    let (family, field) = (self.family()?, self.field()?);
+                    self.expect(&["map"], "`map`")?;
+                    Statement::PriorityFromMap { family, field, map: self.set()? }
+                }
+            }
             (Some("counter"), Some("name")) => {
                 self.i += 2;
                 Statement::NamedCounter(self.quoted()?)
@@ -415,6 +425,10 @@ impl Words<'_> {
                 self.i += 1;
                 let chain = self.take("a chain", |w| (!w.starts_with('"')).then(|| Name::from(w)))?;
                 return Ok(Some(if j == "jump" { Verdict::Jump(chain) } else { Verdict::Goto(chain) }));
+            }
+            Some("meta") if self.at(&["meta", "priority", "vmap"]) => {
+                self.i += 3;
+                return Ok(Some(Verdict::PriorityMap(self.set()?)));
             }
             Some("ip" | "ip6") if self.peek(2) == Some("vmap") => {
                 let (family, field) = (self.family()?, self.field()?);

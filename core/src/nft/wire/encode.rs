@@ -82,7 +82,7 @@ fn mark_load(of: MarkOf) -> Expr {
 }
 
 fn lookup(set: &str, invert: bool) -> Expr {
-    Expr::Lookup { set: set.to_string(), sreg: REG_1, verdict: false, invert, anon: None }
+    Expr::Lookup { set: set.to_string(), sreg: REG_1, dreg: None, invert, anon: None }
 }
 
 impl Encoder {
@@ -133,7 +133,7 @@ impl Encoder {
         self.exprs.push(Expr::Lookup {
             set: "__set%d".into(),
             sreg: REG_1,
-            verdict: false,
+            dreg: None,
             invert: false,
             anon: Some(index),
         });
@@ -398,6 +398,21 @@ impl Encoder {
             }
             Statement::Counter => self.exprs.push(Expr::Counter),
             Statement::NamedCounter(name) => self.exprs.push(Expr::CounterRef(name.to_string())),
+            Statement::PriorityFromMap { family, field, map } => {
+                self.load_addr(*family, *field)?;
+                self.exprs.push(Expr::Lookup {
+                    set: map.to_string(),
+                    sreg: REG_1,
+                    dreg: Some(REG_1),
+                    invert: false,
+                    anon: None,
+                });
+                self.exprs.push(Expr::MetaSet { key: META_PRIORITY, sreg: REG_1 });
+            }
+            Statement::PriorityNone => {
+                self.exprs.push(Expr::Immediate { dreg: REG_1, data: 0u32.to_ne_bytes().to_vec() });
+                self.exprs.push(Expr::MetaSet { key: META_PRIORITY, sreg: REG_1 });
+            }
         }
         Ok(())
     }
@@ -411,7 +426,11 @@ impl Encoder {
             Verdict::Goto(chain) => Expr::Verdict(Code::Goto, Some(chain.to_string())),
             Verdict::Map { family, field, map } => {
                 self.load_addr(*family, *field)?;
-                Expr::Lookup { set: map.to_string(), sreg: REG_1, verdict: true, invert: false, anon: None }
+                Expr::Lookup { set: map.to_string(), sreg: REG_1, dreg: Some(REG_VERDICT), invert: false, anon: None }
+            }
+            Verdict::PriorityMap(map) => {
+                self.exprs.push(Expr::Meta { key: META_PRIORITY, dreg: REG_1 });
+                Expr::Lookup { set: map.to_string(), sreg: REG_1, dreg: Some(REG_VERDICT), invert: false, anon: None }
             }
         };
         self.exprs.push(expr);

@@ -17,12 +17,15 @@ pub(super) const TCPOPT_MAXSEG: u8 = 2;
 
 /// `NFT_REG_1`: the 16-byte register nft uses for single values.
 pub(super) const REG_1: u32 = 1;
+/// `NFT_REG_VERDICT`: where a verdict map's lookup puts its verdict.
+pub(super) const REG_VERDICT: u32 = 0;
 /// `NFT_REG32_01`: the second 4-byte register (a concatenation's second part).
 pub(super) const REG32_01: u32 = 9;
 /// `NFT_REG32_02`.
 pub(super) const REG32_02: u32 = 10;
 
 pub(super) const META_MARK: u32 = 3;
+pub(super) const META_PRIORITY: u32 = 2;
 pub(super) const META_NFPROTO: u32 = 15;
 pub(super) const META_L4PROTO: u32 = 16;
 pub(super) const CT_STATE: u32 = 0;
@@ -112,10 +115,11 @@ pub(crate) enum Expr {
     MssWrite { sreg: u32 },
     /// `bitwise reg = (reg & mask) ^ xor`.
     Bitwise { reg: u32, mask: Vec<u8>, xor: Vec<u8> },
-    /// `lookup reg set <set>` (its verdict into the verdict register for a map,
-    /// inverted for `!=`); `anon`: the rule's anonymous set of this index (named
-    /// `__set%d`, referred to by its id in the transaction).
-    Lookup { set: String, sreg: u32, verdict: bool, invert: bool, anon: Option<usize> },
+    /// `lookup reg set <set>` (for a map, what the key maps to into `dreg`: the
+    /// verdict register for a verdict map; inverted for `!=`); `anon`: the rule's
+    /// anonymous set of this index (named `__set%d`, referred to by its id in the
+    /// transaction).
+    Lookup { set: String, sreg: u32, dreg: Option<u32>, invert: bool, anon: Option<usize> },
     /// `numgen reg = random mod 1 offset <offset>` (a constant, see [`super::Slot`]).
     Numgen { dreg: u32, offset: u32 },
     /// An anonymous counter.
@@ -306,10 +310,10 @@ impl Expr {
                 put_data(out, 4, mask);
                 put_data(out, 5, xor);
             }
-            Expr::Lookup { set, sreg, verdict, invert, anon } => {
+            Expr::Lookup { set, sreg, dreg, invert, anon } => {
                 put_u32(out, 2, *sreg);
-                if *verdict {
-                    put_u32(out, 3, 0);
+                if let Some(dreg) = dreg {
+                    put_u32(out, 3, *dreg);
                 }
                 put_str(out, 1, set);
                 if let Some(id) = anon.and_then(|a| anon_ids.get(a)) {
@@ -397,6 +401,7 @@ impl fmt::Display for Expr {
             META_NFPROTO => "nfproto",
             META_L4PROTO => "l4proto",
             META_MARK => "mark",
+            META_PRIORITY => "priority",
             _ => "?",
         };
         let ct = |k: u32| match k {
@@ -455,10 +460,10 @@ impl fmt::Display for Expr {
             Expr::Bitwise { reg, mask, xor } => {
                 write!(f, "[ bitwise reg {reg} = ( reg {reg} & {} ) ^ {} ]", words_hex(mask), words_hex(xor))
             }
-            Expr::Lookup { set, sreg, verdict, invert, .. } => {
+            Expr::Lookup { set, sreg, dreg, invert, .. } => {
                 write!(f, "[ lookup reg {sreg} set {set}")?;
-                if *verdict {
-                    write!(f, " dreg 0")?;
+                if let Some(dreg) = dreg {
+                    write!(f, " dreg {dreg}")?;
                 }
                 if *invert {
                     write!(f, " 0x1")?;

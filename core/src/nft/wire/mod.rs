@@ -205,6 +205,12 @@ const UDATA_ADDR: &[u8] = &[0, 4, 2, 0, 0, 0];
 /// A `type mark` set's: host byte order.
 const UDATA_MARK: &[u8] = &[0, 4, 1, 0, 0, 0];
 const UDATA_ADDR_MAP: &[u8] = &[0, 4, 2, 0, 0, 0, 1, 4, 0, 0, 0, 0, 6, 4, 0, 0, 0, 0];
+/// An address map to `classid`: the key in network byte order, the data in host order.
+const UDATA_ADDR_CLASSID_MAP: &[u8] = &[0, 4, 2, 0, 0, 0, 1, 4, 1, 0, 0, 0, 6, 4, 0, 0, 0, 0];
+/// A `classid` verdict map: the key in host byte order.
+const UDATA_CLASSID_VERDICT_MAP: &[u8] = &[0, 4, 1, 0, 0, 0, 1, 4, 0, 0, 0, 0, 6, 4, 0, 0, 0, 0];
+/// nft's `classid` data type id.
+const TYPE_CLASSID: u32 = 23;
 const UDATA_TAGGED_V4: &[u8] = &[
     0, 4, 0, 0, 0, 0, 3, 86, 0, 4, 13, 0, 0, 0, 1, 78, 0, 26, 0, 4, 23, 0, 0, 0, 1, 18, 0, 4, 1, 0, 0, 0, 1, 4, 1, 0,
     0, 0, 2, 4, 0, 0, 0, 0, 1, 26, 0, 4, 23, 0, 0, 0, 1, 18, 0, 4, 1, 0, 0, 0, 1, 4, 1, 0, 0, 0, 2, 4, 0, 0, 0, 0, 2,
@@ -240,21 +246,26 @@ fn set_body(table: &str, name: &str, set: &Set, id: u32) -> Result<Vec<u8>, Wire
     const INTERVAL: u32 = 0x4;
     const MAP: u32 = 0x8;
     const TIMEOUT: u32 = 0x10;
-    let (key_type, key_len, udata): (u32, u32, &[u8]) = match (set.key, set.verdict_map) {
-        (KeyType::Ipv4, false) => (7, 4, UDATA_ADDR),
-        (KeyType::Ipv6, false) => (8, 16, UDATA_ADDR),
-        (KeyType::Ipv4, true) => (7, 4, UDATA_ADDR_MAP),
-        (KeyType::Ipv6, true) => (8, 16, UDATA_ADDR_MAP),
-        (KeyType::TaggedIpv4, false) => (0x4107, 12, UDATA_TAGGED_V4),
-        (KeyType::TaggedIpv6, false) => (0x4108, 24, UDATA_TAGGED_V6),
-        (KeyType::Mark, false) => (19, 4, UDATA_MARK),
-        (KeyType::PortIpv4, false) => (0xc347, 12, UDATA_PORT_V4),
-        (KeyType::PortIpv6, false) => (0xc348, 24, UDATA_PORT_V6),
-        (_, true) => return refused("a verdict map keyed by a tag or a mark"),
+    use super::Data;
+    let (key_type, key_len, udata): (u32, u32, &[u8]) = match (set.key, set.data) {
+        (KeyType::Ipv4, Data::None) => (7, 4, UDATA_ADDR),
+        (KeyType::Ipv6, Data::None) => (8, 16, UDATA_ADDR),
+        (KeyType::Ipv4, Data::Verdict) => (7, 4, UDATA_ADDR_MAP),
+        (KeyType::Ipv6, Data::Verdict) => (8, 16, UDATA_ADDR_MAP),
+        (KeyType::Ipv4, Data::Classid) => (7, 4, UDATA_ADDR_CLASSID_MAP),
+        (KeyType::Ipv6, Data::Classid) => (8, 16, UDATA_ADDR_CLASSID_MAP),
+        (KeyType::Classid, Data::Verdict) => (TYPE_CLASSID, 4, UDATA_CLASSID_VERDICT_MAP),
+        (KeyType::TaggedIpv4, Data::None) => (0x4107, 12, UDATA_TAGGED_V4),
+        (KeyType::TaggedIpv6, Data::None) => (0x4108, 24, UDATA_TAGGED_V6),
+        (KeyType::Mark, Data::None) => (19, 4, UDATA_MARK),
+        (KeyType::PortIpv4, Data::None) => (0xc347, 12, UDATA_PORT_V4),
+        (KeyType::PortIpv6, Data::None) => (0xc348, 24, UDATA_PORT_V6),
+        _ => return refused("a map keyed or valued otherwise than egressd declares them"),
     };
     const CONCAT: u32 = 0x80;
-    let flags = match (set.interval, set.timeout, set.verdict_map, set.key.is_tagged()) {
-        _ if set.key.is_ported() && set.interval && !set.timeout && !set.verdict_map => INTERVAL | CONCAT,
+    let map = set.data != Data::None;
+    let flags = match (set.interval, set.timeout, map, set.key.is_tagged()) {
+        _ if set.key.is_ported() && set.interval && !set.timeout && !map => INTERVAL | CONCAT,
         _ if set.key.is_ported() => return refused("a ported set is a plain interval set"),
         (false, false, false, false) => 0,
         (true, false, false, false) => INTERVAL,
@@ -268,9 +279,16 @@ fn set_body(table: &str, name: &str, set: &Set, id: u32) -> Result<Vec<u8>, Wire
     put_u32(&mut b, 3, flags);
     put_u32(&mut b, 4, key_type);
     put_u32(&mut b, 5, key_len);
-    if set.verdict_map {
-        put_u32(&mut b, 6, 0xffff_ff00);
-        put_u32(&mut b, 7, 0);
+    match set.data {
+        Data::None => {}
+        Data::Verdict => {
+            put_u32(&mut b, 6, 0xffff_ff00);
+            put_u32(&mut b, 7, 0);
+        }
+        Data::Classid => {
+            put_u32(&mut b, 6, TYPE_CLASSID);
+            put_u32(&mut b, 7, 4);
+        }
     }
     put_u32(&mut b, 10, id);
     if set.key.is_ported() {
@@ -324,7 +342,7 @@ pub fn replace_messages(table: &Table, emit: &mut dyn FnMut(Message)) -> Result<
     // elements jump to those chains), base chains; `nft list` shows them in it.
     let mut id = 0u32;
     let mut sets = |emit: &mut dyn FnMut(Message), maps: bool| -> Result<(), WireError> {
-        for (set_name, set) in table.sets.iter().filter(|(_, s)| s.verdict_map == maps) {
+        for (set_name, set) in table.sets.iter().filter(|(_, s)| s.is_verdict_map() == maps) {
             id += 1;
             emit(set_message(name, set_name, set, id)?);
         }
@@ -691,6 +709,35 @@ mod tests {
         assert_eq!(
             debug("meta nfproto ipv6 ip6 dscp set 10 counter return")[3],
             "[ bitwise reg 1 = ( reg 1 & 0x00003ff0 ) ^ 0x00008002 ]"
+        );
+    }
+
+    #[test]
+    fn the_pod_dispatch_is_the_expressions_nft_generates() {
+        // From `nft --debug=netlink` 1.0.6 for the same rules.
+        assert_eq!(
+            debug("meta priority set ip saddr map @pods4 meta priority vmap @ns"),
+            [
+                "[ meta load nfproto => reg 1 ]",
+                "[ cmp eq reg 1 0x00000002 ]",
+                "[ payload load 4b @ network header + 12 => reg 1 ]",
+                "[ lookup reg 1 set pods4 dreg 1 ]",
+                "[ meta set priority with reg 1 ]",
+                "[ meta load priority => reg 1 ]",
+                "[ lookup reg 1 set ns dreg 0 ]",
+            ]
+        );
+        assert_eq!(
+            debug("meta priority set ip6 saddr map @pods6 meta priority vmap @ns")[..3],
+            [
+                "[ meta load nfproto => reg 1 ]",
+                "[ cmp eq reg 1 0x0000000a ]",
+                "[ payload load 16b @ network header + 8 => reg 1 ]",
+            ]
+        );
+        assert_eq!(
+            debug("meta priority set none"),
+            ["[ immediate reg 1 0x00000000 ]", "[ meta set priority with reg 1 ]"]
         );
     }
 
