@@ -91,7 +91,7 @@ PY
 echo "created $N pods over $NODES nodes with addresses, $NSN namespaces with EgressFirewalls, in $(( $(date +%s) - start )) s" >&2
 t0=$(date +%s.%N)
 NO_COLOR=1 ip netns exec "$NS" "$BIN" run --kubeconfig "$WORK/kube/kubeconfig-egressd" --node-name node-0 \
-  --cluster-cidr 198.18.0.0/15 --state-dir "$WORK/state" --health-addr 127.0.0.1:9799 2>"$WORK/log" &
+  --cluster-cidr 198.18.0.0/15 --cluster-cidr 2001:db8:1::/48 --state-dir "$WORK/state" --health-addr 127.0.0.1:9799 2>"$WORK/log" &
 AGENT=$!
 for _ in $(seq 1200); do grep -q "dataplane in sync" "$WORK/log" && break; sleep 0.1; done
 grep -q "dataplane in sync" "$WORK/log" || { tail "$WORK/log"; exit 1; }

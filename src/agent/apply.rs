@@ -134,8 +134,7 @@ fn sync_nft<B: NftBackend>(
     result
 }
 
-/// Log the sync's outcome and where its time went (a failed one fails every status),
-/// and the view's warnings.
+/// Log the sync's outcome and where its time went (a failed one fails every status).
 fn report(
     desired: &mut Desired,
     result: &Result<SyncKind, SyncError>,
@@ -166,9 +165,6 @@ fn report(
                 s.fail(&format!("kernel error: {e}"));
             }
         }
-    }
-    for w in &desired.warnings {
-        tracing::warn!(warning = %w, "cluster view");
     }
 }
 

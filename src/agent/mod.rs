@@ -204,6 +204,17 @@ fn changed_statuses<'a>(old: &'a [ObjectStatus], new: &'a [ObjectStatus]) -> imp
     })
 }
 
+/// The view's warnings of `now` that `before` did not have: each is logged once, when it
+/// appears (a wrong `--cluster-cidr` gives one per pod, and logging them all at every
+/// sync took a third of a busy agent's CPU); `egressd render` lists them all.
+fn new_warnings<'a>(before: &[String], now: &'a [String]) -> Vec<&'a str> {
+    if before == now {
+        return Vec::new();
+    }
+    let before: std::collections::HashSet<&str> = before.iter().map(String::as_str).collect();
+    now.iter().map(String::as_str).filter(|w| !before.contains(w)).collect()
+}
+
 fn log_status_changes(old: &[ObjectStatus], new: &[ObjectStatus]) {
     for s in changed_statuses(old, new) {
         match &s.outcome {
@@ -376,6 +387,9 @@ impl<S: ViewSource, B: NftBackend, K: StatusSink> Agent<S, B, K> {
             }
         }
         log_status_changes(&self.desired.statuses, &desired.statuses);
+        for w in new_warnings(&self.desired.warnings, &desired.warnings) {
+            tracing::warn!(warning = %w, "cluster view");
+        }
         if matches!(result, Ok(SyncKind::Full)) {
             // A full replace wrote every element with a fresh timeout.
             let now = tokio::time::Instant::now();
@@ -638,6 +652,17 @@ mod tests {
             acl_log_file: None,
         };
         Agent::start(config, FakeSource { view: view(docs) }, NftSyncer::new(backend), ()).await
+    }
+
+    #[test]
+    fn a_warning_is_logged_when_it_appears_not_at_every_sync() {
+        let w = |ws: &[&str]| ws.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let (a, ab) = (w(&["pod IP a"]), w(&["pod IP a", "pod IP b"]));
+        assert_eq!(new_warnings(&[], &a), ["pod IP a"]);
+        assert!(new_warnings(&a, &a).is_empty(), "the same warnings again: nothing logged");
+        assert_eq!(new_warnings(&a, &ab), ["pod IP b"]);
+        assert!(new_warnings(&ab, &a).is_empty(), "a warning gone: nothing logged");
+        assert_eq!(new_warnings(&ab, &w(&["pod IP c"])), ["pod IP c"]);
     }
 
     #[tokio::test(flavor = "multi_thread")]
