@@ -16,6 +16,8 @@
 #
 #   bench/kube-pods.sh                      # N=10000 NODES=100 RULES=10 CHANGES=50
 #   NODES=1 RULES=100 bench/kube-pods.sh    # 100k rules, every pod local
+#   HEAPTRACK_OUT=/tmp/ht CHANGES=0 …       # egressd under heaptrack (the row's RSS is
+#                                           # then the wrapper's: read heaptrack's peak)
 #
 # Prints one Markdown table row: pods, time to the first sync, RSS after it, the change
 # latencies (median and p99).
@@ -36,7 +38,8 @@ BIN="$(cd "${CARGO_TARGET_DIR:-target}" && pwd)/$PROFILE/egressd"
 NS="egkb$$" WORK=$(mktemp -d) AGENT=""
 cleanup() {
   set +e
-  [ -n "$AGENT" ] && kill -TERM "$AGENT" && wait "$AGENT"
+  # pkill -P: egressd under heaptrack is the wrapper's child.
+  [ -n "$AGENT" ] && { pkill -TERM -P "$AGENT"; kill -TERM "$AGENT"; wait "$AGENT"; }
   ip netns exec "$NS" tests/kube/apiserver.sh stop "$WORK/kube"
   ip netns del "$NS"; rm -rf "$WORK"
 } 2>/dev/null
@@ -90,7 +93,8 @@ with concurrent.futures.ThreadPoolExecutor(16) as ex:
 PY
 echo "created $N pods over $NODES nodes with addresses, $NSN namespaces with EgressFirewalls, in $(( $(date +%s) - start )) s" >&2
 t0=$(date +%s.%N)
-NO_COLOR=1 ip netns exec "$NS" "$BIN" run --kubeconfig "$WORK/kube/kubeconfig-egressd" --node-name node-0 \
+W=""; [ -n "${HEAPTRACK_OUT:-}" ] && W="heaptrack -o $HEAPTRACK_OUT"
+NO_COLOR=1 ip netns exec "$NS" $W "$BIN" run --kubeconfig "$WORK/kube/kubeconfig-egressd" --node-name node-0 \
   --cluster-cidr 198.18.0.0/15 --cluster-cidr 2001:db8:1::/48 --state-dir "$WORK/state" --health-addr 127.0.0.1:9799 2>"$WORK/log" &
 AGENT=$!
 for _ in $(seq 1200); do grep -q "dataplane in sync" "$WORK/log" && break; sleep 0.1; done

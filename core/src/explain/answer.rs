@@ -175,8 +175,9 @@ impl std::fmt::Display for Explanation {
 pub struct KernelCheck {
     /// The node this was read on.
     pub node: String,
-    /// Whether the pod's address is in the `fw-pods` map, jumping to its namespace's
-    /// chain (`None`: not looked up).
+    /// Whether the pod's address is in the `fw-pods` map, which leads (by its
+    /// namespace's number, `fw-namespaces`) to its namespace's chain (`None`: not looked
+    /// up).
     pub pod_in_map: Option<bool>,
     /// The deciding rule's counter: (packets, bytes).
     pub rule_counter: Option<(u64, u64)>,
