@@ -12,13 +12,15 @@
 //!   priority, and the number to the chain, whose first rule sets the priority back to
 //!   0. A pod added or removed is then a data element, which the kernel takes without
 //!   validating the table (a `jump` element per pod cost ~190 ns per rule of the table:
-//!   19 ms at 100k rules, bench/FINDINGS.md). Per-packet cost: two set lookups and two
-//!   map lookups, whatever the number of namespaces and pods. With verified connections, first of all an
-//!   established connection verified under the current policy generation is accepted
-//!   (one lookup in `fw-epoch`; [`crate::nft::verified`]), and what the chain accepts
-//!   (exempt, allowed, let through) goes to `fw-mark`, which marks it verified.
-//! * `fw-<namespace>`: the namespace's rules in order; the first match accepts or
-//!   drops; no match returns to the base chain, whose policy is accept. Consecutive
+//!   21 ms at 100k rules, bench/FINDINGS.md). Per-packet cost: two set lookups and two
+//!   map lookups, whatever the number of namespaces and pods. With verified
+//!   connections, first of all an established connection verified under the current
+//!   policy generation is accepted (one lookup in `fw-epoch`; [`crate::nft::verified`]),
+//!   and what the chain accepts (exempt, allowed, let through) goes to `fw-mark`, which
+//!   marks it verified.
+//! * `fw-<namespace>`: first the priority put back to 0, then the namespace's rules in
+//!   order; the first match accepts or drops; no match returns to the base chain,
+//!   whose policy is accept. Consecutive
 //!   CIDR/nodeSelector rules with the same action are one nft rule per family and port
 //!   set ([`super::runs`]; not in chains that log), commented `egress[i..j]`, its
 //!   destinations (more than [`INLINE_MAX`]) in named sets of the namespace
