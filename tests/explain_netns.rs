@@ -364,6 +364,41 @@ fn explained_verdicts_are_what_packets_get() {
     assert!(text.contains("the deciding rule's counter:"), "{text}");
     assert!(text.contains("the pod's address is in the fw-pods map"), "{text}");
     agent.stop();
+    // The pod's element holds its namespace's number; without the number's element in
+    // `fw-namespaces` its traffic reaches no chain, and the check says so.
+    let pods = t.node.exec(&["nft", "list", "map", "inet", "egressd", "fw-pods-v4"]);
+    let number = pods.split("198.18.1.2 : ").nth(1).and_then(|r| r.split([',', ' ', '\n']).next()).expect(&pods);
+    t.node.exec(&["nft", "delete", "element", "inet", "egressd", "fw-namespaces", &format!("{{ {number} }}")]);
+    // The agent is gone: explained from the manifests, with its settings.
+    let manifests = t.manifests();
+    let out = t.node.exec(&[
+        bin.to_str().unwrap(),
+        "explain",
+        "--manifests",
+        manifests.to_str().unwrap(),
+        "--node-name",
+        "node-a",
+        "--cluster-cidr",
+        "198.18.0.0/16",
+        "--cluster-cidr",
+        "2001:db8:1::/48",
+        "--service-cidr",
+        "198.19.0.0/16",
+        "--pod",
+        "team-a/pod0",
+        "--to",
+        &to,
+        "--kernel",
+        "-o",
+        "json",
+    ]);
+    let broken: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(broken["kernel"]["pod_in_map"], serde_json::json!(false), "{broken:#}");
+    let problems = broken["kernel"]["problems"].to_string();
+    assert!(
+        problems.contains(&format!("maps to {number} in fw-pods-v4, which fw-namespaces sends nowhere")),
+        "{problems}"
+    );
 }
 
 fn rules_text(t: &Topology) -> String {

@@ -98,8 +98,9 @@ pub(crate) struct ExplainArgs {
     /// The running agent's state directory (where it answers explain queries).
     #[arg(long, env = "EGRESSD_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
     pub(crate) state_dir: PathBuf,
-    /// Cross-check with this node's live table: the pod's element in the fw-pods map and
-    /// the deciding rule's counter (retry the connection: it moves); with --manifests or
+    /// Cross-check with this node's live table: the pod's element in the fw-pods map, its
+    /// namespace number's in fw-namespaces (to the namespace's chain), and the deciding
+    /// rule's counter (retry the connection: it moves); with --manifests or
     /// --kubeconfig also read the dnsName sets.
     #[arg(long)]
     pub(crate) kernel: bool,

@@ -8,8 +8,10 @@ use std::net::IpAddr;
 use std::path::Path;
 
 use super::{Explanation, KernelCheck, Verdict};
+use crate::compile::FIREWALL_NAMESPACES;
 use crate::dataplane::elements::ElementWriter;
 use crate::dataplane::rule_counters::RuleCounter;
+use crate::nft::{Key, Value};
 
 /// The addresses in the kernel's sets of the absolute `names` (both families).
 pub fn dns_sets(table: &str, names: &[String]) -> std::io::Result<BTreeMap<String, BTreeSet<IpAddr>>> {
@@ -53,12 +55,33 @@ pub fn check(e: &Explanation, nft: &Path) -> KernelCheck {
     }
     let (Some(src), Some(chain)) = (e.source, e.firewall.chain.as_deref()) else { return k };
     let map = if src.is_ipv4() { "fw-pods-v4" } else { "fw-pods-v6" };
-    match ElementWriter::open(&e.table).and_then(|mut w| w.contains(map, None, src)) {
-        Ok(found) => {
-            k.pod_in_map = Some(found);
-            if !found {
+    // The pod's element holds its namespace's number, and `fw-namespaces` sends the
+    // number to the chain: both are read.
+    let path = ElementWriter::open(&e.table).and_then(|mut w| {
+        let number = w.lookup(map, &Key::Addr(src))?;
+        let jump = match &number {
+            Some(Value::Classid(n)) => w.lookup(FIREWALL_NAMESPACES, &Key::Classid(*n))?,
+            _ => None,
+        };
+        Ok((number, jump))
+    });
+    let unsynced = "(is the agent running and in sync?)";
+    match path {
+        Ok((None, _)) => {
+            k.pod_in_map = Some(false);
+            k.problems.push(format!("{src} is not in {map}: its traffic does not reach {chain} {unsynced}"));
+        }
+        Ok((Some(number), jump)) => {
+            let reaches = jump.as_ref().is_some_and(|j| *j == Value::Jump(chain.into()));
+            k.pod_in_map = Some(reaches);
+            if !reaches {
+                let goes = match jump {
+                    Some(Value::Jump(c)) => format!("to {c}"),
+                    Some(other) => format!("to {other}"),
+                    None => "nowhere".to_string(),
+                };
                 k.problems.push(format!(
-                    "{src} is not in {map}: its traffic does not reach {chain} (is the agent running and in sync?)"
+                    "{src} maps to {number} in {map}, which {FIREWALL_NAMESPACES} sends {goes}, not to {chain} {unsynced}"
                 ));
             }
         }

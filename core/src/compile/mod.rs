@@ -28,7 +28,10 @@ pub use egress_ip::{SNAT_CHAIN, STEER_CHAIN};
 pub use egress_ip::{ip_owners, namespace_labels, oldest_first};
 pub use firewall::ACL_OVER;
 pub use firewall::absolute;
-pub use firewall::{DNS_SETS, DnsNamesCache, FIREWALL_CHAIN, dns_names, dns_rule_names, dns_slots, wildcard_slots};
+pub use firewall::{
+    DNS_SETS, DnsNamesCache, FIREWALL_CHAIN, NAMESPACES as FIREWALL_NAMESPACES, dns_names, dns_rule_names, dns_slots,
+    wildcard_slots,
+};
 pub use qos::QOS_CHAIN;
 pub use snoop_copies::snooped_namespaces;
 pub use status::QOS_CONDITION_PREFIX;

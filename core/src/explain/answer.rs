@@ -192,7 +192,11 @@ impl std::fmt::Display for KernelCheck {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.pod_in_map {
             Some(true) => writeln!(f, "kernel      node {}: the pod's address is in the fw-pods map", self.node)?,
-            Some(false) => writeln!(f, "kernel      node {}: the pod's address is NOT in the fw-pods map", self.node)?,
+            Some(false) => writeln!(
+                f,
+                "kernel      node {}: the pod's address does NOT reach its chain (fw-pods, fw-namespaces)",
+                self.node
+            )?,
             None => writeln!(f, "kernel      node {}", self.node)?,
         }
         if let Some((packets, bytes)) = self.rule_counter {

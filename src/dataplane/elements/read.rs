@@ -65,6 +65,35 @@ impl ElementWriter {
         })
     }
 
+    /// What `key` maps to in the map `set` now (`None`: no such element; a
+    /// `GETSETELEM` for the one key): a verdict map's `jump` as [`Value::Jump`], a
+    /// `classid` as [`Value::Classid`], anything else as [`Value::None`].
+    pub fn lookup(&mut self, set: &str, key: &Key) -> io::Result<Option<Value>> {
+        let msg = NfTablesMessage::GetSetElement(SetElementMessage {
+            attributes: vec![
+                SetElementList::Table(self.table.clone()),
+                SetElementList::Set(set.to_string()),
+                SetElementList::Elements(vec![ListAttribute::Element(vec![SetElementAttribute::Key(
+                    DataAttribute::Value(key_bytes(key)),
+                )])]),
+            ],
+        });
+        let out = self.message(NLM_F_REQUEST | NLM_F_ACK, msg, 0);
+        self.socket.send(&out, 0)?;
+        let mut found = None;
+        crate::dataplane::recv_until(&self.socket, &mut self.buf, |msg| match msg.payload {
+            NetlinkPayload::Error(e) => Some(crate::dataplane::ack(e.code).map(|acked| found.take().filter(|_| acked))),
+            NetlinkPayload::InnerMessage(NetfilterMessage {
+                inner: netlink_packet_netfilter::NetfilterMessageInner::NfTables(NfTablesMessage::NewSetElement(m)),
+                ..
+            }) => {
+                found = Some(m.attributes.into_iter().find_map(element_value).unwrap_or(Value::None));
+                None
+            }
+            _ => None,
+        })
+    }
+
     /// The elements of `set` with their tag (in a tagged set) and the time each has left
     /// (empty when the set does not exist): what a previous run learned, read back
     /// before the table is replaced.
@@ -261,6 +290,25 @@ fn nla_value(nla: &DefaultNla) -> Vec<u8> {
     let mut value = vec![0; nla.value_len()];
     nla.emit_value(&mut value);
     value
+}
+
+/// The value of the first element in one element list attribute: a `jump` or 4 bytes of
+/// data (a `classid`, host byte order).
+fn element_value(list: SetElementList) -> Option<Value> {
+    let SetElementList::Elements(elements) = list else { return None };
+    elements.into_iter().find_map(|element| {
+        let ListAttribute::Element(attrs) = element else { return None };
+        attrs.into_iter().find_map(|a| match a {
+            SetElementAttribute::Data(DataAttribute::Value(v)) => {
+                <[u8; 4]>::try_from(v.as_slice()).ok().map(|b| Value::Classid(u32::from_ne_bytes(b)))
+            }
+            SetElementAttribute::Data(DataAttribute::Verdict(v)) => v.into_iter().find_map(|a| match a {
+                VerdictAttribute::Chain(c) => Some(Value::Jump(c.into())),
+                _ => None,
+            }),
+            _ => None,
+        })
+    })
 }
 
 /// The (tag, address, time left) of the elements in one element list attribute.

@@ -46,8 +46,8 @@ use crate::view::policy::{Action, DnsName, FirewallPolicy, FirewallRule, Ports, 
 use crate::view::{ACL_LOGGING_ANNOTATION, ClusterView};
 
 mod rules;
-pub use rules::FIREWALL_CHAIN;
 use rules::*;
+pub use rules::{FIREWALL_CHAIN, NAMESPACES};
 
 /// What rule compilation reads besides the rule.
 struct Ctx<'a> {

@@ -23,7 +23,7 @@ pub(super) const PODS_V4: &str = "fw-pods-v4";
 pub(super) const PODS_V6: &str = "fw-pods-v6";
 /// A namespace's number → `jump` to its chain: one element per namespace with local
 /// pods and a policy (`type classid : verdict`).
-pub(super) const NAMESPACES: &str = "fw-namespaces";
+pub const NAMESPACES: &str = "fw-namespaces";
 
 /// Most cluster and Service ranges of one family compared in the base chain's own rules;
 /// a family with more has them in the interval set `cluster-v4` / `cluster-v6`.
