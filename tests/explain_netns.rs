@@ -371,27 +371,10 @@ fn explained_verdicts_are_what_packets_get() {
     t.node.exec(&["nft", "delete", "element", "inet", "egressd", "fw-namespaces", &format!("{{ {number} }}")]);
     // The agent is gone: explained from the manifests, with its settings.
     let manifests = t.manifests();
-    let out = t.node.exec(&[
-        bin.to_str().unwrap(),
-        "explain",
-        "--manifests",
-        manifests.to_str().unwrap(),
-        "--node-name",
-        "node-a",
-        "--cluster-cidr",
-        "198.18.0.0/16",
-        "--cluster-cidr",
-        "2001:db8:1::/48",
-        "--service-cidr",
-        "198.19.0.0/16",
-        "--pod",
-        "team-a/pod0",
-        "--to",
-        &to,
-        "--kernel",
-        "-o",
-        "json",
-    ]);
+    let mut args = vec![bin.to_str().unwrap(), "explain", "--manifests", manifests.to_str().unwrap()];
+    args.extend_from_slice(&netns::NODE_ARGS);
+    args.extend_from_slice(&["--pod", "team-a/pod0", "--to", &to, "--kernel", "-o", "json"]);
+    let out = t.node.exec(&args);
     let broken: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert_eq!(broken["kernel"]["pod_in_map"], serde_json::json!(false), "{broken:#}");
     let problems = broken["kernel"]["problems"].to_string();

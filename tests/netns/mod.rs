@@ -347,6 +347,19 @@ pub fn pod_v6(i: usize) -> String {
 ///                                                       ── ext 203.0.113.2/24, 2001:db8:ff::2/64, 192.0.2.10,
 ///                                                          198.51.100.10, 2001:db8:ff:1::10
 /// ```
+/// The node settings every test agent runs with (and `egressd explain --manifests`
+/// needs to explain as it did).
+pub const NODE_ARGS: [&str; 8] = [
+    "--node-name",
+    "node-a",
+    "--cluster-cidr",
+    "198.18.0.0/16",
+    "--cluster-cidr",
+    "2001:db8:1::/48",
+    "--service-cidr",
+    "198.19.0.0/16",
+];
+
 impl Topology {
     /// Pods `i` in namespaces `pod_namespaces[i]`, unlabelled.
     pub fn new(pod_namespaces: &[&str]) -> Self {
@@ -463,21 +476,9 @@ impl Topology {
     pub fn start_agent_wrapped(&self, name: &str, wrapper: &[&str], extra: &[&str], env: &[(&str, &str)]) -> Agent {
         let dir = self.manifests().to_str().unwrap().to_string();
         let state = self.dir.path().join("state").to_str().unwrap().to_string();
-        let mut args: Vec<&str> = vec![
-            "run",
-            "--manifests",
-            &dir,
-            "--node-name",
-            "node-a",
-            "--cluster-cidr",
-            "198.18.0.0/16",
-            "--cluster-cidr",
-            "2001:db8:1::/48",
-            "--service-cidr",
-            "198.19.0.0/16",
-            "--state-dir",
-            &state,
-        ];
+        let mut args: Vec<&str> = vec!["run", "--manifests", &dir];
+        args.extend_from_slice(&NODE_ARGS);
+        args.extend_from_slice(&["--state-dir", &state]);
         args.extend_from_slice(extra);
         let agent = Agent::start_wrapped(&self.node, wrapper, &args, env, self.dir.path().join(format!("{name}.log")));
         let in_sync = wait_for(Duration::from_secs(10), || agent.log_text().contains("dataplane in sync"));

@@ -46,8 +46,8 @@ pub(super) struct TunnelPlan {
     pub self_addr: [Option<IpAddr>; 2],
     /// This node's addresses (where outer packets arrive).
     pub my_addrs: BTreeSet<IpAddr>,
-    /// Every other node's address → its tunnel device's Ethernet address.
-    pub peers: BTreeMap<IpAddr, [u8; 6]>,
+    /// Every other node's address (the tunnel accepts outer packets from these only).
+    pub peers: BTreeSet<IpAddr>,
     /// The peers tunnelled packets are exchanged with (of `peers`): those this node
     /// steers to through the tunnel, and those that reach it through the tunnel (not on a
     /// shared link, or a cloud filters, or `--egress-ip-transport vxlan`). They get a
@@ -151,7 +151,7 @@ pub(super) fn emit(
 /// The peers' and this node's addresses, and the gateways steered to, by family.
 fn sets(plan: &TunnelPlan, table: &mut Table) {
     let mut peers = [Set::new(KeyType::Ipv4, false), Set::new(KeyType::Ipv6, false)];
-    for ip in plan.peers.keys() {
+    for ip in &plan.peers {
         peers[family(*ip)].elements.insert(Key::Addr(*ip), Value::None);
     }
     let mut mine = [Set::new(KeyType::Ipv4, false), Set::new(KeyType::Ipv6, false)];

@@ -42,32 +42,13 @@ impl ElementWriter {
     /// Whether `ip` (after `tag`, in a tagged set) is in `set` now (a `GETSETELEM` for
     /// the one key).
     pub fn contains(&mut self, set: &str, tag: Option<u64>, ip: IpAddr) -> io::Result<bool> {
-        let key = key_bytes(&tag.map_or(Key::Addr(ip), |tag| Key::tagged(tag, ip)));
-        let msg = NfTablesMessage::GetSetElement(SetElementMessage {
-            attributes: vec![
-                SetElementList::Table(self.table.clone()),
-                SetElementList::Set(set.to_string()),
-                SetElementList::Elements(vec![ListAttribute::Element(vec![SetElementAttribute::Key(
-                    DataAttribute::Value(key),
-                )])]),
-            ],
-        });
-        let out = self.message(NLM_F_REQUEST | NLM_F_ACK, msg, 0);
-        self.socket.send(&out, 0)?;
-        let mut found = false;
-        crate::dataplane::recv_until(&self.socket, &mut self.buf, |msg| match msg.payload {
-            NetlinkPayload::Error(e) => Some(crate::dataplane::ack(e.code).map(|acked| acked && found)),
-            NetlinkPayload::InnerMessage(_) => {
-                found = true;
-                None
-            }
-            _ => None,
-        })
+        let key = tag.map_or(Key::Addr(ip), |tag| Key::tagged(tag, ip));
+        Ok(self.lookup(set, &key)?.is_some())
     }
 
-    /// What `key` maps to in the map `set` now (`None`: no such element; a
-    /// `GETSETELEM` for the one key): a verdict map's `jump` as [`Value::Jump`], a
-    /// `classid` as [`Value::Classid`], anything else as [`Value::None`].
+    /// What `key` maps to in `set` now (`None`: no such element; a `GETSETELEM` for
+    /// the one key): a verdict map's `jump` as [`Value::Jump`], a `classid` as
+    /// [`Value::Classid`], anything else (a plain set's element) as [`Value::None`].
     pub fn lookup(&mut self, set: &str, key: &Key) -> io::Result<Option<Value>> {
         let msg = NfTablesMessage::GetSetElement(SetElementMessage {
             attributes: vec![

@@ -252,7 +252,7 @@ fn tunnel_plan(ctx: &Ctx, plans: &[Plan], hop_sets: &HopSets) -> TunnelPlan {
         }
     }
     let settings = &ctx.node.egress;
-    let mut peers = BTreeMap::new();
+    let mut peers = BTreeSet::new();
     let mut tunnelled = BTreeMap::new();
     for (name, info) in &ctx.view.nodes {
         if name == me {
@@ -264,7 +264,7 @@ fn tunnel_plan(ctx: &Ctx, plans: &[Plan], hop_sets: &HopSets) -> TunnelPlan {
         // a shared link (nodes on one subnet see each other on-link).
         let filtered = cloud_filters(ctx, info);
         for a in info.addresses.iter().filter(|a| !ctx.my_addrs.contains(a)) {
-            peers.insert(*a, tunnel_mac(id));
+            peers.insert(*a);
             let steered_to = steer_gateways[fam(*a)].contains(a);
             if steered_to || settings.transport == Transport::Vxlan || filtered || ctx.host.link_for(*a).is_none() {
                 tunnelled.insert(*a, tunnel_mac(id));
