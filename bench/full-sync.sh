@@ -29,6 +29,8 @@
 #     of five same-port rules of mixed lengths, actions alternating: a set per run)
 #   STEPS="edit" PERF_OUT=/tmp/perf.data bench/full-sync.sh   # only these change steps
 #     (of: edit pod replace label drift; the others print "—"), e.g. to profile one of them
+#   WRAP="heaptrack -o /tmp/ht" STEPS=none bench/full-sync.sh   # the agent run under this
+#     command from its start (a profiler: the row's RSS and CPU are then the wrapper's)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NSN=${NS:-1000} RULES=${RULES:-100} PODS=${PODS:-10000} REPEAT=${REPEAT:-11} SHAPE=${SHAPE:-friendly}
@@ -46,7 +48,13 @@ BIN="${CARGO_TARGET_DIR:-target}/$PROFILE/egressd"
 NET="egfs$$" WORK=$(mktemp -d) AGENT=""
 cleanup() {
   set +e
-  [ -n "$AGENT" ] && kill -TERM "$AGENT" && wait "$AGENT"
+  if [ -n "$AGENT" ]; then
+    kill -TERM "$AGENT"
+    # Under WRAP the agent is the wrapper's child, stopped by its command line (the
+    # wrapper ends with it).
+    [ -n "${WRAP:-}" ] && pkill -TERM -f -- "--manifests $WORK/m "
+    wait "$AGENT"
+  fi
   cp "$WORK/log" "${BENCH_LOG:-/tmp/egressd-full-sync.log}"
   ip netns del "$NET"; rm -rf "$WORK"
   [ -n "$CG" ] && sleep 1 && rmdir "$CG"
@@ -144,7 +152,7 @@ kernel_mib() { # what the kernel keeps charged to the agent's cgroup, MiB (— w
 }
 started_ns=$(date +%s%N)
 NO_COLOR=1 CG="$CG" sh -c '[ -n "$CG" ] && echo $$ >"$CG/cgroup.procs"; exec "$@"' sh \
-  ip netns exec "$NET" "$BIN" run --manifests "$WORK/m" --node-name bench --cluster-cidr 198.18.0.0/15 \
+  ip netns exec "$NET" ${WRAP:-} "$BIN" run --manifests "$WORK/m" --node-name bench --cluster-cidr 198.18.0.0/15 \
   --state-dir "$WORK/state" --health-addr 127.0.0.1:9798 2>"$WORK/log" &
 AGENT=$!
 syncs() { grep -c "dataplane in sync" "$WORK/log" || true; }
