@@ -606,9 +606,11 @@ mod tests {
                 .collect()
         };
 
+        // This load's parse of the file.
+        let parsed = || Read { changed: BTreeMap::from([(file.clone(), parse_file(&text))]) };
+
         // The position names the document: the one there is taken.
-        let mut read = Read::default();
-        read.changed.insert(file.clone(), parse_file(&text));
+        let mut read = parsed();
         assert!(object_of(&mut read, &file, &key("q"), 1).is_some());
         assert_eq!(held(&read), [true, false, true]);
         assert!(object_of(&mut read, &file, &key("p"), 0).is_some());
@@ -616,8 +618,7 @@ mod tests {
 
         // A position that does not hold the key (the file changed since): the first
         // definition, found by key; a key no document holds: nothing.
-        let mut read = Read::default();
-        read.changed.insert(file.clone(), parse_file(&text));
+        let mut read = parsed();
         assert!(object_of(&mut read, &file, &key("p"), 1).is_some());
         assert_eq!(held(&read), [false, true, true]);
         assert!(object_of(&mut read, &file, &key("q"), 7).is_some());
