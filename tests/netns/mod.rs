@@ -340,13 +340,6 @@ pub fn pod_v6(i: usize) -> String {
     format!("2001:db8:1:{}::2", i + 1)
 }
 
-/// One node namespace running egressd, pods behind it, an external host.
-///
-/// ```text
-///  pod i: 198.18.1.(4i+2)/30, 2001:db8:1:(i+1)::2/64 ── node (egressd) eth-ext 203.0.113.1/24, 2001:db8:ff::1/64
-///                                                       ── ext 203.0.113.2/24, 2001:db8:ff::2/64, 192.0.2.10,
-///                                                          198.51.100.10, 2001:db8:ff:1::10
-/// ```
 /// The node settings every test agent runs with (and `egressd explain --manifests`
 /// needs to explain as it did).
 pub const NODE_ARGS: [&str; 8] = [
@@ -360,6 +353,13 @@ pub const NODE_ARGS: [&str; 8] = [
     "198.19.0.0/16",
 ];
 
+/// One node namespace running egressd, pods behind it, an external host.
+///
+/// ```text
+///  pod i: 198.18.1.(4i+2)/30, 2001:db8:1:(i+1)::2/64 ── node (egressd) eth-ext 203.0.113.1/24, 2001:db8:ff::1/64
+///                                                       ── ext 203.0.113.2/24, 2001:db8:ff::2/64, 192.0.2.10,
+///                                                          198.51.100.10, 2001:db8:ff:1::10
+/// ```
 impl Topology {
     /// Pods `i` in namespaces `pod_namespaces[i]`, unlabelled.
     pub fn new(pod_namespaces: &[&str]) -> Self {
