@@ -125,6 +125,45 @@ proptest! {
     }
 }
 
+/// Send `table` over netlink in `ns` with `stage_bytes` per transaction of a table
+/// created in stages; how many transactions committed (the ruleset's generations).
+fn replace_staged(ns: &Netns, table: Table, stage_bytes: usize) -> std::io::Result<u32> {
+    ns.run(move || {
+        let mut writer = ElementWriter::open(&table.name)?.with_stage_bytes(stage_bytes);
+        let before = writer.generation()?;
+        writer.replace(&table, &[])?;
+        Ok(writer.generation()?.wrapping_sub(before))
+    })
+}
+
+/// The rules of `table`'s regular chains.
+fn regular_rules(table: &Table) -> u32 {
+    table.chains.values().filter(|c| c.hook.is_none()).map(|c| c.rules.len() as u32).sum()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    /// A new table created in stages, here a transaction per regular chain's rule (the
+    /// agent's first sync of a large table), lists as the one `nft` loads; a table that
+    /// exists is still replaced in one transaction.
+    #[test]
+    fn a_table_created_in_stages_lists_as_the_one_nft_loads(docs in documents()) {
+        netns::require_root();
+        let node = NodeConfig::new("n1", vec!["198.18.0.0/16".parse().unwrap(), "2001:db8:1::/48".parse().unwrap()]);
+        let table: Table = (*compile(&view(&docs), &node, &DnsAnswers::new()).table).clone();
+        let (wire, text) = (Netns::new("wire-staged"), Netns::new("text-staged"));
+        let commits = replace_staged(&wire, table.clone(), 1);
+        prop_assert!(commits.is_ok(), "staged creation failed: {:?}\n{}", commits, table.render());
+        // The first transaction ends with the first regular rule, each rule after it is
+        // one, and the base chains are the last.
+        prop_assert_eq!(commits.unwrap(), regular_rules(&table) + 1, "{}", table.render());
+        nft_load(&text, &table);
+        prop_assert_eq!(wire.table_json("egressd"), text.table_json("egressd"), "{}", table.render());
+        prop_assert_eq!(replace_staged(&wire, table.clone(), 1).unwrap(), 1, "an existing table: one transaction");
+        prop_assert_eq!(wire.table_json("egressd"), text.table_json("egressd"), "{}", table.render());
+    }
+}
+
 /// The handle of table `inet <name>` (a full replace makes a new table, with a new
 /// handle; a change in place keeps it).
 fn table_handle(ns: &Netns, name: &str) -> u64 {
@@ -216,6 +255,23 @@ fn a_refused_batch_names_the_message_and_changes_nothing() {
     assert_eq!(ns.table_json("egressd"), before, "the refused transaction changed nothing");
     // The socket is usable again after the error (its replies were all read).
     assert!(replace(&ns, good).is_ok());
+}
+
+#[test]
+fn a_table_created_in_stages_and_refused_is_deleted() {
+    netns::require_root();
+    let ns = Netns::new("wire-staged-refused");
+    let hook = egressd::nft::Hook { chain_type: "filter", hook: "forward", priority: "filter" };
+    let mut table = Table::new("egressd");
+    table.chains.insert(
+        "fw-a".into(),
+        Chain::regular(parse_all(["ip daddr 192.0.2.0/24 counter accept", "ip daddr 192.0.2.7 counter drop"]).unwrap()),
+    );
+    table.chains.insert("a".into(), Chain::base(hook, parse_all(["jump fw-a", "ip daddr @missing accept"]).unwrap()));
+    let err = replace_staged(&ns, table, 1).unwrap_err();
+    assert!(err.to_string().contains("chain a rule 1 (ip daddr @missing accept)"), "{err}");
+    // Two transactions of regular rules had committed: the partial table is gone.
+    assert!(!ns.has_table("egressd"), "{}", ns.nft_list());
 }
 
 /// The rules of a rendered table, by chain, in order (hook lines left out).

@@ -11,8 +11,13 @@
 //! fallback applies; the tests compare the netlink path with it.
 //!
 //! Guarantees of [`NftSyncer::sync`]:
-//! * The first sync (and any sync after a failure) replaces the whole table in one
-//!   transaction: no moment without policy.
+//! * The first sync (and any sync after a failure) replaces the whole table: packets
+//!   meet the old table or the new one, never a mix, never a moment without policy. A
+//!   table that exists is replaced in one transaction. Over netlink, one the kernel
+//!   does not have yet is created in stages of ~1 MiB, its base chains last, so no
+//!   packet enters it before all of it is there
+//!   ([`super::elements::ElementWriter::replace`]; a 100k-rule transaction held whole
+//!   was the agent's peak memory).
 //! * Later syncs send only the difference ([`crate::nft::diff`] or, for elements only,
 //!   [`ElementDelta`]), in one transaction.
 //! * The same desired table twice sends nothing.

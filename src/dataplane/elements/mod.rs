@@ -63,6 +63,8 @@ pub struct ElementWriter {
     buf: Vec<u8>,
     /// The send buffer size last asked for (0: the default).
     send_buffer: usize,
+    /// Bytes per transaction of a table created in stages.
+    stage_bytes: usize,
 }
 
 impl ElementWriter {
@@ -73,7 +75,14 @@ impl ElementWriter {
         socket.connect(&SocketAddr::new(0, 0))?;
         // A reply that never comes fails the call instead of blocking its caller.
         socket2::SockRef::from(&socket).set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
-        Ok(Self { socket, table: table.to_string(), seq: 0, buf: vec![0; 1 << 18], send_buffer: 0 })
+        Ok(Self {
+            socket,
+            table: table.to_string(),
+            seq: 0,
+            buf: vec![0; 1 << 18],
+            send_buffer: 0,
+            stage_bytes: STAGE_BYTES,
+        })
     }
 
     /// Apply `delta` (deletions, then additions) as one transaction: all of it or, on
@@ -172,16 +181,17 @@ impl ElementWriter {
         Ok(())
     }
 
-    /// Replace the kernel's table of this name with `table` in one transaction, without
-    /// `nft`: [`crate::nft::wire::replace_messages`], then every element, and the
-    /// elements `kept` (what DNS snooping learned: the new sets hold them from the
-    /// transaction on, no packet finds them missing). `Unsupported`
-    /// (nothing sent) when a rule or set is outside what the netlink path writes; the
-    /// kernel's error on the message it refused otherwise, naming that message.
+    /// Replace the kernel's table of this name with `table`, without `nft`:
+    /// [`crate::nft::wire::replace_messages`], then every element, and the elements
+    /// `kept` (what DNS snooping learned: the new sets hold them from the transaction
+    /// on, no packet finds them missing). `Unsupported` (nothing left changed) when a
+    /// rule or set is outside what the netlink path writes; the kernel's error on the
+    /// message it refused otherwise, naming that message.
     ///
-    /// Only the last message asks for an acknowledgement: the kernel handles the whole
-    /// batch within the `send`, and reports every refused message whatever its flags,
-    /// so thousands of acknowledgements do not overflow the receive buffer.
+    /// When the kernel has no table of this name, the table is created in stages
+    /// ([`Self::create_in_stages`]): the transaction is not held whole, which was the
+    /// agent's peak memory at its first sync. A table that exists is replaced in one
+    /// transaction (packets meet the old table or the new one, never a mix).
     pub fn replace(&mut self, table: &crate::nft::Table, kept: &[Element]) -> io::Result<()> {
         let empty = crate::nft::Table::new(table.name.as_str());
         let mut elements = crate::nft::delta::ElementDelta::of_sets(&crate::nft::Comparison::of(&empty, table))
@@ -189,13 +199,102 @@ impl ElementWriter {
         elements.add.extend(by_set(kept));
         // Every set is created by this transaction: its elements follow its NEWSET.
         let (fresh, rest) = fresh_and_rest(&elements, |name| table.sets.contains_key(name));
+        if !self.table_exists()? {
+            match self.create_in_stages(table, &fresh, &rest) {
+                // Created meanwhile by someone else: replaced as one transaction below.
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                created => return created,
+            }
+        }
         // The messages go into the transaction's buffer as they are made: a replace of
         // 100k rules never holds them all beside it.
         let mut tx = self.begin();
-        let mut sink = |m: crate::nft::wire::Message| self.push(&mut tx, &fresh, &m);
+        let mut sink = |m: crate::nft::wire::Message| self.push(&mut tx, &fresh, &m, 0);
         crate::nft::wire::replace_messages(table, &mut sink).map_err(unsupported)?;
         self.push_elements(&mut tx, &elements.delete, &rest);
         self.commit(&table.name, tx)
+    }
+
+    /// Whether the kernel has this writer's table (a `GETTABLE`).
+    pub fn table_exists(&mut self) -> io::Result<bool> {
+        use netlink_packet_netfilter::nftables::{TableAttribute, TableMessage};
+        let msg =
+            NfTablesMessage::GetTable(TableMessage { attributes: vec![TableAttribute::Name(self.table.clone())] });
+        let out = self.message(NLM_F_REQUEST | NLM_F_ACK, msg, 0);
+        self.socket.send(&out, 0)?;
+        let seq = self.seq;
+        crate::dataplane::recv_until(&self.socket, &mut self.buf, |msg| match msg.payload {
+            NetlinkPayload::Error(e) if msg.header.sequence_number == seq => Some(crate::dataplane::ack(e.code)),
+            _ => None,
+        })
+    }
+
+    /// How many bytes of messages a table created in stages puts in one transaction
+    /// before it commits them and goes on in the next ([`STAGE_BYTES`] by default).
+    pub fn with_stage_bytes(mut self, bytes: usize) -> Self {
+        self.stage_bytes = bytes;
+        self
+    }
+
+    /// Create `table` (the kernel has none of this name) in several transactions of
+    /// about [`Self::with_stage_bytes`] each: the first creates the table
+    /// (`NLM_F_EXCL`: `AlreadyExists` when it exists after all, and nothing changed),
+    /// its counters, sets with their elements (`fresh`), regular chains and maps; the
+    /// regular chains' rules follow; the last transaction adds the base chains with
+    /// their rules, then the elements `rest`. Nothing reaches a regular chain before
+    /// that last one commits, so packets meet no policy or all of it. A table small
+    /// enough is one transaction. On an error after a transaction committed, the
+    /// partial table (egressd's own, created here, hooked nowhere) is deleted.
+    fn create_in_stages(
+        &mut self,
+        table: &crate::nft::Table,
+        fresh: &Fresh<'_>,
+        rest: &[&crate::nft::delta::SetElements],
+    ) -> io::Result<()> {
+        use crate::nft::wire::{MSG_NEWTABLE, Part, creation_messages};
+        let name = table.name.as_str();
+        let mut staged = 0usize;
+        let mut failed: Option<io::Error> = None;
+        let mut tx = self.begin();
+        let made = creation_messages(table, &mut |part, m| {
+            if failed.is_some() {
+                return;
+            }
+            let exclusive = if m.kind == MSG_NEWTABLE { netlink_packet_core::NLM_F_EXCL } else { 0 };
+            self.push(&mut tx, fresh, &m, exclusive);
+            if part == Part::Regular && m.kind == crate::nft::wire::MSG_NEWRULE && tx.buf.len() >= self.stage_bytes {
+                let full = std::mem::replace(&mut tx, self.begin());
+                match self.commit(name, full) {
+                    Ok(()) => staged += 1,
+                    Err(e) => failed = Some(e),
+                }
+            }
+        });
+        let outcome = match (made, failed) {
+            (Err(e), _) => Err(unsupported(e)),
+            (Ok(()), Some(e)) => Err(e),
+            (Ok(()), None) => {
+                self.push_elements(&mut tx, &[], rest);
+                self.commit(name, tx)
+            }
+        };
+        if outcome.is_err()
+            && staged > 0
+            && let Err(e) = self.delete_table()
+        {
+            tracing::warn!(table = name, error = %e, "the partly created table could not be deleted");
+        }
+        outcome
+    }
+
+    /// Delete this writer's table (one transaction).
+    fn delete_table(&mut self) -> io::Result<()> {
+        let mut body = Vec::new();
+        crate::nft::wire::put_str(&mut body, 1, &self.table);
+        let mut batch = Vec::new();
+        self.raw_message_into(&mut batch, crate::nft::wire::MSG_DELTABLE, NLM_F_REQUEST | NLM_F_ACK, &body);
+        let seq = self.seq;
+        self.send_batch(batch, vec![seq])
     }
 
     /// Change the kernel's table from `c.old` (what it holds) into `c.new` in one
@@ -228,11 +327,11 @@ impl ElementWriter {
         let (fresh, rest) = fresh_and_rest(elements, |name| created.contains(name));
         let mut tx = self.begin();
         for m in before {
-            self.push(&mut tx, &fresh, m);
+            self.push(&mut tx, &fresh, m, 0);
         }
         self.push_elements(&mut tx, &elements.delete, &rest);
         for m in after {
-            self.push(&mut tx, &fresh, m);
+            self.push(&mut tx, &fresh, m, 0);
         }
         self.commit(table, tx)
     }
@@ -243,9 +342,10 @@ impl ElementWriter {
         Transaction { buf, begin_seq: self.seq, what: Vec::new() }
     }
 
-    /// Append `m` to `tx` (a set's `NEWSET` followed by its elements from `fresh`).
-    fn push(&mut self, tx: &mut Transaction, fresh: &Fresh<'_>, m: &crate::nft::wire::Message) {
-        let mut flags = NLM_F_REQUEST;
+    /// Append `m` to `tx` (a set's `NEWSET` followed by its elements from `fresh`), with
+    /// the netlink flags `extra` besides its own.
+    fn push(&mut self, tx: &mut Transaction, fresh: &Fresh<'_>, m: &crate::nft::wire::Message, extra: u16) {
+        let mut flags = NLM_F_REQUEST | extra;
         if m.create {
             flags |= NLM_F_CREATE;
         }
@@ -464,6 +564,12 @@ pub(crate) fn by_set(elements: &[Element]) -> Vec<crate::nft::delta::SetElements
 fn unsupported(what: crate::nft::wire::WireError) -> io::Error {
     io::Error::new(io::ErrorKind::Unsupported, what)
 }
+
+/// Bytes of messages per transaction when a table is created in stages
+/// ([`ElementWriter::replace`]). The agent's peak memory at its first sync is about
+/// this beside the compiled table (bench/FINDINGS.md, "seventh"), where one transaction
+/// of 100k rules held 63 MB.
+pub const STAGE_BYTES: usize = 1 << 20;
 
 /// Most elements in one `NEWSETELEM` message: its element list is one netlink attribute
 /// with a 16-bit length (a tagged IPv6 element with its timeout takes 52 bytes; 1,024 of

@@ -132,12 +132,14 @@ fn put_data(out: &mut Vec<u8>, ty: u16, data: &[u8]) {
 
 /// `NFT_MSG_*` types (the subsystem byte is added by the sender).
 pub const MSG_NEWTABLE: u16 = 0;
-pub(crate) const MSG_DELTABLE: u16 = 2;
+/// `NFT_MSG_DELTABLE`.
+pub const MSG_DELTABLE: u16 = 2;
 pub(crate) const MSG_NEWCHAIN: u16 = 3;
 pub(crate) const MSG_DELCHAIN: u16 = 5;
+/// `NFT_MSG_NEWRULE`.
+pub const MSG_NEWRULE: u16 = 6;
 pub(crate) const MSG_DELRULE: u16 = 8;
 pub(crate) const MSG_DELSET: u16 = 11;
-pub(crate) const MSG_NEWRULE: u16 = 6;
 pub(crate) const MSG_NEWSET: u16 = 9;
 pub(crate) const MSG_NEWSETELEM: u16 = 12;
 pub(crate) const MSG_NEWOBJ: u16 = 18;
@@ -311,10 +313,10 @@ fn set_body(table: &str, name: &str, set: &Set, id: u32) -> Result<Vec<u8>, Wire
 }
 
 /// Every message that replaces the kernel's table named like `table` with it, except
-/// the elements: the table created (so deleting it cannot fail), deleted and created
-/// again, the named counters, the sets, the regular and then the base chains, the
-/// rules. The caller adds the elements after these (map elements jump to the chains).
-/// An error names what the netlink path cannot write (then `nft` must).
+/// the elements: the table created (so deleting it cannot fail), deleted, then
+/// [`creation_messages`]. The caller adds the elements after their sets' `NEWSET`
+/// (map elements jump to the chains). An error names what the netlink path cannot
+/// write (then `nft` must).
 ///
 /// Each message goes to `emit` as soon as it is made (a replace of 100k rules builds
 /// them into the transaction's buffer one at a time, never all at once).
@@ -324,9 +326,35 @@ pub fn replace_messages(table: &Table, emit: &mut dyn FnMut(Message)) -> Result<
     put_str(&mut tbl, 1, name);
     let mut created = tbl.clone();
     put_u32(&mut created, 2, 0);
-    emit(message(MSG_NEWTABLE, false, created.clone(), format!("table {name}")));
-    emit(message(MSG_DELTABLE, false, tbl, format!("table {name}")));
     emit(message(MSG_NEWTABLE, false, created, format!("table {name}")));
+    emit(message(MSG_DELTABLE, false, tbl, format!("table {name}")));
+    creation_messages(table, &mut |_, m| emit(m))
+}
+
+/// Which part of a new table a message of [`creation_messages`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// The table, its named counters, sets, regular chains and maps, all empty.
+    Declared,
+    /// A rule of a regular chain, or an anonymous set of the rule that follows it.
+    Regular,
+    /// A base chain or one of its rules: what packets enter the table through.
+    Hooked,
+}
+
+/// Every message that creates `table` (as [`replace_messages`], without the replace),
+/// each with its [`Part`], in this order: the table, the named counters, the plain
+/// sets, the regular chains, the maps (their elements jump to those chains), the rules
+/// of the regular chains, then the base chains with their rules (`nft list` shows
+/// chains and sets in this order). Nothing reaches a regular chain before the
+/// [`Part::Hooked`] messages, so a caller may commit what it has after any
+/// [`Part::Regular`] rule (`MSG_NEWRULE`) and go on in another transaction.
+pub fn creation_messages(table: &Table, emit: &mut dyn FnMut(Part, Message)) -> Result<(), WireError> {
+    let name = table.name.as_str();
+    let mut created = Vec::new();
+    put_str(&mut created, 1, name);
+    put_u32(&mut created, 2, 0);
+    emit(Part::Declared, message(MSG_NEWTABLE, false, created, format!("table {name}")));
     for counter in super::COUNTERS {
         let mut b = Vec::new();
         put_str(&mut b, 1, name);
@@ -336,15 +364,13 @@ pub fn replace_messages(table: &Table, emit: &mut dyn FnMut(Message)) -> Result<
             put(o, 1, &0u64.to_be_bytes());
             put(o, 2, &0u64.to_be_bytes());
         });
-        emit(message(MSG_NEWOBJ, true, b, format!("counter {counter}")));
+        emit(Part::Declared, message(MSG_NEWOBJ, true, b, format!("counter {counter}")));
     }
-    // In `nft`'s order (the rendered block's): plain sets, regular chains, maps (their
-    // elements jump to those chains), base chains; `nft list` shows them in it.
     let mut id = 0u32;
-    let mut sets = |emit: &mut dyn FnMut(Message), maps: bool| -> Result<(), WireError> {
+    let mut sets = |emit: &mut dyn FnMut(Part, Message), maps: bool| -> Result<(), WireError> {
         for (set_name, set) in table.sets.iter().filter(|(_, s)| s.is_verdict_map() == maps) {
             id += 1;
-            emit(set_message(name, set_name, set, id)?);
+            emit(Part::Declared, set_message(name, set_name, set, id)?);
         }
         Ok(())
     };
@@ -352,14 +378,17 @@ pub fn replace_messages(table: &Table, emit: &mut dyn FnMut(Message)) -> Result<
     let base = table.chains.iter().filter(|(_, c)| c.hook.is_some());
     sets(emit, false)?;
     for (chain_name, chain) in regular.clone() {
-        emit(chain_message(name, chain_name, chain)?);
+        emit(Part::Declared, chain_message(name, chain_name, chain)?);
     }
     sets(emit, true)?;
-    for (chain_name, chain) in base.clone() {
-        emit(chain_message(name, chain_name, chain)?);
+    for (chain_name, chain) in regular {
+        rule_messages(&mut |m| emit(Part::Regular, m), name, chain_name, chain, &mut id)?;
     }
-    for (chain_name, chain) in regular.chain(base) {
-        rule_messages(emit, name, chain_name, chain, &mut id)?;
+    for (chain_name, chain) in base.clone() {
+        emit(Part::Hooked, chain_message(name, chain_name, chain)?);
+    }
+    for (chain_name, chain) in base {
+        rule_messages(&mut |m| emit(Part::Hooked, m), name, chain_name, chain, &mut id)?;
     }
     Ok(())
 }
