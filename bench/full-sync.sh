@@ -15,8 +15,12 @@
 # (`nft flush chain`), 5 times, timed from just before that nft command starts to the
 # sync line of egressd's repair (a full replace; the promise is "within a second").
 # The kernel memory the table takes (charged to the agent's memory cgroup) after the first
-# sync. Then the idle CPU (the agent and the nft runs it waited for) over IDLE=20 seconds
-# without changes. Needs root.
+# sync, and the most the cgroup held by then (the agent's memory, the kernel's copy of a
+# batch being taken, the table: what a pod's memory limit must allow). Then the idle CPU
+# (the agent and the nft runs it waited for) over IDLE=20 seconds without changes. Then a
+# restart (RESTART=0: none): the agent stopped, its table left in place as at every stop,
+# and started again in a cgroup of its own (a new pod of the DaemonSet): start → its first
+# sync, the new process's peak RSS and its cgroup's peak. Needs root.
 #
 #   bench/full-sync.sh        # NS=1000 RULES=100 (100k rules) PODS=10000
 #   EDIT_TO=100.0.207.0/24 bench/full-sync.sh   # the edited rule's new destination (default
@@ -57,7 +61,8 @@ cleanup() {
   fi
   cp "$WORK/log" "${BENCH_LOG:-/tmp/egressd-full-sync.log}"
   ip netns del "$NET"; rm -rf "$WORK"
-  [ -n "$CG" ] && sleep 1 && rmdir "$CG"
+  # A cgroup is removed once its last process has left it (a moment after it exits).
+  for cg in $CGS; do for _ in 1 2 3 4 5; do sleep 0.5; rmdir "$cg" && break; done; done
 } 2>/dev/null
 trap cleanup EXIT
 ip netns add "$NET"; ip -n "$NET" link set lo up
@@ -139,12 +144,23 @@ open(f"{out}/../replace-ns.yaml", "w").write(firewall(8, variant=50))
 PY
 # The agent runs in a memory cgroup of its own: what the kernel keeps for the table
 # (nf_tables allocations are charged to the process that makes them) is read from it.
-CG=""
-for base in /sys/fs/cgroup/memory /sys/fs/cgroup; do
-  if [ -w "$base" ] && { [ -e "$base/memory.kmem.usage_in_bytes" ] || [ -e "$base/cgroup.subtree_control" ]; }; then
-    CG="$base/egressd-bench-$$"; mkdir -p "$CG" 2>/dev/null || CG=""; break
-  fi
-done
+CG="" CGS=""
+new_cgroup() { # NAME: CG becomes a new memory cgroup (empty without one)
+  CG=""
+  for base in /sys/fs/cgroup/memory /sys/fs/cgroup; do
+    if [ -w "$base" ] && { [ -e "$base/memory.kmem.usage_in_bytes" ] || [ -e "$base/cgroup.subtree_control" ]; }; then
+      CG="$base/egressd-bench-$$-$1"; mkdir -p "$CG" 2>/dev/null || CG=""; break
+    fi
+  done
+  CGS="$CGS $CG"
+}
+new_cgroup first
+cgroup_peak_mib() { # the most the agent's cgroup has held, MiB: the process's memory, the
+  # kernel's copy of a batch being taken, the table (— without one)
+  if [ -e "$CG/memory.peak" ]; then echo $(( $(cat "$CG/memory.peak") / 1048576 ))
+  elif [ -e "$CG/memory.max_usage_in_bytes" ]; then echo $(( $(cat "$CG/memory.max_usage_in_bytes") / 1048576 ))
+  else echo "—"; fi
+}
 kernel_mib() { # what the kernel keeps charged to the agent's cgroup, MiB (— without one)
   if [ -z "$CG" ]; then echo "—"
   elif [ -e "$CG/memory.kmem.usage_in_bytes" ]; then echo $(( $(cat "$CG/memory.kmem.usage_in_bytes") / 1048576 ))
@@ -215,6 +231,7 @@ rss=$(awk '/VmRSS/ { print $2 }' "/proc/$AGENT/status")
 hwm_start=$(awk '/VmHWM/ { print $2 }' "/proc/$AGENT/status")
 anon=$(awk '/RssAnon/ { print $2 }' "/proc/$AGENT/status")
 kernel_first=$(kernel_mib)
+cgroup_first=$(cgroup_peak_mib)
 rules_applied=$(ip netns exec "$NET" nft -a list table inet egressd | grep -c 'comment "egress\[' || true)
 sleep 1
 # PERF_OUT=file: the change steps recorded with perf (call graphs) into that file.
@@ -265,4 +282,21 @@ sleep 1
 t0=$(ticks); sleep "${IDLE:-20}"; t1=$(ticks)
 hwm=$(awk '/VmHWM/ { print $2 }' "/proc/$AGENT/status")
 idle=$(awk -v a="$t0" -v b="$t1" -v hz="$(getconf CLK_TCK)" -v s="${IDLE:-20}" 'BEGIN { printf "%.2f", (b - a) / hz / s * 100 }')
-echo "| $((NSN * RULES)) rules ($SHAPE), $NSN namespaces, $PODS local pods ($rules_applied nft rules) | full sync ${full} ms, start → ready ${ready_ms} ms | ${edit} | ${pod} | ${replace} | ${label} | ${drift} | RSS $((rss / 1024)) MiB after the first sync (heap $((anon / 1024)) MiB, the rest mapped code), peak $((hwm_start / 1024)) MiB at start, $((hwm / 1024)) MiB over the run; kernel ${kernel_first} MiB | idle CPU ${idle} % |"
+# A restart (RESTART=0: none): the agent stopped (its table stays, as at every stop) and
+# started again over its table, in a memory cgroup of its own (a new pod of the
+# DaemonSet): from its start to its first sync, its peak RSS, its cgroup's peak.
+restart="—"
+if [ "${RESTART:-1}" = 1 ] && [ -z "${WRAP:-}" ]; then
+  kill -TERM "$AGENT"; wait "$AGENT" || true
+  before=$(syncs)
+  new_cgroup restart
+  t=$(date +%s%N)
+  NO_COLOR=1 CG="$CG" sh -c '[ -n "$CG" ] && echo $$ >"$CG/cgroup.procs"; exec "$@"' sh \
+    ip netns exec "$NET" "$BIN" run --manifests "$WORK/m" --node-name bench --cluster-cidr 198.18.0.0/15 \
+    --state-dir "$WORK/state" --health-addr 127.0.0.1:9798 2>>"$WORK/log" &
+  AGENT=$!
+  wait_sync $((before + 1))
+  [ "$(syncs)" -gt "$before" ] || { echo "the restarted agent did not sync within 60 s" >&2; exit 1; }
+  restart="restart over the table: ready $(( ($(date +%s%N) - t) / 1000000 )) ms, full sync $(value "$((before + 1))" elapsed_ms) ms, peak $(( $(awk '/VmHWM/ { print $2 }' "/proc/$AGENT/status") / 1024 )) MiB, cgroup peak $(cgroup_peak_mib) MiB"
+fi
+echo "| $((NSN * RULES)) rules ($SHAPE), $NSN namespaces, $PODS local pods ($rules_applied nft rules) | full sync ${full} ms, start → ready ${ready_ms} ms | ${edit} | ${pod} | ${replace} | ${label} | ${drift} | RSS $((rss / 1024)) MiB after the first sync (heap $((anon / 1024)) MiB, the rest mapped code), peak $((hwm_start / 1024)) MiB at start, $((hwm / 1024)) MiB over the run; kernel ${kernel_first} MiB, cgroup peak ${cgroup_first} MiB | idle CPU ${idle} % | ${restart} |"
