@@ -4,9 +4,11 @@
 //! families, ports, pods in both families), compiled, sent one way in one
 //! network namespace and the other way in another, then compared as `nft -j list`
 //! shows them (rules expression for expression, sets with their elements, chains with
-//! their hooks). What the netlink path does not write is refused before anything is
+//! their hooks). A table the kernel does not have is created in stages (here down to a
+//! transaction per rule) and lists the same; one that exists is replaced in one
+//! transaction. What the netlink path does not write is refused before anything is
 //! sent, and a batch the kernel refuses names the message it refused and changes
-//! nothing.
+//! nothing (a table refused while it was created in stages is deleted again).
 
 #[path = "support/golden_case.rs"]
 mod golden_case;

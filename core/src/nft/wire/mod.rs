@@ -1,7 +1,8 @@
 //! egressd's table as nf_tables netlink messages, for sending it without an `nft`
 //! process: [`replace_messages`] (a full replace) and [`delta_messages`] (the change
 //! [`super::diff`] would script), which [`crate::dataplane::elements::ElementWriter`]
-//! sends with the elements as one transaction.
+//! sends with the elements as one transaction, and [`creation_messages`] (a table the
+//! kernel does not have yet), which it may send in several.
 //!
 //! The compiler builds rules as typed values ([`super::rule::Rule`], one variant per
 //! phrase of the vocabulary below); [`encode`] turns one into the kernel expressions
