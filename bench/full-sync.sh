@@ -166,11 +166,14 @@ kernel_mib() { # what the kernel keeps charged to the agent's cgroup, MiB (— w
   elif [ -e "$CG/memory.kmem.usage_in_bytes" ]; then echo $(( $(cat "$CG/memory.kmem.usage_in_bytes") / 1048576 ))
   else awk '$1 == "kernel" || ($1 == "slab" && !k) { k = $2 } END { printf "%d", k / 1048576 }' "$CG/memory.stat"; fi
 }
+start_agent() { # AGENT: the agent started in the cgroup CG (under WRAP when set), logging to $WORK/log
+  NO_COLOR=1 CG="$CG" sh -c '[ -n "$CG" ] && echo $$ >"$CG/cgroup.procs"; exec "$@"' sh \
+    ip netns exec "$NET" ${WRAP:-} "$BIN" run --manifests "$WORK/m" --node-name bench --cluster-cidr 198.18.0.0/15 \
+    --state-dir "$WORK/state" --health-addr 127.0.0.1:9798 2>>"$WORK/log" &
+  AGENT=$!
+}
 started_ns=$(date +%s%N)
-NO_COLOR=1 CG="$CG" sh -c '[ -n "$CG" ] && echo $$ >"$CG/cgroup.procs"; exec "$@"' sh \
-  ip netns exec "$NET" ${WRAP:-} "$BIN" run --manifests "$WORK/m" --node-name bench --cluster-cidr 198.18.0.0/15 \
-  --state-dir "$WORK/state" --health-addr 127.0.0.1:9798 2>"$WORK/log" &
-AGENT=$!
+start_agent
 syncs() { grep -c "dataplane in sync" "$WORK/log" || true; }
 wait_sync() { # N: wait for the N-th sync line
   for _ in $(seq 1200); do [ "$(syncs)" -ge "$1" ] && break; sleep 0.05; done
@@ -287,14 +290,14 @@ idle=$(awk -v a="$t0" -v b="$t1" -v hz="$(getconf CLK_TCK)" -v s="${IDLE:-20}" '
 # DaemonSet): from its start to its first sync, its peak RSS, its cgroup's peak.
 restart="—"
 if [ "${RESTART:-1}" = 1 ] && [ -z "${WRAP:-}" ]; then
-  kill -TERM "$AGENT"; wait "$AGENT" || true
+  kill -TERM "$AGENT"
+  # A stop is part of what a restart does: one that fails fails the bench.
+  stopped=0; wait "$AGENT" || stopped=$?
+  [ "$stopped" = 0 ] || { echo "the agent exited with $stopped when stopped with SIGTERM" >&2; exit 1; }
   before=$(syncs)
   new_cgroup restart
   t=$(date +%s%N)
-  NO_COLOR=1 CG="$CG" sh -c '[ -n "$CG" ] && echo $$ >"$CG/cgroup.procs"; exec "$@"' sh \
-    ip netns exec "$NET" "$BIN" run --manifests "$WORK/m" --node-name bench --cluster-cidr 198.18.0.0/15 \
-    --state-dir "$WORK/state" --health-addr 127.0.0.1:9798 2>>"$WORK/log" &
-  AGENT=$!
+  start_agent
   wait_sync $((before + 1))
   [ "$(syncs)" -gt "$before" ] || { echo "the restarted agent did not sync within 60 s" >&2; exit 1; }
   restart="restart over the table: ready $(( ($(date +%s%N) - t) / 1000000 )) ms, full sync $(value "$((before + 1))" elapsed_ms) ms, peak $(( $(awk '/VmHWM/ { print $2 }' "/proc/$AGENT/status") / 1024 )) MiB, cgroup peak $(cgroup_peak_mib) MiB"
